@@ -1,0 +1,1 @@
+"""Framework-neutral pieces every payload shares: config, sharding, LR schedule, checkpoints, metrics."""

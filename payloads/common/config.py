@@ -1,0 +1,185 @@
+"""Training configuration: one typed, validated object built from the command line.
+
+Shared by every framework's payload so that a job definition's arguments mean the same thing in
+PyTorch, TensorFlow and Keras. Checks that need the world size run after Horovod starts, still before
+any data is read or any step is trained.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+from .errors import ConfigError
+
+
+@dataclass
+class TrainConfig:
+    model: str = "resnet50"
+    data: str = "synthetic"                  # synthetic | imagefolder
+    data_dir: pathlib.Path | None = None
+    synthetic_samples: int = 1024             # per epoch, whole job
+    image_size: int = 224
+    num_classes: int = 1000                   # synthetic only; imagefolder counts its class folders
+    epochs: int = 90
+    batch_size: int | None = 32               # per process (Horovod's convention)
+    global_batch_size: int | None = None      # alternative: split evenly over the processes
+    max_steps_per_epoch: int = 0              # 0 = the whole epoch
+    base_lr: float = 0.0125                   # for one process; scaled by the process count
+    momentum: float = 0.9
+    weight_decay: float = 5e-5
+    warmup_epochs: float = 5.0
+    lr_decay_epochs: tuple[int, ...] = (30, 60, 80)
+    fp16_allreduce: bool = False
+    backward_passes_per_step: int = 1
+    adasum: bool = False
+    output_dir: pathlib.Path = pathlib.Path("outputs")
+    keep_checkpoints: int = 3
+    resume: bool = True
+    seed: int = 42
+    workers: int = 2
+    threads: int = 0                          # torch intra-op threads per process; 0 = cores / local processes
+    amp: bool | None = None                   # None = on when a GPU is used
+    channels_last: bool | None = None         # None = on when a GPU is used
+    skip_corrupt_images: bool = False
+    progress: bool = True
+
+    @property
+    def checkpoint_dir(self) -> pathlib.Path:
+        return self.output_dir / "checkpoints"
+
+    @property
+    def tensorboard_dir(self) -> pathlib.Path:
+        return self.output_dir / "tensorboard"
+
+    @property
+    def metrics_path(self) -> pathlib.Path:
+        return self.output_dir / "metrics.json"
+
+    def validate(self, models: Sequence[str]) -> None:
+        """Checks that need nothing but the config."""
+        if self.model not in models:
+            raise ConfigError(f"unknown model {self.model!r}: choose one of {', '.join(sorted(models))}")
+        if self.data not in ("synthetic", "imagefolder"):
+            raise ConfigError(f"unknown --data {self.data!r}: choose synthetic or imagefolder")
+        if self.data == "imagefolder" and self.data_dir is None:
+            raise ConfigError("--data imagefolder needs --data-dir: a folder with one sub-folder of images per class")
+        if self.data == "synthetic" and self.data_dir is not None:
+            raise ConfigError("--data-dir was given with --data synthetic: add --data imagefolder to train on it")
+        _positive(self, "epochs", "image_size", "synthetic_samples", "num_classes", "backward_passes_per_step")
+        _non_negative(self, "max_steps_per_epoch", "keep_checkpoints", "workers", "threads", "weight_decay",
+                      "warmup_epochs", "momentum")
+        if self.base_lr <= 0:
+            raise ConfigError(f"--base-lr must be positive, got {self.base_lr}")
+        if self.num_classes < 2:
+            raise ConfigError(f"--num-classes must be at least 2, got {self.num_classes}")
+        if self.batch_size is not None and self.global_batch_size is not None:
+            raise ConfigError("give --batch-size (per process) or --global-batch-size, not both")
+        if self.batch_size is None and self.global_batch_size is None:
+            raise ConfigError("give --batch-size (per process) or --global-batch-size")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if list(self.lr_decay_epochs) != sorted(set(self.lr_decay_epochs)) or any(e < 1 for e in self.lr_decay_epochs):
+            raise ConfigError(f"--lr-decay-epochs must be increasing positive epochs, got {list(self.lr_decay_epochs)}")
+        if self.adasum and self.fp16_allreduce:
+            raise ConfigError("--adasum and --fp16-allreduce cannot be combined: Adasum reduces in full precision")
+
+    def per_process_batch(self, world_size: int) -> int:
+        """The batch each process trains on; checks the global batch against the world size."""
+        if self.batch_size is not None:
+            return self.batch_size
+        g = self.global_batch_size
+        if g < world_size:
+            raise ConfigError(
+                f"--global-batch-size {g} is below the number of processes ({world_size}): "
+                f"every process needs at least one sample, use {world_size} or more"
+            )
+        if g % world_size:
+            raise ConfigError(
+                f"--global-batch-size {g} does not divide evenly over {world_size} processes: "
+                f"use a multiple of {world_size}, e.g. {g - g % world_size or world_size}"
+            )
+        return g // world_size
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        return {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in d.items()}
+
+
+def _positive(cfg: TrainConfig, *names: str) -> None:
+    for n in names:
+        if getattr(cfg, n) < 1:
+            raise ConfigError(f"--{n.replace('_', '-')} must be at least 1, got {getattr(cfg, n)}")
+
+
+def _non_negative(cfg: TrainConfig, *names: str) -> None:
+    for n in names:
+        if getattr(cfg, n) < 0:
+            raise ConfigError(f"--{n.replace('_', '-')} must not be negative, got {getattr(cfg, n)}")
+
+
+def _epochs(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated epochs like 30,60,80, got {text!r}") from None
+
+
+def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    d = TrainConfig()
+    p = argparse.ArgumentParser(prog=prog, description=description,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("model and data")
+    g.add_argument("--model", default=d.model)
+    g.add_argument("--data", default=d.data, help="synthetic | imagefolder")
+    g.add_argument("--data-dir", type=pathlib.Path, default=None,
+                   help="imagefolder: root/<class>/<image>, or root/train and root/val in that layout")
+    g.add_argument("--synthetic-samples", type=int, default=d.synthetic_samples)
+    g.add_argument("--image-size", type=int, default=d.image_size)
+    g.add_argument("--num-classes", type=int, default=d.num_classes)
+    g.add_argument("--skip-corrupt-images", action="store_true",
+                   help="skip and count undecodable images instead of failing on the first one")
+    g = p.add_argument_group("schedule")
+    g.add_argument("--epochs", type=int, default=d.epochs)
+    g.add_argument("--batch-size", type=int, default=None, help=f"per process (default {d.batch_size})")
+    g.add_argument("--global-batch-size", type=int, default=None, help="instead of --batch-size: split over the processes")
+    g.add_argument("--max-steps-per-epoch", type=int, default=d.max_steps_per_epoch, help="0 = whole epoch")
+    g.add_argument("--base-lr", type=float, default=d.base_lr, help="LR of one process; scaled by the process count")
+    g.add_argument("--momentum", type=float, default=d.momentum)
+    g.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    g.add_argument("--warmup-epochs", type=float, default=d.warmup_epochs)
+    g.add_argument("--lr-decay-epochs", type=_epochs, default=d.lr_decay_epochs)
+    g = p.add_argument_group("Horovod")
+    g.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16 for the allreduce")
+    g.add_argument("--backward-passes-per-step", type=int, default=d.backward_passes_per_step,
+                   help="accumulate this many micro-batches of --batch-size locally per allreduce")
+    g.add_argument("--adasum", action="store_true", help="Adasum instead of averaging")
+    g = p.add_argument_group("outputs")
+    g.add_argument("--output-dir", type=pathlib.Path, default=pathlib.Path(os.environ.get("AZUREML_OUTPUT_DIR", d.output_dir)),
+                   help="checkpoints/, tensorboard/ and metrics.json go here")
+    g.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints, help="0 keeps all")
+    g.add_argument("--no-resume", dest="resume", action="store_false",
+                   help="start from scratch even if the output folder has checkpoints")
+    g.add_argument("--no-progress", dest="progress", action="store_false")
+    g = p.add_argument_group("runtime")
+    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--workers", type=int, default=d.workers, help="data loader processes per training process")
+    g.add_argument("--threads", type=int, default=d.threads, help="intra-op threads per process; 0 = cores / local processes")
+    g.add_argument("--amp", dest="amp", action="store_true", default=None, help="mixed precision (default: on with a GPU)")
+    g.add_argument("--no-amp", dest="amp", action="store_false")
+    g.add_argument("--channels-last", dest="channels_last", action="store_true", default=None,
+                   help="NHWC memory format (default: on with a GPU)")
+    g.add_argument("--no-channels-last", dest="channels_last", action="store_false")
+    return p
+
+
+def parse(argv: Sequence[str] | None, prog: str, description: str, models: Sequence[str]) -> TrainConfig:
+    ns = build_parser(prog, description).parse_args(argv)
+    values = vars(ns)
+    if values["batch_size"] is None and values["global_batch_size"] is None:
+        values["batch_size"] = TrainConfig.batch_size
+    cfg = TrainConfig(**values)
+    cfg.validate(models)
+    return cfg

@@ -1,0 +1,45 @@
+"""Run metrics: one JSON file per run, rewritten atomically after every epoch by rank 0.
+
+Schema (stable; the jobs and benchmarks read it):
+    {"run": {...config and world...}, "epochs": [{"epoch", "train_loss", "train_accuracy",
+     "val_loss", "val_accuracy", "images_per_sec", "epoch_seconds", "lr"}...],
+     "summary": {"total_images_per_sec", "images", "train_seconds", ...}}
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from typing import Any
+
+
+class MetricsFile:
+    def __init__(self, path: pathlib.Path, run: dict[str, Any]):
+        self.path = path
+        self.data: dict[str, Any] = {"run": run, "epochs": [], "summary": {}}
+        if path.is_file():  # a resumed run keeps the epochs it already has
+            try:
+                old = json.loads(path.read_text())
+                self.data["epochs"] = list(old.get("epochs", []))
+            except (OSError, ValueError):
+                pass
+
+    def add_epoch(self, record: dict[str, Any]) -> None:
+        self.data["epochs"] = [e for e in self.data["epochs"] if e.get("epoch") != record["epoch"]]
+        self.data["epochs"].append(record)
+        self.write()
+
+    def set_summary(self, summary: dict[str, Any]) -> None:
+        self.data["summary"] = summary
+        self.write()
+
+    def write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(json.dumps(self.data, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, self.path)
+
+
+def throughput_line(images_per_sec: float) -> str:
+    """The line every payload ends with; benchmarks and job logs grep for it."""
+    return f"Total images/sec: {images_per_sec:.1f}"

@@ -1,0 +1,1 @@
+"""PyTorch + Horovod payload: `python -m payloads.pytorch.train --help`."""

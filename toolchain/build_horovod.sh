@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Build (or take from the cache) a Horovod 0.28.1 wheel for the frameworks installed in $PYTHON.
+#
+#   PYTHON=.venv/bin/python toolchain/build_horovod.sh        -> prints the wheel's path on its last line
+#
+# Horovod 0.28.1 is a source-only release that today's PyTorch breaks (see README, "Why Horovod is
+# built here"); patch_horovod.py holds the fixes. The same script builds the GPU images: set
+# HOROVOD_GPU_OPERATIONS=NCCL there. Frameworks are taken from what $PYTHON can import, MPI from
+# whether mpicxx is on PATH; all of that is part of the cache key, so a change rebuilds.
+set -euo pipefail
+
+HOROVOD_VERSION=0.28.1
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+PYTHON=${PYTHON:-python3}
+CACHE=${HOROVOD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/azure-horovod-training/wheels}
+log() { echo "[build_horovod] $*" >&2; }
+
+has() { "$PYTHON" -c "import $1" >/dev/null 2>&1; }
+ver() { "$PYTHON" -c "import $1; print($1.__version__)" 2>/dev/null || echo none; }
+
+TORCH=$(ver torch)
+TF=none; has tensorflow && TF=$(ver tensorflow)
+[ "$TORCH" != none ] || [ "$TF" != none ] || { log "neither torch nor tensorflow imports in $PYTHON: install requirements first"; exit 2; }
+MPI=none; command -v mpicxx >/dev/null 2>&1 && MPI=$(mpirun --version 2>/dev/null | head -1 | tr ' ' _)
+GPU_OPS=${HOROVOD_GPU_OPERATIONS:-}
+# torch >= 2.14 headers need C++20, older 2.x C++17; TensorFlow's part keeps its own C++17.
+CXX=17
+if [ "$TORCH" != none ] && "$PYTHON" - "$TORCH" <<'PY'
+import sys
+major, minor = (int(x) for x in sys.argv[1].split("+")[0].split(".")[:2])
+sys.exit(0 if (major, minor) >= (2, 14) else 1)
+PY
+then CXX=20; fi
+
+PYTAG=$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+KEY=$( { echo "$HOROVOD_VERSION $PYTAG torch=$TORCH tf=$TF mpi=$MPI gpu=$GPU_OPS cxx=$CXX"; cat "$HERE/patch_horovod.py" "$HERE/build_horovod.sh"; } | sha256sum | cut -c1-16)
+OUT="$CACHE/$KEY"
+if ls "$OUT"/horovod-*.whl >/dev/null 2>&1; then
+    log "cached wheel for torch=$TORCH tf=$TF mpi=$MPI gpu=${GPU_OPS:-off} ($OUT)"
+    ls "$OUT"/horovod-*.whl
+    exit 0
+fi
+
+log "building Horovod $HOROVOD_VERSION for torch=$TORCH tf=$TF mpi=$MPI gpu=${GPU_OPS:-off}, C++$CXX (about 3-5 minutes)"
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+"$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$WORK" >&2
+tar -xzf "$WORK/horovod-$HOROVOD_VERSION.tar.gz" -C "$WORK"
+SRC="$WORK/horovod-$HOROVOD_VERSION"
+CPU_ONLY=()
+[ -n "$GPU_OPS" ] || CPU_ONLY=(--cpu-only)
+"$PYTHON" "$HERE/patch_horovod.py" "$SRC" --cxx-standard "$CXX" "${CPU_ONLY[@]}" >&2
+
+flag() { if [ "$2" != none ]; then echo "HOROVOD_WITH_$1=1"; else echo "HOROVOD_WITHOUT_$1=1"; fi; }
+BUILD_ENV=(
+    "$(flag PYTORCH "$TORCH")" "$(flag TENSORFLOW "$TF")" "$(flag MPI "$MPI")"
+    HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_GLOO=1
+    CMAKE_POLICY_VERSION_MINIMUM=3.5                # CMake 4 refuses the bundled third_party's old minimums
+    MAKEFLAGS="-j${HOROVOD_BUILD_JOBS:-$(nproc)}"
+)
+[ -z "$GPU_OPS" ] || BUILD_ENV+=(HOROVOD_GPU_OPERATIONS="$GPU_OPS")
+log "env: ${BUILD_ENV[*]}"
+# --no-build-isolation: Horovod must compile against the torch/tensorflow already installed in $PYTHON.
+env "${BUILD_ENV[@]}" "$PYTHON" -m pip wheel --no-deps --no-build-isolation -w "$WORK/dist" "$SRC" >"$WORK/build.log" 2>&1 || {
+    tail -60 "$WORK/build.log" >&2
+    log "build failed; the full log was $WORK/build.log"
+    trap - EXIT
+    exit 1
+}
+mkdir -p "$OUT"
+cp "$WORK"/dist/horovod-*.whl "$OUT/"
+log "built $(ls "$OUT"/horovod-*.whl)"
+ls "$OUT"/horovod-*.whl

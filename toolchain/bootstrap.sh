@@ -7,6 +7,8 @@ VENV=${VENV:-$ROOT/.venv}
 PY=${PYTHON_BIN:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 log() { echo "[bootstrap] $*" >&2; }
+# pip on some machines warns about every missing local index entry; keep real messages only.
+quiet() { { grep -v "is neither a file nor a directory" || true; } >&2; }
 
 STAMP="$VENV/.bootstrap-stamp"
 WANT=$(cat "$ROOT/requirements.txt" "$ROOT/toolchain/build_horovod.sh" "$ROOT/toolchain/patch_horovod.py" \
@@ -23,10 +25,10 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
 fi
 log "installing requirements.txt (torch is a large download on a machine without a local copy)"
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$ROOT/requirements.txt"
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$ROOT/requirements.txt" 2>&1 | quiet
 
 WHEEL=$(PYTHON="$VENV/bin/python" "$ROOT/toolchain/build_horovod.sh" | tail -1)
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$WHEEL"
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$WHEEL" 2>&1 | quiet
 
 # Refuse an environment that would train without working collectives.
 CHECK=$("$VENV/bin/horovodrun" --check-build)

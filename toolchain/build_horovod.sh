@@ -10,6 +10,7 @@
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
+BUILD_REVISION=1   # bump when a change here changes what gets built (it is part of the cache key)
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PYTHON=${PYTHON:-python3}
 CACHE=${HOROVOD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/azure-horovod-training/wheels}
@@ -33,7 +34,7 @@ PY
 then CXX=20; fi
 
 PYTAG=$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-KEY=$( { echo "$HOROVOD_VERSION $PYTAG torch=$TORCH tf=$TF mpi=$MPI gpu=$GPU_OPS cxx=$CXX"; cat "$HERE/patch_horovod.py" "$HERE/build_horovod.sh"; } | sha256sum | cut -c1-16)
+KEY=$( { echo "$HOROVOD_VERSION r$BUILD_REVISION $PYTAG torch=$TORCH tf=$TF mpi=$MPI gpu=$GPU_OPS cxx=$CXX"; cat "$HERE/patch_horovod.py"; } | sha256sum | cut -c1-16)
 OUT="$CACHE/$KEY"
 if ls "$OUT"/horovod-*.whl >/dev/null 2>&1; then
     log "cached wheel for torch=$TORCH tf=$TF mpi=$MPI gpu=${GPU_OPS:-off} ($OUT)"
@@ -44,7 +45,7 @@ fi
 log "building Horovod $HOROVOD_VERSION for torch=$TORCH tf=$TF mpi=$MPI gpu=${GPU_OPS:-off}, C++$CXX (about 3-5 minutes)"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-"$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$WORK" >&2
+"$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$WORK" 2>&1 | { grep -v "is neither a file nor a directory" || true; } >&2
 tar -xzf "$WORK/horovod-$HOROVOD_VERSION.tar.gz" -C "$WORK"
 SRC="$WORK/horovod-$HOROVOD_VERSION"
 CPU_ONLY=()

@@ -19,7 +19,7 @@ def _tiny_cnn(num_classes: int, image_size: int) -> nn.Module:
     return nn.Sequential(
         nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
         nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, num_classes),
+        nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(32 * 16, num_classes),
     )
 
 

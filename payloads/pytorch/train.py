@@ -154,7 +154,7 @@ def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, dl, device, lr_scale,
         labels = labels.to(device, non_blocking=True)
         if cfg.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()  # Horovod's wrapper takes no set_to_none
         # backward_passes_per_step: micro-batches accumulate locally; the allreduce runs once per step.
         chunks = max(1, min(cfg.backward_passes_per_step, len(images)))
         for part_x, part_y in zip(images.chunk(chunks), labels.chunk(chunks)):
@@ -311,9 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = config.parse(argv, "python -m payloads.pytorch.train", __doc__.splitlines()[0], list(models.MODELS))
         run(cfg)
     except ConfigError as e:
-        rank = os.environ.get("HOROVOD_RANK", "0")
-        if rank == "0":
-            print(f"error: {e}", file=sys.stderr, flush=True)
+        # Every rank says it: a data error may be met by one rank only.
+        print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     return 0
 

@@ -1,0 +1,102 @@
+"""Bad input fails before training with a message that names the problem and the fix."""
+import pathlib
+
+import pytest
+from PIL import Image
+
+from conftest import TINY, train
+from payloads.common import config, imagefolder
+from payloads.common.errors import ConfigError
+from payloads.pytorch import models
+
+MODELS = list(models.MODELS)
+
+
+def parse(*args):
+    return config.parse(list(args), "train", "", MODELS)
+
+
+def test_unknown_model_lists_the_choices():
+    with pytest.raises(ConfigError, match=r"unknown model 'resnet5'.*resnet50"):
+        parse("--model", "resnet5")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--data", "imagefolder"], "needs --data-dir"),
+    (["--data", "tfrecord"], "choose synthetic or imagefolder"),
+    (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--batch-size", "8", "--global-batch-size", "16"], "not both"),
+    (["--epochs", "0"], "--epochs must be at least 1"),
+    (["--lr-decay-epochs", "60,30"], "increasing"),
+    (["--adasum", "--fp16-allreduce"], "cannot be combined"),
+    (["--base-lr", "-1"], "must be positive"),
+])
+def test_config_errors(args, message):
+    with pytest.raises(ConfigError, match=message):
+        parse(*args)
+
+
+def test_global_batch_below_world_size():
+    cfg = parse("--global-batch-size", "1")
+    with pytest.raises(ConfigError, match="below the number of processes"):
+        cfg.per_process_batch(2)
+    with pytest.raises(ConfigError, match="use a multiple of 2"):
+        parse("--global-batch-size", "5").per_process_batch(2)
+    assert parse("--global-batch-size", "64").per_process_batch(2) == 32
+
+
+def test_missing_and_empty_data_directories(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        imagefolder.scan(tmp_path / "nope")
+    with pytest.raises(ConfigError, match="has no class folders"):
+        imagefolder.scan(tmp_path)
+
+
+def test_class_folder_without_images_is_named(tmp_path):
+    (tmp_path / "cat").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "cat" / "a.png")
+    (tmp_path / "dog").mkdir()
+    (tmp_path / "dog" / "notes.txt").write_text("not an image")
+    with pytest.raises(ConfigError, match=r"class folder .*dog has no images"):
+        imagefolder.scan(tmp_path)
+
+
+def _tree(root: pathlib.Path, classes=3, per_class=8) -> pathlib.Path:
+    for c in range(classes):
+        d = root / f"class{c}"
+        d.mkdir(parents=True)
+        for i in range(per_class):
+            Image.new("RGB", (20, 20), color=(80 * c, 10 * i, 40)).save(d / f"img{i}.png")
+    return root
+
+
+def test_global_batch_below_world_size_fails_the_distributed_job(tmp_path):
+    proc = train(2, TINY + ["--global-batch-size", "1", "--epochs", "1", "--output-dir", str(tmp_path)], check=False)
+    assert proc.returncode != 0
+    assert "--global-batch-size 1 is below the number of processes (2)" in proc.stderr + proc.stdout
+    assert not (tmp_path / "checkpoints").exists(), "nothing may be trained or written"
+
+
+def test_missing_data_dir_fails_the_distributed_job(tmp_path):
+    proc = train(2, TINY + ["--data", "imagefolder", "--data-dir", str(tmp_path / "missing"), "--epochs", "1",
+                            "--output-dir", str(tmp_path / "out")], check=False)
+    assert proc.returncode != 0
+    assert "missing does not exist" in proc.stderr + proc.stdout
+
+
+def test_corrupt_image_fails_naming_the_file_or_is_skipped_and_counted(tmp_path):
+    data = _tree(tmp_path / "data")
+    bad = data / "class1" / "img3.png"
+    bad.write_bytes(b"\x89PNG this is not a picture")
+    args = ["--model", "tiny_cnn", "--image-size", "16", "--data", "imagefolder", "--data-dir", str(data),
+            "--batch-size", "4", "--epochs", "1", "--workers", "0", "--threads", "1", "--no-progress"]
+    failed = train(2, args + ["--output-dir", str(tmp_path / "strict")], check=False)
+    assert failed.returncode != 0
+    assert f"cannot decode image {bad}" in failed.stderr + failed.stdout
+    assert "--skip-corrupt-images" in failed.stderr + failed.stdout
+
+    train(2, args + ["--output-dir", str(tmp_path / "lenient"), "--skip-corrupt-images"])
+    from conftest import metrics
+    epoch = metrics(tmp_path / "lenient")["epochs"][0]
+    assert epoch["skipped_images"] == 1
+    assert epoch["images"] == 3 * 8 - 1

@@ -119,3 +119,14 @@ def test_a_killed_worker_ends_the_job_and_the_last_checkpoint_resumes(tmp_path):
     done, _ = checkpoint.latest(out / "checkpoints", ".pt")
     proc = train(2, args[:-4] + ["--epochs", str(done + 1), "--output-dir", str(out)])
     assert "resuming from" in proc.stdout
+
+
+def test_horovod_timeline_is_written_when_asked(tmp_path):
+    timeline = tmp_path / "timeline.json"
+    cmd = horovodrun(2, TINY + ["--epochs", "1", "--batch-size", "8", "--output-dir", str(tmp_path / "out")])
+    e = env()
+    e["HOROVOD_TIMELINE"] = str(timeline)
+    proc = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = timeline.read_text()
+    assert "ALLREDUCE" in text.upper() and "Horovod timeline" in proc.stdout

@@ -1,0 +1,311 @@
+"""Typed, validated stack configuration: the one place that reads `Pulumi.<stack>.yaml`.
+
+`load()` takes the project's config as a plain dict (camelCase keys, as in the YAML) and either returns a
+PlatformConfig or raises ConfigError listing every problem, each naming the key, the bad value and what
+is allowed. It runs before any resource is declared.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from . import vm_sizes
+
+PROJECT = "azure-horovod-training"
+
+
+class ConfigError(ValueError):
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid stack configuration:\n  - " + "\n  - ".join(problems))
+
+
+@dataclass(frozen=True)
+class Network:
+    vnet_cidr: str
+    compute_subnet_cidr: str
+    private_endpoint_subnet_cidr: str
+    allowed_client_ips: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Storage:
+    data_container: str
+    logs_container: str
+    replication: str              # LRS | ZRS
+    soft_delete_days: int
+    retain_on_delete: bool
+
+
+@dataclass(frozen=True)
+class Nfs:
+    enabled: bool
+    share_name: str
+    quota_gib: int
+    root_squash: str
+    retain_on_delete: bool
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    vm_size: str
+    min_nodes: int
+    max_nodes: int
+    low_priority: bool
+    idle_seconds_before_scale_down: int
+    ssh_enabled: bool
+
+    @property
+    def size(self) -> vm_sizes.VmSize:
+        return vm_sizes.CATALOG[self.vm_size]
+
+
+@dataclass(frozen=True)
+class PlatformConfig:
+    stack: str
+    prefix: str
+    location: str
+    network: Network
+    storage: Storage
+    nfs: Nfs
+    clusters: tuple[Cluster, ...]
+    workspace_public_access: bool
+    registry_public_access: bool
+    image_build_cluster: str | None
+    max_total_gpus: int
+    max_total_nodes: int
+    tags: dict[str, str]
+
+    @property
+    def total_max_gpus(self) -> int:
+        return sum(c.max_nodes * c.size.gpus for c in self.clusters)
+
+
+_LOCATION = re.compile(r"^[a-z]+[a-z0-9]*$")
+_PREFIX = re.compile(r"^[a-z][a-z0-9]{1,7}$")
+_CLUSTER = re.compile(r"^[a-zA-Z][a-zA-Z0-9-]{1,14}[a-zA-Z0-9]$")   # AML: 3-16 chars
+_CONTAINER = re.compile(r"^[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]$")
+_SHARE = _CONTAINER
+
+
+class _Reader:
+    """Pulls typed values out of nested dicts, recording problems instead of stopping at the first."""
+
+    def __init__(self):
+        self.problems: list[str] = []
+
+    def bad(self, key: str, value: Any, allowed: str) -> None:
+        self.problems.append(f"{key} = {value!r}: {allowed}")
+
+    def get(self, d: dict, key: str, path: str, kind: type, default: Any = ..., allowed: str = "") -> Any:
+        full = f"{path}{key}"
+        if key not in d or d[key] is None:
+            if default is ...:
+                self.problems.append(f"{full} is missing: {allowed or 'it is required'}")
+                return None
+            return default
+        value = d[key]
+        if kind is int and isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            value = int(value)
+        if kind is bool and isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+            self.bad(full, value, f"expected {kind.__name__}" + (f"; {allowed}" if allowed else ""))
+            return None if default is ... else default
+        return value
+
+
+def _network(r: _Reader, raw: dict, key: str) -> Network | None:
+    n = r.get(raw, key, "", dict, allowed="vnetCidr, computeSubnetCidr and privateEndpointSubnetCidr")
+    if n is None:
+        return None
+    p = f"{key}."
+    nets = {}
+    for k in ("vnetCidr", "computeSubnetCidr", "privateEndpointSubnetCidr"):
+        text = r.get(n, k, p, str, allowed="an IPv4 CIDR such as 10.40.0.0/16")
+        if text is None:
+            continue
+        try:
+            nets[k] = ipaddress.IPv4Network(text, strict=True)
+        except ValueError as e:
+            r.bad(p + k, text, f"not a valid IPv4 CIDR ({e}); use the network address, e.g. 10.40.0.0/16")
+    if len(nets) == 3:
+        vnet = nets["vnetCidr"]
+        for k in ("computeSubnetCidr", "privateEndpointSubnetCidr"):
+            if not nets[k].subnet_of(vnet):
+                r.bad(p + k, str(nets[k]), f"must lie inside vnetCidr {vnet}")
+        if nets["computeSubnetCidr"].overlaps(nets["privateEndpointSubnetCidr"]):
+            r.bad(p + "privateEndpointSubnetCidr", str(nets["privateEndpointSubnetCidr"]),
+                  f"overlaps computeSubnetCidr {nets['computeSubnetCidr']}; subnets must not overlap")
+        if nets["privateEndpointSubnetCidr"].num_addresses < 16:
+            r.bad(p + "privateEndpointSubnetCidr", str(nets["privateEndpointSubnetCidr"]), "needs /28 or larger")
+    ips = r.get(n, "allowedClientIps", p, list, [], "a list of public IPs or CIDRs allowed to reach storage")
+    for ip in ips or []:
+        try:
+            net = ipaddress.ip_network(str(ip), strict=False)
+            if net.is_private:
+                r.bad(p + "allowedClientIps", ip, "storage firewall rules take public addresses only")
+        except ValueError:
+            r.bad(p + "allowedClientIps", ip, "not an IP address or CIDR")
+    if len(nets) < 3:
+        return None
+    return Network(str(nets["vnetCidr"]), str(nets["computeSubnetCidr"]), str(nets["privateEndpointSubnetCidr"]),
+                   tuple(str(i) for i in ips or []))
+
+
+def _storage(r: _Reader, raw: dict) -> Storage:
+    s = r.get(raw, "storage", "", dict, {})
+    p = "storage."
+    data = r.get(s, "dataContainer", p, str, "training-data")
+    logs = r.get(s, "logsContainer", p, str, "logs")
+    for k, v in (("dataContainer", data), ("logsContainer", logs)):
+        if v is not None and not _CONTAINER.match(v):
+            r.bad(p + k, v, "3-63 lowercase letters, digits and single hyphens")
+    repl = r.get(s, "replication", p, str, "LRS")
+    if repl not in ("LRS", "ZRS"):
+        r.bad(p + "replication", repl, "LRS or ZRS (premium block blob and file storage offer no geo-replication)")
+    days = r.get(s, "softDeleteDays", p, int, 14)
+    if days is not None and not 1 <= days <= 365:
+        r.bad(p + "softDeleteDays", days, "1 to 365 days")
+    retain = r.get(s, "retainOnDelete", p, bool, True)
+    return Storage(data, logs, repl, days, retain)
+
+
+def _nfs(r: _Reader, raw: dict) -> Nfs:
+    n = r.get(raw, "nfs", "", dict, {})
+    p = "nfs."
+    enabled = r.get(n, "enabled", p, bool, True)
+    share = r.get(n, "shareName", p, str, "shared")
+    if share is not None and not _SHARE.match(share):
+        r.bad(p + "shareName", share, "3-63 lowercase letters, digits and single hyphens")
+    quota = r.get(n, "quotaGiB", p, int, 100)
+    if quota is not None and not 100 <= quota <= 102400:
+        r.bad(p + "quotaGiB", quota, "premium NFS shares take 100 to 102400 GiB")
+    squash = r.get(n, "rootSquash", p, str, "RootSquash")
+    if squash not in ("RootSquash", "NoRootSquash", "AllSquash"):
+        r.bad(p + "rootSquash", squash, "RootSquash, NoRootSquash or AllSquash")
+    return Nfs(enabled, share, quota, squash, r.get(n, "retainOnDelete", p, bool, True))
+
+
+def _clusters(r: _Reader, raw: dict, today: dt.date) -> tuple[Cluster, ...]:
+    items = r.get(raw, "clusters", "", list, allowed="a list of {name, vmSize, minNodes, maxNodes, ...}")
+    if items is None:
+        return ()
+    if not items:
+        r.bad("clusters", items, "declare at least one cluster")
+    out, seen = [], set()
+    for i, c in enumerate(items):
+        p = f"clusters[{i}]."
+        if not isinstance(c, dict):
+            r.bad(f"clusters[{i}]", c, "expected a mapping with name, vmSize, minNodes, maxNodes")
+            continue
+        name = r.get(c, "name", p, str)
+        if name is not None:
+            if not _CLUSTER.match(name):
+                r.bad(p + "name", name, "3-16 letters, digits and hyphens, starting with a letter (Azure ML's rule)")
+            if name in seen:
+                r.bad(p + "name", name, "cluster names must be unique")
+            seen.add(name)
+        size_name = r.get(c, "vmSize", p, str)
+        size = vm_sizes.lookup(size_name) if size_name else None
+        if size_name and size is None:
+            r.bad(p + "vmSize", size_name, "not in the VM-size catalog (infra/trainingplatform/vm_sizes.py); "
+                  f"available: {', '.join(vm_sizes.available(today))}")
+        elif size and size.retired and size.retired <= today:
+            r.bad(p + "vmSize", size_name, f"retired by Azure on {size.retired.isoformat()}; "
+                  f"use a current size instead: {', '.join(size.successors)}")
+        lo = r.get(c, "minNodes", p, int, 0)
+        hi = r.get(c, "maxNodes", p, int)
+        if lo is not None and lo < 0:
+            r.bad(p + "minNodes", lo, "0 or more (0 lets the cluster scale to zero)")
+        if hi is not None and hi < 1:
+            r.bad(p + "maxNodes", hi, "1 or more")
+        if lo is not None and hi is not None and hi < lo:
+            r.bad(p + "maxNodes", hi, f"must be at least minNodes ({lo})")
+        priority = r.get(c, "priority", p, str, "Dedicated")
+        if priority not in ("Dedicated", "LowPriority"):
+            r.bad(p + "priority", priority, "Dedicated or LowPriority")
+        idle = r.get(c, "idleSecondsBeforeScaleDown", p, int, 600)
+        if idle is not None and not 60 <= idle <= 86400:
+            r.bad(p + "idleSecondsBeforeScaleDown", idle, "60 to 86400 seconds")
+        ssh = r.get(c, "sshEnabled", p, bool, False)
+        if None not in (name, size, hi, lo, idle) and not (size.retired and size.retired <= today):
+            out.append(Cluster(name, size.name, lo, hi, priority == "LowPriority", idle, ssh))
+    return tuple(out)
+
+
+def load(raw: dict, stack: str, location: str | None, today: dt.date | None = None) -> PlatformConfig:
+    """Validate the project's config dict (keys without the project prefix) for `stack`."""
+    today = today or dt.date.today()
+    r = _Reader()
+    if not location:
+        r.problems.append("azure-native:location is missing: set the Azure region, e.g. "
+                          "`pulumi config set azure-native:location westeurope`")
+    elif not _LOCATION.match(location):
+        r.bad("azure-native:location", location, "an Azure region's short name such as westeurope or eastus2 "
+              "(lowercase, no spaces)")
+    prefix = r.get(raw, "prefix", "", str, allowed="2-8 lowercase letters and digits, starting with a letter")
+    if prefix is not None and not _PREFIX.match(prefix):
+        r.bad("prefix", prefix, "2-8 lowercase letters and digits, starting with a letter (it goes into "
+              "storage account names)")
+    network = _network(r, raw, "network")
+    storage = _storage(r, raw)
+    nfs = _nfs(r, raw)
+    clusters = _clusters(r, raw, today)
+    max_gpus = r.get(raw, "maxTotalGpus", "", int, 64)
+    max_nodes = r.get(raw, "maxTotalNodes", "", int, 32)
+    if clusters and max_gpus is not None:
+        total = sum(c.max_nodes * c.size.gpus for c in clusters)
+        if total > max_gpus:
+            r.bad("clusters", [f"{c.name}: {c.max_nodes} x {c.size.gpus} GPUs" for c in clusters if c.size.gpus],
+                  f"together they can scale to {total} GPUs, above maxTotalGpus = {max_gpus}; lower maxNodes or "
+                  "raise maxTotalGpus (and your subscription's quota) deliberately")
+    if clusters and max_nodes is not None:
+        nodes = sum(c.max_nodes for c in clusters)
+        if nodes > max_nodes:
+            r.bad("clusters", f"{nodes} nodes at most", f"above maxTotalNodes = {max_nodes}; lower maxNodes or "
+                  "raise maxTotalNodes")
+        if network is not None:
+            usable = ipaddress.IPv4Network(network.compute_subnet_cidr).num_addresses - 5  # Azure keeps 5
+            if nodes > usable:
+                r.bad("network.computeSubnetCidr", network.compute_subnet_cidr,
+                      f"has {usable} usable addresses for up to {nodes} nodes; use a larger subnet")
+    build = r.get(raw, "imageBuildCluster", "", str, None)
+    if build is not None and clusters and build not in {c.name for c in clusters}:
+        r.bad("imageBuildCluster", build, f"not a declared cluster; one of {', '.join(c.name for c in clusters)}")
+    if build is None and clusters:
+        cpu = [c.name for c in clusters if c.size.gpus == 0]
+        build = cpu[0] if cpu else clusters[0].name
+    ws_public = r.get(raw, "workspacePublicAccess", "", bool, True)
+    acr_public = r.get(raw, "registryPublicAccess", "", bool, True)
+    tags = r.get(raw, "tags", "", dict, {})
+    if r.problems:
+        raise ConfigError(r.problems)
+    return PlatformConfig(stack, prefix, location, network, storage, nfs, clusters, ws_public, acr_public, build,
+                          max_gpus, max_nodes, {"project": PROJECT, "stack": stack, **{str(k): str(v) for k, v in tags.items()}})
+
+
+def from_pulumi() -> PlatformConfig:
+    """Read the current stack's config through Pulumi (the program's entry point)."""
+    import json
+
+    import pulumi
+
+    cfg = pulumi.Config()
+    keys = ("prefix", "network", "storage", "nfs", "clusters", "imageBuildCluster", "maxTotalGpus",
+            "maxTotalNodes", "workspacePublicAccess", "registryPublicAccess", "tags")
+    raw = {}
+    for k in keys:
+        text = cfg.get(k)
+        if text is None:
+            continue
+        try:
+            raw[k] = json.loads(text)
+        except ValueError:
+            raw[k] = text
+    location = pulumi.Config("azure-native").get("location")
+    return load(raw, pulumi.get_stack(), location)

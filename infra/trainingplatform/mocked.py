@@ -1,0 +1,112 @@
+"""Run the program in-process under Pulumi's mocks: no Azure, no Pulumi CLI.
+
+Used by the tests and by the review aid (`python -m trainingplatform.review`). The mocks echo every
+resource's inputs back as its state and fill in the few outputs Azure would compute (ids, principal ids,
+login server), so relationships between resources can be asserted.
+"""
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+import yaml
+from pulumi.runtime.mocks import MockCallArgs, MockResourceArgs, Mocks
+from pulumi.runtime.settings import SETTINGS
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+from . import config, program
+
+SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
+TENANT = "11111111-1111-1111-1111-111111111111"
+
+
+@dataclass
+class Resource:
+    type: str
+    name: str
+    inputs: dict
+    id: str
+    parent: str | None = None
+    options: dict = field(default_factory=dict)
+
+
+class RecordingMocks(Mocks):
+    def __init__(self):
+        self.resources: list[Resource] = []
+
+    def new_resource(self, args: MockResourceArgs):
+        typ, name, inputs = args.typ, args.name, dict(args.inputs)
+        provider_name = next((inputs[k] for k in _NAME_KEYS.get(typ, ()) if inputs.get(k)), name)
+        rid = f"/subscriptions/{SUBSCRIPTION}/mock/{typ.split(':')[-1]}/{provider_name}"
+        state = dict(inputs, name=provider_name)
+        identity = inputs.get("identity")
+        if isinstance(identity, dict) and isinstance(identity.get("userAssignedIdentities"), list):
+            # Azure takes a list of identity ids and answers with a map keyed by them.
+            state["identity"] = dict(identity, userAssignedIdentities={i: {} for i in identity["userAssignedIdentities"]})
+        if typ == "random:index/randomString:RandomString":
+            state["result"] = "x7k2q"
+        elif typ == "azure-native:managedidentity:UserAssignedIdentity":
+            state.update(principalId=f"principal-{name}", clientId=f"client-{name}")
+        elif typ == "azure-native:machinelearningservices:Workspace":
+            state["identity"] = dict(inputs.get("identity", {}), principalId=f"principal-{name}")
+        elif typ == "azure-native:containerregistry:Registry":
+            state["loginServer"] = f"{provider_name}.azurecr.io"
+        elif typ == "azure-native:network:PublicIPAddress":
+            state["ipAddress"] = "20.0.0.1"
+        self.resources.append(Resource(typ, name, inputs, rid))
+        return rid, state
+
+    def call(self, args: MockCallArgs):
+        if args.token == "azure-native:authorization:getClientConfig":
+            return {"subscriptionId": SUBSCRIPTION, "tenantId": TENANT, "clientId": "client", "objectId": "object"}, []
+        raise NotImplementedError(f"no mock for {args.token}")
+
+    def of_type(self, suffix: str) -> list[Resource]:
+        return [r for r in self.resources if r.type.endswith(suffix)]
+
+
+# Which input holds the Azure name of each resource type (others fall back to the logical name).
+_NAME_KEYS = {
+    "azure-native:resources:ResourceGroup": ("resourceGroupName",),
+    "azure-native:storage:StorageAccount": ("accountName",),
+    "azure-native:storage:BlobContainer": ("containerName",),
+    "azure-native:storage:FileShare": ("shareName",),
+    "azure-native:containerregistry:Registry": ("registryName",),
+    "azure-native:keyvault:Vault": ("vaultName",),
+    "azure-native:machinelearningservices:Workspace": ("workspaceName",),
+    "azure-native:machinelearningservices:Compute": ("computeName",),
+    "azure-native:machinelearningservices:Datastore": ("name",),
+    "azure-native:privatedns:PrivateZone": ("privateZoneName",),
+}
+
+
+def read_stack_file(path: pathlib.Path) -> tuple[dict, str | None]:
+    """(project settings without the project prefix, azure-native:location) from a Pulumi.<stack>.yaml."""
+    data = yaml.safe_load(pathlib.Path(path).read_text()) or {}
+    raw, location = {}, None
+    for key, value in (data.get("config") or {}).items():
+        if key == "azure-native:location":
+            location = value
+        elif key.startswith(config.PROJECT + ":"):
+            raw[key.split(":", 1)[1]] = value
+    return raw, location
+
+
+def run(raw: dict, stack: str, location: str | None) -> tuple[RecordingMocks, dict[str, Any]]:
+    """Validate and declare the whole stack under mocks; returns the recorded resources and resolved outputs."""
+    cfg = config.load(raw, stack, location)
+    mocks = RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, project=config.PROJECT, stack=stack, preview=False)
+    SETTINGS.rpc_manager.clear()
+    SETTINGS.outputs.clear()
+    resolved: dict[str, Any] = {}
+
+    def body():
+        outputs = program.build(cfg, ssh_public_key=raw.get("sshPublicKey"))
+        resolved.update(_sync_await(pulumi.Output.from_input(outputs).future()))
+
+    _sync_await(run_pulumi_func(body))
+    return mocks, resolved

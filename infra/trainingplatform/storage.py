@@ -1,0 +1,65 @@
+"""Storage accounts for training: Premium block blob for data, standard for logs, results and models.
+
+Both live in the durable resource group and, by default, survive `pulumi destroy` (retain on delete).
+Shared keys are off: jobs and datastores use Entra ID (managed identities), users `az login`.
+"""
+from __future__ import annotations
+
+import pulumi
+from pulumi_azure_native import storage
+
+from . import naming
+from .config import Network, Storage
+
+
+def network_rules(net: Network, compute_subnet_id: pulumi.Input[str]) -> storage.NetworkRuleSetArgs:
+    """Deny by default; admit the compute subnet (service endpoint), listed client IPs, trusted Azure services."""
+    return storage.NetworkRuleSetArgs(
+        default_action="Deny", bypass="AzureServices",
+        virtual_network_rules=[storage.VirtualNetworkRuleArgs(virtual_network_resource_id=compute_subnet_id, action="Allow")],
+        ip_rules=[storage.IPRuleArgs(i_p_address_or_range=ip, action="Allow") for ip in net.allowed_client_ips])
+
+
+def secure_account(name: str, account_name: str, resource_group, location: str, kind: str, sku: str,
+                   rules: storage.NetworkRuleSetArgs, tags: dict, opts: pulumi.ResourceOptions,
+                   **extra) -> storage.StorageAccount:
+    return storage.StorageAccount(
+        name, account_name=account_name, resource_group_name=resource_group, location=location, kind=kind,
+        sku=storage.SkuArgs(name=sku), enable_https_traffic_only=extra.pop("https_only", True),
+        minimum_tls_version="TLS1_2", allow_blob_public_access=False, allow_shared_key_access=False,
+        default_to_o_auth_authentication=True, allow_cross_tenant_replication=False, network_rule_set=rules,
+        tags=tags, opts=opts, **extra)
+
+
+class TrainingStorage(pulumi.ComponentResource):
+    """Outputs: data_account, data_container, logs_account, logs_container (names and ids)."""
+
+    def __init__(self, name: str, resource_group, location: str, prefix: str, stack: str, suffix: str,
+                 cfg: Storage, net: Network, compute_subnet_id, tags: dict, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("trainingplatform:storage:TrainingStorage", name, None, opts)
+        keep = pulumi.ResourceOptions(parent=self, retain_on_delete=cfg.retain_on_delete)
+        rules = network_rules(net, compute_subnet_id)
+        self.data_account = secure_account(
+            f"{name}-data", naming.storage_account(prefix, stack, "data", suffix), resource_group,
+            location, "BlockBlobStorage", f"Premium_{cfg.replication}", rules, tags, keep)
+        self.logs_account = secure_account(
+            f"{name}-logs", naming.storage_account(prefix, stack, "logs", suffix), resource_group, location, "StorageV2",
+            f"Standard_{cfg.replication}", rules, tags, keep, access_tier="Hot")
+        self.data_container = self._container(f"{name}-data", self.data_account, resource_group, cfg.data_container, cfg)
+        self.logs_container = self._container(f"{name}-logs", self.logs_account, resource_group, cfg.logs_container, cfg,
+                                              versioning=True)
+        self.register_outputs({"data_account": self.data_account.name, "logs_account": self.logs_account.name})
+
+    def _container(self, name, account, resource_group, container, cfg: Storage, versioning=False):
+        keep = pulumi.ResourceOptions(parent=self, retain_on_delete=cfg.retain_on_delete)
+        retention = storage.DeleteRetentionPolicyArgs(enabled=True, days=cfg.soft_delete_days)
+        storage.BlobServiceProperties(
+            f"{name}-blob-service", account_name=account.name, resource_group_name=resource_group,
+            blob_services_name="default", delete_retention_policy=retention,
+            container_delete_retention_policy=retention,
+            # Versioning is not offered on premium block blob accounts; the logs account keeps versions
+            # of overwritten checkpoints and metrics.
+            is_versioning_enabled=versioning or None, opts=keep)
+        return storage.BlobContainer(f"{name}-container", account_name=account.name, resource_group_name=resource_group,
+                                     container_name=container, public_access="None", opts=keep)
+

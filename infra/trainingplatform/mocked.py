@@ -7,7 +7,7 @@ login server), so relationships between resources can be asserted.
 from __future__ import annotations
 
 import pathlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pulumi
@@ -29,13 +29,12 @@ class Resource:
     name: str
     inputs: dict
     id: str
-    parent: str | None = None
-    options: dict = field(default_factory=dict)
 
 
 class RecordingMocks(Mocks):
     def __init__(self):
         self.resources: list[Resource] = []
+        self.retained: set[str] = set()   # logical names declared with retain_on_delete
 
     def new_resource(self, args: MockResourceArgs):
         typ, name, inputs = args.typ, args.name, dict(args.inputs)
@@ -95,10 +94,11 @@ def read_stack_file(path: pathlib.Path) -> tuple[dict, str | None]:
     return raw, location
 
 
-def run(raw: dict, stack: str, location: str | None) -> tuple[RecordingMocks, dict[str, Any]]:
+def run(raw: dict, stack: str, location: str | None,
+        mocks: RecordingMocks | None = None) -> tuple[RecordingMocks, dict[str, Any]]:
     """Validate and declare the whole stack under mocks; returns the recorded resources and resolved outputs."""
+    mocks = mocks or RecordingMocks()
     cfg = config.load(raw, stack, location)
-    mocks = RecordingMocks()
     pulumi.runtime.set_mocks(mocks, project=config.PROJECT, stack=stack, preview=False)
     SETTINGS.rpc_manager.clear()
     SETTINGS.outputs.clear()
@@ -108,5 +108,17 @@ def run(raw: dict, stack: str, location: str | None) -> tuple[RecordingMocks, di
         outputs = program.build(cfg, ssh_public_key=raw.get("sshPublicKey"))
         resolved.update(_sync_await(pulumi.Output.from_input(outputs).future()))
 
-    _sync_await(run_pulumi_func(body))
+    # Resource options never reach the mocks; record the ones reviews and tests care about.
+    original = pulumi.CustomResource.__init__
+
+    def recording_init(self, t, name, props=None, opts=None, *args, **kwargs):
+        if opts is not None and opts.retain_on_delete:
+            mocks.retained.add(name)
+        return original(self, t, name, props, opts, *args, **kwargs)
+
+    pulumi.CustomResource.__init__ = recording_init
+    try:
+        _sync_await(run_pulumi_func(body))
+    finally:
+        pulumi.CustomResource.__init__ = original
     return mocks, resolved

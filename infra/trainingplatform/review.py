@@ -1,0 +1,59 @@
+"""Review aid: print what a stack would declare, without Azure or the Pulumi CLI.
+
+    python -m trainingplatform.review Pulumi.dev.yaml > infra/review/dev.txt
+
+The program runs under mocks; every resource is listed with its settings, sorted, one setting a line,
+so a pull request that changes the platform shows the change as a diff of `infra/review/<stack>.txt`
+(the tests fail when that file is out of date). Values Azure would compute appear as mock placeholders.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+from typing import Any, Iterator
+
+from . import config, mocked
+
+
+def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
+    if isinstance(value, dict):
+        for k in sorted(value):
+            yield from _flatten(value[k], f"{prefix}.{k}" if prefix else k)
+    elif isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+        for i, v in enumerate(value):
+            yield from _flatten(v, f"{prefix}[{i}]")
+    else:
+        yield prefix, json.dumps(value, sort_keys=True)
+
+
+def render(stack_file: pathlib.Path) -> str:
+    stack = stack_file.name.removeprefix("Pulumi.").removesuffix(".yaml")
+    raw, location = mocked.read_stack_file(stack_file)
+    mocks, outputs = mocked.run(raw, stack, location)
+    lines = [f"# {config.PROJECT} stack {stack}: {len(mocks.resources)} resources "
+             "(rendered under mocks by trainingplatform.review; ids are placeholders)", ""]
+    for r in sorted(mocks.resources, key=lambda r: (r.type, r.name)):
+        lines.append(f"{r.type} {r.name}" + ("  [retained on destroy]" if r.name in mocks.retained else ""))
+        lines.extend(f"    {k} = {v}" for k, v in _flatten(r.inputs) if not k.startswith("tags."))
+        lines.append("")
+    lines.append("# stack outputs")
+    lines.extend(f"    {k} = {v}" for k, v in _flatten(outputs))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainingplatform.review", description=__doc__.splitlines()[0])
+    ap.add_argument("stack_file", type=pathlib.Path, help="Pulumi.<stack>.yaml")
+    args = ap.parse_args(argv)
+    try:
+        sys.stdout.write(render(args.stack_file))
+    except config.ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Policies for the training platform, as plain functions over (resource type, properties).
+
+`__main__.py` wraps them in a pulumi-policy PolicyPack (`pulumi preview --policy-pack policy`); the
+tests call the same functions on the resources the mocked program declares and on bad ones.
+Properties are the engine's camelCase names.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import pathlib
+import sys
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "infra"))
+from trainingplatform import vm_sizes  # noqa: E402  (one catalog for config checks and policies)
+
+STORAGE = "azure-native:storage:StorageAccount"
+REGISTRY = "azure-native:containerregistry:Registry"
+VAULT = "azure-native:keyvault:Vault"
+COMPUTE = "azure-native:machinelearningservices:Compute"
+WORKSPACE = "azure-native:machinelearningservices:Workspace"
+DEFAULT_MAX_GPUS = 64
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    description: str
+    resource_type: str
+    check: Callable[[dict], str | None]   # props -> violation message or None
+    mandatory: bool = True
+
+
+def _nfs_behind_private_endpoint(p: dict) -> bool:
+    return p.get("kind") == "FileStorage" and p.get("publicNetworkAccess") == "Disabled"
+
+
+def _aml(p: dict) -> dict:
+    return ((p.get("properties") or {}).get("properties")) or {}
+
+
+def _storage_https(p):
+    if p.get("enableHttpsTrafficOnly") is False and not _nfs_behind_private_endpoint(p):
+        return ("storage accounts must require secure transfer (enableHttpsTrafficOnly); only a FileStorage "
+                "account for NFS with publicNetworkAccess Disabled may turn it off")
+
+
+def _storage_tls(p):
+    if p.get("minimumTlsVersion") not in ("TLS1_2", "TLS1_3"):
+        return f"minimumTlsVersion is {p.get('minimumTlsVersion')!r}: set TLS1_2 or later"
+
+
+def _storage_public_blob(p):
+    if p.get("allowBlobPublicAccess") is not False:
+        return "allowBlobPublicAccess must be false: training data and results are never anonymous"
+
+
+def _storage_network(p):
+    rules = p.get("networkRuleSet") or {}
+    if rules.get("defaultAction") != "Deny" and p.get("publicNetworkAccess") != "Disabled":
+        return "storage must deny network access by default (networkRuleSet.defaultAction Deny) or disable public access"
+
+
+def _storage_shared_key(p):
+    if p.get("allowSharedKeyAccess") is not False:
+        return "allowSharedKeyAccess must be false: use Entra ID (managed identities, az login), not account keys"
+
+
+def _acr_admin(p):
+    if p.get("adminUserEnabled") is not False:
+        return "the registry's admin user must be disabled: pulls use the compute identity's AcrPull role"
+
+
+def _acr_premium(p):
+    if (p.get("sku") or {}).get("name") != "Premium":
+        return "the registry must be Premium (network rules, private link)"
+
+
+def _vault(p):
+    props = p.get("properties") or {}
+    if props.get("enablePurgeProtection") is not True or props.get("enableRbacAuthorization") is not True:
+        return "Key Vaults need purge protection and RBAC authorization"
+
+
+def _compute_private(p):
+    props = _aml(p)
+    if props and props.get("enableNodePublicIp") is not False:
+        return "compute nodes must have no public IP (enableNodePublicIp false) and sit in the VNet"
+    if props and not (props.get("subnet") or {}).get("id"):
+        return "compute clusters must be placed in the compute subnet"
+
+
+def _compute_ssh(p):
+    props = _aml(p)
+    if props and props.get("remoteLoginPortPublicAccess") != "Disabled":
+        return "SSH to compute nodes is on: keep it off unless debugging (sshEnabled in the stack config)"
+
+
+def _compute_size(p, today: dt.date | None = None):
+    size = vm_sizes.lookup(_aml(p).get("vmSize") or "")
+    today = today or dt.date.today()
+    if size and size.retired and size.retired <= today:
+        return (f"{size.name} was retired on {size.retired.isoformat()}; "
+                f"use one of {', '.join(size.successors)}")
+
+
+RULES = [
+    Rule("storage-secure-transfer", "Storage accounts require HTTPS (NFS-only accounts behind a private endpoint excepted)", STORAGE, _storage_https),
+    Rule("storage-min-tls-1-2", "Storage accounts accept TLS 1.2 or later only", STORAGE, _storage_tls),
+    Rule("storage-no-public-blob-access", "No anonymous blob access", STORAGE, _storage_public_blob),
+    Rule("storage-network-deny-by-default", "Storage firewalls deny by default", STORAGE, _storage_network),
+    Rule("storage-no-shared-keys", "Storage uses Entra ID, not account keys", STORAGE, _storage_shared_key),
+    Rule("registry-admin-user-disabled", "Container registry admin user off", REGISTRY, _acr_admin),
+    Rule("registry-premium", "Container registry is Premium", REGISTRY, _acr_premium),
+    Rule("keyvault-purge-protection-rbac", "Key Vault purge protection and RBAC", VAULT, _vault),
+    Rule("compute-no-public-ip", "Compute nodes have no public IP and sit in the VNet", COMPUTE, _compute_private),
+    Rule("compute-current-vm-size", "Compute uses no retired VM size", COMPUTE, _compute_size),
+    Rule("compute-ssh-disabled", "SSH to nodes is off", COMPUTE, _compute_ssh, mandatory=False),
+]
+
+
+def check_resource(resource_type: str, props: dict) -> list[tuple[str, str]]:
+    """(rule name, message) for every rule the resource breaks."""
+    return [(r.name, msg) for r in RULES if r.resource_type == resource_type and (msg := r.check(props))]
+
+
+def total_gpus(resources: Iterable[tuple[str, dict]]) -> int:
+    total = 0
+    for resource_type, props in resources:
+        if resource_type == COMPUTE:
+            props_ = _aml(props)
+            size = vm_sizes.lookup(props_.get("vmSize") or "")
+            nodes = int(((props_.get("scaleSettings") or {}).get("maxNodeCount")) or 0)
+            total += nodes * (size.gpus if size else 0)
+    return total
+
+
+def check_gpu_budget(resources: Iterable[tuple[str, dict]], max_gpus: int = DEFAULT_MAX_GPUS) -> str | None:
+    total = total_gpus(resources)
+    if total > max_gpus:
+        return (f"the clusters can scale to {total} GPUs, above this stack's cap of {max_gpus}: lower maxNodes, "
+                "or raise the policy's maxGpus deliberately")
+
+
+def policies() -> list:
+    """The rules as pulumi-policy objects (what the pack serves to `pulumi preview --policy-pack`)."""
+    from pulumi_policy import (EnforcementLevel, PolicyConfigSchema, ResourceValidationPolicy,
+                               StackValidationPolicy)
+
+    def resource_policy(rule: Rule) -> ResourceValidationPolicy:
+        def validate(args, report_violation):
+            if args.resource_type == rule.resource_type and (message := rule.check(args.props)):
+                report_violation(message)
+
+        return ResourceValidationPolicy(
+            name=rule.name, description=rule.description, validate=validate,
+            enforcement_level=EnforcementLevel.MANDATORY if rule.mandatory else EnforcementLevel.ADVISORY)
+
+    def gpu_budget(args, report_violation):
+        max_gpus = int((args.get_config() or {}).get("maxGpus", DEFAULT_MAX_GPUS))
+        message = check_gpu_budget(((r.resource_type, r.props) for r in args.resources), max_gpus)
+        if message:
+            report_violation(message)
+
+    budget = StackValidationPolicy(
+        name="gpu-budget", description="Cap on the GPUs all clusters together can scale to", validate=gpu_budget,
+        enforcement_level=EnforcementLevel.MANDATORY,
+        config_schema=PolicyConfigSchema(properties={"maxGpus": {"type": "integer", "default": DEFAULT_MAX_GPUS}}))
+    return [*(resource_policy(r) for r in RULES), budget]

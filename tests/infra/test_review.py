@@ -1,0 +1,22 @@
+import subprocess
+import sys
+
+from conftest import DEV_FILE, ROOT
+
+from trainingplatform import review
+
+
+def test_committed_review_file_is_current():
+    current = (ROOT / "infra" / "review" / "dev.txt").read_text()
+    assert review.render(DEV_FILE) == current, (
+        "infra/review/dev.txt is out of date: run scripts/review-infra dev and commit the result")
+
+
+def test_review_names_the_key_settings_and_fails_cleanly_on_bad_config(tmp_path):
+    text = review.render(DEV_FILE)
+    assert 'vmSize = "Standard_ND96asr_v4"' in text and "[retained on destroy]" in text
+    bad = tmp_path / "Pulumi.bad.yaml"
+    bad.write_text(DEV_FILE.read_text().replace("Standard_ND96asr_v4", "Standard_NC24rs_v3"))
+    proc = subprocess.run([sys.executable, "-m", "trainingplatform.review", str(bad)], cwd=ROOT / "infra",
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "retired by Azure on 2025-09-30" in proc.stderr

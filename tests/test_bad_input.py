@@ -4,7 +4,7 @@ import pathlib
 import pytest
 from PIL import Image
 
-from conftest import TINY, train
+from helpers import TINY, train
 from payloads.common import config, imagefolder
 from payloads.common.errors import ConfigError
 from payloads.pytorch import models
@@ -96,7 +96,7 @@ def test_corrupt_image_fails_naming_the_file_or_is_skipped_and_counted(tmp_path)
     assert "--skip-corrupt-images" in failed.stderr + failed.stdout
 
     train(2, args + ["--output-dir", str(tmp_path / "lenient"), "--skip-corrupt-images"])
-    from conftest import metrics
+    from helpers import metrics
     epoch = metrics(tmp_path / "lenient")["epochs"][0]
     assert epoch["skipped_images"] == 1
     assert epoch["images"] == 3 * 8 - 1

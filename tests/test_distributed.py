@@ -8,7 +8,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import ROOT, TINY, env, final_weights, horovodrun, metrics, train
+from helpers import ROOT, TINY, env, final_weights, horovodrun, metrics, train
 from payloads.pytorch.models import parameters_digest
 
 

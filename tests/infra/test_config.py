@@ -2,7 +2,7 @@
 import copy
 
 import pytest
-from conftest import DEV_FILE
+from infra_helpers import DEV_FILE
 
 from trainingplatform import config, mocked
 

@@ -1,5 +1,5 @@
 """The dev stack under mocks: the properties and relationships the platform depends on."""
-from conftest import one
+from infra_helpers import one
 
 from trainingplatform import access
 

@@ -1,7 +1,7 @@
 import subprocess
 import sys
 
-from conftest import DEV_FILE, ROOT
+from infra_helpers import DEV_FILE, ROOT
 
 from trainingplatform import review
 

@@ -162,7 +162,8 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     g.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints, help="0 keeps all")
     g.add_argument("--no-resume", dest="resume", action="store_false",
                    help="start from scratch even if the output folder has checkpoints")
-    g.add_argument("--no-progress", dest="progress", action="store_false")
+    g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (job logs)")
+    g.add_argument("--progress", dest="progress", action="store_true", help="progress bar on rank 0 (default)")
     g = p.add_argument_group("runtime")
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--workers", type=int, default=d.workers, help="data loader processes per training process")

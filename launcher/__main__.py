@@ -1,0 +1,92 @@
+"""python -m launcher JOB.yaml [--target azureml|local] [--dry-run] ... [-- extra payload arguments]"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import pathlib
+import sys
+
+import yaml
+
+from . import azureml, jobspec, local, prices, stack
+from .errors import JobError
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m launcher", description=(
+        "Fill a job definition from the stack outputs, validate it offline with azure-ai-ml, then submit it "
+        "to Azure ML, run it here with horovodrun, or print it with its hourly cost."))
+    p.add_argument("job", type=pathlib.Path, help="a job definition, e.g. payloads/jobs/pytorch-resnet50-synthetic.yaml")
+    p.add_argument("--target", choices=("azureml", "local"), default="azureml")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved job and its hourly cost; submit nothing")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--stack-outputs", type=pathlib.Path, help="JSON from `pulumi stack output --json`")
+    src.add_argument("--stack", help="ask the Pulumi CLI for this stack's outputs")
+    p.add_argument("--cluster", help="compute cluster (a key of the stack output `clusters`)")
+    p.add_argument("--nodes", type=int, default=None, help="nodes (default: the job file's instance_count)")
+    p.add_argument("--processes-per-node", type=int, default=None,
+                   help="default: the cluster's GPUs per node (1 on CPU clusters)")
+    p.add_argument("--no-stream", action="store_true", help="submit and return without following the logs")
+    p.add_argument("--np", type=int, default=2, help="local: Horovod processes on this machine")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=PATH", help="local: a job input's local path")
+    p.add_argument("--output-dir", type=pathlib.Path, default=None, help="local: where the job's outputs go")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    args = parser().parse_args(argv)
+    try:
+        return run(args, extra)
+    except JobError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _outputs(args) -> stack.StackOutputs | None:
+    if args.stack_outputs:
+        return stack.load_file(args.stack_outputs)
+    if args.stack:
+        return stack.load_from_pulumi(args.stack)
+    return None
+
+
+def run(args, extra: list[str]) -> int:
+    template = jobspec.read_template(args.job)
+    outputs = _outputs(args)
+    if args.target == "local":
+        inputs = {}
+        for item in args.input:
+            name, sep, path = item.partition("=")
+            if not sep or not name or not path:
+                raise JobError(f"--input {item!r}: expected NAME=PATH, e.g. --input imagenet=/data/imagenet")
+            inputs[name] = path
+        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        out_root = args.output_dir or jobspec.ROOT / "runs" / f"{template.get('display_name', args.job.stem)}-{stamp}"
+        argv, out = local.plan(template, args.job, inputs, out_root.resolve(), args.np, extra)
+        if args.dry_run:
+            print(" ".join(argv))
+            return 0
+        return local.run(argv, out, {"HOROVOD_GLOO_TIMEOUT_SECONDS": "120"})
+
+    if outputs is None:
+        raise JobError("--target azureml needs the stack outputs: --stack-outputs outputs.<stack>.json "
+                       "(from `pulumi stack output --json`) or --stack <name>")
+    nodes = args.nodes or (template.get("resources") or {}).get("instance_count", 1)
+    job = jobspec.fill(template, outputs, args.cluster, nodes, args.processes_per_node, extra)
+    sdk_job = jobspec.validate(job, args.job)
+    if args.dry_run:
+        print(yaml.safe_dump(job, sort_keys=False), end="")
+        cluster = outputs.cluster(args.cluster)
+        cost, how = prices.hourly(cluster["vm_size"], nodes, cluster.get("low_priority", False))
+        print(f"# cost of one hour: {'$%.2f' % cost if cost is not None else 'unknown'} ({how})")
+        return 0
+    return azureml.submit(sdk_job, outputs, stream=not args.no_stream)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

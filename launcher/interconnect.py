@@ -1,0 +1,21 @@
+"""Environment variables each kind of cluster needs for fast collectives (one home per fact).
+
+InfiniBand sizes (ND A100 v4, ND H100/H200 v5): NCCL over IB verbs (GPUDirect RDMA) and UCX over RC for
+Open MPI; the eth0 interface only for bootstrap. GPU sizes without IB: NCCL over TCP sockets. CPU sizes:
+Horovod's Gloo operations over TCP, one OpenMP thread pool per process.
+"""
+from __future__ import annotations
+
+
+def environment(cluster: dict, processes_per_node: int) -> dict[str, str]:
+    env = {"NCCL_DEBUG": "WARN", "HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}
+    if cluster["gpus_per_node"] == 0:
+        env.update({"HOROVOD_CPU_OPERATIONS": "gloo",
+                    "OMP_NUM_THREADS": str(max(1, cluster.get("vcpus_per_node", 1) // processes_per_node))})
+    elif cluster["infiniband"]:
+        env.update({"NCCL_IB_DISABLE": "0", "NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_PCI_RELAXED_ORDERING": "1",
+                    "UCX_TLS": "rc,sm,self", "UCX_IB_PCI_RELAXED_ORDERING": "on",
+                    "OMPI_MCA_pml": "ucx", "OMPI_MCA_btl": "^openib,uct"})
+    else:
+        env.update({"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0", "OMPI_MCA_btl_tcp_if_include": "eth0"})
+    return env

@@ -1,0 +1,110 @@
+"""Job definitions: templates in payloads/jobs/, filled from the stack outputs, validated with azure-ai-ml.
+
+A template is an Azure ML v2 command job (what `az ml job create -f` takes) with four tokens the stack
+fills in: <<registry>> (login server), <<data>> and <<logs>> (datastore names), and the compute, node
+count and processes per node, which come from the chosen cluster (GPUs per node from the VM-size
+catalog, never typed in a job file).
+"""
+from __future__ import annotations
+
+import copy
+import pathlib
+import re
+import tempfile
+
+import yaml
+
+from . import interconnect
+from .errors import JobError
+from .stack import StackOutputs
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+REFERENCE = re.compile(r"\$\{\{\s*(inputs|outputs)\.([A-Za-z0-9_]+)\s*\}\}")
+TOKENS = ("<<registry>>", "<<data>>", "<<logs>>")
+
+
+def read_template(path: pathlib.Path) -> dict:
+    if not path.is_file():
+        raise JobError(f"job file {path} not found: the job definitions are in payloads/jobs/")
+    try:
+        job = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise JobError(f"{path} is not valid YAML: {e}") from None
+    if not isinstance(job, dict) or job.get("type") != "command" or not isinstance(job.get("command"), str):
+        raise JobError(f"{path} is not an Azure ML command job: it needs `type: command` and a `command`")
+    dist = job.get("distribution") or {}
+    if dist.get("type") != "mpi":
+        raise JobError(f"{path}: distribution.type must be mpi (Horovod is launched by MPI on Azure ML)")
+    declared = {"inputs": set(job.get("inputs") or {}), "outputs": set(job.get("outputs") or {})}
+    for kind, name in REFERENCE.findall(job["command"]):
+        if name not in declared[kind]:
+            raise JobError(f"{path}: the command uses ${{{{{kind}.{name}}}}} but the job declares no {kind[:-1]} "
+                           f"{name!r} (declared: {', '.join(sorted(declared[kind])) or 'none'})")
+    return job
+
+
+def fill(template: dict, outputs: StackOutputs, cluster_name: str, nodes: int, processes_per_node: int | None,
+         extra_args: list[str]) -> dict:
+    """The Azure ML job for this stack and cluster."""
+    cluster = outputs.cluster(cluster_name)
+    if not 1 <= nodes <= cluster["max_nodes"]:
+        raise JobError(f"--nodes {nodes}: cluster {cluster_name} scales to {cluster['max_nodes']} nodes "
+                       "(raise maxNodes in the stack config)")
+    gpus = cluster["gpus_per_node"]
+    if gpus:
+        ppn = processes_per_node or gpus
+        if ppn > gpus:
+            raise JobError(f"--processes-per-node {ppn} is more than the {gpus} GPUs of a {cluster['vm_size']} node: "
+                           "one process per GPU at most")
+    else:
+        ppn = processes_per_node or 1
+        if ppn > cluster.get("vcpus_per_node", ppn):
+            raise JobError(f"--processes-per-node {ppn} is more than the {cluster['vcpus_per_node']} vCPUs of a "
+                           f"{cluster['vm_size']} node")
+    text = yaml.safe_dump(template, sort_keys=False)
+    for token, value in zip(TOKENS, (outputs["registry_login_server"], outputs.datastore("data"), outputs.datastore("logs"))):
+        text = text.replace(token, value)
+    job = yaml.safe_load(text)
+    job["compute"] = f"azureml:{cluster_name}"
+    job.setdefault("resources", {})["instance_count"] = nodes
+    job["distribution"]["process_count_per_instance"] = ppn
+    env = interconnect.environment(cluster, ppn)
+    env.update(job.get("environment_variables") or {})     # the job file may override
+    job["environment_variables"] = {k: str(v) for k, v in env.items()}
+    if extra_args:
+        job["command"] = job["command"].rstrip() + " " + " ".join(_quote(a) for a in extra_args)
+    tags = job.setdefault("tags", {})
+    tags.update({"cluster": cluster_name, "vm_size": cluster["vm_size"], "nodes": str(nodes),
+                 "processes": str(nodes * ppn)})
+    return job
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+def validate(job: dict, source: pathlib.Path):
+    """Load the filled job with azure-ai-ml, offline, and return the SDK's Job object."""
+    from azure.ai.ml import load_job
+
+    job = copy.deepcopy(job)
+    code = job.get("code")
+    if code:
+        code_dir = (source.parent / code).resolve()
+        if not code_dir.is_dir():
+            raise JobError(f"{source}: code: {code} is not a folder (relative to the job file)")
+        job["code"] = str(code_dir)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(job, f, sort_keys=False)
+    try:
+        loaded = load_job(f.name)
+        result = loaded._validate()
+    except Exception as e:  # azure-ai-ml raises several validation types; all mean "invalid job file"
+        raise JobError(f"{source} is not a valid Azure ML job: {e}") from None
+    finally:
+        pathlib.Path(f.name).unlink(missing_ok=True)
+    if not result.passed:
+        raise JobError(f"{source} is not a valid Azure ML job: {result.error_messages}")
+    return loaded

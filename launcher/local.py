@@ -1,0 +1,61 @@
+"""Run a job definition on this machine: horovodrun over Gloo, inputs mapped to local folders, outputs
+to a local folder. The command is the job's own command, so the local run is the cloud run, smaller."""
+from __future__ import annotations
+
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+import time
+
+from .errors import JobError
+from .jobspec import REFERENCE, ROOT
+
+
+def plan(job: dict, source: pathlib.Path, inputs: dict[str, str], output_root: pathlib.Path,
+         processes: int, extra_args: list[str]) -> tuple[list[str], dict[str, pathlib.Path]]:
+    """(horovodrun command line, output name -> local folder); checks every input before anything runs."""
+    if processes < 1:
+        raise JobError(f"--np {processes}: at least one process")
+    declared_inputs = job.get("inputs") or {}
+    unknown = set(inputs) - set(declared_inputs)
+    if unknown:
+        raise JobError(f"--input {', '.join(sorted(unknown))}: {source.name} declares no such input "
+                       f"(it has: {', '.join(sorted(declared_inputs)) or 'none'})")
+    local_in = {}
+    for name in declared_inputs:
+        if name not in inputs:
+            raise JobError(f"input {name!r} of {source.name} needs a local path here: --input {name}=/path/to/data")
+        path = pathlib.Path(inputs[name]).expanduser().resolve()
+        if not path.exists():
+            raise JobError(f"--input {name}={inputs[name]}: data path not found")
+        local_in[name] = path
+    local_out = {name: output_root / name for name in (job.get("outputs") or {})}
+
+    def substitute(m):
+        kind, name = m.group(1), m.group(2)
+        return shlex.quote(str(local_in[name] if kind == "inputs" else local_out[name]))
+
+    command = REFERENCE.sub(substitute, job["command"])
+    if extra_args:
+        command += " " + " ".join(shlex.quote(a) for a in extra_args)
+    horovodrun = str(pathlib.Path(sys.executable).with_name("horovodrun"))
+    return [horovodrun, "-np", str(processes), "-H", f"localhost:{processes}", "--gloo", "bash", "-c", command], local_out
+
+
+def run(argv: list[str], outputs: dict[str, pathlib.Path], env_overrides: dict[str, str]) -> int:
+    for folder in outputs.values():
+        folder.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update(env_overrides)
+    # `python` in the job's command is this environment's python; the payloads import from the checkout.
+    env["PATH"] = f"{pathlib.Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    print("+ " + shlex.join(argv), flush=True)
+    start = time.time()
+    code = subprocess.call(argv, cwd=ROOT, env=env)
+    print(f"local job exited {code} after {time.time() - start:.0f}s; outputs:", flush=True)
+    for name, folder in outputs.items():
+        print(f"  {name}: {folder}", flush=True)
+    return code

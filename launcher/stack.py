@@ -1,0 +1,66 @@
+"""Stack outputs: the contract between `pulumi up` and job submission (see infra/trainingplatform/program.py)."""
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+from dataclasses import dataclass
+
+from .errors import JobError
+
+REQUIRED = ("subscription_id", "resource_group", "workspace_name", "registry_login_server", "clusters", "datastores")
+
+
+@dataclass(frozen=True)
+class StackOutputs:
+    values: dict
+
+    def __getitem__(self, key: str):
+        return self.values[key]
+
+    def cluster(self, name: str | None) -> dict:
+        clusters = self.values["clusters"]
+        if name is None:
+            raise JobError(f"--cluster is required for Azure ML: one of {', '.join(sorted(clusters))}")
+        if name not in clusters:
+            raise JobError(f"unknown cluster {name!r}: the stack declares {', '.join(sorted(clusters)) or 'none'} "
+                           "(add it to `clusters` in Pulumi.<stack>.yaml and run pulumi up)")
+        return clusters[name]
+
+    def datastore(self, role: str) -> str:
+        return self.values["datastores"][role]["name"]
+
+
+def parse(values: object, source: str) -> StackOutputs:
+    if not isinstance(values, dict):
+        raise JobError(f"{source}: expected a JSON object of stack outputs")
+    missing = [k for k in REQUIRED if not values.get(k)]
+    if missing:
+        raise JobError(f"{source} lacks stack outputs {', '.join(missing)}: run `pulumi up` for the stack, then "
+                       "`pulumi stack output --json > outputs.<stack>.json`")
+    for role in ("data", "logs"):
+        if not (values["datastores"].get(role) or {}).get("name"):
+            raise JobError(f"{source}: datastores.{role}.name is missing: the stack is older than this tool; run pulumi up")
+    return StackOutputs(values)
+
+
+def load_file(path: pathlib.Path) -> StackOutputs:
+    if not path.is_file():
+        raise JobError(f"stack outputs file {path} not found: write it with "
+                       "`pulumi stack output --json --stack <stack> > {path}`")
+    try:
+        return parse(json.loads(path.read_text()), str(path))
+    except json.JSONDecodeError as e:
+        raise JobError(f"{path} is not JSON ({e}): write it with `pulumi stack output --json`") from None
+
+
+def load_from_pulumi(stack: str) -> StackOutputs:
+    """Ask the Pulumi CLI (needs it installed and logged in to the stack's backend)."""
+    try:
+        proc = subprocess.run(["pulumi", "stack", "output", "--json", "--stack", stack], capture_output=True,
+                              text=True, check=False)
+    except FileNotFoundError:
+        raise JobError("the Pulumi CLI is not installed: install it, or pass --stack-outputs FILE") from None
+    if proc.returncode != 0:
+        raise JobError(f"`pulumi stack output --stack {stack}` failed: {proc.stderr.strip()}")
+    return parse(json.loads(proc.stdout), f"stack {stack}")

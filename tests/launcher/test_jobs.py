@@ -1,0 +1,162 @@
+"""Job definitions render for the dev stack, validate with azure-ai-ml, and reach the SDK call intact."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from launcher import __main__ as cli
+from launcher import jobspec, stack
+from launcher.errors import JobError
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+JOBS = sorted((ROOT / "payloads" / "jobs").glob("*.yaml"))
+
+
+def render(outputs_file, job, cluster, nodes=None, ppn=None, extra=()):
+    outs = stack.load_file(outputs_file)
+    template = jobspec.read_template(job)
+    filled = jobspec.fill(template, outs, cluster, nodes or template["resources"]["instance_count"], ppn, list(extra))
+    return filled, jobspec.validate(filled, job)
+
+
+@pytest.mark.parametrize("job", JOBS, ids=[j.stem for j in JOBS])
+@pytest.mark.parametrize("cluster", ["cpu-smoke", "gpu-ib"])
+def test_every_job_renders_and_validates_for_the_dev_stack(dev_outputs, job, cluster):
+    outs = json.loads(dev_outputs.read_text())
+    filled, sdk_job = render(dev_outputs, job, cluster)
+    gpus = outs["clusters"][cluster]["gpus_per_node"]
+    assert sdk_job.distribution.process_count_per_instance == (gpus or 1)
+    assert sdk_job.compute == cluster
+    assert sdk_job.environment.image.startswith(outs["registry_login_server"] + "/")
+    for out in (sdk_job.outputs or {}).values():
+        assert out.path.startswith(f"azureml://datastores/{outs['datastores']['logs']['name']}/")
+    for inp in (sdk_job.inputs or {}).values():
+        assert inp.path.startswith(f"azureml://datastores/{outs['datastores']['data']['name']}/")
+    env = sdk_job.environment_variables
+    if cluster == "gpu-ib":
+        assert env["NCCL_IB_DISABLE"] == "0" and env["OMPI_MCA_pml"] == "ucx"
+    else:
+        assert env["HOROVOD_CPU_OPERATIONS"] == "gloo" and env["OMP_NUM_THREADS"] == "4"
+    assert "<<" not in yaml.safe_dump(filled), "every stack token is filled"
+
+
+def test_azure_target_sends_the_job_it_built(dev_outputs, monkeypatch):
+    """Everything real down to the SDK call that would go to the network."""
+    from azure.ai.ml.operations import JobOperations
+
+    sent = {}
+
+    class Created:
+        name, studio_url, status = "job-123", "https://ml.azure.com/runs/job-123", "Completed"
+
+    monkeypatch.setattr(JobOperations, "create_or_update", lambda self, job, **kw: sent.setdefault("job", job) and Created)
+    monkeypatch.setattr(JobOperations, "stream", lambda self, name: sent.setdefault("streamed", name))
+    monkeypatch.setattr(JobOperations, "get", lambda self, name: Created)
+    monkeypatch.setattr("azure.identity.DefaultAzureCredential", lambda **kw: object())
+    job = ROOT / "payloads/jobs/pytorch-resnet50-imagenet.yaml"
+    code = cli.main([str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--nodes", "2"])
+    assert code == 0 and sent["streamed"] == "job-123"
+    j = sent["job"]
+    assert (j.distribution.type, j.distribution.process_count_per_instance) == ("mpi", 8)
+    assert j.resources.instance_count == 2 and j.resources.shm_size == "64g"
+    assert j.compute == "gpu-ib"
+    assert j.inputs["imagenet"].path == "azureml://datastores/training_data/paths/imagenet/"
+    assert j.inputs["imagenet"].mode == "ro_mount"
+    assert j.outputs["run"].path.startswith("azureml://datastores/training_logs/paths/runs/pytorch-resnet50-imagenet/")
+    assert j.environment_variables["DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED"] == "false"
+    assert "--data-dir ${{inputs.imagenet}}" in j.command
+    assert j.tags["processes"] == "16"
+
+
+def test_dry_run_prints_the_job_and_its_hourly_cost(dev_outputs, capsys):
+    job = ROOT / "payloads/jobs/pytorch-resnet50-synthetic.yaml"
+    assert cli.main([str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--nodes", "2", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    resolved = yaml.safe_load(out)
+    assert resolved["distribution"]["process_count_per_instance"] == 8 and resolved["compute"] == "azureml:gpu-ib"
+    assert "# cost of one hour: $10.88 (2 x Standard_ND96asr_v4 (low priority) at $5.439/node-hour" in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--cluster", "gpu-big"], "unknown cluster 'gpu-big': the stack declares cpu-smoke, gpu-ib"),
+    (["--cluster", "gpu-ib", "--processes-per-node", "9"], "more than the 8 GPUs of a Standard_ND96asr_v4 node"),
+    (["--cluster", "gpu-ib", "--nodes", "3"], "cluster gpu-ib scales to 2 nodes"),
+    ([], "--cluster is required"),
+])
+def test_bad_submissions(dev_outputs, capsys, args, message):
+    job = ROOT / "payloads/jobs/pytorch-resnet50-synthetic.yaml"
+    assert cli.main([str(job), "--stack-outputs", str(dev_outputs), *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_stack_outputs(tmp_path, capsys):
+    job = str(ROOT / "payloads/jobs/pytorch-resnet50-synthetic.yaml")
+    assert cli.main([job, "--stack-outputs", str(tmp_path / "nope.json"), "--cluster", "x"]) == 2
+    assert "not found: write it with `pulumi stack output --json" in capsys.readouterr().err
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({"subscription_id": "s", "clusters": {}}))
+    assert cli.main([job, "--stack-outputs", str(partial), "--cluster", "x"]) == 2
+    assert "lacks stack outputs resource_group, workspace_name, registry_login_server, clusters, datastores" in capsys.readouterr().err
+    assert cli.main([job]) == 2
+    assert "--target azureml needs the stack outputs" in capsys.readouterr().err
+
+
+def test_invalid_job_files(dev_outputs, tmp_path, capsys):
+    good = yaml.safe_load((ROOT / "payloads/jobs/pytorch-resnet50-imagenet.yaml").read_text())
+    good["code"] = str(ROOT)   # the copies live in tmp_path
+    cases = {
+        "not-yaml.yaml": ("type: command\ncommand: [unclosed", "is not valid YAML"),
+        "no-mpi.yaml": ({**good, "distribution": {"type": "pytorch"}}, "distribution.type must be mpi"),
+        "dangling.yaml": ({**good, "command": good["command"] + " --x ${{inputs.labels}}"},
+                          "uses ${{inputs.labels}} but the job declares no input 'labels'"),
+        "sdk-rejects.yaml": ({**good, "inputs": {"imagenet": {"type": "uri_folderz", "path": "x"}}},
+                             "is not a valid Azure ML job"),
+    }
+    for name, (content, message) in cases.items():
+        path = tmp_path / name
+        path.write_text(content if isinstance(content, str) else yaml.safe_dump(content))
+        assert cli.main([str(path), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib"]) == 2, name
+        assert message in capsys.readouterr().err, name
+    assert cli.main([str(tmp_path / "absent.yaml"), "--stack-outputs", str(dev_outputs)]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_local_target_needs_existing_data(tmp_path, capsys):
+    job = str(ROOT / "payloads/jobs/pytorch-resnet50-imagenet.yaml")
+    assert cli.main([job, "--target", "local", "--input", f"imagenet={tmp_path / 'missing'}"]) == 2
+    assert "data path not found" in capsys.readouterr().err
+    assert cli.main([job, "--target", "local"]) == 2
+    assert "input 'imagenet' of pytorch-resnet50-imagenet.yaml needs a local path here" in capsys.readouterr().err
+    assert cli.main([job, "--target", "local", "--input", f"labels={tmp_path}"]) == 2
+    assert "declares no such input" in capsys.readouterr().err
+
+
+def _launch(args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "launcher", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_local_target_runs_the_job_end_to_end(tmp_path):
+    out = tmp_path / "out"
+    proc = _launch(["payloads/jobs/pytorch-resnet50-synthetic.yaml", "--target", "local", "--np", "2",
+                    "--output-dir", str(out), "--", "--model", "tiny_cnn", "--image-size", "16", "--num-classes", "4",
+                    "--synthetic-samples", "64", "--batch-size", "8", "--epochs", "2", "--workers", "0",
+                    "--threads", "1"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = out / "run"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["run"]["world"]["processes"] == 2 and len(metrics["epochs"]) == 2
+    assert sorted(p.name for p in (run / "checkpoints").iterdir())[-1] == "checkpoint-epoch-0002.pt"
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert f"run: {run}" in proc.stdout
+
+
+def test_healthcheck_job_runs_locally(tmp_path):
+    proc = _launch(["payloads/jobs/healthcheck-allreduce.yaml", "--target", "local", "--np", "2",
+                    "--output-dir", str(tmp_path), "--", "--sizes-mb", "1,4", "--iterations", "2"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "report" / "allreduce.json").read_text())
+    assert report["passed"] is True and report["processes"] == 2 and len(report["results"]) == 2

@@ -59,7 +59,19 @@ BUILD_ENV=(
     CMAKE_POLICY_VERSION_MINIMUM=3.5                # CMake 4 refuses the bundled third_party's old minimums
     MAKEFLAGS="-j${HOROVOD_BUILD_JOBS:-$(nproc)}"
 )
-[ -z "$GPU_OPS" ] || BUILD_ENV+=(HOROVOD_GPU_OPERATIONS="$GPU_OPS")
+if [ -n "$GPU_OPS" ]; then
+    # CUDA_HOME too: torch otherwise guesses it from `which nvcc` and hands Horovod a path without cudart.
+    BUILD_ENV+=(HOROVOD_GPU_OPERATIONS="$GPU_OPS" HOROVOD_CUDA_HOME="${HOROVOD_CUDA_HOME:-/usr/local/cuda}"
+                CUDA_HOME="${HOROVOD_CUDA_HOME:-/usr/local/cuda}"
+                # CUDA 13 builds sm_75 and newer only: T4, A100, A10, H100/H200.
+                HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-75,80,86,90}")
+    if [ "$GPU_OPS" = NCCL ] && [ -z "${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_INCLUDE:-}" ]; then
+        # Link against the NCCL that torch's wheel brings (nvidia-nccl-*), so both load the same library.
+        NCCL_DIR=$("$PYTHON" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])')
+        [ -e "$NCCL_DIR/lib/libnccl.so" ] || ln -s libnccl.so.2 "$NCCL_DIR/lib/libnccl.so"
+        BUILD_ENV+=(HOROVOD_NCCL_INCLUDE="$NCCL_DIR/include" HOROVOD_NCCL_LIB="$NCCL_DIR/lib" HOROVOD_NCCL_LINK=SHARED)
+    fi
+fi
 log "env: ${BUILD_ENV[*]}"
 # --no-build-isolation: Horovod must compile against the torch/tensorflow already installed in $PYTHON.
 env "${BUILD_ENV[@]}" "$PYTHON" -m pip wheel --no-deps --no-build-isolation -w "$WORK/dist" "$SRC" >"$WORK/build.log" 2>&1 || {

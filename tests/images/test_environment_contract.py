@@ -1,0 +1,104 @@
+"""The environment contract every training environment meets: the images and the local .venv.
+
+Runs through testinfra. Locally (CI): `scripts/test tests/images` checks this machine's .venv with the
+CPU-only expectations. Against a built image, with a Docker engine:
+
+    docker run -d --name hvd-pytorch training/pytorch:torch2.14.1-horovod0.28.1 sleep infinity
+    IMAGE_PROFILE=pytorch-gpu .venv/bin/python -m pytest tests/images --hosts=docker://hvd-pytorch
+"""
+import os
+import pathlib
+import re
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def pin(requirements: pathlib.Path, package: str) -> str:
+    for line in requirements.read_text().splitlines():
+        m = re.match(rf"^{re.escape(package)}(\[[^\]]*\])?==([^\s;#]+)", line.strip())
+        if m:
+            return m.group(2)
+    raise AssertionError(f"{package} is not pinned in {requirements}")
+
+
+TORCH = pin(ROOT / "payloads/requirements.txt", "torch")
+TF = pin(ROOT / "images/tensorflow/requirements.txt", "tensorflow")
+
+PROFILES = {
+    # this machine's .venv: CPU only, Gloo; MPI only if the machine has one
+    "local-cpu": dict(python=sys.executable, modules={"torch": TORCH}, frameworks=["PyTorch"],
+                      controllers=["Gloo"], ops=["Gloo"], not_ops=["NCCL"], mpi=False),
+    "pytorch-gpu": dict(python="/opt/venv/bin/python", modules={"torch": TORCH}, frameworks=["PyTorch"],
+                        controllers=["MPI", "Gloo"], ops=["NCCL"], not_ops=[], mpi=True),
+    "tensorflow-gpu": dict(python="/opt/venv/bin/python", modules={"tensorflow": TF}, frameworks=["TensorFlow"],
+                           controllers=["MPI", "Gloo"], ops=["NCCL"], not_ops=[], mpi=True),
+}
+PROFILE = PROFILES[os.environ.get("IMAGE_PROFILE", "local-cpu")]
+BIN = str(pathlib.PurePosixPath(PROFILE["python"]).parent)
+
+
+def test_python_is_3_11(host):
+    out = host.check_output(f"{PROFILE['python']} -c 'import sys; print(sys.version_info[:2])'")
+    assert out == "(3, 11)"
+
+
+@pytest.mark.parametrize("module", sorted(PROFILE["modules"]))
+def test_framework_version_matches_the_pins(host, module):
+    version = host.check_output(f"{PROFILE['python']} -c 'import {module}; print({module}.__version__)'")
+    assert version.split("+")[0] == PROFILE["modules"][module], "the environment drifted from the pins"
+
+
+def _check_build(host) -> str:
+    return host.check_output(f"{BIN}/horovodrun --check-build")
+
+
+def _marked(text: str, name: str) -> bool:
+    return re.search(rf"\[X\] {re.escape(name)}\b", text) is not None
+
+
+def test_horovod_is_built_with_the_expected_frameworks_controllers_and_ops(host):
+    text = _check_build(host)
+    assert "Horovod v0.28.1" in text
+    for name in PROFILE["frameworks"] + PROFILE["controllers"] + PROFILE["ops"]:
+        assert _marked(text, name), f"Horovod lacks {name}:\n{text}"
+    for name in PROFILE["not_ops"]:
+        assert not _marked(text, name), f"a CPU environment claims {name}:\n{text}"
+
+
+def test_mpi_where_required(host):
+    if not PROFILE["mpi"]:
+        pytest.skip("this profile does not require MPI (Gloo is the local controller)")
+    assert host.run("mpirun --version").rc == 0
+    assert _marked(_check_build(host), "MPI")
+
+
+def test_allreduce_works_with_two_processes(host):
+    cmd = (f"PATH={BIN}:$PATH {BIN}/horovodrun -np 2 -H localhost:2 --gloo {PROFILE['python']} -c "
+           "'import horovod.torch as hvd, torch; hvd.init(); "
+           "print(int(hvd.allreduce(torch.ones(4) * (hvd.rank() + 1), op=hvd.Sum)[0]))'")
+    if "torch" not in PROFILE["modules"]:
+        cmd = cmd.replace("horovod.torch as hvd, torch", "horovod.tensorflow as hvd, tensorflow as torch")
+    out = host.check_output(cmd)
+    assert re.findall(r"\]<stdout>:(\d+)", out) == ["3", "3"], out
+
+
+# Extended regex for grep: private keys, storage keys and SAS tokens, service principal secrets.
+SECRET = (r"-----BEGIN [A-Z ]*PRIVATE KEY-----|AccountKey=[A-Za-z0-9+/]{40,}|SharedAccessSignature=|"
+          r"AZURE_CLIENT_SECRET=[^[:space:]]+")
+
+
+def test_no_secrets_in_the_filesystem(host):
+    if PROFILE is PROFILES["local-cpu"]:
+        # what a local run ships: the checkout's tracked files and the environment's scripts
+        commands = [f"git -C {ROOT} grep -lIE -e '{SECRET}'", f"grep -rlIE -e '{SECRET}' {BIN}"]
+    else:
+        commands = [f"grep -rlIE -e '{SECRET}' /workspace /root /etc /opt/venv/bin"]
+    found = []
+    for cmd in commands:
+        result = host.run(cmd)
+        assert result.rc in (0, 1), f"{cmd} failed: {result.stderr}"   # 1: nothing found
+        found += result.stdout.split()
+    assert found == [], f"secret-looking content in {found}"

@@ -42,7 +42,7 @@ def main(argv=None) -> int:
         t = torch.full((numel,), float(hvd.rank() + 1), device=device)
         out = hvd.allreduce(t, op=hvd.Sum, name=f"warmup{mb}")   # first call negotiates and allocates
         times = []
-        for i in range(args.iterations):
+        for _ in range(args.iterations):
             if device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()

@@ -5,7 +5,6 @@ import subprocess
 import time
 
 import psutil
-import pytest
 import torch
 
 from helpers import ROOT, TINY, env, final_weights, horovodrun, metrics, train
@@ -15,13 +14,6 @@ from payloads.pytorch.models import parameters_digest
 def _max_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
-
-
-def _digest(state: dict) -> str:
-    model = torch.nn.Module()
-    for k, v in state.items():
-        model.register_buffer(k.replace(".", "_"), v)
-    return parameters_digest(model)
 
 
 def test_two_processes_average_gradients_exactly(tmp_path):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
 from torch import nn
 
 _TORCHVISION = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152",

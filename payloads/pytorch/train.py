@@ -9,7 +9,6 @@ resume, atomic rank-0 checkpoints, exactly averaged metrics.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import sys
 import time

@@ -58,12 +58,16 @@ def test_a_bad_resource_fails_its_policy(dev, name, edit, rule, message):
     assert violations and message in violations[0], violations
 
 
+def _reporter(into: list):
+    return lambda message, urn=None: into.append(message)
+
+
 def test_gpu_budget_policy(dev):
     mocks, _ = dev
     resources = [PolicyResource(r.type, r.inputs, "urn", r.name, None, None, None, [], {}) for r in mocks.resources]
     budget = next(p for p in tp.policies() if p.name == "gpu-budget")
     for cap, expected in ((16, 0), (8, 1)):
-        violations = []
-        budget.validate(StackValidationArgs(resources, {"maxGpus": cap}), lambda message, urn=None: violations.append(message))
+        violations: list[str] = []
+        budget.validate(StackValidationArgs(resources, {"maxGpus": cap}), _reporter(violations))
         assert len(violations) == expected, (cap, violations)
     assert "can scale to 16 GPUs, above this stack's cap of 8" in violations[0]

@@ -9,7 +9,6 @@ import yaml
 
 from launcher import __main__ as cli
 from launcher import jobspec, stack
-from launcher.errors import JobError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 JOBS = sorted((ROOT / "payloads" / "jobs").glob("*.yaml"))

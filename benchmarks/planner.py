@@ -1,0 +1,172 @@
+"""Scaling planner: predicted step time and scaling efficiency of data-parallel training at 1-512 GPUs.
+
+    .venv/bin/python -m benchmarks.planner --vm-size Standard_ND96isr_H100_v5 --gpu-images-per-sec 3000
+    .venv/bin/python -m benchmarks.planner --check-seed [--plot efficiency.png]
+
+Model (per step, per-GPU batch b, gradient bytes S, N GPUs on M = N/g nodes of g GPUs):
+  compute      T_c = b / (single-GPU images/sec); the backward pass is 2/3 of it
+  ring         2(N-1)/N * S / B_ring       with B_ring = the slowest link a flat ring crosses
+  hierarchical 2(g-1)/g * S / B_intra  +  2(M-1)/M * S / B_inter   (reduce-scatter in the node, allreduce of
+               the shards across nodes over all of the node's links, all-gather in the node)
+  latency      2(N-1) * alpha per allreduce, alpha = 10 us on InfiniBand, 50 us on TCP
+  step         T_c + max(0, T_comm - overlap * backward)      efficiency = T_c / step
+Bandwidths come from the VM-size catalog (infra/trainingplatform/vm_sizes.py): NVLink 150 GB/s, PCIe
+10 GB/s, InfiniBand aggregate per node; `--transport host-mpi` models a CPU-staged MPI allreduce (the seed
+benchmarks' Intel MPI without NCCL) whose effective bandwidth B_host and overlap are calibrated on two GPU
+types and checked on the other two (see --check-seed).
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+from dataclasses import dataclass
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "infra"))
+from trainingplatform import vm_sizes  # noqa: E402
+
+RESNET50_BYTES = 25_557_032 * 4     # fp32 gradients of torchvision/Keras ResNet-50
+INTRA_GBPS = {"nvlink": 150.0, "pcie": 10.0, "none": 10.0}
+
+# The seed benchmarks (TF ResNet-50, synthetic, fp32, batch 64/GPU, 8 nodes x 4 GPUs, Intel MPI over
+# InfiniBand), read from the msalvaris/BatchAIHorovodBenchmark charts (+-1%): images/sec on 1 and 32 GPUs.
+SEED = {"V100": ("Standard_NC24rs_v3", 357, 6514), "P100": ("Standard_NC24rs_v2", 234, 5820),
+        "P40": ("Standard_ND24rs", 173, 5179), "K80": ("Standard_NC24r", 53, 1647)}
+CALIBRATE_ON, CHECK_ON = ("V100", "P40"), ("P100", "K80")
+
+
+@dataclass(frozen=True)
+class Transport:
+    name: str
+    inter_gbps: float          # per node
+    intra_gbps: float
+    alpha: float               # seconds per ring hop
+    overlap: float             # share of the backward pass that hides communication
+
+
+def nccl_transport(size: vm_sizes.VmSize) -> Transport:
+    inter = size.ib_gbps_per_node / 8 if size.infiniband else 3.0   # Gb/s -> GB/s; TCP ~25 Gb/s
+    return Transport("nccl", inter, INTRA_GBPS[size.intra_node], 10e-6 if size.infiniband else 50e-6, 0.8)
+
+
+def step_time(n: int, g: int, batch: int, rate1: float, grad_bytes: float, t: Transport,
+              hierarchical: bool) -> float:
+    compute = batch / rate1
+    if n == 1:
+        return compute
+    g = min(g, n)
+    m = max(1, n // g)
+    if hierarchical and m > 1:
+        comm = 2 * (g - 1) / g * grad_bytes / (t.intra_gbps * 1e9) + 2 * (m - 1) / m * grad_bytes / (t.inter_gbps * 1e9)
+    else:
+        link = t.intra_gbps if m == 1 else min(t.intra_gbps, t.inter_gbps)
+        comm = 2 * (n - 1) / n * grad_bytes / (link * 1e9)
+    comm += 2 * (n - 1) * t.alpha
+    return compute + max(0.0, comm - t.overlap * compute * 2 / 3)
+
+
+def efficiency(n, g, batch, rate1, grad_bytes, t, hierarchical) -> float:
+    return (batch / rate1) / step_time(n, g, batch, rate1, grad_bytes, t, hierarchical)
+
+
+def host_mpi(b_host: float, overlap: float) -> Transport:
+    """CPU-staged MPI allreduce: one effective bandwidth for the whole path (GPU->host, MPI, host->GPU)."""
+    return Transport("host-mpi", b_host, b_host, 10e-6, overlap)
+
+
+def calibrate() -> Transport:
+    """Grid-search B_host and overlap on CALIBRATE_ON's 32-GPU figures (least squares of efficiency)."""
+    best = None
+    for b10 in range(5, 200):
+        for o10 in range(0, 101, 5):
+            t = host_mpi(b10 / 10, o10 / 100)
+            err = 0.0
+            for gpu in CALIBRATE_ON:
+                size, r1, r32 = SEED[gpu]
+                err += (efficiency(32, 4, 64, r1, RESNET50_BYTES, t, False) - r32 / (32 * r1)) ** 2
+            if best is None or err < best[0]:
+                best = (err, t)
+    return best[1]
+
+
+def check_seed(plot: pathlib.Path | None) -> int:
+    t = calibrate()
+    print(f"host-staged MPI transport calibrated on {', '.join(CALIBRATE_ON)}: "
+          f"B_host = {t.inter_gbps:.1f} GB/s, overlap = {t.overlap:.2f}")
+    print("GPU   measured 32-GPU  predicted  error   (efficiency measured / predicted)")
+    worst = 0.0
+    for gpu, (size, r1, r32) in SEED.items():
+        pred = efficiency(32, 4, 64, r1, RESNET50_BYTES, t, False) * 32 * r1
+        err = (pred - r32) / r32
+        role = "calibration" if gpu in CALIBRATE_ON else "check"
+        print(f"{gpu:5} {r32:>8,}  {pred:>12,.0f}  {err * 100:+5.1f}%  ({r32 / (32 * r1) * 100:.0f}% / "
+              f"{pred / (32 * r1) * 100:.0f}%, {role})")
+        if gpu in CHECK_ON:
+            worst = max(worst, abs(err))
+    print(f"worst error on the checked GPUs: {worst * 100:.1f}%")
+    if plot:
+        _plot(plot, t)
+    return 0
+
+
+def _plot(path: pathlib.Path, host: Transport) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for gpu, (size, r1, r32) in SEED.items():
+        ax.plot(counts, [efficiency(n, 4, 64, r1, RESNET50_BYTES, host, False) * 100 for n in counts], "--",
+                label=f"{gpu}, host-staged MPI (seed setup)")
+        ax.plot([32], [r32 / (32 * r1) * 100], "o", color=ax.lines[-1].get_color())
+    h100 = vm_sizes.CATALOG["Standard_ND96isr_H100_v5"]
+    for hier in (False, True):
+        ax.plot(counts, [efficiency(n, 8, 64, 3000, RESNET50_BYTES, nccl_transport(h100), hier) * 100 for n in counts],
+                label=f"H100 ND v5 (3000 img/s/GPU), NCCL {'hierarchical' if hier else 'ring'}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("scaling efficiency (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title("ResNet-50, batch 64/GPU: planner (lines) vs seed measurements (dots)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--check-seed", action="store_true", help="compare with the seed benchmarks' 32-GPU figures")
+    ap.add_argument("--plot", type=pathlib.Path)
+    ap.add_argument("--vm-size", default="Standard_ND96isr_H100_v5")
+    ap.add_argument("--gpu-images-per-sec", type=float, help="measured single-GPU throughput")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--gradient-mbytes", type=float, default=RESNET50_BYTES / 1e6)
+    args = ap.parse_args(argv)
+    if args.check_seed:
+        return check_seed(args.plot)
+    size = vm_sizes.lookup(args.vm_size)
+    if size is None or size.gpus == 0:
+        print(f"error: {args.vm_size} is not a GPU size in the catalog", file=sys.stderr)
+        return 2
+    if not args.gpu_images_per_sec:
+        print("error: --gpu-images-per-sec is required (measure one GPU with the synthetic job)", file=sys.stderr)
+        return 2
+    t = nccl_transport(size)
+    print(f"{size.name}: {size.gpus}x {size.gpu_model}, {size.intra_node} in the node, "
+          f"{size.infiniband or 'no'} InfiniBand ({t.inter_gbps:.0f} GB/s per node)")
+    print("GPUs  ring: step ms / efficiency   hierarchical: step ms / efficiency")
+    for n in [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]:
+        cells = []
+        for hier in (False, True):
+            s = step_time(n, size.gpus, args.batch, args.gpu_images_per_sec, args.gradient_mbytes * 1e6, t, hier)
+            cells.append(f"{s * 1e3:8.1f} / {args.batch / args.gpu_images_per_sec / s * 100:5.1f}%")
+        print(f"{n:4}  {cells[0]}        {cells[1]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

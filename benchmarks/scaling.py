@@ -1,0 +1,99 @@
+"""Training throughput from 1 to N local processes, and Horovod's overhead against a plain PyTorch loop.
+
+    .venv/bin/python -m benchmarks.scaling [--config local|resnet50] [--max-np 2] [--json FILE]
+
+Each process gets one thread and the same per-process batch (weak scaling, as in the seed benchmarks);
+scaling efficiency = images/sec at N / (N x images/sec at 1). Runs are the real payload under horovodrun,
+read from its metrics.json; the plain loop is the same model, data and optimizer without Horovod.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BIN = pathlib.Path(sys.executable).parent
+
+CONFIGS = {
+    # the README's local job
+    "local": ["--model", "resnet18", "--image-size", "64", "--num-classes", "100", "--batch-size", "16",
+              "--synthetic-samples", "1024", "--epochs", "2"],
+    # the issue's reference: ResNet-50 at 224 px, batch 32 per process (a few steps: it is slow on a CPU)
+    "resnet50": ["--model", "resnet50", "--image-size", "224", "--num-classes", "1000", "--batch-size", "32",
+                 "--synthetic-samples", "512", "--max-steps-per-epoch", "4", "--epochs", "2"],
+}
+COMMON = ["--data", "synthetic", "--workers", "0", "--threads", "1", "--no-progress", "--warmup-epochs", "0",
+          "--no-resume"]
+
+
+def payload(np: int, args: list[str]) -> float:
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo", sys.executable, "-m",
+               "payloads.pytorch.train", *COMMON, *args, "--output-dir", out]
+        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+        if proc.returncode:
+            raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-2000:])
+        epochs = json.loads((pathlib.Path(out) / "metrics.json").read_text())["epochs"]
+    last = epochs[-1]          # the first epoch carries start-up costs
+    return last["images_per_sec"]
+
+
+def plain_loop(args: list[str]) -> float:
+    """The same training step without Horovod: model, SGD, synthetic data, one thread."""
+    import torch
+    import torch.nn.functional as F
+
+    from payloads.common import config
+    from payloads.pytorch import data, models
+
+    cfg = config.parse(COMMON + args, "plain", "", list(models.MODELS))
+    torch.set_num_threads(1)
+    torch.manual_seed(cfg.seed)
+    model = models.build(cfg.model, cfg.num_classes, cfg.image_size)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.base_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    ds = data.SyntheticImages(cfg.synthetic_samples, cfg.num_classes, cfg.image_size, cfg.seed)
+    sampler = data.ShardedBatchSampler(len(ds), 0, 1, cfg.batch_size, cfg.seed, max_steps=cfg.max_steps_per_epoch)
+    loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler, collate_fn=data.collate)
+    rate = 0.0
+    for epoch in range(cfg.epochs):
+        sampler.set_epoch(epoch)
+        model.train()
+        seen, start = 0, time.perf_counter()
+        for images, labels, _ in loader:
+            opt.zero_grad()
+            F.cross_entropy(model(images), labels).backward()
+            opt.step()
+            seen += len(images)
+        rate = seen / (time.perf_counter() - start)
+    return rate
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", choices=sorted(CONFIGS), default="local")
+    ap.add_argument("--max-np", type=int, default=2)
+    ap.add_argument("--json", type=pathlib.Path)
+    args = ap.parse_args(argv)
+    extra = CONFIGS[args.config]
+    plain = plain_loop(extra)
+    rates = {np: payload(np, extra) for np in range(1, args.max_np + 1)}
+    print(f"config {args.config}: {' '.join(extra)}")
+    print(f"plain PyTorch loop, 1 process: {plain:.1f} images/sec")
+    print(f"Horovod, 1 process: {rates[1]:.1f} images/sec ({(rates[1] / plain - 1) * 100:+.1f}% vs plain)")
+    for np, rate in rates.items():
+        if np > 1:
+            print(f"Horovod, {np} processes: {rate:.1f} images/sec, scaling efficiency {rate / (np * rates[1]) * 100:.0f}%")
+    if args.json:
+        args.json.write_text(json.dumps({"config": args.config, "plain": plain, "horovod": rates}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -59,7 +59,8 @@ def variants(np: int) -> list[tuple[str, list[str], dict]]:
     if _has_mpi():
         out.append(("horovod mpi", hvd + ["--mpi"] + worker + ["--backend", "horovod"], {}))
     out.append(("torch.distributed gloo", [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                            f"--nproc-per-node={np}"] + worker + ["--backend", "torch"],
+                                            f"--nproc-per-node={np}", "-m", "benchmarks._allreduce_workers",
+                                            "--backend", "torch"],
                 {"MASTER_PORT": str(_free_port())}))
     return out
 

@@ -1,0 +1,96 @@
+"""Regenerate the README's benchmark table: `python -m benchmarks.report --run` (about 15 minutes on 2 cores).
+
+`--run` runs benchmarks.allreduce and benchmarks.scaling (both configs) and saves their JSON under
+benchmarks/results/; without it, the table is rebuilt from the saved results. The planner's check against
+the seed figures is recomputed each time (it is arithmetic).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import pathlib
+import platform
+import re
+import subprocess
+import sys
+
+from . import planner
+
+HERE = pathlib.Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+README = HERE.parent / "README.md"
+START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
+
+
+def run_all() -> None:
+    RESULTS.mkdir(exist_ok=True)
+    py = [sys.executable, "-m"]
+    subprocess.run(py + ["benchmarks.allreduce", "--json", str(RESULTS / "allreduce.json")], check=True)
+    for config in ("local", "resnet50"):
+        subprocess.run(py + ["benchmarks.scaling", "--config", config, "--json", str(RESULTS / f"scaling-{config}.json")],
+                       check=True)
+    (RESULTS / "machine.json").write_text(json.dumps({
+        "host": platform.node(), "cores": os.cpu_count(), "cpu": _cpu(), "python": platform.python_version(),
+        "date": dt.date.today().isoformat()}, indent=2))
+
+
+def _cpu() -> str:
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def table() -> str:
+    m = json.loads((RESULTS / "machine.json").read_text())
+    ar = json.loads((RESULTS / "allreduce.json").read_text())
+    lines = [f"Measured {m['date']} on {m['cores']} cores ({m['cpu']}), Python {m['python']}, "
+             f"2 processes, one thread each, Horovod 0.28.1 over Gloo (no MPI on the machine).", "",
+             "| allreduce (median ms) | " + " | ".join(r["label"] for r in ar["runs"]) + " | memory copy |",
+             "| --- " * (len(ar["runs"]) + 2) + "|"]
+    for i, row in enumerate(ar["runs"][0]["results"]):
+        cells = [f"{r['results'][i]['seconds'] * 1e3:.1f}" for r in ar["runs"]]
+        lines.append(f"| {row['name']} | " + " | ".join(cells) + f" | {ar['memory_copy_seconds'][i] * 1e3:.1f} |")
+    lines += ["", "| training (images/sec) | plain PyTorch, 1 process | Horovod, 1 process | Horovod, 2 processes | "
+                  "scaling efficiency | Horovod overhead at 1 process |", "| --- | --- | --- | --- | --- | --- |"]
+    for config, label in (("local", "README's local job (ResNet-18, 64 px, batch 16)"),
+                          ("resnet50", "ResNet-50, 224 px, batch 32")):
+        path = RESULTS / f"scaling-{config}.json"
+        if not path.exists():
+            continue
+        s = json.loads(path.read_text())
+        h = {int(k): v for k, v in s["horovod"].items()}
+        lines.append(f"| {label} | {s['plain']:.1f} | {h[1]:.1f} | {h[2]:.1f} | {h[2] / (2 * h[1]) * 100:.0f}% | "
+                     f"{(h[1] / s['plain'] - 1) * 100:+.1f}% |")
+    t = planner.calibrate()
+    lines += ["", f"| planner vs seed, 32 GPUs (images/sec) | measured | predicted | error |", "| --- | --- | --- | --- |"]
+    for gpu, (size, r1, r32) in planner.SEED.items():
+        pred = planner.efficiency(32, 4, 64, r1, planner.RESNET50_BYTES, t, False) * 32 * r1
+        role = "calibration" if gpu in planner.CALIBRATE_ON else "check"
+        lines.append(f"| {gpu} ({role}) | {r32:,} | {pred:,.0f} | {(pred - r32) / r32 * 100:+.1f}% |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", action="store_true", help="run the benchmarks first (else use benchmarks/results/)")
+    args = ap.parse_args(argv)
+    if args.run:
+        run_all()
+    text = README.read_text()
+    if START not in text or END not in text:
+        print(f"error: README.md lacks the {START} ... {END} markers", file=sys.stderr)
+        return 2
+    new = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: f"{START}\n{table()}\n{END}", text, flags=re.S)
+    README.write_text(new)
+    print(table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -118,6 +118,18 @@ class _Reader:
             return None if default is ... else default
         return value
 
+    def within(self, d: dict, key: str, path: str, default: int, lo: int, hi: int, allowed: str) -> int | None:
+        value = self.get(d, key, path, int, default)
+        if value is not None and not lo <= value <= hi:
+            self.bad(f"{path}{key}", value, allowed)
+        return value
+
+    def choice(self, d: dict, key: str, path: str, default: str, choices: tuple[str, ...], allowed: str) -> str:
+        value = self.get(d, key, path, str, default)
+        if value not in choices:
+            self.bad(f"{path}{key}", value, allowed)
+        return value
+
 
 def _network(r: _Reader, raw: dict, key: str) -> Network | None:
     n = r.get(raw, key, "", dict, allowed="vnetCidr, computeSubnetCidr and privateEndpointSubnetCidr")
@@ -165,12 +177,9 @@ def _storage(r: _Reader, raw: dict) -> Storage:
     for k, v in (("dataContainer", data), ("logsContainer", logs)):
         if v is not None and not _CONTAINER.match(v):
             r.bad(p + k, v, "3-63 lowercase letters, digits and single hyphens")
-    repl = r.get(s, "replication", p, str, "LRS")
-    if repl not in ("LRS", "ZRS"):
-        r.bad(p + "replication", repl, "LRS or ZRS (premium block blob and file storage offer no geo-replication)")
-    days = r.get(s, "softDeleteDays", p, int, 14)
-    if days is not None and not 1 <= days <= 365:
-        r.bad(p + "softDeleteDays", days, "1 to 365 days")
+    repl = r.choice(s, "replication", p, "LRS", ("LRS", "ZRS"),
+                    "LRS or ZRS (premium block blob and file storage offer no geo-replication)")
+    days = r.within(s, "softDeleteDays", p, 14, 1, 365, "1 to 365 days")
     retain = r.get(s, "retainOnDelete", p, bool, True)
     return Storage(data, logs, repl, days, retain)
 
@@ -182,12 +191,9 @@ def _nfs(r: _Reader, raw: dict) -> Nfs:
     share = r.get(n, "shareName", p, str, "shared")
     if share is not None and not _SHARE.match(share):
         r.bad(p + "shareName", share, "3-63 lowercase letters, digits and single hyphens")
-    quota = r.get(n, "quotaGiB", p, int, 100)
-    if quota is not None and not 100 <= quota <= 102400:
-        r.bad(p + "quotaGiB", quota, "premium NFS shares take 100 to 102400 GiB")
-    squash = r.get(n, "rootSquash", p, str, "RootSquash")
-    if squash not in ("RootSquash", "NoRootSquash", "AllSquash"):
-        r.bad(p + "rootSquash", squash, "RootSquash, NoRootSquash or AllSquash")
+    quota = r.within(n, "quotaGiB", p, 100, 100, 102400, "premium NFS shares take 100 to 102400 GiB")
+    squash = r.choice(n, "rootSquash", p, "RootSquash", ("RootSquash", "NoRootSquash", "AllSquash"),
+                      "RootSquash, NoRootSquash or AllSquash")
     return Nfs(enabled, share, quota, squash, r.get(n, "retainOnDelete", p, bool, True))
 
 
@@ -226,12 +232,8 @@ def _clusters(r: _Reader, raw: dict, today: dt.date) -> tuple[Cluster, ...]:
             r.bad(p + "maxNodes", hi, "1 or more")
         if lo is not None and hi is not None and hi < lo:
             r.bad(p + "maxNodes", hi, f"must be at least minNodes ({lo})")
-        priority = r.get(c, "priority", p, str, "Dedicated")
-        if priority not in ("Dedicated", "LowPriority"):
-            r.bad(p + "priority", priority, "Dedicated or LowPriority")
-        idle = r.get(c, "idleSecondsBeforeScaleDown", p, int, 600)
-        if idle is not None and not 60 <= idle <= 86400:
-            r.bad(p + "idleSecondsBeforeScaleDown", idle, "60 to 86400 seconds")
+        priority = r.choice(c, "priority", p, "Dedicated", ("Dedicated", "LowPriority"), "Dedicated or LowPriority")
+        idle = r.within(c, "idleSecondsBeforeScaleDown", p, 600, 60, 86400, "60 to 86400 seconds")
         ssh = r.get(c, "sshEnabled", p, bool, False)
         if None not in (name, size, hi, lo, idle) and not (size.retired and size.retired <= today):
             out.append(Cluster(name, size.name, lo, hi, priority == "LowPriority", idle, ssh))

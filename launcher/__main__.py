@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import pathlib
+import shlex
 import sys
 
 import yaml
@@ -69,7 +70,7 @@ def run(args, extra: list[str]) -> int:
         out_root = args.output_dir or jobspec.ROOT / "runs" / f"{template.get('display_name', args.job.stem)}-{stamp}"
         argv, out = local.plan(template, args.job, inputs, out_root.resolve(), args.np, extra)
         if args.dry_run:
-            print(" ".join(argv))
+            print(shlex.join(argv))
             return 0
         return local.run(argv, out, {"HOROVOD_GLOO_TIMEOUT_SECONDS": "120"})
 

@@ -94,6 +94,9 @@ def test_corrupt_image_fails_naming_the_file_or_is_skipped_and_counted(tmp_path)
     assert failed.returncode != 0
     assert f"cannot decode image {bad}" in failed.stderr + failed.stdout
     assert "--skip-corrupt-images" in failed.stderr + failed.stdout
+    # the same through data-loader worker processes (as the cluster jobs run)
+    failed = train(2, args + ["--output-dir", str(tmp_path / "strict-workers"), "--workers", "1"], check=False)
+    assert failed.returncode != 0 and f"cannot decode image {bad}" in failed.stderr + failed.stdout
 
     train(2, args + ["--output-dir", str(tmp_path / "lenient"), "--skip-corrupt-images"])
     from helpers import metrics

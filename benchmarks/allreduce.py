@@ -3,8 +3,11 @@
     .venv/bin/python -m benchmarks.allreduce [--np 2] [--sizes 4K,64K,1M,16M,102M,256M] [--repeats 5] [--json FILE]
 
 Every variant runs in the same invocation, one after another, with one thread per process, so the figures
-are comparable. "Horovod" times an in-place average (what DistributedOptimizer does); the ResNet-50 row
-submits its 161 real gradient tensors together so Horovod's fusion buffer applies. The memory copy is
+are comparable. "Horovod" times an in-place average (what DistributedOptimizer does). The ResNet-50 rows
+use its 161 real gradient tensors: "per tensor" submits them one by one (Horovod: async, fused by its
+background thread, as the optimizer's hooks do; torch.distributed: one call each), "grouped" as one
+operation (Horovod: grouped_allreduce, what DistributedOptimizer's `groups` gives; torch.distributed: one
+flat bucket, as DDP does). The memory copy is
 the same bytes copied once in one process: a floor no allreduce beats.
 """
 from __future__ import annotations

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 
@@ -45,17 +44,18 @@ def horovod(args) -> dict:
     hvd.init()
     compression = hvd.Compression.fp16 if args.fp16 else hvd.Compression.none
     results = []
+
+    def average(t: torch.Tensor, name: str) -> None:
+        if args.fp16:   # compression is out of place by construction
+            c, ctx = compression.compress(t)
+            compression.decompress(hvd.allreduce(c, op=hvd.Average, name=name), ctx)
+        else:           # in place: what DistributedOptimizer does with each gradient
+            hvd.synchronize(hvd.allreduce_async_(t, op=hvd.Average, name=name))
+
     for n in sizes(args.sizes):
         t = torch.ones(n // 4)
-
-        def inplace():   # what DistributedOptimizer does with each gradient
-            hvd.synchronize(hvd.allreduce_async_(t, op=hvd.Average, name=f"t{n}"))
-
-        if args.fp16:
-            def inplace():  # noqa: F811 - compression is out of place by construction
-                c, ctx = compression.compress(t)
-                compression.decompress(hvd.allreduce(c, op=hvd.Average, name=f"c{n}"), ctx)
-        results.append({"name": f"{n / 1e6:g} MB", "bytes": n, "seconds": timed(inplace, args.repeats)})
+        results.append({"name": f"{n / 1e6:g} MB", "bytes": n,
+                        "seconds": timed(lambda t=t, n=n: average(t, f"t{n}"), args.repeats)})
     grads = resnet50_gradients()
 
     def step():  # ResNet-50's 161 gradient tensors submitted one by one, as the optimizer's hooks do; fused

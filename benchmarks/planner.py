@@ -95,7 +95,7 @@ def check_seed(plot: pathlib.Path | None) -> int:
           f"B_host = {t.inter_gbps:.1f} GB/s, overlap = {t.overlap:.2f}")
     print("GPU   measured 32-GPU  predicted  error   (efficiency measured / predicted)")
     worst = 0.0
-    for gpu, (size, r1, r32) in SEED.items():
+    for gpu, (_size, r1, r32) in SEED.items():
         pred = efficiency(32, 4, 64, r1, RESNET50_BYTES, t, False) * 32 * r1
         err = (pred - r32) / r32
         role = "calibration" if gpu in CALIBRATE_ON else "check"
@@ -117,7 +117,7 @@ def _plot(path: pathlib.Path, host: Transport) -> None:
 
     counts = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
     fig, ax = plt.subplots(figsize=(8, 5))
-    for gpu, (size, r1, r32) in SEED.items():
+    for gpu, (_size, r1, r32) in SEED.items():
         ax.plot(counts, [efficiency(n, 4, 64, r1, RESNET50_BYTES, host, False) * 100 for n in counts], "--",
                 label=f"{gpu}, host-staged MPI (seed setup)")
         ax.plot([32], [r32 / (32 * r1) * 100], "o", color=ax.lines[-1].get_color())

@@ -68,8 +68,8 @@ def table() -> str:
         lines.append(f"| {label} | {s['plain']:.1f} | {h[1]:.1f} | {h[2]:.1f} | {h[2] / (2 * h[1]) * 100:.0f}% | "
                      f"{(h[1] / s['plain'] - 1) * 100:+.1f}% |")
     t = planner.calibrate()
-    lines += ["", f"| planner vs seed, 32 GPUs (images/sec) | measured | predicted | error |", "| --- | --- | --- | --- |"]
-    for gpu, (size, r1, r32) in planner.SEED.items():
+    lines += ["", "| planner vs seed, 32 GPUs (images/sec) | measured | predicted | error |", "| --- | --- | --- | --- |"]
+    for gpu, (_size, r1, r32) in planner.SEED.items():
         pred = planner.efficiency(32, 4, 64, r1, planner.RESNET50_BYTES, t, False) * 32 * r1
         role = "calibration" if gpu in planner.CALIBRATE_ON else "check"
         lines.append(f"| {gpu} ({role}) | {r32:,} | {pred:,.0f} | {(pred - r32) / r32 * 100:+.1f}% |")

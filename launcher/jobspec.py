@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import pathlib
 import re
+import shlex
 import tempfile
 
 import yaml
@@ -72,17 +73,11 @@ def fill(template: dict, outputs: StackOutputs, cluster_name: str, nodes: int, p
     env.update(job.get("environment_variables") or {})     # the job file may override
     job["environment_variables"] = {k: str(v) for k, v in env.items()}
     if extra_args:
-        job["command"] = job["command"].rstrip() + " " + " ".join(_quote(a) for a in extra_args)
+        job["command"] = job["command"].rstrip() + " " + shlex.join(extra_args)
     tags = job.setdefault("tags", {})
     tags.update({"cluster": cluster_name, "vm_size": cluster["vm_size"], "nodes": str(nodes),
                  "processes": str(nodes * ppn)})
     return job
-
-
-def _quote(arg: str) -> str:
-    import shlex
-
-    return shlex.quote(arg)
 
 
 def validate(job: dict, source: pathlib.Path):

@@ -39,7 +39,7 @@ def plan(job: dict, source: pathlib.Path, inputs: dict[str, str], output_root: p
 
     command = REFERENCE.sub(substitute, job["command"])
     if extra_args:
-        command += " " + " ".join(shlex.quote(a) for a in extra_args)
+        command += " " + shlex.join(extra_args)
     horovodrun = str(pathlib.Path(sys.executable).with_name("horovodrun"))
     return [horovodrun, "-np", str(processes), "-H", f"localhost:{processes}", "--gloo", "bash", "-c", command], local_out
 

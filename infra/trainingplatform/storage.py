@@ -25,7 +25,7 @@ def secure_account(name: str, account_name: str, resource_group, location: str, 
                    **extra) -> storage.StorageAccount:
     return storage.StorageAccount(
         name, account_name=account_name, resource_group_name=resource_group, location=location, kind=kind,
-        sku=storage.SkuArgs(name=sku), enable_https_traffic_only=extra.pop("https_only", True),
+        sku=storage.SkuArgs(name=sku), enable_https_traffic_only=True,
         minimum_tls_version="TLS1_2", allow_blob_public_access=False, allow_shared_key_access=False,
         default_to_o_auth_authentication=True, allow_cross_tenant_replication=False, network_rule_set=rules,
         tags=tags, opts=opts, **extra)

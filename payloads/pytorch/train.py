@@ -13,11 +13,13 @@ import os
 import sys
 import time
 from contextlib import nullcontext
+from functools import partial
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
+from tqdm import tqdm
 
 from ..common import checkpoint, config, imagefolder, schedule
 from ..common.errors import ConfigError
@@ -248,10 +250,7 @@ def run(cfg: config.TrainConfig) -> dict:
                  hvd.size(), batch, device, cfg.output_dir)
         if os.environ.get("HOROVOD_TIMELINE"):
             log.info("Horovod timeline: %s", os.environ["HOROVOD_TIMELINE"])
-    if root and cfg.progress:
-        from tqdm import tqdm as progress
-    else:
-        progress = _NoBar
+    progress = partial(tqdm, disable=not (root and cfg.progress))   # the bar is rank 0's only
 
     total_images, total_seconds = 0, 0.0
     for epoch in range(start_epoch, cfg.epochs):
@@ -288,20 +287,6 @@ def run(cfg: config.TrainConfig) -> dict:
         print(f"Checkpoints: {cfg.checkpoint_dir}\nTensorBoard: {cfg.tensorboard_dir}\nMetrics: {cfg.metrics_path}",
               flush=True)
     return summary
-
-
-class _NoBar:
-    def __init__(self, **_):
-        pass
-
-    def update(self, *_):
-        pass
-
-    def set_postfix(self, **_):
-        pass
-
-    def close(self):
-        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,7 +23,8 @@ def test_unknown_model_lists_the_choices():
 
 @pytest.mark.parametrize("args,message", [
     (["--data", "imagefolder"], "needs --data-dir"),
-    (["--data", "tfrecord"], "choose synthetic or imagefolder"),
+    (["--data", "tfrecord"], "read by the TensorFlow and Keras payloads"),
+    (["--data", "parquet"], "choose synthetic or imagefolder"),
     (["--batch-size", "0"], "--batch-size must be at least 1"),
     (["--batch-size", "8", "--global-batch-size", "16"], "not both"),
     (["--epochs", "0"], "--epochs must be at least 1"),

@@ -11,7 +11,7 @@ log() { echo "[bootstrap] $*" >&2; }
 quiet() { { grep -v "is neither a file nor a directory" || true; } >&2; }
 
 STAMP="$VENV/.bootstrap-stamp"
-WANT=$(cat "$ROOT/requirements.txt" "$ROOT/payloads/requirements.txt" "$ROOT/constraints.txt" "$ROOT/infra/requirements.txt" "$ROOT/policy/requirements.txt" "$ROOT/launcher/requirements.txt" "$ROOT/benchmarks/requirements.txt" "$ROOT/toolchain/build_horovod.sh" "$ROOT/toolchain/patch_horovod.py" \
+WANT=$(cat "$ROOT/requirements.txt" "$ROOT/payloads/requirements.txt" "$ROOT/payloads/requirements-tensorflow.txt" "$ROOT/constraints.txt" "$ROOT/infra/requirements.txt" "$ROOT/policy/requirements.txt" "$ROOT/launcher/requirements.txt" "$ROOT/benchmarks/requirements.txt" "$ROOT/toolchain/build_horovod.sh" "$ROOT/toolchain/patch_horovod.py" \
             "$ROOT/toolchain/bootstrap.sh" | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$VENV/bin/horovodrun" ]; then
     exit 0
@@ -24,6 +24,18 @@ if [ ! -x "$VENV/bin/python" ]; then
     log "creating $VENV"
     "$PY" -m venv "$VENV"
 fi
+# Open MPI: Horovod's faster CPU transport (benchmarks/allreduce.py measures it against Gloo). build_horovod.sh
+# enables MPI when mpicxx is on PATH; without a way to install it, Horovod is built with Gloo only.
+if ! command -v mpicxx >/dev/null 2>&1 && [ "${HOROVOD_WITHOUT_MPI:-0}" != 1 ]; then
+    SUDO=(); [ "$(id -u)" = 0 ] || SUDO=(sudo -n)
+    if command -v apt-get >/dev/null 2>&1 && "${SUDO[@]}" true 2>/dev/null; then
+        log "installing Open MPI (Debian packages libopenmpi-dev, openmpi-bin)"
+        { "${SUDO[@]}" apt-get install -y -q --no-install-recommends libopenmpi-dev openmpi-bin ||
+          { "${SUDO[@]}" apt-get update -q && "${SUDO[@]}" apt-get install -y -q --no-install-recommends libopenmpi-dev openmpi-bin; }; } >/dev/null
+    else
+        log "warning: no mpicxx and no root/apt to install Open MPI: Horovod gets Gloo only (slower allreduce; see README)"
+    fi
+fi
 log "installing requirements.txt (torch is a large download on a machine without a local copy)"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$ROOT/requirements.txt" -c "$ROOT/constraints.txt" 2>&1 | quiet
 
@@ -32,7 +44,10 @@ WHEEL=$(PYTHON="$VENV/bin/python" "$ROOT/toolchain/build_horovod.sh" | tail -1)
 
 # Refuse an environment that would train without working collectives.
 CHECK=$("$VENV/bin/horovodrun" --check-build)
-for need in "PyTorch" "Gloo"; do
+NEED=("PyTorch" "Gloo")
+"$VENV/bin/python" -c "import tensorflow" 2>/dev/null && NEED+=("TensorFlow")
+command -v mpicxx >/dev/null 2>&1 && NEED+=("MPI")
+for need in "${NEED[@]}"; do
     grep -q "\[X\] $need" <<<"$CHECK" || { echo "$CHECK" >&2; log "Horovod was built without $need"; exit 1; }
 done
 echo "$WANT" >"$STAMP"

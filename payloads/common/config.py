@@ -18,7 +18,7 @@ from .errors import ConfigError
 @dataclass
 class TrainConfig:
     model: str = "resnet50"
-    data: str = "synthetic"                  # synthetic | imagefolder
+    data: str = "synthetic"                  # synthetic | imagefolder (PyTorch) | tfrecord (TensorFlow, Keras)
     data_dir: pathlib.Path | None = None
     synthetic_samples: int = 1024             # per epoch, whole job
     image_size: int = 224
@@ -42,7 +42,8 @@ class TrainConfig:
     workers: int = 2
     threads: int = 0                          # torch intra-op threads per process; 0 = cores / local processes
     amp: bool | None = None                   # None = on when a GPU is used
-    channels_last: bool | None = None         # None = on when a GPU is used
+    channels_last: bool | None = None         # None = on when a GPU is used (PyTorch; TensorFlow is NHWC)
+    xla: bool = False                         # TensorFlow/Keras: compile the step with XLA
     skip_corrupt_images: bool = False
     progress: bool = True
 
@@ -58,14 +59,20 @@ class TrainConfig:
     def metrics_path(self) -> pathlib.Path:
         return self.output_dir / "metrics.json"
 
-    def validate(self, models: Sequence[str]) -> None:
-        """Checks that need nothing but the config."""
+    def validate(self, models: Sequence[str], data_kinds: Sequence[str] = ("synthetic", "imagefolder")) -> None:
+        """Checks that need nothing but the config; `data_kinds` are what this payload reads."""
         if self.model not in models:
             raise ConfigError(f"unknown model {self.model!r}: choose one of {', '.join(sorted(models))}")
-        if self.data not in ("synthetic", "imagefolder"):
-            raise ConfigError(f"unknown --data {self.data!r}: choose synthetic or imagefolder")
+        if self.data not in data_kinds:
+            hint = {"tfrecord": " (TFRecord shards are read by the TensorFlow and Keras payloads)",
+                    "imagefolder": " (convert class folders to TFRecord shards: python -m payloads.tensorflow.tfrecords)",
+                    }.get(self.data, "")
+            raise ConfigError(f"unknown --data {self.data!r}: choose {' or '.join(data_kinds)}{hint}")
         if self.data == "imagefolder" and self.data_dir is None:
             raise ConfigError("--data imagefolder needs --data-dir: a folder with one sub-folder of images per class")
+        if self.data == "tfrecord" and self.data_dir is None:
+            raise ConfigError("--data tfrecord needs --data-dir: a folder of TFRecord shards (train-* files, "
+                              "optionally validation-*)")
         if self.data == "synthetic" and self.data_dir is not None:
             raise ConfigError("--data-dir was given with --data synthetic: add --data imagefolder to train on it")
         _positive(self, "epochs", "image_size", "synthetic_samples", "num_classes", "backward_passes_per_step")
@@ -133,9 +140,10 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("model and data")
     g.add_argument("--model", default=d.model)
-    g.add_argument("--data", default=d.data, help="synthetic | imagefolder")
+    g.add_argument("--data", default=d.data, help="synthetic | imagefolder (PyTorch) | tfrecord (TensorFlow, Keras)")
     g.add_argument("--data-dir", type=pathlib.Path, default=None,
-                   help="imagefolder: root/<class>/<image>, or root/train and root/val in that layout")
+                   help="imagefolder: root/<class>/<image>, or root/train and root/val in that layout; "
+                        "tfrecord: a folder of train-* (and validation-*) TFRecord shards")
     g.add_argument("--synthetic-samples", type=int, default=d.synthetic_samples)
     g.add_argument("--image-size", type=int, default=d.image_size)
     g.add_argument("--num-classes", type=int, default=d.num_classes)
@@ -173,14 +181,16 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     g.add_argument("--channels-last", dest="channels_last", action="store_true", default=None,
                    help="NHWC memory format (default: on with a GPU)")
     g.add_argument("--no-channels-last", dest="channels_last", action="store_false")
+    g.add_argument("--xla", action="store_true", help="TensorFlow/Keras: compile the training step with XLA")
     return p
 
 
-def parse(argv: Sequence[str] | None, prog: str, description: str, models: Sequence[str]) -> TrainConfig:
+def parse(argv: Sequence[str] | None, prog: str, description: str, models: Sequence[str],
+          data_kinds: Sequence[str] = ("synthetic", "imagefolder")) -> TrainConfig:
     ns = build_parser(prog, description).parse_args(argv)
     values = vars(ns)
     if values["batch_size"] is None and values["global_batch_size"] is None:
         values["batch_size"] = TrainConfig.batch_size
     cfg = TrainConfig(**values)
-    cfg.validate(models)
+    cfg.validate(models, data_kinds)
     return cfg

@@ -1,0 +1,137 @@
+"""Data-parallel training of ResNet-50 (and smaller models) with Horovod and Keras' model.fit.
+
+    horovodrun -np 2 -H localhost:2 --gloo python -m payloads.keras.train --model tiny_cnn ...
+
+Follows Horovod's examples/keras/keras_imagenet_resnet50.py: hvd.DistributedOptimizer averages the
+gradients, Horovod's callbacks broadcast the initial state, average the epoch metrics and warm the LR up
+(then step it down at --lr-decay-epochs). Models, data, checkpoints and metrics are the TensorFlow payload's.
+Needs Keras 2 (TensorFlow 2.15): on Keras 3 Horovod's optimizer hooks are never called and gradients are
+silently not averaged; the tests compare a 2-process run with a 1-process run to catch exactly that.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Sequence
+
+from ..common import config
+from ..common.errors import ConfigError
+from ..common.metrics import MetricsFile
+from ..tensorflow import train as tf_train
+
+log = logging.getLogger("payloads.keras")
+
+
+def lr_callbacks(cfg, hvd, scaled_lr: float, steps: int) -> list:
+    """Horovod's warm-up (linear from base LR to base x scale over --warmup-epochs, per batch), then
+    staircase decay by 10x at each --lr-decay-epochs: payloads/common/schedule.py's schedule."""
+    cbs = []
+    if cfg.warmup_epochs > 0:
+        cbs.append(hvd.callbacks.LearningRateWarmupCallback(
+            initial_lr=scaled_lr, warmup_epochs=cfg.warmup_epochs, steps_per_epoch=steps,
+            momentum_correction=False))   # Keras 2.11+ optimizers keep momentum as a float, not a variable
+    bounds = [cfg.warmup_epochs, *cfg.lr_decay_epochs, None]
+    for i, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        if end is not None and end <= start:
+            continue
+        cbs.append(hvd.callbacks.LearningRateScheduleCallback(
+            initial_lr=scaled_lr, multiplier=0.1 ** i, start_epoch=start, end_epoch=end, staircase=True,
+            steps_per_epoch=steps, momentum_correction=False))
+    return cbs
+
+
+def run(cfg: config.TrainConfig) -> dict:
+    import horovod.tensorflow as hvd_tf
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    from ..tensorflow import data, models, runtime
+
+    hvd.init()
+    root = hvd.rank() == 0
+    device = runtime.setup(cfg, hvd_tf)
+    batch = cfg.per_process_batch(hvd.size())
+    model = models.build(cfg.model, cfg.num_classes, cfg.image_size)
+    scale = runtime.lr_scale(cfg, hvd_tf, device)
+    scaled_lr = cfg.base_lr * scale
+    optimizer = hvd.DistributedOptimizer(
+        tf.keras.optimizers.SGD(learning_rate=scaled_lr, momentum=cfg.momentum),
+        compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
+        op=hvd.Adasum if cfg.adasum else hvd.Average)
+    if cfg.amp:
+        optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+    if cfg.weight_decay:
+        model.add_loss(lambda: runtime.weight_decay_loss(cfg, model))
+    model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=[tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
+    start_epoch = runtime.restore(cfg, hvd_tf, model, optimizer)
+    inputs = data.build(cfg, hvd.rank(), hvd.size(), batch, start_epoch)
+
+    recorder = Recorder(cfg, hvd_tf, model, optimizer, batch, inputs.steps)
+    callbacks = [
+        # Also broadcast by runtime.restore before the first step; kept as Horovod's documented safety net.
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        # Before our recorder: it sees the averaged epoch metrics.
+        hvd.callbacks.MetricAverageCallback(),
+        *lr_callbacks(cfg, hvd, scaled_lr, inputs.steps),
+        recorder,
+    ]
+    metrics = None
+    if root:
+        metrics = MetricsFile(cfg.metrics_path, {"config": cfg.to_json(), "world": runtime.world(cfg, hvd_tf, device, model)})
+        recorder.metrics = metrics
+        callbacks.append(tf.keras.callbacks.TensorBoard(log_dir=str(cfg.tensorboard_dir), update_freq="epoch"))
+        log.info("training %s on %s data, %d process(es) x batch %d, %s, outputs in %s", cfg.model, cfg.data,
+                 hvd.size(), batch, device, cfg.output_dir)
+    try:
+        if start_epoch < cfg.epochs:
+            model.fit(inputs.train, steps_per_epoch=inputs.steps, epochs=cfg.epochs, initial_epoch=start_epoch,
+                      validation_data=inputs.validation, callbacks=callbacks,
+                      verbose=(1 if cfg.progress else 2) if root else 0)
+    except tf.errors.InvalidArgumentError as e:
+        raise ConfigError(tf_train._input_error(e, data)) from None
+    return tf_train.finish(cfg, hvd_tf, root, model, metrics, recorder.images, recorder.seconds)
+
+
+def Recorder(cfg, hvd_tf, model, optimizer, batch: int, steps: int):
+    """Times each epoch, writes the metrics record and the rank-0 checkpoint (our atomic .npz)."""
+    import tensorflow as tf
+
+    from ..tensorflow import runtime
+
+    class _Recorder(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.metrics, self.images, self.seconds, self._start = None, 0, 0.0, 0.0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            seconds = time.perf_counter() - self._start   # before the checkpoint write, as in the other payloads
+            images = steps * batch * hvd_tf.size()
+            self.images += images
+            self.seconds += seconds
+            runtime.save(cfg, hvd_tf, epoch + 1, model, optimizer)
+            if self.metrics is None:
+                return
+            logs = dict(logs or {})
+            record = {"epoch": epoch + 1, "train_loss": float(logs["loss"]), "train_accuracy": float(logs["accuracy"]),
+                      "images": images, "epoch_seconds": seconds, "images_per_sec": images / seconds,
+                      "lr": float(tf.keras.backend.get_value(optimizer.learning_rate))}
+            if "val_loss" in logs:
+                record.update(val_loss=float(logs["val_loss"]), val_accuracy=float(logs["val_accuracy"]))
+            self.metrics.add_epoch(record)
+            log.info("epoch %d/%d: loss %.4f, accuracy %.3f, %.1f images/sec", epoch + 1, cfg.epochs,
+                     record["train_loss"], record["train_accuracy"], record["images_per_sec"])
+
+    return _Recorder()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return tf_train.main(argv, prog="python -m payloads.keras.train", runner=run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""tf.data input for the TensorFlow and Keras payloads: synthetic images and TFRecord shards, sharded by rank.
+
+Both give one stream of batches that runs through every remaining epoch (Keras' fit and our loop take
+`steps` batches per epoch from it), with the same step count on every rank.
+"""
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+from ..common import sharding
+from ..common.errors import ConfigError
+from . import tfrecords
+
+# ImageNet channel statistics (0-255 scale), as the PyTorch payload's normalisation. Plain tuples: a
+# tf.constant at import would start TensorFlow's runtime before the payload sets its thread counts.
+MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+
+@dataclass
+class Input:
+    train: tf.data.Dataset             # batches (images NHWC float32, labels int32) for every remaining epoch
+    steps: int                         # per epoch, equal on every rank
+    num_classes: int
+    validation: tf.data.Dataset | None = None   # this rank's share, one pass
+
+
+class SyntheticImages:
+    """A learnable stand-in for ImageNet, as in the PyTorch payload: each class a smooth random pattern,
+    each sample its pattern plus noise, deterministic per (seed, index) on every rank and every resume."""
+
+    def __init__(self, num_samples: int, num_classes: int, image_size: int, seed: int, noise: float = 1.0):
+        rng = np.random.default_rng(seed)
+        self.labels = rng.integers(num_classes, size=num_samples).astype(np.int32)
+        self.patterns = rng.standard_normal((num_classes, 8, 8, 3)).astype(np.float32)
+        self.size, self.seed, self.noise = image_size, seed, noise
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def image(self, i: int) -> np.ndarray:
+        reps = -(-self.size // 8)
+        pattern = np.repeat(np.repeat(self.patterns[self.labels[i]], reps, 0), reps, 1)[: self.size, : self.size]
+        noise = np.random.default_rng([self.seed, int(i)]).standard_normal((self.size, self.size, 3), np.float32)
+        return pattern + self.noise * noise
+
+    def batch(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.stack([self.image(i) for i in indices]), self.labels[indices]
+
+
+def synthetic(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
+    data = SyntheticImages(cfg.synthetic_samples, cfg.num_classes, cfg.image_size, cfg.seed)
+    try:
+        sharding.batches(len(data), rank, size, batch, cfg.seed, epoch=0)   # fail now, not mid-epoch
+    except ValueError as e:
+        raise ConfigError(f"{e} (data set of {len(data)} samples)") from None
+    steps = sharding.steps_per_epoch(len(data), size, batch)
+    if cfg.max_steps_per_epoch:
+        steps = min(steps, cfg.max_steps_per_epoch)
+
+    def generate():
+        for epoch in range(start_epoch, cfg.epochs):
+            for indices in sharding.batches(len(data), rank, size, batch, cfg.seed, epoch)[:steps]:
+                yield data.batch(indices)
+
+    s = cfg.image_size
+    ds = tf.data.Dataset.from_generator(generate, output_signature=(
+        tf.TensorSpec((None, s, s, 3), tf.float32), tf.TensorSpec((None,), tf.int32)))
+    return Input(ds.prefetch(2), steps, cfg.num_classes)
+
+
+def _decode(record, image_size: int, num_classes: int, train: bool):
+    ex = tf.io.parse_single_example(record, tfrecords.feature_spec())
+    label = tf.cast(ex["image/class/label"], tf.int32)
+    tf.debugging.assert_less(label, num_classes, message=LABEL_HINT)
+    image = tf.io.decode_image(ex["image/encoded"], channels=3, expand_animations=False)
+    if train:
+        # Inception-style random resized crop and flip, as torchvision's RandomResizedCrop.
+        begin, extent, _ = tf.image.sample_distorted_bounding_box(
+            tf.shape(image), tf.zeros([0, 0, 4]), min_object_covered=0.0, aspect_ratio_range=(3 / 4, 4 / 3),
+            area_range=(0.08, 1.0), max_attempts=10, use_image_if_no_bounding_boxes=True)
+        image = tf.slice(image, begin, extent)
+        image = tf.image.resize(image, (image_size, image_size))
+        image = tf.image.random_flip_left_right(image)
+    else:
+        shorter = tf.cast(tf.reduce_min(tf.shape(image)[:2]), tf.float32)
+        scale = image_size * 256 / 224 / shorter
+        hw = tf.cast(tf.round(tf.cast(tf.shape(image)[:2], tf.float32) * scale), tf.int32)
+        image = tf.image.resize_with_crop_or_pad(tf.image.resize(image, hw), image_size, image_size)
+    image = (tf.cast(image, tf.float32) - MEAN) / STD
+    return image, label
+
+
+def _records(files, record_shard: bool, rank: int, size: int, parallel) -> tf.data.Dataset:
+    ds = tf.data.Dataset.from_tensor_slices([str(f) for f in files])
+    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(8, len(files)), num_parallel_calls=parallel,
+                       deterministic=True)
+    return ds.shard(size, rank) if record_shard else ds
+
+
+def tfrecord(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
+    train_files, val_files = tfrecords.find(pathlib.Path(cfg.data_dir))
+    counts = [tfrecords.count_records(f) for f in train_files]
+    p = tfrecords.plan(train_files, counts, rank, size, batch)
+    steps = min(p.steps, cfg.max_steps_per_epoch) if cfg.max_steps_per_epoch else p.steps
+    parallel = cfg.workers if cfg.workers > 0 else None   # None: one decode at a time (reproducible order)
+    ds = _records(p.files, p.record_shard, rank, size, parallel)
+    # Shuffle within a buffer (a shard does not fit in memory), reshuffled each epoch; every rank's stream
+    # repeats, so skipped corrupt records never leave a rank short of batches.
+    ds = ds.shuffle(min(10_000, p.samples), seed=cfg.seed * 1_000_003 + start_epoch * 4099 + rank,
+                    reshuffle_each_iteration=True).repeat()
+    ds = ds.map(lambda r: _decode(r, cfg.image_size, cfg.num_classes, True), num_parallel_calls=parallel)
+    if cfg.skip_corrupt_images:
+        ds = ds.ignore_errors(log_warning=True)
+    ds = ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    val = None
+    if val_files:
+        v = tfrecords.plan(val_files, [tfrecords.count_records(f) for f in val_files], rank, size, 1)
+        val = _records(v.files, v.record_shard, rank, size, parallel).map(
+            lambda r: _decode(r, cfg.image_size, cfg.num_classes, False), num_parallel_calls=parallel)
+        if cfg.skip_corrupt_images:
+            val = val.ignore_errors(log_warning=True)
+        val = val.batch(batch).prefetch(tf.data.AUTOTUNE)
+    return Input(ds, steps, cfg.num_classes, val)
+
+
+def build(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
+    """Every input problem is raised here, before a step is trained."""
+    return (synthetic if cfg.data == "synthetic" else tfrecord)(cfg, rank, size, batch, start_epoch)
+
+
+LABEL_HINT = ("a TFRecord label is not below --num-classes: pass the data's class count as --num-classes "
+              "(ImageNet shards from TensorFlow's scripts number classes from 1: use 1001)")
+CORRUPT_HINT = ("an image in the TFRecord shards does not decode: list the bad records with "
+                "python -m payloads.tensorflow.tfrecords --check DATA_DIR, or pass --skip-corrupt-images to skip them")

@@ -1,0 +1,143 @@
+"""What the TensorFlow and Keras payloads share around the model: devices and threads, precision and XLA,
+the LR scale, rank-0 checkpoints (one .npz per epoch, written atomically) and the run's world record."""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from ..common import checkpoint
+from ..common.errors import ConfigError
+
+SUFFIX = ".npz"
+log = logging.getLogger("payloads.tensorflow")
+
+
+def setup(cfg, hvd) -> str:
+    """Pin this process's GPU, threads, precision and XLA; returns the device it trains on."""
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+    threads = cfg.threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(min(2, threads))
+    if cfg.backward_passes_per_step != 1:
+        raise ConfigError("--backward-passes-per-step is a PyTorch payload option: for a larger batch than fits, "
+                          "use more processes or the PyTorch payload")
+    if cfg.channels_last is not None:
+        raise ConfigError("--channels-last/--no-channels-last are PyTorch options: TensorFlow always trains NHWC")
+    if cfg.amp is None:
+        cfg.amp = bool(gpus)
+    if cfg.amp and not gpus:
+        raise ConfigError("--amp needs a GPU: this process sees none (drop --amp for a CPU run)")
+    if cfg.amp:
+        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    if cfg.xla:
+        # Auto-clustering: XLA compiles the model's ops and leaves Horovod's collectives to TensorFlow.
+        tf.config.optimizer.set_jit("autoclustering")
+    tf.keras.utils.set_random_seed(cfg.seed)   # same initial weights on every rank
+    return f"GPU:{hvd.local_rank()}" if gpus else "CPU"
+
+
+def lr_scale(cfg, hvd, device: str) -> float:
+    """Goyal et al.: the LR scales with the global batch; Adasum adds rather than averages (see PyTorch)."""
+    if cfg.adasum:
+        return hvd.local_size() if device.startswith("GPU") and hvd.nccl_built() else 1
+    return hvd.size()
+
+
+def weight_decay_loss(cfg, model) -> tf.Tensor:
+    """wd/2 * sum(w^2): its gradient wd*w is PyTorch SGD's weight decay, so the payloads train alike."""
+    return cfg.weight_decay * tf.add_n([tf.nn.l2_loss(tf.cast(v, tf.float32)) for v in model.trainable_variables])
+
+
+def build_optimizer_state(optimizer, model) -> None:
+    """Create the optimizer's slots now, so they can be restored and broadcast before the first step."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    inner.build(model.trainable_variables)
+
+
+def optimizer_variables(optimizer) -> list:
+    return list(optimizer.variables)
+
+
+def save(cfg, hvd, epochs_done: int, model, optimizer) -> None:
+    if hvd.rank() != 0:
+        return
+    arrays = {f"model/{i:05d}": w for i, w in enumerate(model.get_weights())}
+    arrays.update({f"optimizer/{i:05d}": v.numpy() for i, v in enumerate(optimizer_variables(optimizer))})
+    arrays["meta"] = np.frombuffer(json.dumps({"epoch": epochs_done, "config": cfg.to_json(),
+                                               "world_size": hvd.size()}).encode(), dtype=np.uint8)
+
+    def write(path):
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        path.write_bytes(buf.getvalue())
+
+    checkpoint.write_atomically(checkpoint.path_for(cfg.checkpoint_dir, epochs_done, SUFFIX), write)
+    checkpoint.prune(cfg.checkpoint_dir, SUFFIX, cfg.keep_checkpoints)
+
+
+def load(path, model, optimizer) -> int:
+    """Load a checkpoint into the model (and optimizer, when given); returns the epochs it holds."""
+    with np.load(path) as z:
+        meta = json.loads(z["meta"].tobytes())
+        weights = [z[k] for k in sorted(k for k in z.files if k.startswith("model/"))]
+        slots = [z[k] for k in sorted(k for k in z.files if k.startswith("optimizer/"))]
+    model.set_weights(weights)
+    if optimizer is not None:
+        variables = optimizer_variables(optimizer)
+        if len(variables) != len(slots):
+            raise ValueError(f"optimizer has {len(variables)} variables, the checkpoint {len(slots)}")
+        for v, value in zip(variables, slots):
+            v.assign(value)
+    return int(meta["epoch"])
+
+
+def restore(cfg, hvd_tf, model, optimizer) -> int:
+    """Rank 0 loads the newest checkpoint; then every weight and optimizer slot is broadcast from rank 0,
+    before the first step (Horovod's broadcast callback waits until after it, which would train the
+    first step of a resumed run on mismatched weights). Returns the epochs done, agreed by all ranks."""
+    build_optimizer_state(optimizer, model)
+    start = 0
+    if hvd_tf.rank() == 0 and cfg.resume:
+        found = checkpoint.latest(cfg.checkpoint_dir, SUFFIX)
+        if found:
+            start, path = found
+            try:
+                start = load(path, model, optimizer)
+            except Exception as e:  # noqa: BLE001 - any unreadable checkpoint gets the same advice
+                start = -1
+                log.error("cannot resume from %s: %s: move it away, or pass --no-resume to start over "
+                          "in a new --output-dir", path, e)
+            else:
+                log.info("resuming from %s (%d epochs done)", path, start)
+    start = hvd_tf.broadcast_object(start, root_rank=0, name="resume_epoch")
+    if start < 0:
+        raise ConfigError("the newest checkpoint could not be loaded (see the message above)")
+    hvd_tf.broadcast_variables(model.variables + optimizer_variables(optimizer), root_rank=0)
+    return start
+
+
+def world(cfg, hvd, device: str, model) -> dict:
+    from . import models
+
+    return {"processes": hvd.size(), "local_processes": hvd.local_size(), "device": device,
+            "tensorflow": tf.__version__, "keras": _keras_version(),
+            "horovod_controller": "mpi" if hvd.mpi_enabled() else "gloo",
+            "gradient_mbytes": models.gradient_bytes(model) / 1e6,
+            "threads_per_process": tf.config.threading.get_intra_op_parallelism_threads(),
+            "mixed_precision": bool(cfg.amp), "xla": cfg.xla}
+
+
+def _keras_version() -> str:
+    # The Keras tf.keras runs (2.x here); Keras 3 would break Horovod's Keras layer (see README).
+    from importlib.metadata import version
+
+    return version("keras")

@@ -1,0 +1,175 @@
+"""Data-parallel training of ResNet-50 (and smaller models) with Horovod and a TensorFlow 2 custom loop.
+
+    horovodrun -np 2 -H localhost:2 --gloo python -m payloads.tensorflow.train --model tiny_cnn ...
+
+Follows Horovod's examples/tensorflow2/tensorflow2_synthetic_benchmark.py: hvd.DistributedGradientTape
+averages the gradients; the options, outputs and metrics are the PyTorch payload's (payloads/common).
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Sequence
+
+from ..common import config, schedule
+from ..common.errors import ConfigError
+from ..common.metrics import MetricsFile, throughput_line
+
+DATA_KINDS = ("synthetic", "tfrecord")
+log = logging.getLogger("payloads.tensorflow")
+
+
+def make_step(cfg, hvd, tf, model, optimizer):
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    compression = hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none
+    op = hvd.Adasum if cfg.adasum else hvd.Average
+    from . import runtime
+
+    @tf.function(reduce_retracing=True)
+    def step(images, labels):
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            loss = loss_fn(labels, tf.cast(logits, tf.float32))
+            total = loss + runtime.weight_decay_loss(cfg, model)
+            scaled = optimizer.get_scaled_loss(total) if cfg.amp else total
+        tape = hvd.DistributedGradientTape(tape, compression=compression, op=op)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        if cfg.amp:
+            grads = optimizer.get_unscaled_gradients(grads)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), labels), tf.float64))
+        return loss, correct
+
+    @tf.function(reduce_retracing=True)
+    def predict(images, labels):
+        logits = tf.cast(model(images, training=False), tf.float32)
+        loss = tf.reduce_sum(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), labels), tf.float64))
+        return loss, correct
+
+    return step, predict
+
+
+def global_sums(hvd, tf, name: str, *values: float) -> list[float]:
+    """Sum over ranks: losses and counts are summed, then divided, so means are exact."""
+    return hvd.allreduce(tf.constant(values, tf.float64), op=hvd.Sum, name=name).numpy().tolist()
+
+
+def run(cfg: config.TrainConfig) -> dict:
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    from tqdm import tqdm
+
+    from . import data, models, runtime
+
+    hvd.init()
+    root = hvd.rank() == 0
+    device = runtime.setup(cfg, hvd)
+    batch = cfg.per_process_batch(hvd.size())
+    start_epoch_guess = 0
+    model = models.build(cfg.model, cfg.num_classes, cfg.image_size)
+    scale = runtime.lr_scale(cfg, hvd, device)
+    optimizer = tf.keras.optimizers.SGD(learning_rate=cfg.base_lr * scale, momentum=cfg.momentum)
+    if cfg.amp:
+        optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+    start_epoch = runtime.restore(cfg, hvd, model, optimizer)
+    inputs = data.build(cfg, hvd.rank(), hvd.size(), batch, max(start_epoch, start_epoch_guess))
+    step, predict = make_step(cfg, hvd, tf, model, optimizer)
+
+    metrics = writer = None
+    if root:
+        metrics = MetricsFile(cfg.metrics_path, {"config": cfg.to_json(), "world": runtime.world(cfg, hvd, device, model)})
+        writer = tf.summary.create_file_writer(str(cfg.tensorboard_dir))
+        log.info("training %s on %s data, %d process(es) x batch %d, %s, outputs in %s", cfg.model, cfg.data,
+                 hvd.size(), batch, device, cfg.output_dir)
+
+    batches = iter(inputs.train)
+    total_images, total_seconds = 0, 0.0
+    for epoch in range(start_epoch, cfg.epochs):
+        loss_sum = correct = seen = 0.0
+        bar = tqdm(total=inputs.steps, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not (root and cfg.progress))
+        start = time.perf_counter()
+        for i in range(inputs.steps):
+            lr = schedule.learning_rate(cfg.base_lr, scale, epoch, i, inputs.steps, cfg.warmup_epochs, cfg.lr_decay_epochs)
+            optimizer.learning_rate.assign(lr)
+            try:
+                images, labels = next(batches)
+            except tf.errors.InvalidArgumentError as e:
+                raise ConfigError(_input_error(e, data)) from None
+            loss, n_correct = step(images, labels)
+            n = int(labels.shape[0])
+            loss_sum += float(loss) * n
+            correct += float(n_correct)
+            seen += n
+            bar.update(1)
+            bar.set_postfix(loss=f"{float(loss):.3f}", lr=f"{lr:.4f}")
+        seconds = time.perf_counter() - start
+        bar.close()
+        loss_sum, correct, seen = global_sums(hvd, tf, f"train_{epoch}", loss_sum, correct, seen)
+        record = {"epoch": epoch + 1, "train_loss": loss_sum / seen, "train_accuracy": correct / seen,
+                  "images": int(seen), "epoch_seconds": seconds, "images_per_sec": seen / seconds, "lr": lr}
+        if inputs.validation is not None:
+            v_loss = v_correct = v_seen = 0.0
+            for images, labels in inputs.validation:
+                l, c = predict(images, labels)
+                v_loss, v_correct, v_seen = v_loss + float(l), v_correct + float(c), v_seen + int(labels.shape[0])
+            v_loss, v_correct, v_seen = global_sums(hvd, tf, f"val_{epoch}", v_loss, v_correct, v_seen)
+            record.update(val_loss=v_loss / v_seen, val_accuracy=v_correct / v_seen)
+        total_images += record["images"]
+        total_seconds += seconds
+        runtime.save(cfg, hvd, epoch + 1, model, optimizer)
+        if root:
+            metrics.add_epoch(record)
+            with writer.as_default(step=epoch + 1):
+                for key in ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "images_per_sec", "lr"):
+                    if key in record:
+                        tf.summary.scalar(key, record[key])
+            writer.flush()
+            log.info("epoch %d/%d: loss %.4f, accuracy %.3f%s, %.1f images/sec", epoch + 1, cfg.epochs,
+                     record["train_loss"], record["train_accuracy"],
+                     f", val accuracy {record['val_accuracy']:.3f}" if "val_accuracy" in record else "",
+                     record["images_per_sec"])
+    return finish(cfg, hvd, root, model, metrics, total_images, total_seconds)
+
+
+def _input_error(e, data) -> str:
+    text = str(e)
+    return data.LABEL_HINT if data.LABEL_HINT in text else f"{data.CORRUPT_HINT} ({text.splitlines()[0][:200]})"
+
+
+def finish(cfg, hvd, root: bool, model, metrics, total_images: int, total_seconds: float) -> dict:
+    """Summary with every rank's parameter digest (so a test or a user can see the ranks agree)."""
+    from . import models
+
+    summary = {"epochs_run": len(metrics.data["epochs"]) if metrics else None, "images": total_images,
+               "train_seconds": total_seconds,
+               "total_images_per_sec": total_images / total_seconds if total_seconds else 0.0,
+               "parameters_sha256": models.parameters_digest(model)}
+    digests = hvd.allgather_object(summary["parameters_sha256"], name="digests")
+    summary["ranks_identical"] = len(set(digests)) == 1
+    if root:
+        metrics.set_summary(summary)
+        if total_seconds:
+            print(throughput_line(summary["total_images_per_sec"]), flush=True)
+        print(f"Checkpoints: {cfg.checkpoint_dir}\nTensorBoard: {cfg.tensorboard_dir}\nMetrics: {cfg.metrics_path}",
+              flush=True)
+    return summary
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m payloads.tensorflow.train", runner=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
+    try:
+        # The model list is static so that --help and config errors need no TensorFlow import.
+        cfg = config.parse(argv, prog, __doc__.splitlines()[0], MODEL_NAMES, DATA_KINDS)
+        (runner or run)(cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)   # every rank says it: one rank may meet it alone
+        return 2
+    return 0
+
+
+MODEL_NAMES = ("resnet50", "resnet101", "resnet152", "mobilenet_v2", "tiny_cnn", "mlp")
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import statistics
 import time
 
@@ -106,12 +107,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--fp16", action="store_true")
     ap.add_argument("--label", required=True)
+    ap.add_argument("--result-file", type=pathlib.Path, required=True,
+                    help="rank 0 writes its JSON here (mpirun re-tags and splits long output lines)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     out = horovod(args) if args.backend == "horovod" else torch_dist(args)
     if out["rank"] == 0:
         out["label"] = args.label
-        print("RESULT " + json.dumps(out), flush=True)
+        args.result_file.write_text(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -36,11 +37,13 @@ def _free_port() -> int:
 
 
 def _run(cmd: list[str], env: dict | None = None) -> dict:
-    e = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **(env or {}))
-    proc = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=1800)
-    for line in proc.stdout.splitlines():
-        if "RESULT " in line:
-            return json.loads(line.split("RESULT ", 1)[1])
+    e = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+    with tempfile.TemporaryDirectory() as tmp:
+        result = pathlib.Path(tmp) / "result.json"
+        proc = subprocess.run(cmd + ["--result-file", str(result)], cwd=ROOT, env=e, capture_output=True, text=True,
+                              timeout=1800)
+        if proc.returncode == 0 and result.is_file():
+            return json.loads(result.read_text())
     raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
 
 
@@ -110,8 +113,9 @@ def main(argv=None) -> int:
         s = r["results"][ref]["seconds"]
         print(f"{rows[ref]}: {r['label']}: {s / torch_ms:.2f}x torch.distributed, {s / copy[ref]:.1f}x the memory copy")
     if args.json:
+        build = "Gloo and Open MPI" if _has_mpi() else "Gloo only: no MPI on the machine"
         args.json.write_text(json.dumps({"np": args.np, "machine": platform.node(), "cores": os.cpu_count(),
-                                         "runs": runs, "memory_copy_seconds": copy}, indent=2))
+                                         "horovod_build": build, "runs": runs, "memory_copy_seconds": copy}, indent=2))
     return 0
 
 

@@ -1,6 +1,6 @@
-"""Regenerate the README's benchmark table: `python -m benchmarks.report --run` (about 15 minutes on 2 cores).
+"""Regenerate the README's benchmark table: `python -m benchmarks.report --run` (about 20 minutes on 2 cores).
 
-`--run` runs benchmarks.allreduce and benchmarks.scaling (both configs) and saves their JSON under
+`--run` runs benchmarks.allreduce and benchmarks.scaling (its configs, and every payload) and saves their JSON under
 benchmarks/results/; without it, the table is rebuilt from the saved results. The planner's check against
 the seed figures is recomputed each time (it is arithmetic).
 """
@@ -31,6 +31,9 @@ def run_all() -> None:
     for config in ("local", "resnet50"):
         subprocess.run(py + ["benchmarks.scaling", "--config", config, "--json", str(RESULTS / f"scaling-{config}.json")],
                        check=True)
+    for payload in ("pytorch", "tensorflow", "keras"):
+        subprocess.run(py + ["benchmarks.scaling", "--config", "frameworks", "--payload", payload,
+                             "--json", str(RESULTS / f"frameworks-{payload}.json")], check=True)
     (RESULTS / "machine.json").write_text(json.dumps({
         "host": platform.node(), "cores": os.cpu_count(), "cpu": _cpu(), "python": platform.python_version(),
         "date": dt.date.today().isoformat()}, indent=2))
@@ -50,7 +53,7 @@ def table() -> str:
     m = json.loads((RESULTS / "machine.json").read_text())
     ar = json.loads((RESULTS / "allreduce.json").read_text())
     lines = [f"Measured {m['date']} on {m['cores']} cores ({m['cpu']}), Python {m['python']}, "
-             f"2 processes, one thread each, Horovod 0.28.1 over Gloo (no MPI on the machine).", "",
+             f"2 processes, one thread each, Horovod 0.28.1 ({ar.get('horovod_build', 'Gloo')}).", "",
              "| allreduce (median ms) | " + " | ".join(r["label"] for r in ar["runs"]) + " | memory copy |",
              "| --- " * (len(ar["runs"]) + 2) + "|"]
     for i, row in enumerate(ar["runs"][0]["results"]):
@@ -67,6 +70,14 @@ def table() -> str:
         h = {int(k): v for k, v in s["horovod"].items()}
         lines.append(f"| {label} | {s['plain']:.1f} | {h[1]:.1f} | {h[2]:.1f} | {h[2] / (2 * h[1]) * 100:.0f}% | "
                      f"{(h[1] / s['plain'] - 1) * 100:+.1f}% |")
+    frameworks = [(p, RESULTS / f"frameworks-{p}.json") for p in ("pytorch", "tensorflow", "keras")]
+    if any(path.exists() for _, path in frameworks):
+        lines += ["", "| payload: ResNet-50, 64 px, batch 16 (images/sec) | Horovod, 1 process | Horovod, 2 processes | "
+                      "scaling efficiency |", "| --- | --- | --- | --- |"]
+        for name, path in frameworks:
+            if path.exists():
+                h = {int(k): v for k, v in json.loads(path.read_text())["horovod"].items()}
+                lines.append(f"| {name} | {h[1]:.1f} | {h[2]:.1f} | {h[2] / (2 * h[1]) * 100:.0f}% |")
     t = planner.calibrate()
     lines += ["", "| planner vs seed, 32 GPUs (images/sec) | measured | predicted | error |", "| --- | --- | --- | --- |"]
     for gpu, (_size, r1, r32) in planner.SEED.items():

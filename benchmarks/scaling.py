@@ -1,10 +1,12 @@
 """Training throughput from 1 to N local processes, and Horovod's overhead against a plain PyTorch loop.
 
-    .venv/bin/python -m benchmarks.scaling [--config local|resnet50] [--max-np 2] [--json FILE]
+    .venv/bin/python -m benchmarks.scaling [--config local|resnet50|frameworks] [--payload pytorch|tensorflow|keras]
+                                           [--max-np 2] [--json FILE]
 
 Each process gets one thread and the same per-process batch (weak scaling, as in the seed benchmarks);
 scaling efficiency = images/sec at N / (N x images/sec at 1). Runs are the real payload under horovodrun,
-read from its metrics.json; the plain loop is the same model, data and optimizer without Horovod.
+read from its metrics.json; the plain loop is the same model, data and optimizer without Horovod (PyTorch
+only). `--config frameworks` is one model every payload has (ResNet-50, 64 px), to compare the payloads.
 """
 from __future__ import annotations
 
@@ -27,16 +29,20 @@ CONFIGS = {
     # the issue's reference: ResNet-50 at 224 px, batch 32 per process (a few steps: it is slow on a CPU)
     "resnet50": ["--model", "resnet50", "--image-size", "224", "--num-classes", "1000", "--batch-size", "32",
                  "--synthetic-samples", "512", "--max-steps-per-epoch", "4", "--epochs", "2"],
+    # the same model in PyTorch, TensorFlow and Keras
+    "frameworks": ["--model", "resnet50", "--image-size", "64", "--num-classes", "100", "--batch-size", "16",
+                   "--synthetic-samples", "512", "--max-steps-per-epoch", "8", "--epochs", "2"],
 }
+PAYLOADS = ("pytorch", "tensorflow", "keras")
 COMMON = ["--data", "synthetic", "--workers", "0", "--threads", "1", "--no-progress", "--warmup-epochs", "0",
           "--no-resume"]
 
 
-def payload(np: int, args: list[str]) -> float:
+def payload(np: int, args: list[str], name: str = "pytorch") -> float:
     with tempfile.TemporaryDirectory() as out:
         cmd = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo", sys.executable, "-m",
-               "payloads.pytorch.train", *COMMON, *args, "--output-dir", out]
-        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+               f"payloads.{name}.train", *COMMON, *args, "--output-dir", out]
+        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
         if proc.returncode:
             raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-2000:])
@@ -75,23 +81,46 @@ def plain_loop(args: list[str]) -> float:
     return rate
 
 
+def independent(np: int, config: str) -> float:
+    """The machine's own ceiling: `np` plain loops at once, no communication at all; their summed rate
+    over np x one loop alone is the best scaling efficiency any allreduce could reach here (shared
+    memory bandwidth, caches, and vCPUs that may share a physical core all count against it)."""
+    cmd = [sys.executable, "-m", "benchmarks.scaling", "--config", config, "--plain-only"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True) for _ in range(np)]
+    return sum(float(p.communicate(timeout=3600)[0].split()[-1]) for p in procs)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", choices=sorted(CONFIGS), default="local")
+    ap.add_argument("--payload", choices=PAYLOADS, default="pytorch")
     ap.add_argument("--max-np", type=int, default=2)
     ap.add_argument("--json", type=pathlib.Path)
+    ap.add_argument("--plain-only", action="store_true", help=argparse.SUPPRESS)   # one loop, for independent()
     args = ap.parse_args(argv)
     extra = CONFIGS[args.config]
-    plain = plain_loop(extra)
-    rates = {np: payload(np, extra) for np in range(1, args.max_np + 1)}
-    print(f"config {args.config}: {' '.join(extra)}")
-    print(f"plain PyTorch loop, 1 process: {plain:.1f} images/sec")
-    print(f"Horovod, 1 process: {rates[1]:.1f} images/sec ({(rates[1] / plain - 1) * 100:+.1f}% vs plain)")
+    if args.plain_only:
+        print(plain_loop(extra))
+        return 0
+    plain = plain_loop(extra) if args.payload == "pytorch" else None
+    ceiling = {np: independent(np, args.config) for np in range(2, args.max_np + 1)} if plain else {}
+    rates = {np: payload(np, extra, args.payload) for np in range(1, args.max_np + 1)}
+    print(f"config {args.config}, payload {args.payload}: {' '.join(extra)}")
+    if plain is not None:
+        print(f"plain PyTorch loop, 1 process: {plain:.1f} images/sec")
+        print(f"Horovod, 1 process: {rates[1]:.1f} images/sec ({(rates[1] / plain - 1) * 100:+.1f}% vs plain)")
+        for np, rate in ceiling.items():
+            print(f"{np} independent plain loops at once: {rate:.1f} images/sec in all, a ceiling of "
+                  f"{rate / (np * plain) * 100:.0f}% scaling efficiency on this machine")
+    else:
+        print(f"Horovod, 1 process: {rates[1]:.1f} images/sec")
     for np, rate in rates.items():
         if np > 1:
             print(f"Horovod, {np} processes: {rate:.1f} images/sec, scaling efficiency {rate / (np * rates[1]) * 100:.0f}%")
     if args.json:
-        args.json.write_text(json.dumps({"config": args.config, "plain": plain, "horovod": rates}, indent=2))
+        args.json.write_text(json.dumps({"config": args.config, "payload": args.payload, "plain": plain,
+                                         "horovod": rates, "independent": ceiling}, indent=2))
     return 0
 
 

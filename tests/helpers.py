@@ -21,16 +21,18 @@ def env() -> dict:
     e = dict(os.environ)
     e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
     e.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "60")
+    e.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return e
 
 
-def horovodrun(np: int, args: list[str]) -> list[str]:
+def horovodrun(np: int, args: list[str], payload: str = "pytorch") -> list[str]:
     return [str(pathlib.Path(sys.executable).with_name("horovodrun")), "-np", str(np), "-H", f"localhost:{np}",
-            "--gloo", sys.executable, "-m", "payloads.pytorch.train", *args]
+            "--gloo", sys.executable, "-m", f"payloads.{payload}.train", *args]
 
 
-def train(np: int, args: list[str], timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = horovodrun(np, args)
+def train(np: int, args: list[str], timeout: float = 300, check: bool = True,
+          payload: str = "pytorch") -> subprocess.CompletedProcess:
+    cmd = horovodrun(np, args, payload)
     proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")

@@ -3,8 +3,8 @@
     horovodrun -np 2 -H localhost:2 --gloo python -m payloads.keras.train --model tiny_cnn ...
 
 Follows Horovod's examples/keras/keras_imagenet_resnet50.py: hvd.DistributedOptimizer averages the
-gradients, Horovod's callbacks broadcast the initial state, average the epoch metrics and warm the LR up
-(then step it down at --lr-decay-epochs). Models, data, checkpoints and metrics are the TensorFlow payload's.
+gradients, Horovod's callbacks broadcast the initial state, average the epoch metrics and set the LR every batch
+(warm-up, then steps down at --lr-decay-epochs). Models, data, checkpoints and metrics are the TensorFlow payload's.
 Needs Keras 2 (TensorFlow 2.15): on Keras 3 Horovod's optimizer hooks are never called and gradients are
 silently not averaged; the tests compare a 2-process run with a 1-process run to catch exactly that.
 """
@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Sequence
 
-from ..common import config
+from ..common import config, schedule
 from ..common.errors import ConfigError
 from ..common.metrics import MetricsFile
 from ..tensorflow import train as tf_train
@@ -23,22 +23,20 @@ from ..tensorflow import train as tf_train
 log = logging.getLogger("payloads.keras")
 
 
-def lr_callbacks(cfg, hvd, scaled_lr: float, steps: int) -> list:
-    """Horovod's warm-up (linear from base LR to base x scale over --warmup-epochs, per batch), then
-    staircase decay by 10x at each --lr-decay-epochs: payloads/common/schedule.py's schedule."""
-    cbs = []
-    if cfg.warmup_epochs > 0:
-        cbs.append(hvd.callbacks.LearningRateWarmupCallback(
-            initial_lr=scaled_lr, warmup_epochs=cfg.warmup_epochs, steps_per_epoch=steps,
-            momentum_correction=False))   # Keras 2.11+ optimizers keep momentum as a float, not a variable
-    bounds = [cfg.warmup_epochs, *cfg.lr_decay_epochs, None]
-    for i, (start, end) in enumerate(zip(bounds, bounds[1:])):
-        if end is not None and end <= start:
-            continue
-        cbs.append(hvd.callbacks.LearningRateScheduleCallback(
-            initial_lr=scaled_lr, multiplier=0.1 ** i, start_epoch=start, end_epoch=end, staircase=True,
-            steps_per_epoch=steps, momentum_correction=False))
-    return cbs
+def lr_callback(cfg, hvd, scale: float, steps: int):
+    """Horovod's per-batch LR callback driven by payloads/common/schedule.py (linear warm-up from the base LR
+    to base x scale over --warmup-epochs, then 10x down at each --lr-decay-epochs), so that the Keras,
+    TensorFlow and PyTorch payloads train on the same LR at every step. Horovod's stock warm-up callback
+    is one step ahead of that schedule and overshoots the target LR when --warmup-epochs is fractional;
+    its constant-multiplier schedule callback decays exponentially per epoch (tests/test_tensorflow.py)."""
+    def multiplier(progress: float) -> float:
+        epoch = int(progress)
+        step = round((progress - epoch) * steps)
+        return schedule.learning_rate(1.0, scale, epoch, step, steps, cfg.warmup_epochs, cfg.lr_decay_epochs)
+
+    return hvd.callbacks.LearningRateScheduleCallback(
+        initial_lr=cfg.base_lr, multiplier=multiplier, start_epoch=0, staircase=False, steps_per_epoch=steps,
+        momentum_correction=False)   # Keras 2.11+ optimizers keep momentum as a float, not a variable
 
 
 def run(cfg: config.TrainConfig) -> dict:
@@ -74,7 +72,7 @@ def run(cfg: config.TrainConfig) -> dict:
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
         # Before our recorder: it sees the averaged epoch metrics.
         hvd.callbacks.MetricAverageCallback(),
-        *lr_callbacks(cfg, hvd, scaled_lr, inputs.steps),
+        lr_callback(cfg, hvd, scale, inputs.steps),
         recorder,
     ]
     metrics = None

@@ -49,6 +49,9 @@ def setup_runtime(cfg: config.TrainConfig, hvd) -> torch.device:
         cfg.amp = device.type == "cuda"
     if cfg.channels_last is None:
         cfg.channels_last = device.type == "cuda"
+    if cfg.xla:
+        raise ConfigError("--xla is a TensorFlow/Keras option: for PyTorch, mixed precision (--amp) on a GPU "
+                          "is the speed lever here")
     if cfg.amp and device.type != "cuda":
         raise ConfigError("--amp needs a GPU: this process sees none (drop --amp for a CPU run)")
     return device

@@ -5,6 +5,7 @@ Both give one stream of batches that runs through every remaining epoch (Keras' 
 """
 from __future__ import annotations
 
+import logging
 import pathlib
 from dataclasses import dataclass
 
@@ -14,6 +15,8 @@ import tensorflow as tf
 from ..common import sharding
 from ..common.errors import ConfigError
 from . import tfrecords
+
+log = logging.getLogger("payloads.tensorflow")
 
 # ImageNet channel statistics (0-255 scale), as the PyTorch payload's normalisation. Plain tuples: a
 # tf.constant at import would start TensorFlow's runtime before the payload sets its thread counts.
@@ -106,6 +109,10 @@ def tfrecord(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
     train_files, val_files = tfrecords.find(pathlib.Path(cfg.data_dir))
     counts = [tfrecords.count_records(f) for f in train_files]
     p = tfrecords.plan(train_files, counts, rank, size, batch)
+    if p.record_shard and size > 1 and rank == 0:
+        log.warning("%d TFRecord files are not a multiple of %d processes: every process reads every file and "
+                    "keeps every %d-th record; write a multiple of %d shards so that each reads only its own",
+                    len(train_files), size, size, size)
     steps = min(p.steps, cfg.max_steps_per_epoch) if cfg.max_steps_per_epoch else p.steps
     parallel = cfg.workers if cfg.workers > 0 else None   # None: one decode at a time (reproducible order)
     ds = _records(p.files, p.record_shard, rank, size, parallel)

@@ -8,8 +8,9 @@ int64), in files named `train-00000-of-00064` (and `validation-*` from IMAGES/va
 classes from 0 in sorted folder order, as the PyTorch payload does; shards from TF's ImageNet scripts
 number them from 1, so train those with --num-classes 1001.
 
-Sharding by rank: with at least as many files as processes, each rank reads whole files (files[rank::size],
-no rank reads another's bytes); with fewer, every rank reads every file and keeps every size-th record.
+Sharding by rank: when the file count is a multiple of the process count, each rank reads whole files
+(files[rank::size]: no rank reads another's bytes); otherwise every rank reads every file and keeps every
+size-th record (balanced, but each rank reads all the bytes: write a multiple of the process count).
 Either way the shards are disjoint and cover the data. Every rank runs the same number of steps (the
 smallest shard's full batches), or the last allreduce would wait for a rank that has finished.
 """
@@ -28,7 +29,8 @@ TRAIN, VALIDATION = "train", "validation"
 
 
 def shard_files(data_dir: pathlib.Path, split: str) -> list[pathlib.Path]:
-    return sorted(p for p in data_dir.glob(f"{split}-*") if p.is_file() and not p.name.startswith("."))
+    return sorted(p for p in data_dir.glob(f"{split}-*")
+                  if p.is_file() and not p.name.startswith(".") and p.suffix not in (".txt", ".json"))
 
 
 def find(data_dir: pathlib.Path) -> tuple[list[pathlib.Path], list[pathlib.Path]]:
@@ -65,14 +67,14 @@ def count_records(path: pathlib.Path) -> int:
 @dataclass(frozen=True)
 class Plan:
     files: tuple[pathlib.Path, ...]   # what this rank opens
-    record_shard: bool                # keep every size-th record (when files are fewer than ranks)
+    record_shard: bool                # keep every size-th record (file count not a multiple of ranks)
     samples: int                      # records this rank trains on per epoch
     steps: int                        # full batches every rank runs per epoch
 
 
 def plan(files: Sequence[pathlib.Path], counts: Sequence[int], rank: int, size: int, batch: int) -> Plan:
     """Which files this rank reads and how many steps all ranks run (see the module docstring)."""
-    if len(files) >= size:
+    if len(files) % size == 0:
         per_rank = [sum(counts[r::size]) for r in range(size)]
         mine, record_shard = tuple(files[rank::size]), False
     else:

@@ -44,7 +44,14 @@ def test_dockerfile_copies_only_what_exists_and_fights_no_platform(image):
     assert TAGS[image] in text, "the build commands in the Dockerfile name the tag made from the pins"
 
 
-def test_jobs_use_the_pytorch_image_tag_made_from_the_pins():
+def test_jobs_use_their_framework_image_tag_made_from_the_pins():
     for job in (ROOT / "payloads/jobs").glob("*.yaml"):
-        image = yaml.safe_load(job.read_text())["environment"]["image"]
-        assert image == f"<<registry>>/training/pytorch:{TAGS['pytorch']}", job.name
+        spec = yaml.safe_load(job.read_text())
+        framework = "tensorflow" if re.search(r"payloads\.(tensorflow|keras)\.", spec["command"]) else "pytorch"
+        assert spec["environment"]["image"] == f"<<registry>>/training/{framework}:{TAGS[framework]}", job.name
+
+
+def test_local_tensorflow_is_the_images_tensorflow():
+    """Tests run the CPU build of the very TensorFlow release the GPU image installs."""
+    assert _pin("payloads/requirements-tensorflow.txt", "tensorflow-cpu") == \
+        _pin("images/tensorflow/requirements.txt", "tensorflow")

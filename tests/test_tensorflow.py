@@ -1,0 +1,176 @@
+"""TensorFlow (DistributedGradientTape) and Keras (model.fit + DistributedOptimizer) payloads, run as two
+real Horovod processes: gradients averaged (the Keras 3 failure mode would fail here), ranks agree,
+resume is exact, the LR schedule is the PyTorch payload's, TFRecord input is sharded and checked."""
+import json
+
+import numpy as np
+import pytest
+
+from helpers import TINY, metrics, train
+from payloads.common import schedule
+
+PAYLOADS = ["tensorflow", "keras"]
+
+
+def weights(out, epoch=None) -> list[np.ndarray]:
+    from payloads.common import checkpoint
+
+    found = checkpoint.list_checkpoints(out / "checkpoints", ".npz")
+    path = dict(found)[epoch] if epoch else found[-1][1]
+    with np.load(path) as z:
+        return [z[k] for k in sorted(z.files) if k.startswith("model/")]
+
+
+def max_diff(a, b) -> float:
+    assert [x.shape for x in a] == [y.shape for y in b]
+    return max(float(np.abs(x.astype(np.float64) - y).max()) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+def test_two_processes_average_gradients_exactly(tmp_path, payload):
+    two, one, unaveraged = tmp_path / "two", tmp_path / "one", tmp_path / "unaveraged"
+    common = TINY + ["--epochs", "3"]
+    proc = train(2, common + ["--batch-size", "16", "--base-lr", "0.05", "--output-dir", str(two)], payload=payload)
+    m = metrics(two)
+    losses = [e["train_loss"] for e in m["epochs"]]
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert m["run"]["world"]["processes"] == 2 and m["run"]["world"]["keras"].startswith("2.")
+    assert m["summary"]["ranks_identical"] is True
+    assert "Total images/sec:" in proc.stdout
+
+    # Same global batch in one process with the same effective LR: equal within float error.
+    train(1, common + ["--batch-size", "32", "--base-lr", "0.1", "--output-dir", str(one)], payload=payload)
+    diff = max_diff(weights(two), weights(one))
+    assert diff < 1e-5, f"2-process weights differ from the 1-process run by {diff}"
+    # Control: each process stepping on its own half-batch, as un-averaged gradients would.
+    train(1, common + ["--batch-size", "16", "--base-lr", "0.1", "--output-dir", str(unaveraged)], payload=payload)
+    control = max_diff(weights(unaveraged), weights(one))
+    print(f"{payload}: max |2-process - 1-process| = {diff:.3g}; unaveraged control = {control:.3g}")
+    assert control > 100 * max(diff, 1e-7), (control, diff)
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+def test_resume_continues_exactly_and_schedule_matches(tmp_path, payload):
+    # Warm-up over 1.5 epochs, decay at epoch 3: the LR each epoch ends with is common/schedule.py's,
+    # whether Horovod's Keras callbacks or our loop set it.
+    args = TINY + ["--batch-size", "8", "--base-lr", "0.02", "--warmup-epochs", "1.5", "--lr-decay-epochs", "3"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train(2, args + ["--epochs", "4", "--output-dir", str(straight)], payload=payload)
+    train(2, args + ["--epochs", "2", "--output-dir", str(resumed)], payload=payload)
+    train(2, args + ["--epochs", "4", "--output-dir", str(resumed)], payload=payload)
+    m = metrics(resumed)
+    assert [e["epoch"] for e in m["epochs"]] == [1, 2, 3, 4]
+    diff = max_diff(weights(straight), weights(resumed))
+    assert diff < 1e-5, f"resumed run differs from a straight one by {diff}"
+    steps = 128 // (2 * 8)
+    want = [schedule.learning_rate(0.02, 2, e, steps - 1, steps, 1.5, (3,)) for e in range(4)]
+    got = [e["lr"] for e in metrics(straight)["epochs"]]
+    assert got == pytest.approx(want, rel=1e-6), (got, want)
+    assert want[0] < want[1] == want[2] and want[3] == pytest.approx(want[2] / 10)   # warm-up, plateau, decay
+
+
+def _images(root, classes=3, per_class=8, size=20):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        (root / f"class{c}").mkdir(parents=True)
+        for i in range(per_class):
+            pixels = np.full((size, size, 3), 60 * c, np.uint8) + rng.integers(0, 40, (size, size, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / f"class{c}" / f"{i}.png")
+    return root
+
+
+def _write_shards(images, shards_dir, shards=3):
+    from payloads.tensorflow import tfrecords
+
+    assert tfrecords.main(["--image-dir", str(images), "--output-dir", str(shards_dir), "--shards", str(shards)]) == 0
+
+
+def test_tfrecord_shards_are_written_counted_and_planned_disjoint_and_complete(tmp_path):
+    from payloads.tensorflow import tfrecords
+
+    _write_shards(_images(tmp_path / "images"), tmp_path / "shards")
+    train_files, val_files = tfrecords.find(tmp_path / "shards")
+    assert len(train_files) == 3 and val_files == []
+    counts = [tfrecords.count_records(f) for f in train_files]
+    assert sum(counts) == 24
+    assert (tmp_path / "shards" / "train-classes.txt").read_text().split() == ["class0", "class1", "class2"]
+    for size in (1, 2, 3, 4, 5):
+        plans = [tfrecords.plan(train_files, counts, r, size, 2) for r in range(size)]
+        assert len({p.steps for p in plans}) == 1                          # same step count on every rank
+        if len(train_files) % size == 0:                                    # whole files: disjoint, complete
+            opened = [f for p in plans for f in p.files]
+            assert sorted(opened) == sorted(train_files)
+        else:                                                               # records: every size-th one
+            assert all(p.record_shard and p.files == tuple(train_files) for p in plans)
+            assert sum(p.samples for p in plans) == 24
+        assert all(p.steps * 2 <= p.samples for p in plans)
+    with pytest.raises(Exception, match="fewer than one batch of 64"):
+        tfrecords.plan(train_files, counts, 0, 2, 64)
+
+
+def test_truncated_or_missing_shards_are_named(tmp_path):
+    from payloads.common.errors import ConfigError
+    from payloads.tensorflow import tfrecords
+
+    _write_shards(_images(tmp_path / "images", per_class=2), tmp_path / "shards", shards=1)
+    (f,) = tfrecords.shard_files(tmp_path / "shards", "train")
+    f.write_bytes(f.read_bytes()[:-7])
+    with pytest.raises(ConfigError, match="truncated in record 6"):
+        tfrecords.count_records(f)
+    with pytest.raises(ConfigError, match="no TFRecord shards named train-"):
+        tfrecords.find(tmp_path / "images")
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+def test_trains_on_tfrecord_shards_with_validation(tmp_path, payload):
+    _images(tmp_path / "images" / "train")
+    _images(tmp_path / "images" / "val", per_class=4)
+    _write_shards(tmp_path / "images", tmp_path / "shards")
+    out = tmp_path / "out"
+    train(2, TINY + ["--data", "tfrecord", "--data-dir", str(tmp_path / "shards"), "--num-classes", "3",
+                     "--batch-size", "4", "--epochs", "2", "--output-dir", str(out)], payload=payload)
+    m = metrics(out)
+    assert m["summary"]["ranks_identical"] is True
+    assert [e["images"] for e in m["epochs"]] == [24, 24]                  # 3 steps x 4 x 2 ranks
+    assert all(0.0 <= e["val_accuracy"] <= 1.0 and e["val_loss"] > 0 for e in m["epochs"])
+
+
+def test_corrupt_record_fails_with_the_fix_then_skips_when_asked(tmp_path):
+    from payloads.tensorflow import tfrecords
+
+    images = _images(tmp_path / "images")
+    (images / "class1" / "3.png").write_bytes(b"not a png at all")
+    _write_shards(images, tmp_path / "shards", shards=2)
+    assert any("#" in line for line in tfrecords.check(tmp_path / "shards"))
+    args = TINY + ["--data", "tfrecord", "--data-dir", str(tmp_path / "shards"), "--num-classes", "3",
+                   "--batch-size", "4", "--epochs", "2", "--output-dir", str(tmp_path / "out")]
+    proc = train(2, args, check=False, payload="tensorflow")
+    assert proc.returncode != 0
+    assert "payloads.tensorflow.tfrecords --check" in proc.stdout + proc.stderr
+    train(2, args + ["--skip-corrupt-images"], payload="tensorflow")
+    assert metrics(tmp_path / "out")["summary"]["ranks_identical"] is True
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--data", "imagefolder", "--data-dir", "x"], "convert class folders to TFRecord shards"),
+    (["--backward-passes-per-step", "2"], "PyTorch payload option"),
+    (["--no-channels-last"], "TensorFlow always trains NHWC"),
+    (["--amp"], "--amp needs a GPU"),
+    (["--model", "resnet18"], "unknown model 'resnet18'"),
+])
+def test_bad_input_names_the_problem_and_the_fix(tmp_path, args, message):
+    proc = train(1, TINY + ["--epochs", "1", "--output-dir", str(tmp_path), *args], check=False, payload="keras")
+    assert proc.returncode != 0
+    assert message in proc.stderr + proc.stdout
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_label_beyond_num_classes_is_explained(tmp_path):
+    _write_shards(_images(tmp_path / "images"), tmp_path / "shards")
+    proc = train(1, TINY + ["--data", "tfrecord", "--data-dir", str(tmp_path / "shards"), "--num-classes", "2",
+                            "--batch-size", "4", "--epochs", "1", "--output-dir", str(tmp_path / "out")],
+                 check=False, payload="tensorflow")
+    assert proc.returncode != 0
+    assert "not below --num-classes" in proc.stderr + proc.stdout

@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,9 +39,9 @@ COMMON = ["--data", "synthetic", "--workers", "0", "--threads", "1", "--no-progr
           "--no-resume"]
 
 
-def payload(np: int, args: list[str], name: str = "pytorch") -> float:
+def payload(np: int, args: list[str], name: str = "pytorch", controller: str = "gloo") -> float:
     with tempfile.TemporaryDirectory() as out:
-        cmd = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo", sys.executable, "-m",
+        cmd = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", sys.executable, "-m",
                f"payloads.{name}.train", *COMMON, *args, "--output-dir", out]
         env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
@@ -96,6 +97,10 @@ def main(argv=None) -> int:
     ap.add_argument("--config", choices=sorted(CONFIGS), default="local")
     ap.add_argument("--payload", choices=PAYLOADS, default="pytorch")
     ap.add_argument("--max-np", type=int, default=2)
+    ap.add_argument("--controllers", default="auto",
+                    help="comma-separated Horovod controllers to compare (gloo, mpi); auto = the local launcher's choice")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per controller and process count, alternating; "
+                                                            "the median is reported")
     ap.add_argument("--json", type=pathlib.Path)
     ap.add_argument("--plain-only", action="store_true", help=argparse.SUPPRESS)   # one loop, for independent()
     args = ap.parse_args(argv)
@@ -103,10 +108,19 @@ def main(argv=None) -> int:
     if args.plain_only:
         print(plain_loop(extra))
         return 0
+    from launcher.local import controller
+
+    controllers = [controller(c.strip()) for c in args.controllers.split(",")]
     plain = plain_loop(extra) if args.payload == "pytorch" else None
     ceiling = {np: independent(np, args.config) for np in range(2, args.max_np + 1)} if plain else {}
-    rates = {np: payload(np, extra, args.payload) for np in range(1, args.max_np + 1)}
-    print(f"config {args.config}, payload {args.payload}: {' '.join(extra)}")
+    runs: dict[str, dict[int, list[float]]] = {c: {np: [] for np in range(1, args.max_np + 1)} for c in controllers}
+    for _ in range(args.repeats):                 # alternate, so drift on a shared machine hits all alike
+        for np in range(1, args.max_np + 1):
+            for c in controllers:
+                runs[c][np].append(payload(np, extra, args.payload, c))
+    by_controller = {c: {np: statistics.median(r) for np, r in per.items()} for c, per in runs.items()}
+    rates = by_controller[controllers[0]]
+    print(f"config {args.config}, payload {args.payload}, controllers {', '.join(controllers)}: {' '.join(extra)}")
     if plain is not None:
         print(f"plain PyTorch loop, 1 process: {plain:.1f} images/sec")
         print(f"Horovod, 1 process: {rates[1]:.1f} images/sec ({(rates[1] / plain - 1) * 100:+.1f}% vs plain)")
@@ -115,12 +129,16 @@ def main(argv=None) -> int:
                   f"{rate / (np * plain) * 100:.0f}% scaling efficiency on this machine")
     else:
         print(f"Horovod, 1 process: {rates[1]:.1f} images/sec")
-    for np, rate in rates.items():
-        if np > 1:
-            print(f"Horovod, {np} processes: {rate:.1f} images/sec, scaling efficiency {rate / (np * rates[1]) * 100:.0f}%")
+    for c, per in by_controller.items():
+        for np, rate in per.items():
+            if np > 1:
+                print(f"Horovod over {c}, {np} processes: {rate:.1f} images/sec (runs: "
+                      f"{', '.join(f'{x:.1f}' for x in runs[c][np])}), scaling efficiency "
+                      f"{rate / (np * per[1]) * 100:.0f}% against its own 1-process rate {per[1]:.1f}")
     if args.json:
         args.json.write_text(json.dumps({"config": args.config, "payload": args.payload, "plain": plain,
-                                         "horovod": rates, "independent": ceiling}, indent=2))
+                                         "controller": controllers[0], "horovod": rates, "independent": ceiling,
+                                         "controllers": by_controller, "runs": runs}, indent=2))
     return 0
 
 

@@ -31,6 +31,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--np", type=int, default=2, help="local: Horovod processes on this machine")
     p.add_argument("--input", action="append", default=[], metavar="NAME=PATH", help="local: a job input's local path")
     p.add_argument("--output-dir", type=pathlib.Path, default=None, help="local: where the job's outputs go")
+    p.add_argument("--controller", choices=local.CONTROLLERS, default="auto",
+                   help="local: Horovod's controller; auto = MPI where Horovod has it, else Gloo")
     return p
 
 
@@ -68,7 +70,7 @@ def run(args, extra: list[str]) -> int:
             inputs[name] = path
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         out_root = args.output_dir or jobspec.ROOT / "runs" / f"{template.get('display_name', args.job.stem)}-{stamp}"
-        argv, out = local.plan(template, args.job, inputs, out_root.resolve(), args.np, extra)
+        argv, out = local.plan(template, args.job, inputs, out_root.resolve(), args.np, extra, args.controller)
         if args.dry_run:
             print(shlex.join(argv))
             return 0

@@ -1,5 +1,6 @@
-"""Run a job definition on this machine: horovodrun over Gloo, inputs mapped to local folders, outputs
-to a local folder. The command is the job's own command, so the local run is the cloud run, smaller."""
+"""Run a job definition on this machine: horovodrun (over MPI where Horovod has it, else Gloo), inputs
+mapped to local folders, outputs to a local folder. The command is the job's own command, so the local run
+is the cloud run, smaller."""
 from __future__ import annotations
 
 import os
@@ -13,8 +14,32 @@ from .errors import JobError
 from .jobspec import REFERENCE, ROOT
 
 
+CONTROLLERS = ("auto", "mpi", "gloo")
+
+
+def controller(choice: str = "auto") -> str:
+    """The Horovod controller for local runs. auto: MPI when Horovod was built with it and mpirun is on
+    PATH (the faster path here, see README "Benchmarks"), else Gloo, which every build has."""
+    if choice not in CONTROLLERS:
+        raise JobError(f"--controller {choice!r}: choose {', '.join(CONTROLLERS)}")
+    if choice != "auto":
+        if choice == "mpi" and not _mpi_available():
+            raise JobError("--controller mpi: this Horovod was built without MPI or mpirun is not on PATH "
+                           "(toolchain/bootstrap.sh installs Open MPI where it can), use --controller gloo")
+        return choice
+    return "mpi" if _mpi_available() else "gloo"
+
+
+def _mpi_available() -> bool:
+    import shutil
+
+    from horovod.common.util import mpi_built   # loads no framework
+
+    return bool(shutil.which("mpirun")) and bool(mpi_built())
+
+
 def plan(job: dict, source: pathlib.Path, inputs: dict[str, str], output_root: pathlib.Path,
-         processes: int, extra_args: list[str]) -> tuple[list[str], dict[str, pathlib.Path]]:
+         processes: int, extra_args: list[str], control: str = "auto") -> tuple[list[str], dict[str, pathlib.Path]]:
     """(horovodrun command line, output name -> local folder); checks every input before anything runs."""
     if processes < 1:
         raise JobError(f"--np {processes}: at least one process")
@@ -41,7 +66,8 @@ def plan(job: dict, source: pathlib.Path, inputs: dict[str, str], output_root: p
     if extra_args:
         command += " " + shlex.join(extra_args)
     horovodrun = str(pathlib.Path(sys.executable).with_name("horovodrun"))
-    return [horovodrun, "-np", str(processes), "-H", f"localhost:{processes}", "--gloo", "bash", "-c", command], local_out
+    return [horovodrun, "-np", str(processes), "-H", f"localhost:{processes}", f"--{controller(control)}",
+            "bash", "-c", command], local_out
 
 
 def run(argv: list[str], outputs: dict[str, pathlib.Path], env_overrides: dict[str, str]) -> int:

@@ -9,6 +9,7 @@ CPU-only expectations. Against a built image, with a Docker engine:
 import os
 import pathlib
 import re
+import shutil
 import sys
 
 import pytest
@@ -27,10 +28,15 @@ def pin(requirements: pathlib.Path, package: str) -> str:
 TORCH = pin(ROOT / "payloads/requirements.txt", "torch")
 TF = pin(ROOT / "images/tensorflow/requirements.txt", "tensorflow")
 
+TF_LOCAL = pin(ROOT / "payloads/requirements-tensorflow.txt", "tensorflow-cpu")
+# toolchain/bootstrap.sh installs Open MPI where it can (root or sudo, apt); where it could not, Gloo only.
+LOCAL_MPI = shutil.which("mpicxx") is not None
+
 PROFILES = {
-    # this machine's .venv: CPU only, Gloo; MPI only if the machine has one
-    "local-cpu": dict(python=sys.executable, modules={"torch": TORCH}, frameworks=["PyTorch"],
-                      controllers=["Gloo"], ops=["Gloo"], not_ops=["NCCL"], mpi=False),
+    # this machine's .venv: CPU only, both frameworks, Gloo, and MPI where the machine has Open MPI
+    "local-cpu": dict(python=sys.executable, modules={"torch": TORCH, "tensorflow": TF_LOCAL},
+                      frameworks=["PyTorch", "TensorFlow"], controllers=["Gloo"] + ["MPI"] * LOCAL_MPI,
+                      ops=["Gloo"], not_ops=["NCCL"], mpi=LOCAL_MPI),
     "pytorch-gpu": dict(python="/opt/venv/bin/python", modules={"torch": TORCH}, frameworks=["PyTorch"],
                         controllers=["MPI", "Gloo"], ops=["NCCL"], not_ops=[], mpi=True),
     "tensorflow-gpu": dict(python="/opt/venv/bin/python", modules={"tensorflow": TF}, frameworks=["TensorFlow"],
@@ -70,13 +76,16 @@ def test_horovod_is_built_with_the_expected_frameworks_controllers_and_ops(host)
 
 def test_mpi_where_required(host):
     if not PROFILE["mpi"]:
-        pytest.skip("this profile does not require MPI (Gloo is the local controller)")
+        pytest.skip("no Open MPI on this machine: the local environment is Gloo-only")
     assert host.run("mpirun --version").rc == 0
     assert _marked(_check_build(host), "MPI")
 
 
-def test_allreduce_works_with_two_processes(host):
-    cmd = (f"PATH={BIN}:$PATH {BIN}/horovodrun -np 2 -H localhost:2 --gloo {PROFILE['python']} -c "
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_allreduce_works_with_two_processes(host, controller):
+    if controller == "mpi" and not PROFILE["mpi"]:
+        pytest.skip("no MPI in this environment")
+    cmd = (f"PATH={BIN}:$PATH {BIN}/horovodrun -np 2 -H localhost:2 --{controller} {PROFILE['python']} -c "
            "'import horovod.torch as hvd, torch; hvd.init(); "
            "print(int(hvd.allreduce(torch.ones(4) * (hvd.rank() + 1), op=hvd.Sum)[0]))'")
     if "torch" not in PROFILE["modules"]:

@@ -138,19 +138,37 @@ def _launch(args, timeout=300):
                           timeout=timeout)
 
 
-def test_local_target_runs_the_job_end_to_end(tmp_path):
+@pytest.mark.parametrize("job, controller, suffix", [
+    ("pytorch-resnet50-synthetic", "auto", ".pt"),
+    ("keras-resnet50-synthetic", "gloo", ".npz"),
+])
+def test_local_target_runs_the_job_end_to_end(tmp_path, job, controller, suffix):
+    from launcher import local
+
     out = tmp_path / "out"
-    proc = _launch(["payloads/jobs/pytorch-resnet50-synthetic.yaml", "--target", "local", "--np", "2",
+    proc = _launch([f"payloads/jobs/{job}.yaml", "--target", "local", "--np", "2", "--controller", controller,
                     "--output-dir", str(out), "--", "--model", "tiny_cnn", "--image-size", "16", "--num-classes", "4",
-                    "--synthetic-samples", "64", "--batch-size", "8", "--epochs", "2", "--workers", "0",
-                    "--threads", "1"])
+                    "--synthetic-samples", "64", "--batch-size", "8", "--epochs", "2", "--workers", "0", "--threads", "1"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = out / "run"
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["run"]["world"]["processes"] == 2 and len(metrics["epochs"]) == 2
-    assert sorted(p.name for p in (run / "checkpoints").iterdir())[-1] == "checkpoint-epoch-0002.pt"
-    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert metrics["run"]["world"]["horovod_controller"] == local.controller(controller)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir())[-1] == f"checkpoint-epoch-0002{suffix}"
+    assert list((run / "tensorboard").rglob("events.out.tfevents.*"))
     assert f"run: {run}" in proc.stdout
+
+
+def test_controller_choice(monkeypatch):
+    from launcher import local
+    from launcher.errors import JobError
+
+    monkeypatch.setattr(local, "_mpi_available", lambda: True)
+    assert local.controller() == "mpi" and local.controller("gloo") == "gloo"
+    monkeypatch.setattr(local, "_mpi_available", lambda: False)
+    assert local.controller() == "gloo"
+    with pytest.raises(JobError, match="built without MPI"):
+        local.controller("mpi")
 
 
 def test_healthcheck_job_runs_locally(tmp_path):

@@ -63,7 +63,11 @@ def variants(np: int) -> list[tuple[str, list[str], dict]]:
         ("horovod gloo, fp16 compression", hvd + ["--gloo"] + worker + ["--backend", "horovod", "--fp16"], {}),
     ]
     if _has_mpi():
-        out.append(("horovod mpi", hvd + ["--mpi"] + worker + ["--backend", "horovod"], {}))
+        from launcher.local import horovodrun_options
+
+        flags, env = horovodrun_options("mpi")
+        out.append(("horovod mpi (busy-polling)", hvd + ["--mpi"] + worker + ["--backend", "horovod"], {}))
+        out.append(("horovod mpi (our default: yield when idle)", hvd + flags + worker + ["--backend", "horovod"], env))
     out.append(("torch.distributed gloo", [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                             f"--nproc-per-node={np}", "-m", "benchmarks._allreduce_workers",
                                             "--backend", "torch"],

@@ -41,9 +41,12 @@ COMMON = ["--data", "synthetic", "--workers", "0", "--threads", "1", "--no-progr
 
 def payload(np: int, args: list[str], name: str = "pytorch", controller: str = "gloo") -> float:
     with tempfile.TemporaryDirectory() as out:
-        cmd = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", sys.executable, "-m",
+        from launcher.local import horovodrun_options
+
+        flags, fast_env = horovodrun_options(controller)   # what the launcher's local target runs
+        cmd = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", *flags, sys.executable, "-m",
                f"payloads.{name}.train", *COMMON, *args, "--output-dir", out]
-        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
+        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", **fast_env)
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
         if proc.returncode:
             raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-2000:])

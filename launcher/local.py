@@ -11,6 +11,7 @@ import sys
 import time
 
 from .errors import JobError
+from .interconnect import MPI_CPU_ENV
 from .jobspec import REFERENCE, ROOT
 
 
@@ -30,10 +31,22 @@ def controller(choice: str = "auto") -> str:
     return "mpi" if _mpi_available() else "gloo"
 
 
+# Unbound, so that the OS can run Horovod's background thread on whichever core is free.
+MPI_CPU_ARGS = ["--mpi-args=--bind-to none"]
+
+
+def horovodrun_options(choice: str) -> tuple[list[str], dict[str, str]]:
+    """(horovodrun flags, environment) of the fast local configuration for a controller."""
+    if choice == "mpi":
+        return ["--mpi", *MPI_CPU_ARGS], dict(MPI_CPU_ENV)
+    return ["--gloo"], {}
+
+
 def _mpi_available() -> bool:
     import shutil
 
-    from horovod.common.util import mpi_built   # loads no framework
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")   # the check loads Horovod's TensorFlow library: no INFO lines
+    from horovod.common.util import mpi_built
 
     return bool(shutil.which("mpirun")) and bool(mpi_built())
 
@@ -66,7 +79,10 @@ def plan(job: dict, source: pathlib.Path, inputs: dict[str, str], output_root: p
     if extra_args:
         command += " " + shlex.join(extra_args)
     horovodrun = str(pathlib.Path(sys.executable).with_name("horovodrun"))
-    return [horovodrun, "-np", str(processes), "-H", f"localhost:{processes}", f"--{controller(control)}",
+    flags, env = horovodrun_options(controller(control))
+    # The environment rides on the command line (`env K=V bash -c ...`) so that a dry run shows all of it.
+    prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
+    return [horovodrun, "-np", str(processes), "-H", f"localhost:{processes}", *flags, *prefix,
             "bash", "-c", command], local_out
 
 
@@ -74,6 +90,7 @@ def run(argv: list[str], outputs: dict[str, pathlib.Path], env_overrides: dict[s
     for folder in outputs.values():
         folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")   # TensorFlow's INFO lines, as the image does
     env.update(env_overrides)
     # `python` in the job's command is this environment's python; the payloads import from the checkout.
     env["PATH"] = f"{pathlib.Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"

@@ -43,7 +43,7 @@ WHEEL=$(PYTHON="$VENV/bin/python" "$ROOT/toolchain/build_horovod.sh" | tail -1)
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$WHEEL" 2>&1 | quiet
 
 # Refuse an environment that would train without working collectives.
-CHECK=$("$VENV/bin/horovodrun" --check-build)
+CHECK=$(TF_CPP_MIN_LOG_LEVEL=2 "$VENV/bin/horovodrun" --check-build)
 NEED=("PyTorch" "Gloo")
 "$VENV/bin/python" -c "import tensorflow" 2>/dev/null && NEED+=("TensorFlow")
 command -v mpicxx >/dev/null 2>&1 && NEED+=("MPI")

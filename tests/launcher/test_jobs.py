@@ -38,7 +38,8 @@ def test_every_job_renders_and_validates_for_the_dev_stack(dev_outputs, job, clu
     if cluster == "gpu-ib":
         assert env["NCCL_IB_DISABLE"] == "0" and env["OMPI_MCA_pml"] == "ucx"
     else:
-        assert env["HOROVOD_CPU_OPERATIONS"] == "gloo" and env["OMP_NUM_THREADS"] == "4"
+        assert env["HOROVOD_CPU_OPERATIONS"] == "mpi" and env["OMP_NUM_THREADS"] == "4"
+        assert env["OMPI_MCA_mpi_yield_when_idle"] == "1"
     assert "<<" not in yaml.safe_dump(filled), "every stack token is filled"
 
 

@@ -43,3 +43,19 @@ class MetricsFile:
 def throughput_line(images_per_sec: float) -> str:
     """The line every payload ends with; benchmarks and job logs grep for it."""
     return f"Total images/sec: {images_per_sec:.1f}"
+
+
+def finish(cfg, hvd, metrics: MetricsFile | None, digest: str, epochs_run: int, images: int, seconds: float) -> dict:
+    """The run's summary, with every rank's parameter digest (allgathered, so a test or a suspicious user can
+    see the ranks agree); rank 0 (the one holding `metrics`) records it and prints the closing lines."""
+    summary = {"epochs_run": epochs_run, "images": images, "train_seconds": seconds,
+               "total_images_per_sec": images / seconds if seconds else 0.0, "parameters_sha256": digest}
+    digests = hvd.allgather_object(digest, name="digests")
+    summary["ranks_identical"] = len(set(digests)) == 1
+    if metrics is not None:
+        metrics.set_summary(summary)
+        if seconds:
+            print(throughput_line(summary["total_images_per_sec"]), flush=True)
+        print(f"Checkpoints: {cfg.checkpoint_dir}\nTensorBoard: {cfg.tensorboard_dir}\nMetrics: {cfg.metrics_path}",
+              flush=True)
+    return summary

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from ..common import config, schedule
 from ..common.errors import ConfigError
-from ..common.metrics import MetricsFile
+from ..common.metrics import MetricsFile, finish
 from ..tensorflow import train as tf_train
 
 log = logging.getLogger("payloads.keras")
@@ -89,7 +89,8 @@ def run(cfg: config.TrainConfig) -> dict:
                       verbose=(1 if cfg.progress else 2) if root else 0)
     except tf.errors.InvalidArgumentError as e:
         raise ConfigError(tf_train._input_error(e, data)) from None
-    return tf_train.finish(cfg, hvd_tf, root, model, metrics, recorder.images, recorder.seconds)
+    return finish(cfg, hvd_tf, metrics, models.parameters_digest(model), cfg.epochs - start_epoch, recorder.images,
+                  recorder.seconds)
 
 
 def Recorder(cfg, hvd_tf, model, optimizer, batch: int, steps: int):

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from ..common import checkpoint, config, imagefolder, schedule
 from ..common.errors import ConfigError
-from ..common.metrics import MetricsFile, throughput_line
+from ..common.metrics import MetricsFile, finish
 from . import data, models
 
 SUFFIX = ".pt"
@@ -276,20 +276,10 @@ def run(cfg: config.TrainConfig) -> dict:
                      f", val accuracy {record['val_accuracy']:.3f}" if "val_accuracy" in record else "",
                      record["images_per_sec"])
 
-    summary = {"epochs_run": cfg.epochs - start_epoch, "images": total_images, "train_seconds": total_seconds,
-               "total_images_per_sec": total_images / total_seconds if total_seconds else 0.0,
-               "parameters_sha256": models.parameters_digest(model)}
-    # Every rank reports its digest so that a test (or a suspicious user) can see the ranks agree.
-    digests = hvd.allgather_object(summary["parameters_sha256"], name="digests")
-    summary["ranks_identical"] = len(set(digests)) == 1
     if root:
-        metrics.set_summary(summary)
         writer.close()
-        if total_seconds:
-            print(throughput_line(summary["total_images_per_sec"]), flush=True)
-        print(f"Checkpoints: {cfg.checkpoint_dir}\nTensorBoard: {cfg.tensorboard_dir}\nMetrics: {cfg.metrics_path}",
-              flush=True)
-    return summary
+    return finish(cfg, hvd, metrics, models.parameters_digest(model), cfg.epochs - start_epoch, total_images,
+                  total_seconds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from ..common import config, schedule
 from ..common.errors import ConfigError
-from ..common.metrics import MetricsFile, throughput_line
+from ..common.metrics import MetricsFile, finish
 
 DATA_KINDS = ("synthetic", "tfrecord")
 log = logging.getLogger("payloads.tensorflow")
@@ -67,14 +67,13 @@ def run(cfg: config.TrainConfig) -> dict:
     root = hvd.rank() == 0
     device = runtime.setup(cfg, hvd)
     batch = cfg.per_process_batch(hvd.size())
-    start_epoch_guess = 0
     model = models.build(cfg.model, cfg.num_classes, cfg.image_size)
     scale = runtime.lr_scale(cfg, hvd, device)
     optimizer = tf.keras.optimizers.SGD(learning_rate=cfg.base_lr * scale, momentum=cfg.momentum)
     if cfg.amp:
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
     start_epoch = runtime.restore(cfg, hvd, model, optimizer)
-    inputs = data.build(cfg, hvd.rank(), hvd.size(), batch, max(start_epoch, start_epoch_guess))
+    inputs = data.build(cfg, hvd.rank(), hvd.size(), batch, start_epoch)
     step, predict = make_step(cfg, hvd, tf, model, optimizer)
 
     metrics = writer = None
@@ -130,31 +129,13 @@ def run(cfg: config.TrainConfig) -> dict:
                      record["train_loss"], record["train_accuracy"],
                      f", val accuracy {record['val_accuracy']:.3f}" if "val_accuracy" in record else "",
                      record["images_per_sec"])
-    return finish(cfg, hvd, root, model, metrics, total_images, total_seconds)
+    return finish(cfg, hvd, metrics, models.parameters_digest(model), cfg.epochs - start_epoch, total_images,
+                  total_seconds)
 
 
 def _input_error(e, data) -> str:
     text = str(e)
     return data.LABEL_HINT if data.LABEL_HINT in text else f"{data.CORRUPT_HINT} ({text.splitlines()[0][:200]})"
-
-
-def finish(cfg, hvd, root: bool, model, metrics, total_images: int, total_seconds: float) -> dict:
-    """Summary with every rank's parameter digest (so a test or a user can see the ranks agree)."""
-    from . import models
-
-    summary = {"epochs_run": len(metrics.data["epochs"]) if metrics else None, "images": total_images,
-               "train_seconds": total_seconds,
-               "total_images_per_sec": total_images / total_seconds if total_seconds else 0.0,
-               "parameters_sha256": models.parameters_digest(model)}
-    digests = hvd.allgather_object(summary["parameters_sha256"], name="digests")
-    summary["ranks_identical"] = len(set(digests)) == 1
-    if root:
-        metrics.set_summary(summary)
-        if total_seconds:
-            print(throughput_line(summary["total_images_per_sec"]), flush=True)
-        print(f"Checkpoints: {cfg.checkpoint_dir}\nTensorBoard: {cfg.tensorboard_dir}\nMetrics: {cfg.metrics_path}",
-              flush=True)
-    return summary
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m payloads.tensorflow.train", runner=None) -> int:

@@ -40,6 +40,8 @@ def test_two_processes_average_gradients_exactly(tmp_path, payload):
 
     # Same global batch in one process with the same effective LR: equal within float error.
     train(1, common + ["--batch-size", "32", "--base-lr", "0.1", "--output-dir", str(one)], payload=payload)
+    # Every payload reports the cross-entropy alone as train_loss (Keras' own "loss" adds weight decay).
+    assert losses == pytest.approx([e["train_loss"] for e in metrics(one)["epochs"]], rel=1e-4)
     diff = max_diff(weights(two), weights(one))
     assert diff < 1e-5, f"2-process weights differ from the 1-process run by {diff}"
     # Control: each process stepping on its own half-batch, as un-averaged gradients would.

@@ -62,7 +62,10 @@ def run(cfg: config.TrainConfig) -> dict:
     if cfg.weight_decay:
         model.add_loss(lambda: runtime.weight_decay_loss(cfg, model))
     model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=[tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
+                  # "ce": the loss without the weight-decay term, which Keras adds to its "loss"; metrics.json
+                  # reports it as train_loss, as the other payloads do.
+                  metrics=[tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
+                           tf.keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="ce")])
     start_epoch = runtime.restore(cfg, hvd_tf, model, optimizer)
     inputs = data.build(cfg, hvd.rank(), hvd.size(), batch, start_epoch)
 
@@ -116,11 +119,11 @@ def Recorder(cfg, hvd_tf, model, optimizer, batch: int, steps: int):
             if self.metrics is None:
                 return
             logs = dict(logs or {})
-            record = {"epoch": epoch + 1, "train_loss": float(logs["loss"]), "train_accuracy": float(logs["accuracy"]),
+            record = {"epoch": epoch + 1, "train_loss": float(logs["ce"]), "train_accuracy": float(logs["accuracy"]),
                       "images": images, "epoch_seconds": seconds, "images_per_sec": images / seconds,
                       "lr": float(tf.keras.backend.get_value(optimizer.learning_rate))}
             if "val_loss" in logs:
-                record.update(val_loss=float(logs["val_loss"]), val_accuracy=float(logs["val_accuracy"]))
+                record.update(val_loss=float(logs["val_ce"]), val_accuracy=float(logs["val_accuracy"]))
             self.metrics.add_epoch(record)
             log.info("epoch %d/%d: loss %.4f, accuracy %.3f, %.1f images/sec", epoch + 1, cfg.epochs,
                      record["train_loss"], record["train_accuracy"], record["images_per_sec"])

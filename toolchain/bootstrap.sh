@@ -36,6 +36,18 @@ if ! command -v mpicxx >/dev/null 2>&1 && [ "${HOROVOD_WITHOUT_MPI:-0}" != 1 ]; 
         log "warning: no mpicxx and no root/apt to install Open MPI: Horovod gets Gloo only (slower allreduce; see README)"
     fi
 fi
+# A first install needs about 8 GB (torch's CUDA build 5.5 GB, TensorFlow 1.5 GB, the Horovod build): say so
+# before pip fails half-way with "No space left on device".
+if ! compgen -G "$VENV/lib/python3*/site-packages/torch" >/dev/null; then
+    need_gb=${BOOTSTRAP_MIN_FREE_GB:-9}
+    free_gb=$(( $(df -Pk "$VENV" | awk 'NR==2 {print $4}') / 1048576 ))
+    if [ "$free_gb" -lt "$need_gb" ]; then
+        log "error: $free_gb GB free on the disk holding $VENV; a first install needs about $need_gb GB."
+        log "Free space there (old clones' .venv folders are 7-8 GB each), or make .venv a link to a folder on a"
+        log "larger disk (ln -s /big/disk/venv .venv); BOOTSTRAP_MIN_FREE_GB=N changes the threshold."
+        exit 1
+    fi
+fi
 log "installing requirements.txt (torch is a large download on a machine without a local copy)"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$ROOT/requirements.txt" -c "$ROOT/constraints.txt" 2>&1 | quiet
 

@@ -46,12 +46,7 @@ def run(cfg: config.TrainConfig) -> dict:
 
     from ..tensorflow import data, models, runtime
 
-    hvd.init()
-    root = hvd.rank() == 0
-    device = runtime.setup(cfg, hvd_tf)
-    batch = cfg.per_process_batch(hvd.size())
-    model = models.build(cfg.model, cfg.num_classes, cfg.image_size)
-    scale = runtime.lr_scale(cfg, hvd_tf, device)
+    root, device, batch, model, scale = runtime.start(cfg, hvd_tf)
     scaled_lr = cfg.base_lr * scale
     optimizer = hvd.DistributedOptimizer(
         tf.keras.optimizers.SGD(learning_rate=scaled_lr, momentum=cfg.momentum),
@@ -91,7 +86,7 @@ def run(cfg: config.TrainConfig) -> dict:
                       validation_data=inputs.validation, callbacks=callbacks,
                       verbose=(1 if cfg.progress else 2) if root else 0)
     except tf.errors.InvalidArgumentError as e:
-        raise ConfigError(tf_train._input_error(e, data)) from None
+        raise ConfigError(data.input_error(e)) from None
     return finish(cfg, hvd_tf, metrics, models.parameters_digest(model), cfg.epochs - start_epoch, recorder.images,
                   recorder.seconds)
 

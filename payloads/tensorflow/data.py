@@ -144,3 +144,9 @@ LABEL_HINT = ("a TFRecord label is not below --num-classes: pass the data's clas
               "(ImageNet shards from TensorFlow's scripts number classes from 1: use 1001)")
 CORRUPT_HINT = ("an image in the TFRecord shards does not decode: list the bad records with "
                 "python -m payloads.tensorflow.tfrecords --check DATA_DIR, or pass --skip-corrupt-images to skip them")
+
+
+def input_error(e: Exception) -> str:
+    """The message for an error tf.data raised while reading the shards: a label out of range or a bad image."""
+    text = str(e)
+    return LABEL_HINT if LABEL_HINT in text else f"{CORRUPT_HINT} ({text.splitlines()[0][:200]})"

@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import os
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -15,6 +16,25 @@ from ..common.errors import ConfigError
 
 SUFFIX = ".npz"
 log = logging.getLogger("payloads.tensorflow")
+
+
+class Start(NamedTuple):
+    root: bool          # rank 0: writes metrics, checkpoints and TensorBoard
+    device: str         # "CPU" or "GPU:<local rank>"
+    batch: int          # per process
+    model: object       # tf.keras.Model, same initial weights on every rank
+    scale: float        # LR multiplier for the global batch (lr_scale)
+
+
+def start(cfg, hvd) -> Start:
+    """The opening both payloads share: Horovod, this process's device and threads, its share of the
+    global batch, the model and the LR scale. `hvd` is horovod.tensorflow (the Keras payload's too)."""
+    from . import models
+
+    hvd.init()
+    device = setup(cfg, hvd)
+    model = models.build(cfg.model, cfg.num_classes, cfg.image_size)
+    return Start(hvd.rank() == 0, device, cfg.per_process_batch(hvd.size()), model, lr_scale(cfg, hvd, device))
 
 
 def setup(cfg, hvd) -> str:
@@ -63,15 +83,11 @@ def build_optimizer_state(optimizer, model) -> None:
     inner.build(model.trainable_variables)
 
 
-def optimizer_variables(optimizer) -> list:
-    return list(optimizer.variables)
-
-
 def save(cfg, hvd, epochs_done: int, model, optimizer) -> None:
     if hvd.rank() != 0:
         return
     arrays = {f"model/{i:05d}": w for i, w in enumerate(model.get_weights())}
-    arrays.update({f"optimizer/{i:05d}": v.numpy() for i, v in enumerate(optimizer_variables(optimizer))})
+    arrays.update({f"optimizer/{i:05d}": v.numpy() for i, v in enumerate(optimizer.variables)})
     arrays["meta"] = np.frombuffer(json.dumps({"epoch": epochs_done, "config": cfg.to_json(),
                                                "world_size": hvd.size()}).encode(), dtype=np.uint8)
 
@@ -92,7 +108,7 @@ def load(path, model, optimizer) -> int:
         slots = [z[k] for k in sorted(k for k in z.files if k.startswith("optimizer/"))]
     model.set_weights(weights)
     if optimizer is not None:
-        variables = optimizer_variables(optimizer)
+        variables = list(optimizer.variables)
         if len(variables) != len(slots):
             raise ValueError(f"optimizer has {len(variables)} variables, the checkpoint {len(slots)}")
         for v, value in zip(variables, slots):
@@ -121,7 +137,7 @@ def restore(cfg, hvd_tf, model, optimizer) -> int:
     start = hvd_tf.broadcast_object(start, root_rank=0, name="resume_epoch")
     if start < 0:
         raise ConfigError("the newest checkpoint could not be loaded (see the message above)")
-    hvd_tf.broadcast_variables(model.variables + optimizer_variables(optimizer), root_rank=0)
+    hvd_tf.broadcast_variables(list(model.variables) + list(optimizer.variables), root_rank=0)
     return start
 
 

@@ -63,12 +63,7 @@ def run(cfg: config.TrainConfig) -> dict:
 
     from . import data, models, runtime
 
-    hvd.init()
-    root = hvd.rank() == 0
-    device = runtime.setup(cfg, hvd)
-    batch = cfg.per_process_batch(hvd.size())
-    model = models.build(cfg.model, cfg.num_classes, cfg.image_size)
-    scale = runtime.lr_scale(cfg, hvd, device)
+    root, device, batch, model, scale = runtime.start(cfg, hvd)
     optimizer = tf.keras.optimizers.SGD(learning_rate=cfg.base_lr * scale, momentum=cfg.momentum)
     if cfg.amp:
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
@@ -95,7 +90,7 @@ def run(cfg: config.TrainConfig) -> dict:
             try:
                 images, labels = next(batches)
             except tf.errors.InvalidArgumentError as e:
-                raise ConfigError(_input_error(e, data)) from None
+                raise ConfigError(data.input_error(e)) from None
             loss, n_correct = step(images, labels)
             n = int(labels.shape[0])
             loss_sum += float(loss) * n
@@ -131,11 +126,6 @@ def run(cfg: config.TrainConfig) -> dict:
                      record["images_per_sec"])
     return finish(cfg, hvd, metrics, models.parameters_digest(model), cfg.epochs - start_epoch, total_images,
                   total_seconds)
-
-
-def _input_error(e, data) -> str:
-    text = str(e)
-    return data.LABEL_HINT if data.LABEL_HINT in text else f"{data.CORRUPT_HINT} ({text.splitlines()[0][:200]})"
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m payloads.tensorflow.train", runner=None) -> int:

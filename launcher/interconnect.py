@@ -8,6 +8,8 @@ OpenMP thread pool per process.
 """
 from __future__ import annotations
 
+from .errors import JobError
+
 # Horovod's background thread runs a coordination collective every cycle; Open MPI busy-polls in it by
 # default, taking the core from the training thread when the processes use every core (CPU training).
 # Measured here (ResNet-18, 64 px, 2 processes on 2 cores): with no tensor reduced at all, a step took
@@ -28,3 +30,14 @@ def environment(cluster: dict, processes_per_node: int) -> dict[str, str]:
     else:
         env.update({"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0", "OMPI_MCA_btl_tcp_if_include": "eth0"})
     return env
+
+
+def check_under_mpi(env: dict, where: str, alternative: str = "") -> None:
+    """Refuse settings that break a job started by mpirun (Azure ML's MPI distribution, the local MPI
+    controller). Horovod 0.28.1 with HOROVOD_CPU_OPERATIONS=gloo under mpirun segfaults in its first
+    allreduce (GlooAllreduce::Execute, signal 11; seen here): only Horovod's own Gloo launcher sets up the
+    Gloo context those operations need."""
+    if str(env.get("HOROVOD_CPU_OPERATIONS", "")).lower() == "gloo":
+        raise JobError(f"{where}: HOROVOD_CPU_OPERATIONS=gloo crashes Horovod 0.28.1 when mpirun starts the job "
+                       "(a segmentation fault in the first allreduce): remove it (mpi is the default and the "
+                       f"faster, see README Benchmarks){alternative}")

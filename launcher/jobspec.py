@@ -71,6 +71,7 @@ def fill(template: dict, outputs: StackOutputs, cluster_name: str, nodes: int, p
     job["distribution"]["process_count_per_instance"] = ppn
     env = interconnect.environment(cluster, ppn)
     env.update(job.get("environment_variables") or {})     # the job file may override
+    interconnect.check_under_mpi(env, "environment_variables of the job file")
     job["environment_variables"] = {k: str(v) for k, v in env.items()}
     if extra_args:
         job["command"] = job["command"].rstrip() + " " + shlex.join(extra_args)

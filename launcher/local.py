@@ -11,7 +11,7 @@ import sys
 import time
 
 from .errors import JobError
-from .interconnect import MPI_CPU_ENV
+from .interconnect import MPI_CPU_ENV, check_under_mpi
 from .jobspec import REFERENCE, ROOT
 
 
@@ -79,7 +79,10 @@ def plan(job: dict, source: pathlib.Path, inputs: dict[str, str], output_root: p
     if extra_args:
         command += " " + shlex.join(extra_args)
     horovodrun = str(pathlib.Path(sys.executable).with_name("horovodrun"))
-    flags, env = horovodrun_options(controller(control))
+    chosen = controller(control)
+    if chosen == "mpi":
+        check_under_mpi(os.environ, "this shell's environment", ", or run with --controller gloo")
+    flags, env = horovodrun_options(chosen)
     # The environment rides on the command line (`env K=V bash -c ...`) so that a dry run shows all of it.
     prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
     return [horovodrun, "-np", str(processes), "-H", f"localhost:{processes}", *flags, *prefix,

@@ -114,6 +114,8 @@ def test_invalid_job_files(dev_outputs, tmp_path, capsys):
                           "uses ${{inputs.labels}} but the job declares no input 'labels'"),
         "sdk-rejects.yaml": ({**good, "inputs": {"imagenet": {"type": "uri_folderz", "path": "x"}}},
                              "is not a valid Azure ML job"),
+        "gloo-ops.yaml": ({**good, "environment_variables": {"HOROVOD_CPU_OPERATIONS": "gloo"}},
+                          "environment_variables of the job file: HOROVOD_CPU_OPERATIONS=gloo crashes Horovod"),
     }
     for name, (content, message) in cases.items():
         path = tmp_path / name
@@ -170,6 +172,20 @@ def test_controller_choice(monkeypatch):
     assert local.controller() == "gloo"
     with pytest.raises(JobError, match="built without MPI"):
         local.controller("mpi")
+
+
+def test_gloo_operations_under_mpi_are_refused_before_launch(monkeypatch, tmp_path):
+    from launcher import local
+    from launcher.errors import JobError
+
+    job = yaml.safe_load((ROOT / "payloads/jobs/pytorch-resnet50-synthetic.yaml").read_text())
+    source = ROOT / "payloads/jobs/pytorch-resnet50-synthetic.yaml"
+    monkeypatch.setattr(local, "_mpi_available", lambda: True)
+    monkeypatch.setenv("HOROVOD_CPU_OPERATIONS", "gloo")
+    with pytest.raises(JobError, match="this shell's environment: HOROVOD_CPU_OPERATIONS=gloo crashes.*--controller gloo"):
+        local.plan(job, source, {}, tmp_path, 2, [], "auto")
+    argv, _ = local.plan(job, source, {}, tmp_path, 2, [], "gloo")   # Horovod's Gloo launcher sets Gloo up
+    assert "--gloo" in argv
 
 
 def test_healthcheck_job_runs_locally(tmp_path):

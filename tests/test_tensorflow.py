@@ -35,6 +35,7 @@ def test_two_processes_average_gradients_exactly(tmp_path, payload):
     losses = [e["train_loss"] for e in m["epochs"]]
     assert losses[-1] < 0.8 * losses[0], losses
     assert m["run"]["world"]["processes"] == 2 and m["run"]["world"]["keras"].startswith("2.")
+    assert m["run"]["world"]["onednn"] is True   # the payload turns oneDNN on where TensorFlow would not
     assert m["summary"]["ranks_identical"] is True
     assert "Total images/sec:" in proc.stdout
 

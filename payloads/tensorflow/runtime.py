@@ -149,7 +149,8 @@ def world(cfg, hvd, device: str, model) -> dict:
             "horovod_controller": "mpi" if hvd.mpi_enabled() else "gloo",
             "gradient_mbytes": models.gradient_bytes(model) / 1e6,
             "threads_per_process": tf.config.threading.get_intra_op_parallelism_threads(),
-            "mixed_precision": bool(cfg.amp), "xla": cfg.xla}
+            "mixed_precision": bool(cfg.amp), "xla": cfg.xla,
+            "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS") != "0"}   # set by payloads/tensorflow/__init__.py
 
 
 def _keras_version() -> str:

@@ -14,6 +14,8 @@ import pathlib
 import sys
 import time
 
+from .common.metrics import say
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -61,12 +63,12 @@ def main(argv=None) -> int:
         report = {"processes": n, "nodes": n // hvd.local_size(), "device": device.type, "results": results,
                   "passed": all_ok}
         for r in results:
-            print(f"allreduce {r['mbytes']:>7.1f} MB: {r['best_seconds'] * 1e3:8.2f} ms, "
-                  f"bus bandwidth {r['bus_gbytes_per_sec']:.2f} GB/s, {'ok' if r['correct'] else 'WRONG SUM'}")
+            say(f"allreduce {r['mbytes']:>7.1f} MB: {r['best_seconds'] * 1e3:8.2f} ms, "
+                f"bus bandwidth {r['bus_gbytes_per_sec']:.2f} GB/s, {'ok' if r['correct'] else 'WRONG SUM'}")
         if args.output:
             args.output.parent.mkdir(parents=True, exist_ok=True)
             args.output.write_text(json.dumps(report, indent=2) + "\n")
-        print("healthcheck " + ("passed" if all_ok else "FAILED: some rank saw a wrong sum"))
+        say("healthcheck " + ("passed" if all_ok else "FAILED: some rank saw a wrong sum"))
     return 0 if all_ok else 1
 
 

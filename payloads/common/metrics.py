@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import sys
 from typing import Any
 
 
@@ -45,6 +46,13 @@ def throughput_line(images_per_sec: float) -> str:
     return f"Total images/sec: {images_per_sec:.1f}"
 
 
+def say(*lines: str) -> None:
+    """Print lines to stdout in one write: unbuffered (horovodrun sets PYTHONUNBUFFERED), print() writes the
+    text and its newline separately, and mpirun's output tagging puts a stray "[1,0]<stdout>:" between them."""
+    sys.stdout.write("".join(line + "\n" for line in lines))
+    sys.stdout.flush()
+
+
 def finish(cfg, hvd, metrics: MetricsFile | None, digest: str, epochs_run: int, images: int, seconds: float) -> dict:
     """The run's summary, with every rank's parameter digest (allgathered, so a test or a suspicious user can
     see the ranks agree); rank 0 (the one holding `metrics`) records it and prints the closing lines."""
@@ -54,8 +62,8 @@ def finish(cfg, hvd, metrics: MetricsFile | None, digest: str, epochs_run: int, 
     summary["ranks_identical"] = len(set(digests)) == 1
     if metrics is not None:
         metrics.set_summary(summary)
-        if seconds:
-            print(throughput_line(summary["total_images_per_sec"]), flush=True)
-        print(f"Checkpoints: {cfg.checkpoint_dir}\nTensorBoard: {cfg.tensorboard_dir}\nMetrics: {cfg.metrics_path}",
-              flush=True)
+        lines = [throughput_line(summary["total_images_per_sec"])] if seconds else []
+        lines += [f"Checkpoints: {cfg.checkpoint_dir}", f"TensorBoard: {cfg.tensorboard_dir}",
+                  f"Metrics: {cfg.metrics_path}"]
+        say(*lines)
     return summary

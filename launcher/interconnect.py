@@ -2,7 +2,8 @@
 
 InfiniBand sizes (ND A100 v4, ND H100/H200 v5): NCCL over IB verbs (GPUDirect RDMA) and UCX over RC for
 Open MPI; the eth0 interface only for bootstrap. GPU sizes without IB: NCCL over TCP sockets. CPU sizes:
-Horovod's MPI operations (faster than Gloo's in benchmarks/allreduce.py) with Open MPI yielding when idle
+Horovod's MPI operations (faster than Gloo's in shared memory, benchmarks/allreduce.py; a draw with them
+when both are forced onto TCP, README "Benchmarks") with Open MPI yielding when idle
 (its busy-polling takes the cores the training threads need; figures below), one
 OpenMP thread pool per process.
 """

@@ -64,7 +64,7 @@ def run(cfg: config.TrainConfig) -> dict:
     start_epoch = runtime.restore(cfg, hvd_tf, model, optimizer)
     inputs = data.build(cfg, hvd.rank(), hvd.size(), batch, start_epoch)
 
-    recorder = Recorder(cfg, hvd_tf, model, optimizer, batch, inputs.steps)
+    recorder = Recorder(cfg, hvd_tf, model, optimizer, batch, inputs)
     callbacks = [
         # Also broadcast by runtime.restore before the first step; kept as Horovod's documented safety net.
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
@@ -91,7 +91,7 @@ def run(cfg: config.TrainConfig) -> dict:
                   recorder.seconds)
 
 
-def Recorder(cfg, hvd_tf, model, optimizer, batch: int, steps: int):
+def Recorder(cfg, hvd_tf, model, optimizer, batch: int, inputs):
     """Times each epoch, writes the metrics record and the rank-0 checkpoint (our atomic .npz)."""
     import tensorflow as tf
 
@@ -100,14 +100,19 @@ def Recorder(cfg, hvd_tf, model, optimizer, batch: int, steps: int):
     class _Recorder(tf.keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
-            self.metrics, self.images, self.seconds, self._start = None, 0, 0.0, 0.0
+            self.metrics, self.images, self.seconds, self._start, self._skipped = None, 0, 0.0, 0.0, 0
 
         def on_epoch_begin(self, epoch, logs=None):
             self._start = time.perf_counter()
 
         def on_epoch_end(self, epoch, logs=None):
             seconds = time.perf_counter() - self._start   # before the checkpoint write, as in the other payloads
-            images = steps * batch * hvd_tf.size()
+            images = inputs.steps * batch * hvd_tf.size()
+            skipped_now = inputs.skipped()
+            # Every rank runs this callback, so a collective is safe here.
+            skipped = int(hvd_tf.allreduce(tf.constant(float(skipped_now - self._skipped), tf.float64),
+                                           op=hvd_tf.Sum, name=f"skipped_{epoch}").numpy())
+            self._skipped = skipped_now
             self.images += images
             self.seconds += seconds
             runtime.save(cfg, hvd_tf, epoch + 1, model, optimizer)
@@ -115,8 +120,8 @@ def Recorder(cfg, hvd_tf, model, optimizer, batch: int, steps: int):
                 return
             logs = dict(logs or {})
             record = {"epoch": epoch + 1, "train_loss": float(logs["ce"]), "train_accuracy": float(logs["accuracy"]),
-                      "images": images, "epoch_seconds": seconds, "images_per_sec": images / seconds,
-                      "lr": float(tf.keras.backend.get_value(optimizer.learning_rate))}
+                      "images": images, "skipped_images": skipped, "epoch_seconds": seconds,
+                      "images_per_sec": images / seconds, "lr": float(tf.keras.backend.get_value(optimizer.learning_rate))}
             if "val_loss" in logs:
                 record.update(val_loss=float(logs["val_ce"]), val_accuracy=float(logs["val_accuracy"]))
             self.metrics.add_epoch(record)

@@ -24,12 +24,34 @@ MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
 
+class SkipCounter:
+    """Counts the records --skip-corrupt-images drops on this rank (tf.data's ignore_errors keeps no count).
+    Each record carries its position in the rank's record stream and the map that reads it is ordered, so
+    position of the last record kept + 1 - records kept = records dropped so far. Counted as the pipeline
+    reads, which is a few batches ahead of training."""
+
+    def __init__(self):
+        self.last = tf.Variable(-1, dtype=tf.int64, trainable=False)
+        self.kept = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+    def keep(self, image, label, position):
+        with tf.control_dependencies([self.last.assign(position), self.kept.assign_add(1)]):
+            return tf.identity(image), tf.identity(label)
+
+    def count(self) -> int:
+        return int(self.last.numpy()) + 1 - int(self.kept.numpy())
+
+
 @dataclass
 class Input:
     train: tf.data.Dataset             # batches (images NHWC float32, labels int32) for every remaining epoch
     steps: int                         # per epoch, equal on every rank
     num_classes: int
     validation: tf.data.Dataset | None = None   # this rank's share, one pass
+    skips: SkipCounter | None = None   # training records dropped as corrupt (--skip-corrupt-images)
+
+    def skipped(self) -> int:
+        return self.skips.count() if self.skips else 0
 
 
 class SyntheticImages:
@@ -120,9 +142,14 @@ def tfrecord(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
     # repeats, so skipped corrupt records never leave a rank short of batches.
     ds = ds.shuffle(min(10_000, p.samples), seed=cfg.seed * 1_000_003 + start_epoch * 4099 + rank,
                     reshuffle_each_iteration=True).repeat()
-    ds = ds.map(lambda r: _decode(r, cfg.image_size, cfg.num_classes, True), num_parallel_calls=parallel)
+    skips = None
     if cfg.skip_corrupt_images:
-        ds = ds.ignore_errors(log_warning=True)
+        skips = SkipCounter()
+        ds = ds.enumerate().map(lambda i, r: (*_decode(r, cfg.image_size, cfg.num_classes, True), i),
+                                num_parallel_calls=parallel, deterministic=True)
+        ds = ds.ignore_errors(log_warning=True).map(skips.keep)   # sequential: counts in stream order
+    else:
+        ds = ds.map(lambda r: _decode(r, cfg.image_size, cfg.num_classes, True), num_parallel_calls=parallel)
     ds = ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
     val = None
     if val_files:
@@ -132,7 +159,7 @@ def tfrecord(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
         if cfg.skip_corrupt_images:
             val = val.ignore_errors(log_warning=True)
         val = val.batch(batch).prefetch(tf.data.AUTOTUNE)
-    return Input(ds, steps, cfg.num_classes, val)
+    return Input(ds, steps, cfg.num_classes, val, skips)
 
 
 def build(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:

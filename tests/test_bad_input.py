@@ -104,3 +104,16 @@ def test_corrupt_image_fails_naming_the_file_or_is_skipped_and_counted(tmp_path)
     epoch = metrics(tmp_path / "lenient")["epochs"][0]
     assert epoch["skipped_images"] == 1
     assert epoch["images"] == 3 * 8 - 1
+
+
+def test_corrupt_validation_image_is_skipped_and_counted(tmp_path):
+    _tree(tmp_path / "data" / "train")
+    val = _tree(tmp_path / "data" / "val", per_class=4)
+    (val / "class0" / "img2.png").write_bytes(b"\x89PNG this is not a picture")
+    train(2, ["--model", "tiny_cnn", "--image-size", "16", "--data", "imagefolder", "--data-dir", str(tmp_path / "data"),
+              "--batch-size", "4", "--epochs", "2", "--workers", "0", "--threads", "1", "--no-progress",
+              "--skip-corrupt-images", "--output-dir", str(tmp_path / "out")])
+    from helpers import metrics
+    epochs = metrics(tmp_path / "out")["epochs"]
+    assert [e["val_skipped_images"] for e in epochs] == [1, 1]
+    assert [e["skipped_images"] for e in epochs] == [0, 0]

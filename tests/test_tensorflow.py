@@ -164,6 +164,22 @@ def test_corrupt_record_fails_with_the_fix_then_skips_when_asked(tmp_path):
         assert 1 <= sum(e["skipped_images"] for e in m["epochs"]) <= 6, m["epochs"]
 
 
+@pytest.mark.parametrize("payload", PAYLOADS)
+def test_corrupt_validation_records_are_skipped_and_counted_per_pass(tmp_path, payload):
+    _images(tmp_path / "images" / "train")
+    val = _images(tmp_path / "images" / "val", per_class=4)
+    (val / "class2" / "1.png").write_bytes(b"not a png at all")
+    _write_shards(tmp_path / "images", tmp_path / "shards")
+    out = tmp_path / "out"
+    train(2, TINY + ["--data", "tfrecord", "--data-dir", str(tmp_path / "shards"), "--num-classes", "3",
+                     "--batch-size", "4", "--epochs", "2", "--output-dir", str(out), "--skip-corrupt-images"],
+          payload=payload)
+    epochs = metrics(out)["epochs"]
+    assert [e["val_skipped_images"] for e in epochs] == [1, 1]      # one bad record, met once per pass
+    assert [e["skipped_images"] for e in epochs] == [0, 0]
+    assert all(0.0 <= e["val_accuracy"] <= 1.0 for e in epochs)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--data", "imagefolder", "--data-dir", "x"], "convert class folders to TFRecord shards"),
     (["--backward-passes-per-step", "2"], "PyTorch payload option"),

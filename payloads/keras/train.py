@@ -109,9 +109,11 @@ def Recorder(cfg, hvd_tf, model, optimizer, batch: int, inputs):
             seconds = time.perf_counter() - self._start   # before the checkpoint write, as in the other payloads
             images = inputs.steps * batch * hvd_tf.size()
             skipped_now = inputs.skipped()
+            validated = inputs.validation is not None and "val_loss" in (logs or {})
             # Every rank runs this callback, so a collective is safe here.
-            skipped = int(hvd_tf.allreduce(tf.constant(float(skipped_now - self._skipped), tf.float64),
-                                           op=hvd_tf.Sum, name=f"skipped_{epoch}").numpy())
+            skipped, val_skipped = hvd_tf.allreduce(
+                tf.constant([skipped_now - self._skipped, inputs.validation_skipped() if validated else 0],
+                            tf.float64), op=hvd_tf.Sum, name=f"skipped_{epoch}").numpy().tolist()
             self._skipped = skipped_now
             self.images += images
             self.seconds += seconds
@@ -120,10 +122,11 @@ def Recorder(cfg, hvd_tf, model, optimizer, batch: int, inputs):
                 return
             logs = dict(logs or {})
             record = {"epoch": epoch + 1, "train_loss": float(logs["ce"]), "train_accuracy": float(logs["accuracy"]),
-                      "images": images, "skipped_images": skipped, "epoch_seconds": seconds,
+                      "images": images, "skipped_images": int(skipped), "epoch_seconds": seconds,
                       "images_per_sec": images / seconds, "lr": float(tf.keras.backend.get_value(optimizer.learning_rate))}
             if "val_loss" in logs:
-                record.update(val_loss=float(logs["val_ce"]), val_accuracy=float(logs["val_accuracy"]))
+                record.update(val_loss=float(logs["val_ce"]), val_accuracy=float(logs["val_accuracy"]),
+                              val_skipped_images=int(val_skipped))
             self.metrics.add_epoch(record)
             log.info("epoch %d/%d: loss %.4f, accuracy %.3f, %.1f images/sec", epoch + 1, cfg.epochs,
                      record["train_loss"], record["train_accuracy"], record["images_per_sec"])

@@ -193,8 +193,9 @@ def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, dl, device, lr_scale,
 @torch.no_grad()
 def evaluate(cfg, hvd, epoch, model, dl, device):
     model.eval()
-    loss_sum = correct = seen = 0.0
-    for images, labels, _ in dl:
+    loss_sum = correct = seen = skipped = 0.0
+    for images, labels, n_skipped in dl:
+        skipped += n_skipped
         images, labels = images.to(device), labels.to(device)
         if cfg.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
@@ -203,8 +204,8 @@ def evaluate(cfg, hvd, epoch, model, dl, device):
         loss_sum += F.cross_entropy(out.float(), labels, reduction="sum").item()
         correct += (out.argmax(1) == labels).sum().item()
         seen += len(images)
-    loss_sum, correct, seen = global_sums(hvd, f"val_{epoch}", loss_sum, correct, seen)
-    return {"val_loss": loss_sum / seen, "val_accuracy": correct / seen}
+    loss_sum, correct, seen, skipped = global_sums(hvd, f"val_{epoch}", loss_sum, correct, seen, skipped)
+    return {"val_loss": loss_sum / seen, "val_accuracy": correct / seen, "val_skipped_images": int(skipped)}
 
 
 def run(cfg: config.TrainConfig) -> dict:

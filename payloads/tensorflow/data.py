@@ -42,6 +42,26 @@ class SkipCounter:
         return int(self.last.numpy()) + 1 - int(self.kept.numpy())
 
 
+class ValidationSkips:
+    """Validation records --skip-corrupt-images drops on this rank, per pass: a pass reads this rank's whole
+    share once (no repeat, nothing read ahead into the next pass), so dropped = its records - records kept."""
+
+    def __init__(self, expected: int):
+        self.expected = expected
+        self.kept = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self._before = 0
+
+    def keep(self, image, label):
+        with tf.control_dependencies([self.kept.assign_add(1)]):
+            return tf.identity(image), tf.identity(label)
+
+    def pass_done(self) -> int:
+        """Records dropped by the pass that just ended."""
+        now = int(self.kept.numpy())
+        kept, self._before = now - self._before, now
+        return self.expected - kept
+
+
 @dataclass
 class Input:
     train: tf.data.Dataset             # batches (images NHWC float32, labels int32) for every remaining epoch
@@ -49,9 +69,14 @@ class Input:
     num_classes: int
     validation: tf.data.Dataset | None = None   # this rank's share, one pass
     skips: SkipCounter | None = None   # training records dropped as corrupt (--skip-corrupt-images)
+    val_skips: ValidationSkips | None = None
 
     def skipped(self) -> int:
         return self.skips.count() if self.skips else 0
+
+    def validation_skipped(self) -> int:
+        """Call once after each validation pass."""
+        return self.val_skips.pass_done() if self.val_skips else 0
 
 
 class SyntheticImages:
@@ -151,15 +176,16 @@ def tfrecord(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
     else:
         ds = ds.map(lambda r: _decode(r, cfg.image_size, cfg.num_classes, True), num_parallel_calls=parallel)
     ds = ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-    val = None
+    val = val_skips = None
     if val_files:
         v = tfrecords.plan(val_files, [tfrecords.count_records(f) for f in val_files], rank, size, 1)
         val = _records(v.files, v.record_shard, rank, size, parallel).map(
             lambda r: _decode(r, cfg.image_size, cfg.num_classes, False), num_parallel_calls=parallel)
         if cfg.skip_corrupt_images:
-            val = val.ignore_errors(log_warning=True)
+            val_skips = ValidationSkips(v.samples)
+            val = val.ignore_errors(log_warning=True).map(val_skips.keep)
         val = val.batch(batch).prefetch(tf.data.AUTOTUNE)
-    return Input(ds, steps, cfg.num_classes, val, skips)
+    return Input(ds, steps, cfg.num_classes, val, skips, val_skips)
 
 
 def build(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:

@@ -112,8 +112,9 @@ def run(cfg: config.TrainConfig) -> dict:
             for images, labels in inputs.validation:
                 l, c = predict(images, labels)
                 v_loss, v_correct, v_seen = v_loss + float(l), v_correct + float(c), v_seen + int(labels.shape[0])
-            v_loss, v_correct, v_seen = global_sums(hvd, tf, f"val_{epoch}", v_loss, v_correct, v_seen)
-            record.update(val_loss=v_loss / v_seen, val_accuracy=v_correct / v_seen)
+            v_loss, v_correct, v_seen, v_skipped = global_sums(hvd, tf, f"val_{epoch}", v_loss, v_correct, v_seen,
+                                                               inputs.validation_skipped())
+            record.update(val_loss=v_loss / v_seen, val_accuracy=v_correct / v_seen, val_skipped_images=int(v_skipped))
         total_images += record["images"]
         total_seconds += seconds
         runtime.save(cfg, hvd, epoch + 1, model, optimizer)

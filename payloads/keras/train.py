@@ -100,7 +100,7 @@ def Recorder(cfg, hvd_tf, model, optimizer, batch: int, inputs):
     class _Recorder(tf.keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
-            self.metrics, self.images, self.seconds, self._start, self._skipped = None, 0, 0.0, 0.0, 0
+            self.metrics, self.images, self.seconds, self._start = None, 0, 0.0, 0.0
 
         def on_epoch_begin(self, epoch, logs=None):
             self._start = time.perf_counter()
@@ -108,23 +108,21 @@ def Recorder(cfg, hvd_tf, model, optimizer, batch: int, inputs):
         def on_epoch_end(self, epoch, logs=None):
             seconds = time.perf_counter() - self._start   # before the checkpoint write, as in the other payloads
             images = inputs.steps * batch * hvd_tf.size()
-            skipped_now = inputs.skipped()
-            validated = inputs.validation is not None and "val_loss" in (logs or {})
+            logs = dict(logs or {})
+            validated = "val_loss" in logs
             # Every rank runs this callback, so a collective is safe here.
             skipped, val_skipped = hvd_tf.allreduce(
-                tf.constant([skipped_now - self._skipped, inputs.validation_skipped() if validated else 0],
-                            tf.float64), op=hvd_tf.Sum, name=f"skipped_{epoch}").numpy().tolist()
-            self._skipped = skipped_now
+                tf.constant([inputs.epoch_skipped(), inputs.validation_skipped() if validated else 0], tf.float64),
+                op=hvd_tf.Sum, name=f"skipped_{epoch}").numpy().tolist()
             self.images += images
             self.seconds += seconds
             runtime.save(cfg, hvd_tf, epoch + 1, model, optimizer)
             if self.metrics is None:
                 return
-            logs = dict(logs or {})
             record = {"epoch": epoch + 1, "train_loss": float(logs["ce"]), "train_accuracy": float(logs["accuracy"]),
                       "images": images, "skipped_images": int(skipped), "epoch_seconds": seconds,
                       "images_per_sec": images / seconds, "lr": float(tf.keras.backend.get_value(optimizer.learning_rate))}
-            if "val_loss" in logs:
+            if validated:
                 record.update(val_loss=float(logs["val_ce"]), val_accuracy=float(logs["val_accuracy"]),
                               val_skipped_images=int(val_skipped))
             self.metrics.add_epoch(record)

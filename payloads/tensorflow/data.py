@@ -33,13 +33,17 @@ class SkipCounter:
     def __init__(self):
         self.last = tf.Variable(-1, dtype=tf.int64, trainable=False)
         self.kept = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self._before = 0
 
     def keep(self, image, label, position):
         with tf.control_dependencies([self.last.assign(position), self.kept.assign_add(1)]):
             return tf.identity(image), tf.identity(label)
 
-    def count(self) -> int:
-        return int(self.last.numpy()) + 1 - int(self.kept.numpy())
+    def since_last_call(self) -> int:
+        """Records dropped since the previous call (the epoch that just ended)."""
+        now = int(self.last.numpy()) + 1 - int(self.kept.numpy())
+        dropped, self._before = now - self._before, now
+        return dropped
 
 
 class ValidationSkips:
@@ -71,8 +75,9 @@ class Input:
     skips: SkipCounter | None = None   # training records dropped as corrupt (--skip-corrupt-images)
     val_skips: ValidationSkips | None = None
 
-    def skipped(self) -> int:
-        return self.skips.count() if self.skips else 0
+    def epoch_skipped(self) -> int:
+        """Call once after each epoch."""
+        return self.skips.since_last_call() if self.skips else 0
 
     def validation_skipped(self) -> int:
         """Call once after each validation pass."""

@@ -79,7 +79,7 @@ def run(cfg: config.TrainConfig) -> dict:
                  hvd.size(), batch, device, cfg.output_dir)
 
     batches = iter(inputs.train)
-    total_images, total_seconds, skipped_before = 0, 0.0, 0
+    total_images, total_seconds = 0, 0.0
     for epoch in range(start_epoch, cfg.epochs):
         loss_sum = correct = seen = 0.0
         bar = tqdm(total=inputs.steps, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not (root and cfg.progress))
@@ -100,10 +100,8 @@ def run(cfg: config.TrainConfig) -> dict:
             bar.set_postfix(loss=f"{float(loss):.3f}", lr=f"{lr:.4f}")
         seconds = time.perf_counter() - start
         bar.close()
-        skipped_now = inputs.skipped()
         loss_sum, correct, seen, skipped = global_sums(hvd, tf, f"train_{epoch}", loss_sum, correct, seen,
-                                                       skipped_now - skipped_before)
-        skipped_before = skipped_now
+                                                       inputs.epoch_skipped())
         record = {"epoch": epoch + 1, "train_loss": loss_sum / seen, "train_accuracy": correct / seen,
                   "images": int(seen), "skipped_images": int(skipped), "epoch_seconds": seconds,
                   "images_per_sec": seen / seconds, "lr": lr}

@@ -79,13 +79,14 @@ def run(args, extra: list[str]) -> int:
     if outputs is None:
         raise JobError("--target azureml needs the stack outputs: --stack-outputs outputs.<stack>.json "
                        "(from `pulumi stack output --json`) or --stack <name>")
-    nodes = args.nodes or (template.get("resources") or {}).get("instance_count", 1)
+    nodes = args.nodes if args.nodes is not None else (template.get("resources") or {}).get("instance_count", 1)
     job = jobspec.fill(template, outputs, args.cluster, nodes, args.processes_per_node, extra)
     sdk_job = jobspec.validate(job, args.job)
     if args.dry_run:
         print(yaml.safe_dump(job, sort_keys=False), end="")
         cluster = outputs.cluster(args.cluster)
-        cost, how = prices.hourly(cluster["vm_size"], nodes, cluster.get("low_priority", False))
+        cost, how = prices.hourly(cluster["vm_size"], nodes, cluster.get("low_priority", False),
+                                  outputs.values.get("location"))
         print(f"# cost of one hour: {'$%.2f' % cost if cost is not None else 'unknown'} ({how})")
         return 0
     return azureml.submit(sdk_job, outputs, stream=not args.no_stream)

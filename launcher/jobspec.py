@@ -8,6 +8,7 @@ catalog, never typed in a job file).
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import pathlib
 import re
 import shlex
@@ -48,9 +49,16 @@ def fill(template: dict, outputs: StackOutputs, cluster_name: str, nodes: int, p
          extra_args: list[str]) -> dict:
     """The Azure ML job for this stack and cluster."""
     cluster = outputs.cluster(cluster_name)
-    if not 1 <= nodes <= cluster["max_nodes"]:
+    retired_size(cluster["vm_size"], cluster_name)
+    if nodes < 1:
+        raise JobError(f"--nodes {nodes}: a job needs at least 1 node (leave --nodes out for the job file's "
+                       "instance_count)")
+    if nodes > cluster["max_nodes"]:
         raise JobError(f"--nodes {nodes}: cluster {cluster_name} scales to {cluster['max_nodes']} nodes "
                        "(raise maxNodes in the stack config)")
+    if processes_per_node is not None and processes_per_node < 1:
+        raise JobError(f"--processes-per-node {processes_per_node}: at least 1 process per node (leave it out "
+                       "for one per GPU, or 1 on CPU clusters)")
     gpus = cluster["gpus_per_node"]
     if gpus:
         ppn = processes_per_node or gpus
@@ -79,6 +87,17 @@ def fill(template: dict, outputs: StackOutputs, cluster_name: str, nodes: int, p
     tags.update({"cluster": cluster_name, "vm_size": cluster["vm_size"], "nodes": str(nodes),
                  "processes": str(nodes * ppn)})
     return job
+
+
+def retired_size(vm_size: str, cluster_name: str) -> None:
+    """A stack outputs file older than a size's retirement still names it: no job can run there."""
+    from infra.trainingplatform import vm_sizes   # the catalog the stack itself validates against
+
+    size = vm_sizes.lookup(vm_size)
+    if size is not None and size.retired is not None and size.retired <= dt.date.today():
+        raise JobError(f"cluster {cluster_name} is a {vm_size}, which Azure retired on {size.retired}: no job can "
+                       f"run there; move the cluster to {' or '.join(size.successors)} in Pulumi.<stack>.yaml, "
+                       "run pulumi up and write the stack outputs again")
 
 
 def validate(job: dict, source: pathlib.Path):

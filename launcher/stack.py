@@ -47,7 +47,7 @@ def parse(values: object, source: str) -> StackOutputs:
 def load_file(path: pathlib.Path) -> StackOutputs:
     if not path.is_file():
         raise JobError(f"stack outputs file {path} not found: write it with "
-                       "`pulumi stack output --json --stack <stack> > {path}`")
+                       f"`pulumi stack output --json --stack <stack> > {path}`")
     try:
         return parse(json.loads(path.read_text()), str(path))
     except json.JSONDecodeError as e:
@@ -63,4 +63,10 @@ def load_from_pulumi(stack: str) -> StackOutputs:
         raise JobError("the Pulumi CLI is not installed: install it, or pass --stack-outputs FILE") from None
     if proc.returncode != 0:
         raise JobError(f"`pulumi stack output --stack {stack}` failed: {proc.stderr.strip()}")
-    return parse(json.loads(proc.stdout), f"stack {stack}")
+    try:
+        values = json.loads(proc.stdout)
+    except json.JSONDecodeError as e:
+        # e.g. a CLI that printed a warning or an update notice before the JSON
+        raise JobError(f"`pulumi stack output --json --stack {stack}` did not print JSON ({e}; it began "
+                       f"{proc.stdout[:60]!r}): run it yourself, save the JSON and pass --stack-outputs FILE") from None
+    return parse(values, f"stack {stack}")

@@ -137,3 +137,57 @@ def test_refresh_replaces_one_region_and_keeps_the_others(tmp_path):
     assert got[("eastus", "Standard_ND96asr_v4")] == (27.197, 5.439)
     table.write_text(prices.refresh("westeurope", table, fetch))      # idempotent, header included
     assert table.read_text().count("westeurope: fetched") == 1
+
+
+# ---- item 10: the code snapshot ------------------------------------------------------------------------
+
+def ignore_file():
+    from azure.ai.ml._utils._asset_utils import get_ignore_file
+
+    return get_ignore_file(ROOT)
+
+
+def snapshot() -> tuple[object, set[str]]:
+    """The files azure-ai-ml uploads for `code: ../..`, computed by its own functions (the ones
+    create_or_update uses to hash and upload a local code folder)."""
+    from azure.ai.ml._utils._asset_utils import get_upload_files_from_folder
+
+    ignore = ignore_file()
+    return ignore, {remote for _, remote in get_upload_files_from_folder(ROOT, ignore_file=ignore)}
+
+
+def test_code_snapshot_holds_what_jobs_run_and_nothing_else():
+    import ast
+
+    ignore, files = snapshot()
+    assert pathlib.Path(ignore.path).name == ".amlignore"       # it, not .gitignore, governs the upload
+    for job in (ROOT / "payloads/jobs").glob("*.yaml"):
+        command = yaml.safe_load(job.read_text())["command"]
+        module = command.split("python -m ", 1)[1].split()[0]
+        assert module.replace(".", "/") + ".py" in files, (job.name, module)
+    assert files and all(f.startswith("payloads/") for f in files), sorted(f for f in files if not f.startswith("payloads/"))
+    assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc")]
+    # Every checkout-local package an uploaded module imports must travel with it.
+    local = {p.name for p in ROOT.iterdir() if p.is_dir() or p.suffix == ".py"}
+    for f in (f for f in files if f.endswith(".py")):
+        for node in ast.walk(ast.parse((ROOT / f).read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            for name in names:
+                top = name.split(".")[0]
+                assert top not in local or top == "payloads", f"{f} imports {name}, which the snapshot leaves out"
+
+
+@pytest.mark.parametrize("path", [
+    ".git", ".git/HEAD", ".venv/bin/python", "outputs.dev.json", "runs/job-1/metrics.json", "tests/conftest.py",
+    "benchmarks/scaling.py", "infra/trainingplatform/program.py", "launcher/azureml.py", "README.md",
+    "payloads/__pycache__/config.cpython-311.pyc", "payloads/pytorch/train.pyc",
+])
+def test_code_snapshot_leaves_out(path):
+    ignore = ignore_file()
+    assert ignore.is_file_excluded((ROOT / path).as_posix())
+
+
+def test_stack_outputs_files_are_not_committed():
+    proc = subprocess.run(["git", "check-ignore", "-q", "outputs.dev.json"], cwd=ROOT)
+    assert proc.returncode == 0, "outputs.*.json must be in .gitignore"

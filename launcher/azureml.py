@@ -1,9 +1,21 @@
-"""Submit a validated job to Azure ML with azure-ai-ml, stream its logs, and return its final status."""
+"""Submit a validated job to Azure ML with azure-ai-ml, follow its logs, and end with one line: how it ended
+and why.
+
+Exit status of `python -m launcher` for --target azureml: 0 the job Completed (or was submitted with
+--no-stream); 1 it ended in any other state (Failed, Canceled, NotResponding); 2 it was not submitted
+(the cause and the fix are printed); 130 interrupted with Ctrl-C: the job keeps running, the line says
+how to follow or cancel it.
+"""
 from __future__ import annotations
 
+import json
+import sys
+
+from .errors import JobError
 from .stack import StackOutputs
 
 DONE_OK = {"Completed"}
+EXIT_ENDED_BADLY, EXIT_INTERRUPTED = 1, 130
 
 
 def client(outputs: StackOutputs):
@@ -14,13 +26,155 @@ def client(outputs: StackOutputs):
                     outputs["workspace_name"])
 
 
+def _chain(error: BaseException):
+    """The exception and what caused it: azure-ai-ml wraps storage and REST errors in its own types."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = next((x.strip() for x in str(text).splitlines() if x.strip()), "")
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def _http(error: BaseException):
+    from azure.core.exceptions import HttpResponseError
+
+    return next((e for e in _chain(error) if isinstance(e, HttpResponseError) and e.status_code), None)
+
+
+def _error_code(http) -> str:
+    """The service's error code: ARM's error.code, or Azure Storage's x-ms-error-code."""
+    code = getattr(http, "error_code", None) or getattr(getattr(http, "error", None), "code", None)
+    if not code and http.response is not None:
+        code = http.response.headers.get("x-ms-error-code")
+    return str(getattr(code, "value", code) or "")
+
+
+def submission_failure(error: BaseException, outputs: StackOutputs, compute: str, image: str) -> str:
+    """One line: why Azure refused the submission, and what to do about it."""
+    from azure.core.exceptions import ClientAuthenticationError
+
+    ws, rg = outputs["workspace_name"], outputs["resource_group"]
+    auth = next((e for e in _chain(error) if isinstance(e, ClientAuthenticationError)), None)
+    if auth is not None:
+        tenant = outputs.values.get("tenant_id")
+        return (f"not signed in to Azure ({_first_line(auth.message)}): run `az login"
+                f"{f' --tenant {tenant}' if tenant else ''}` and `az account set --subscription "
+                f"{outputs['subscription_id']}`, or give DefaultAzureCredential a managed identity or "
+                "AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET")
+    http = _http(error)
+    if http is None:
+        return f"azure-ai-ml refused the job: {_first_line(error)}"
+    code, status = _error_code(http), http.status_code
+    url = http.response.request.url if http.response is not None and http.response.request is not None else ""
+    message = _first_line(http.message or str(http))
+    message = message.removeprefix(f"({code}) ")      # azure-core's format repeats the code
+    if status == 403 and ".blob.core." in url:
+        # The code snapshot goes to the workspace's storage account (shared keys off, firewall default Deny).
+        # https://learn.microsoft.com/rest/api/storageservices/blob-service-error-codes
+        if code in ("AuthorizationFailure", "AuthorizationSourceIPMismatch"):
+            return (f"the workspace storage refused the code upload (403 {code}): its firewall admits only "
+                    "network.allowedClientIps: add this machine's public IP there in Pulumi.<stack>.yaml and "
+                    "run pulumi up (or submit from inside the VNet)")
+        return (f"the workspace storage refused the code upload (403 {code or 'Forbidden'}): you need the role "
+                "'Storage Blob Data Contributor' on the workspace's storage account (the AzureML Data Scientist "
+                f"role on {ws} does not include data access)")
+    if status == 403:
+        return (f"Azure refused the submission (403 {code or 'Forbidden'}: {message}): you need the role "
+                f"'AzureML Data Scientist' (or Contributor) on workspace {ws}: az role assignment create "
+                f"--role 'AzureML Data Scientist' --assignee <you> --scope <workspace id, `az ml workspace show "
+                f"-n {ws} -g {rg} --query id`>")
+    mentions = message.lower()
+    if compute and compute.lower() in mentions and "compute" in mentions:
+        return (f"Azure ML has no usable compute {compute!r} in workspace {ws} ({status} {code}: {message}): the "
+                "stack outputs are older than the stack, or pulumi up has not finished: run pulumi up, write the "
+                "outputs again and pick a cluster they list")
+    if image and ("image" in mentions or image.split("/")[0].lower() in mentions):
+        return (f"Azure ML refused the image {image} ({status} {code}: {message}): build it in the stack's "
+                "registry with `az acr build` (README \"Images\") and check the job file's image tag")
+    if status == 404 and ws.lower() in mentions + url.lower():
+        return (f"workspace {ws} in resource group {rg} was not found ({message}): the stack outputs belong to "
+                "another stack, subscription or a destroyed stack: `az account show`, then write them again")
+    return f"Azure ML refused the job ({status} {code}): {message}"
+
+
+def failure_cause(error: BaseException) -> str:
+    """The one-line cause azure-ai-ml's stream() puts in the JobException it raises for a Failed job: the run's
+    error as JSON after 'Exception :' (azure/ai/ml/operations/_job_ops_helper.py)."""
+    text = str(error)
+    start, end = text.find("{"), text.rfind("}")
+    if 0 <= start < end:
+        try:
+            detail = json.loads(text[start:end + 1])
+        except json.JSONDecodeError:
+            detail = None
+        if isinstance(detail, dict):
+            inner = detail.get("error", detail)
+            if isinstance(inner, dict) and inner.get("message"):
+                code = inner.get("code")
+                return f"{code}: {_first_line(inner['message'])}" if code else _first_line(inner["message"])
+    return _first_line(text) or "no error recorded on the run"
+
+
+def _interrupted(name: str, studio_url: str | None, outputs: StackOutputs) -> int:
+    print(f"\ninterrupted: job {name} is still running on Azure ML (Ctrl-C only stopped following it). "
+          f"Follow it again: az ml job stream -n {name} -g {outputs['resource_group']} -w {outputs['workspace_name']}"
+          f"{f' or {studio_url}' if studio_url else ''}; cancel it: az ml job cancel -n {name} "
+          f"-g {outputs['resource_group']} -w {outputs['workspace_name']}", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
+
+
 def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None) -> int:
+    from azure.core.exceptions import AzureError
+    from azure.ai.ml.exceptions import JobException
+
     ml = ml_client or client(outputs)
-    created = ml.jobs.create_or_update(job)
-    print(f"submitted {created.name}: {created.studio_url}", flush=True)
+    # create_or_update rewrites these into ARM ids: keep the names the user knows for the messages
+    compute = str(getattr(job, "compute", "") or "").removeprefix("azureml:")
+    image = str(getattr(getattr(job, "environment", None), "image", "") or "")
+    try:
+        created = ml.jobs.create_or_update(job)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted while submitting: the job may or may not exist; look for it with `az ml job list "
+              f"-g {outputs['resource_group']} -w {outputs['workspace_name']} --max-results 5`",
+              file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    except AzureError as e:     # azure-ai-ml's MlException and azure-core's HTTP/auth errors all derive from it
+        raise JobError(submission_failure(e, outputs, compute, image)) from None
+    name = created.name
+    print(f"submitted {name}: {created.studio_url}", flush=True)
     if not stream:
         return 0
-    ml.jobs.stream(created.name)      # returns when the job ends
-    final = ml.jobs.get(created.name)
-    print(f"job {created.name} ended: {final.status}", flush=True)
-    return 0 if final.status in DONE_OK else 1
+    cause = None
+    try:
+        ml.jobs.stream(name)      # returns when the job ends; raises JobException when it Failed
+        final = ml.jobs.get(name).status
+    except KeyboardInterrupt:
+        return _interrupted(name, created.studio_url, outputs)
+    except JobException as e:
+        # stream() turns Ctrl-C into a JobException raised from the KeyboardInterrupt
+        if any(isinstance(c, KeyboardInterrupt) for c in _chain(e)):
+            return _interrupted(name, created.studio_url, outputs)
+        cause = failure_cause(e)
+        try:
+            final = ml.jobs.get(name).status
+        except KeyboardInterrupt:
+            return _interrupted(name, created.studio_url, outputs)
+        except AzureError:
+            final = "Failed"         # stream() raises only for a Failed run
+    except AzureError as e:
+        print(f"lost contact with Azure ML while following job {name} ({_first_line(e)}); the job itself is "
+              f"not affected: az ml job stream -n {name} -g {outputs['resource_group']} "
+              f"-w {outputs['workspace_name']}", file=sys.stderr, flush=True)
+        return EXIT_ENDED_BADLY
+    final = str(getattr(final, "value", final))
+    if final in DONE_OK:
+        print(f"job {name} ended: {final}", flush=True)
+        return 0
+    why = cause or f"see its logs: {created.studio_url} (Outputs + logs, user_logs/)"
+    print(f"job {name} ended: {final}: {why}", file=sys.stderr, flush=True)
+    return EXIT_ENDED_BADLY

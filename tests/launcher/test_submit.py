@@ -191,3 +191,266 @@ def test_code_snapshot_leaves_out(path):
 def test_stack_outputs_files_are_not_committed():
     proc = subprocess.run(["git", "check-ignore", "-q", "outputs.dev.json"], cwd=ROOT)
     assert proc.returncode == 0, "outputs.*.json must be in .gitignore"
+
+
+# ---- item 4: how a submission ends ---------------------------------------------------------------------
+# azure-ai-ml runs for real, down to the HTTP layer: requests' adapter answers as Azure Resource Manager,
+# the workspace's run history and its storage would. The exceptions are the ones the SDK itself raises
+# from those answers (HttpResponseError, ClientAuthenticationError, ResourceNotFoundError, JobException).
+
+WS = ("/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/hvd-dev-rg/providers/"
+      "Microsoft.MachineLearningServices/workspaces/hvd-dev-mlw-x7k2q")
+API = "https://westeurope.api.azureml.ms"
+
+
+class FakeAzure:
+    """Just enough of ARM, run history and Blob Storage for create_or_update, stream and get."""
+
+    def __init__(self):
+        self.calls = []
+        self.jobs = {}
+        self.run_statuses = ["Completed"]     # what run history answers, one per poll (the last repeats)
+        self.run_error = None                 # the run's error when it Failed
+        self.job_status = "Completed"         # what GET job answers once the job exists
+        self.upload_code = False              # False: the code snapshot is already there (hash match)
+        self.fail = None                      # (predicate(method, url), status, body, headers) to inject
+
+    @staticmethod
+    def response(request, status, body=None, headers=None, raw=None):
+        import io
+
+        import requests
+        import urllib3
+
+        r = requests.Response()
+        r.status_code, r.reason, r.request, r.url = status, "fake", request, request.url
+        r._content = raw if raw is not None else json.dumps(body or {}).encode()
+        r.headers.update({"Content-Type": "application/json", **(headers or {})})
+        r.raw = urllib3.response.HTTPResponse(body=io.BytesIO(r._content), headers=r.headers, status=status,
+                                              preload_content=False)
+        return r
+
+    def __call__(self, request):
+        import re
+
+        method, url = request.method, request.url
+        path = url.split("?")[0].replace("https://management.azure.com", "")
+        self.calls.append((method, path))
+        if self.fail and self.fail[0](method, url):
+            status, body, headers = self.fail[1:]
+            if isinstance(body, BaseException):
+                raise body
+            raw = body.encode() if isinstance(body, str) else None
+            return self.response(request, status, body, headers, raw)
+        code = "https://hvddevmlws5b3f81.blob.core.windows.net/azureml-blobstore/LocalUpload/abc"
+        if re.search(r"/codes/[^/]+/versions$", path) and method == "GET":
+            found = [] if self.upload_code else [{"id": f"{path}/1", "name": "1", "properties": {"codeUri": code}}]
+            return self.response(request, 200, {"value": found})
+        if re.search(r"/codes/[^/]+/versions/1$", path):
+            return self.response(request, 200, {"id": path, "name": "1", "properties": {"codeUri": code}})
+        if path.endswith("/startPendingUpload"):
+            return self.response(request, 200, {"blobReferenceForConsumption": {
+                "blobUri": code, "credential": {"credentialType": "SAS", "sasUri": code + "?sv=2021-08-06&sig=x"}},
+                "pendingUploadId": "abc", "pendingUploadType": "TemporaryBlobReference"})
+        if re.search(r"/environments/[^/]+/versions/[^/]+$", path) and method == "PUT":
+            body = json.loads(request.body)
+            return self.response(request, 200, {**body, "id": path, "name": path.rsplit("/", 1)[1]})
+        m = re.search(r"/jobs/([^/]+)$", path)
+        if m and method == "PUT":
+            body = json.loads(request.body)
+            body.update(id=path, name=m[1])
+            body["properties"]["services"] = {"Studio": {"endpoint": f"https://ml.azure.com/runs/{m[1]}"}}
+            body["properties"]["status"] = "Queued"
+            self.jobs[m[1]] = body
+            return self.response(request, 201, body)
+        if m and method == "GET" and m[1] in self.jobs:
+            body = json.loads(json.dumps(self.jobs[m[1]]))
+            body["properties"]["status"] = self.job_status
+            return self.response(request, 200, body)
+        if path == WS:
+            return self.response(request, 200, {"id": WS, "name": "hvd-dev-mlw-x7k2q", "location": "westeurope",
+                                                 "properties": {"discoveryUrl": f"{API}/discovery"}})
+        if url.startswith(f"{API}/discovery"):
+            return self.response(request, 200, {"api": API, "history": API})
+        m = re.search(r"/runs/([^/]+)/details$", path)
+        if m:
+            status = self.run_statuses.pop(0) if len(self.run_statuses) > 1 else self.run_statuses[0]
+            if status == "Ctrl-C":
+                raise KeyboardInterrupt
+            details = {"runId": m[1], "status": status, "logFiles": {}, "warnings": []}
+            if status == "Failed" and self.run_error:
+                details["error"] = {"error": self.run_error}
+            return self.response(request, 200, details)
+        return self.response(request, 404, {"error": {"code": "NotFound", "message": f"fake Azure has no {path}"}})
+
+
+@pytest.fixture
+def azure(monkeypatch):
+    import time
+
+    import requests.adapters
+    from azure.core.credentials import AccessToken, AccessTokenInfo
+
+    class Credential:      # what `az login` gives DefaultAzureCredential
+        def get_token(self, *scopes, **kw):
+            return AccessToken("token", int(time.time()) + 3600)
+
+        def get_token_info(self, *scopes, **kw):
+            return AccessTokenInfo("token", int(time.time()) + 3600)
+
+    fake = FakeAzure()
+    monkeypatch.setattr(requests.adapters.HTTPAdapter, "send", lambda self, request, **kw: fake(request))
+    monkeypatch.setattr("azure.identity.DefaultAzureCredential", lambda **kw: Credential())
+    # stream() sleeps between polls of run history
+    monkeypatch.setattr("azure.ai.ml.operations._job_ops_helper._wait_before_polling", lambda seconds: 0)
+    return fake
+
+
+@pytest.fixture(scope="module")
+def small_job(tmp_path_factory):
+    """The synthetic job for the dev stack, with a one-file code folder: hashing the real checkout walks
+    .venv (azure-ai-ml follows links), seconds per test that these tests do not need."""
+    return tmp_path_factory.mktemp("code")
+
+
+def submit(dev_outputs, code_dir, stream=True):
+    from launcher import azureml, jobspec
+
+    outs = stack.load_file(dev_outputs)
+    job = jobspec.validate(jobspec.fill(jobspec.read_template(SYNTHETIC), outs, "gpu-ib", 2, None, []), SYNTHETIC)
+    (code_dir / "train.py").write_text("print('hello')\n")
+    job.code = str(code_dir)
+    try:
+        return azureml.submit(job, outs, stream=stream)
+    except Exception as e:     # what __main__ prints for a JobError
+        from launcher.errors import JobError
+
+        assert isinstance(e, JobError), e
+        return f"error: {e}"
+
+
+def test_completed_job_end_to_end(azure, dev_outputs, capsys):
+    azure.run_statuses = ["Queued", "Running", "Completed"]
+    code = cli.main([str(SYNTHETIC), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--nodes", "2"])
+    out = capsys.readouterr().out
+    name = next(iter(azure.jobs))
+    assert code == 0 and f"job {name} ended: Completed" in out
+    sent = azure.jobs[name]["properties"]
+    assert sent["computeId"].endswith("/computes/gpu-ib") and sent["resources"]["instanceCount"] == 2
+
+
+def test_failed_job_exits_1_with_its_cause(azure, dev_outputs, small_job, capsys):
+    azure.run_statuses = ["Running", "Failed"]
+    azure.job_status = "Failed"
+    azure.run_error = {"code": "UserError", "message": "Execution failed. User process 'python' exited with status "
+                                                        "code 1. Please check log file 'user_logs/std_log_process_0.txt'"}
+    assert submit(dev_outputs, small_job) == 1
+    err = capsys.readouterr().err
+    name = next(iter(azure.jobs))
+    last = err.strip().splitlines()[-1]      # the one line the launcher ends with
+    assert last.startswith(f"job {name} ended: Failed: UserError: Execution failed. User process 'python' exited "
+                           "with status code 1"), last
+
+
+@pytest.mark.parametrize("status", ["Canceled", "NotResponding"])
+def test_job_that_ends_otherwise_exits_1(azure, dev_outputs, small_job, capsys, status):
+    azure.run_statuses = ["Running", status]      # stream() returns normally for these
+    azure.job_status = status
+    assert submit(dev_outputs, small_job) == 1
+    name = next(iter(azure.jobs))
+    assert f"job {name} ended: {status}: see its logs: https://ml.azure.com/runs/{name}" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_following_leaves_the_job_running(azure, dev_outputs, small_job, capsys):
+    azure.run_statuses = ["Running", "Ctrl-C"]    # azure-ai-ml turns it into a JobException
+    assert submit(dev_outputs, small_job) == 130
+    err = capsys.readouterr().err
+    name = next(iter(azure.jobs))
+    assert f"job {name} is still running on Azure ML" in err
+    assert f"az ml job cancel -n {name} -g hvd-dev-rg -w hvd-dev-mlw-x7k2q" in err
+    assert not any(method == "POST" and "cancel" in path for method, path in azure.calls)
+
+
+def test_ctrl_c_while_submitting(azure, dev_outputs, small_job, capsys):
+    azure.fail = (lambda method, url: method == "PUT" and "/jobs/" in url, 0, KeyboardInterrupt(), None)
+    assert submit(dev_outputs, small_job) == 130
+    assert "the job may or may not exist" in capsys.readouterr().err
+
+
+def test_no_stream_returns_after_submitting(azure, dev_outputs, small_job):
+    assert submit(dev_outputs, small_job, stream=False) == 0
+    assert not any("/runs/" in path for _, path in azure.calls)
+
+
+def arm(method, url):
+    return url.startswith("https://management.azure.com")
+
+
+def blob(method, url):
+    return ".blob.core.windows.net" in url
+
+
+def storage_error(code, message):
+    xml = (f'<?xml version="1.0" encoding="utf-8"?><Error><Code>{code}</Code><Message>{message}\n'
+           'RequestId:0\nTime:2026-11-23T11:00:00Z</Message></Error>')
+    return xml, {"x-ms-error-code": code, "Content-Type": "application/xml"}
+
+
+@pytest.mark.parametrize("where,status,body,headers,expected", [
+    # ARM: the signed-in identity lacks a role on the workspace
+    (arm, 403, {"error": {"code": "AuthorizationFailed", "message": "The client 'me@contoso.com' with object id "
+                "'x' does not have authorization to perform action 'Microsoft.MachineLearningServices/workspaces/"
+                "codes/versions/read'"}}, None,
+     ["403 AuthorizationFailed", "'AzureML Data Scientist'", "workspace hvd-dev-mlw-x7k2q", "az role assignment create"]),
+    # ARM: a token from the wrong tenant (azure-core raises ClientAuthenticationError for 401)
+    (arm, 401, {"error": {"code": "InvalidAuthenticationTokenTenant", "message": "The access token is from the "
+                "wrong issuer."}}, None,
+     ["not signed in to Azure", "az login --tenant 11111111-1111-1111-1111-111111111111", "az account set"]),
+    # Storage: the workspace storage firewall does not admit this machine
+    (blob, 403, *storage_error("AuthorizationFailure", "This request is not authorized to perform this operation."),
+     ["refused the code upload (403 AuthorizationFailure)", "network.allowedClientIps"]),
+    (blob, 403, *storage_error("AuthorizationPermissionMismatch",
+                               "This request is not authorized to perform this operation using this permission."),
+     ["refused the code upload (403 AuthorizationPermissionMismatch)", "'Storage Blob Data Contributor'"]),
+    # the workspace does not exist (outputs of a destroyed stack, another subscription)
+    (arm, 404, {"error": {"code": "ResourceNotFound", "message": "The Resource 'Microsoft.MachineLearningServices/"
+                "workspaces/hvd-dev-mlw-x7k2q' under resource group 'hvd-dev-rg' was not found."}}, None,
+     ["workspace hvd-dev-mlw-x7k2q in resource group hvd-dev-rg was not found"]),
+])
+def test_refused_submissions_name_the_fix(azure, dev_outputs, small_job, where, status, body, headers, expected):
+    azure.upload_code = True
+    azure.fail = (where, status, body, headers)
+    message = submit(dev_outputs, small_job)
+    assert isinstance(message, str) and message.startswith("error: "), message
+    for part in expected:
+        assert part in message, (part, message)
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("body,expected", [
+    ({"error": {"code": "UserError", "message": "Compute gpu-ib not found in workspace."}},
+     "Azure ML has no usable compute 'gpu-ib' in workspace hvd-dev-mlw-x7k2q"),
+    ({"error": {"code": "UserError", "message": "Invalid image name hvddevacr5b3f81.azurecr.io/training/pytorch:x"}},
+     "Azure ML refused the image hvddevacr5b3f81.azurecr.io/training/pytorch:torch2.14.1-horovod0.28.1"),
+    ({"error": {"code": "UserError", "message": "Something else."}}, "Azure ML refused the job (400 UserError): Something else."),
+])
+def test_job_refused_at_creation(azure, dev_outputs, small_job, body, expected):
+    azure.fail = (lambda method, url: method == "PUT" and "/jobs/" in url, 400, body, None)
+    message = submit(dev_outputs, small_job)
+    assert isinstance(message, str) and expected in message, message
+
+
+def test_sign_in_failure_before_any_request(azure, dev_outputs, small_job, monkeypatch):
+    from azure.core.exceptions import ClientAuthenticationError
+
+    class NoLogin:     # DefaultAzureCredential with no `az login`, managed identity or env credentials
+        def get_token(self, *scopes, **kw):
+            raise ClientAuthenticationError("DefaultAzureCredential failed to retrieve a token from the included "
+                                            "credentials.\nAttempted credentials: ...")
+
+        get_token_info = get_token
+
+    monkeypatch.setattr("azure.identity.DefaultAzureCredential", lambda **kw: NoLogin())
+    message = submit(dev_outputs, small_job)
+    assert "not signed in to Azure (DefaultAzureCredential failed to retrieve a token" in message
+    assert "az login" in message and azure.calls == []

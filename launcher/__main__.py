@@ -28,6 +28,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--processes-per-node", type=int, default=None,
                    help="default: the cluster's GPUs per node (1 on CPU clusters)")
     p.add_argument("--no-stream", action="store_true", help="submit and return without following the logs")
+    p.add_argument("--resume-from", metavar="JOB_NAME",
+                   help="a new job that writes to this earlier job's outputs and resumes from its newest checkpoint")
     p.add_argument("--np", type=int, default=2, help="local: Horovod processes on this machine")
     p.add_argument("--input", action="append", default=[], metavar="NAME=PATH", help="local: a job input's local path")
     p.add_argument("--output-dir", type=pathlib.Path, default=None, help="local: where the job's outputs go")
@@ -62,6 +64,9 @@ def run(args, extra: list[str]) -> int:
     template = jobspec.read_template(args.job)
     outputs = _outputs(args)
     if args.target == "local":
+        if args.resume_from:
+            raise JobError("--resume-from is for Azure ML jobs; here, pass the earlier run's folder as --output-dir "
+                           "and the payload resumes from its checkpoints")
         inputs = {}
         for item in args.input:
             name, sep, path = item.partition("=")
@@ -81,6 +86,8 @@ def run(args, extra: list[str]) -> int:
                        "(from `pulumi stack output --json`) or --stack <name>")
     nodes = args.nodes if args.nodes is not None else (template.get("resources") or {}).get("instance_count", 1)
     job = jobspec.fill(template, outputs, args.cluster, nodes, args.processes_per_node, extra)
+    if args.resume_from:
+        job = jobspec.resume(job, args.resume_from, args.job)
     sdk_job = jobspec.validate(job, args.job)
     if args.dry_run:
         print(yaml.safe_dump(job, sort_keys=False), end="")
@@ -88,8 +95,10 @@ def run(args, extra: list[str]) -> int:
         cost, how = prices.hourly(cluster["vm_size"], nodes, cluster.get("low_priority", False),
                                   outputs.values.get("location"))
         print(f"# cost of one hour: {'$%.2f' % cost if cost is not None else 'unknown'} ({how})")
+        if args.resume_from:
+            print(f"# --resume-from {args.resume_from}: not checked against the workspace (dry run)")
         return 0
-    return azureml.submit(sdk_job, outputs, stream=not args.no_stream)
+    return azureml.submit(sdk_job, outputs, stream=not args.no_stream, resume_from=args.resume_from)
 
 
 if __name__ == "__main__":

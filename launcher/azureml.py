@@ -128,11 +128,36 @@ def _interrupted(name: str, studio_url: str | None, outputs: StackOutputs) -> in
     return EXIT_INTERRUPTED
 
 
-def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None) -> int:
+def check_resumable(ml, earlier: str, job, outputs: StackOutputs) -> None:
+    """The earlier job exists in this workspace, ran the same job definition, and no longer writes."""
+    from azure.core.exceptions import AzureError, ResourceNotFoundError
+
+    ws, rg = outputs["workspace_name"], outputs["resource_group"]
+    try:
+        found = ml.jobs.get(earlier)
+    except ResourceNotFoundError:
+        raise JobError(f"--resume-from {earlier}: workspace {ws} has no such job (names: `az ml job list -g {rg} "
+                       f"-w {ws} --query [].name`)") from None
+    except AzureError as e:
+        raise JobError(f"--resume-from {earlier}: " + submission_failure(e, outputs, "", "")) from None
+    if found.display_name != job.display_name:
+        raise JobError(f"--resume-from {earlier}: that job ran {found.display_name!r}, not {job.display_name!r}: "
+                       "its checkpoints belong to another job definition")
+    from azure.ai.ml.operations._run_history_constants import RunHistoryConstants   # what stream() waits out
+
+    status = str(getattr(found.status, "value", found.status))
+    if status not in {str(getattr(s, "value", s)) for s in RunHistoryConstants.TERMINAL_STATUSES}:
+        raise JobError(f"--resume-from {earlier}: that job is still {status} and writes to the same folder: wait "
+                       f"for it, or cancel it first: az ml job cancel -n {earlier} -g {rg} -w {ws}")
+
+
+def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None, resume_from: str | None = None) -> int:
     from azure.core.exceptions import AzureError
     from azure.ai.ml.exceptions import JobException
 
     ml = ml_client or client(outputs)
+    if resume_from:
+        check_resumable(ml, resume_from, job, outputs)
     # create_or_update rewrites these into ARM ids: keep the names the user knows for the messages
     compute = str(getattr(job, "compute", "") or "").removeprefix("azureml:")
     image = str(getattr(getattr(job, "environment", None), "image", "") or "")

@@ -89,6 +89,30 @@ def fill(template: dict, outputs: StackOutputs, cluster_name: str, nodes: int, p
     return job
 
 
+# A job's name is its run id; azure-ai-ml's run history client checks ids against this pattern
+# (azure/ai/ml/_restclient/runhistory/operations/_runs_operations.py).
+JOB_NAME = re.compile(r"^[a-zA-Z0-9][\w-]{0,255}$")
+NAME_TOKEN = re.compile(r"\$\{\{\s*name\s*\}\}")
+
+
+def resume(job: dict, earlier: str, source: pathlib.Path) -> dict:
+    """The job writing to `earlier`'s output folders, so that the payload resumes from the newest checkpoint
+    there (the payloads resume from OUTPUT/checkpoints). Outputs are per job name (`${{name}}`)."""
+    if not JOB_NAME.match(earlier):
+        raise JobError(f"--resume-from {earlier!r} is not an Azure ML job name (letters, digits, _ and -, e.g. "
+                       "witty_jackal_3d4kq79d3v): copy it from the studio or `az ml job list`")
+    outputs = job.get("outputs") or {}
+    named = [name for name, out in outputs.items() if NAME_TOKEN.search(str((out or {}).get("path", "")))]
+    if not named:
+        raise JobError(f"--resume-from: {source.name} has no output under its job name (${{{{name}}}}), "
+                       "so there is nothing of an earlier run to resume from")
+    job = copy.deepcopy(job)
+    for name in named:
+        job["outputs"][name]["path"] = NAME_TOKEN.sub(earlier, job["outputs"][name]["path"])
+    job.setdefault("tags", {})["resumed_from"] = earlier
+    return job
+
+
 def retired_size(vm_size: str, cluster_name: str) -> None:
     """A stack outputs file older than a size's retirement still names it: no job can run there."""
     from infra.trainingplatform import vm_sizes   # the catalog the stack itself validates against

@@ -454,3 +454,91 @@ def test_sign_in_failure_before_any_request(azure, dev_outputs, small_job, monke
     message = submit(dev_outputs, small_job)
     assert "not signed in to Azure (DefaultAzureCredential failed to retrieve a token" in message
     assert "az login" in message and azure.calls == []
+
+
+# ---- item 9: --resume-from ---------------------------------------------------------------------------
+
+def test_resume_dry_run_writes_to_the_earlier_jobs_folder(dev_outputs, capsys):
+    code = cli.main([str(SYNTHETIC), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--dry-run",
+                     "--resume-from", "witty_jackal_3d4kq79d3v"])
+    out = capsys.readouterr().out
+    job = yaml.safe_load(out)
+    assert code == 0
+    assert job["outputs"]["run"]["path"] == \
+        "azureml://datastores/training_logs/paths/runs/pytorch-resnet50-synthetic/witty_jackal_3d4kq79d3v/"
+    assert job["tags"]["resumed_from"] == "witty_jackal_3d4kq79d3v"
+    assert "not checked against the workspace (dry run)" in out
+
+
+def test_resumed_job_writes_where_the_earlier_job_wrote(azure, dev_outputs, small_job):
+    azure.run_statuses, azure.job_status = ["Failed"], "Failed"
+    azure.run_error = {"code": "UserError", "message": "preempted twice, then failed"}
+    assert submit(dev_outputs, small_job) == 1
+    earlier = next(iter(azure.jobs))
+    earlier_path = azure.jobs[earlier]["properties"]["outputs"]["run"]["uri"].replace("${{name}}", earlier)
+
+    from launcher import azureml, jobspec
+
+    outs = stack.load_file(dev_outputs)
+    filled = jobspec.resume(jobspec.fill(jobspec.read_template(SYNTHETIC), outs, "gpu-ib", 2, None, []),
+                            earlier, SYNTHETIC)
+    job = jobspec.validate(filled, SYNTHETIC)
+    job.code = str(small_job)
+    azure.run_statuses, azure.job_status = ["Running", "Completed"], "Completed"
+    assert azureml.submit(job, outs, resume_from=earlier) == 0
+    new = [name for name in azure.jobs if name != earlier][0]
+    sent = azure.jobs[new]["properties"]
+    assert sent["outputs"]["run"]["uri"] == earlier_path
+    assert earlier_path.endswith(f"/runs/pytorch-resnet50-synthetic/{earlier}/")
+    assert sent["tags"]["resumed_from"] == earlier
+
+
+@pytest.mark.parametrize("name", ["bad name", "-leading-dash", "x" * 300, "a/b"])
+def test_resume_from_an_ill_formed_name(dev_outputs, capsys, name):
+    code = cli.main([str(SYNTHETIC), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--dry-run",
+                     f"--resume-from={name}"])
+    assert code == 2
+    assert "is not an Azure ML job name" in capsys.readouterr().err
+
+
+def resubmit(dev_outputs, code_dir, earlier):
+    from launcher import azureml, jobspec
+    from launcher.errors import JobError
+
+    outs = stack.load_file(dev_outputs)
+    filled = jobspec.resume(jobspec.fill(jobspec.read_template(SYNTHETIC), outs, "gpu-ib", 2, None, []),
+                            earlier, SYNTHETIC)
+    job = jobspec.validate(filled, SYNTHETIC)
+    job.code = str(code_dir)
+    with pytest.raises(JobError) as e:
+        azureml.submit(job, outs, resume_from=earlier)
+    return str(e.value)
+
+
+def test_resume_from_an_unknown_job(azure, dev_outputs, small_job):
+    message = resubmit(dev_outputs, small_job, "no_such_job_123")
+    assert "--resume-from no_such_job_123: workspace hvd-dev-mlw-x7k2q has no such job" in message
+    assert not any(method == "PUT" for method, _ in azure.calls)
+
+
+def test_resume_from_a_job_still_running(azure, dev_outputs, small_job):
+    azure.run_statuses, azure.job_status = ["Running"], "Running"
+    assert submit(dev_outputs, small_job, stream=False) == 0
+    earlier = next(iter(azure.jobs))
+    message = resubmit(dev_outputs, small_job, earlier)
+    assert f"that job is still Running" in message and f"az ml job cancel -n {earlier}" in message
+    assert len(azure.jobs) == 1
+
+
+def test_resume_from_another_kind_of_job(azure, dev_outputs, small_job):
+    azure.job_status = "Failed"
+    assert submit(dev_outputs, small_job, stream=False) == 0
+    earlier = next(iter(azure.jobs))
+    azure.jobs[earlier]["properties"]["displayName"] = "tensorflow-resnet50-synthetic"
+    message = resubmit(dev_outputs, small_job, earlier)
+    assert "that job ran 'tensorflow-resnet50-synthetic', not 'pytorch-resnet50-synthetic'" in message
+
+
+def test_resume_is_for_azure_ml_only(capsys):
+    assert cli.main([str(SYNTHETIC), "--target", "local", "--resume-from", "x1"]) == 2
+    assert "--output-dir" in capsys.readouterr().err

@@ -28,6 +28,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--processes-per-node", type=int, default=None,
                    help="default: the cluster's GPUs per node (1 on CPU clusters)")
     p.add_argument("--no-stream", action="store_true", help="submit and return without following the logs")
+    p.add_argument("--input-mode", metavar="ro_mount|download",
+                   help="how the job reads its inputs: ro_mount (the job file's default: streamed through a "
+                        "block cache on the node's disk) or download (copied to the node's disk before start)")
     p.add_argument("--resume-from", metavar="JOB_NAME",
                    help="a new job that writes to this earlier job's outputs and resumes from its newest checkpoint")
     p.add_argument("--np", type=int, default=2, help="local: Horovod processes on this machine")
@@ -64,6 +67,8 @@ def run(args, extra: list[str]) -> int:
     template = jobspec.read_template(args.job)
     outputs = _outputs(args)
     if args.target == "local":
+        if args.input_mode:
+            raise JobError("--input-mode is for Azure ML jobs; here inputs are local folders (--input NAME=PATH)")
         if args.resume_from:
             raise JobError("--resume-from is for Azure ML jobs; here, pass the earlier run's folder as --output-dir "
                            "and the payload resumes from its checkpoints")
@@ -85,7 +90,8 @@ def run(args, extra: list[str]) -> int:
         raise JobError("--target azureml needs the stack outputs: --stack-outputs outputs.<stack>.json "
                        "(from `pulumi stack output --json`) or --stack <name>")
     nodes = args.nodes if args.nodes is not None else (template.get("resources") or {}).get("instance_count", 1)
-    job = jobspec.fill(template, outputs, args.cluster, nodes, args.processes_per_node, extra)
+    job = jobspec.fill(template, outputs, args.cluster, nodes, args.processes_per_node, extra, args.input_mode,
+                       args.job)
     if args.resume_from:
         job = jobspec.resume(job, args.resume_from, args.job)
     sdk_job = jobspec.validate(job, args.job)

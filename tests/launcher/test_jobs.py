@@ -66,7 +66,7 @@ def test_azure_target_sends_the_job_it_built(dev_outputs, monkeypatch):
     assert j.inputs["imagenet"].path == "azureml://datastores/training_data/paths/imagenet/"
     assert j.inputs["imagenet"].mode == "ro_mount"
     assert j.outputs["run"].path.startswith("azureml://datastores/training_logs/paths/runs/pytorch-resnet50-imagenet/")
-    assert j.environment_variables["DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED"] == "false"
+    assert j.environment_variables["DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED"] == "true"
     assert "--data-dir ${{inputs.imagenet}}" in j.command
     assert j.tags["processes"] == "16"
 

@@ -542,3 +542,50 @@ def test_resume_from_another_kind_of_job(azure, dev_outputs, small_job):
 def test_resume_is_for_azure_ml_only(capsys):
     assert cli.main([str(SYNTHETIC), "--target", "local", "--resume-from", "x1"]) == 2
     assert "--output-dir" in capsys.readouterr().err
+
+
+# ---- item 11: how jobs read their data ---------------------------------------------------------------
+
+IMAGENET_JOBS = [IMAGENET, ROOT / "payloads/jobs/tensorflow-resnet50-imagenet.yaml"]
+
+
+def resolved(dev_outputs, job, *args):
+    from launcher import jobspec
+
+    outs = stack.load_file(dev_outputs)
+    mode = args[0] if args else None
+    filled = jobspec.fill(jobspec.read_template(job), outs, "gpu-ib", 1, None, [], mode, job)
+    return jobspec.validate(filled, job)
+
+
+@pytest.mark.parametrize("job", IMAGENET_JOBS, ids=lambda p: p.stem)
+def test_imagenet_jobs_mount_with_the_block_cache(dev_outputs, job):
+    """Azure ML's default mount caches whole files (DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED=false); its
+    documented setting for many small files over several epochs, and for large sequential files, is the
+    block-based cache. The job must ask for it: leaving it out means whole-file caching."""
+    sdk_job = resolved(dev_outputs, job)
+    assert sdk_job.inputs["imagenet"].mode == "ro_mount"
+    assert sdk_job.environment_variables["DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED"] == "true"
+    template = yaml.safe_load(job.read_text())
+    assert "false" not in str((template.get("environment_variables") or {}).get("DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED"))
+
+
+@pytest.mark.parametrize("job", IMAGENET_JOBS, ids=lambda p: p.stem)
+def test_download_mode_copies_the_data_first(dev_outputs, job, capsys):
+    sdk_job = resolved(dev_outputs, job, "download")
+    assert sdk_job.inputs["imagenet"].mode == "download"
+    assert not [k for k in sdk_job.environment_variables if k.startswith("DATASET_MOUNT_")]
+    assert cli.main([str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--dry-run",
+                     "--input-mode", "download"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["inputs"]["imagenet"]["mode"] == "download"
+
+
+@pytest.mark.parametrize("job,mode,message", [
+    (IMAGENET, "mount", "--input-mode 'mount': choose ro_mount (stream"),
+    (IMAGENET, "rw_mount", "--input-mode 'rw_mount': choose ro_mount"),
+    (SYNTHETIC, "download", "--input-mode download: pytorch-resnet50-synthetic.yaml declares no inputs"),
+])
+def test_bad_input_modes(dev_outputs, capsys, job, mode, message):
+    assert cli.main([str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--dry-run",
+                     "--input-mode", mode]) == 2
+    assert message in capsys.readouterr().err

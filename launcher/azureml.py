@@ -80,9 +80,10 @@ def submission_failure(error: BaseException, outputs: StackOutputs, compute: str
             return (f"the workspace storage refused the code upload (403 {code}): its firewall admits only "
                     "network.allowedClientIps: add this machine's public IP there in Pulumi.<stack>.yaml and "
                     "run pulumi up (or submit from inside the VNet)")
-        return (f"the workspace storage refused the code upload (403 {code or 'Forbidden'}): you need the role "
-                "'Storage Blob Data Contributor' on the workspace's storage account (the AzureML Data Scientist "
-                f"role on {ws} does not include data access)")
+        # azure-ai-ml's own advice on AuthorizationPermissionMismatch (_artifacts/_blob_storage_helper.py)
+        return (f"the workspace storage refused the code upload (403 {code or 'Forbidden'}): the identity writing "
+                "the snapshot needs the role 'Storage Blob Data Contributor' on the workspace's storage account "
+                f"(the AzureML Data Scientist role on {ws} does not include data access)")
     if status == 403:
         return (f"Azure refused the submission (403 {code or 'Forbidden'}: {message}): you need the role "
                 f"'AzureML Data Scientist' (or Contributor) on workspace {ws}: az role assignment create "

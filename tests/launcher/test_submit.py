@@ -526,7 +526,7 @@ def test_resume_from_a_job_still_running(azure, dev_outputs, small_job):
     assert submit(dev_outputs, small_job, stream=False) == 0
     earlier = next(iter(azure.jobs))
     message = resubmit(dev_outputs, small_job, earlier)
-    assert f"that job is still Running" in message and f"az ml job cancel -n {earlier}" in message
+    assert "that job is still Running" in message and f"az ml job cancel -n {earlier}" in message
     assert len(azure.jobs) == 1
 
 

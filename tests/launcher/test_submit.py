@@ -589,3 +589,13 @@ def test_bad_input_modes(dev_outputs, capsys, job, mode, message):
     assert cli.main([str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--dry-run",
                      "--input-mode", mode]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_job_file_mount_settings_win(dev_outputs, tmp_path):
+    """Whole-file caching stays available to a job that reads large files at random (the docs' case for it)."""
+    from launcher import jobspec
+
+    template = yaml.safe_load(IMAGENET.read_text())
+    template["environment_variables"] = {"DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED": "false"}
+    filled = jobspec.fill(template, stack.load_file(dev_outputs), "gpu-ib", 1, None, [], None, IMAGENET)
+    assert filled["environment_variables"]["DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED"] == "false"

@@ -148,3 +148,54 @@ def test_cpu_cluster_environment_runs_the_health_check_under_mpirun(tmp_path):
     data = json.loads(report.read_text())
     assert data["processes"] == 2 and data["passed"] is True
     assert all(r["correct"] for r in data["results"])
+
+
+# ---- hung jobs: Azure ML's timeout and Horovod's stall shutdown -----------------------------------------
+
+JOBS = sorted((helpers.ROOT / "payloads" / "jobs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("job", JOBS, ids=[j.stem for j in JOBS])
+def test_every_job_has_a_timeout_that_azure_ml_sends(dev_outputs, job):
+    """azure-ai-ml's own schema reads limits.timeout (CommandJobLimitsSchema: an integer of seconds) and the
+    REST body carries it as an ISO 8601 duration; it outlasts Horovod's stall shutdown, which goes first."""
+    import isodate
+
+    from launcher import jobspec, stack
+
+    template = jobspec.read_template(job)
+    filled = jobspec.fill(template, stack.load_file(dev_outputs), "gpu-ib", template["resources"]["instance_count"],
+                          None, [])
+    sdk_job = jobspec.validate(filled, job)
+    assert sdk_job.limits is not None, f"{job.name} has no limits.timeout: a hung job would hold its nodes"
+    wire = sdk_job.limits._to_rest_object().as_dict()     # the body azure-ai-ml would send
+    assert wire["jobLimitsType"] == "Command"
+    seconds = isodate.parse_duration(wire["timeout"]).total_seconds()
+    assert seconds == template["limits"]["timeout"]
+    assert seconds > int(filled["environment_variables"]["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"])
+
+
+STALLED = """
+import time, horovod.torch as hvd, torch
+hvd.init()
+if hvd.rank() == 1:
+    time.sleep(120)          # a rank that never arrives (a dead data mount, a deadlock)
+hvd.allreduce(torch.ones(4), name="stalled")
+print("allreduce returned", flush=True)
+"""
+
+
+@needs_mpi
+def test_a_stalled_rank_ends_the_job_instead_of_hanging():
+    """With the launcher's environment (stall times scaled down from 60 s / 600 s to 2 s / 5 s), a job whose
+    rank 1 never submits its tensor fails within seconds instead of waiting for it (120 s)."""
+    import time
+
+    env = interconnect.environment(cluster("Standard_D4s_v5"), 2)
+    assert {"HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"} <= set(env)
+    env.update(HOROVOD_STALL_CHECK_TIME_SECONDS="2", HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="5")
+    start = time.monotonic()
+    proc = mpirun(env, [sys.executable, "-c", STALLED], timeout=110)
+    assert proc.returncode != 0 and "allreduce returned" not in proc.stdout
+    assert time.monotonic() - start < 100
+    assert "Will shutdown" in proc.stdout + proc.stderr, "Horovod's stall inspector named the stalled rank"

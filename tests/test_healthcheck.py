@@ -95,7 +95,8 @@ def test_health_check_refuses_a_gpu_node_without_visible_gpus(tmp_path):
     assert not (tmp_path / "allreduce.json").exists(), "nothing measured"
 
 
-@pytest.mark.parametrize("payload,framework", [("pytorch", "PyTorch"), ("tensorflow", "TensorFlow")])
+@pytest.mark.parametrize("payload,framework", [("pytorch", "PyTorch"), ("tensorflow", "TensorFlow"),
+                                               ("keras", "TensorFlow")])
 def test_payloads_refuse_a_gpu_node_without_visible_gpus(tmp_path, monkeypatch, payload, framework):
     """Two real processes: each fails at start-up (before data or model) instead of training on the CPU."""
     monkeypatch.setenv(devices.GPUS_PER_NODE, "1")

@@ -199,3 +199,25 @@ def test_a_stalled_rank_ends_the_job_instead_of_hanging():
     assert proc.returncode != 0 and "allreduce returned" not in proc.stdout
     assert time.monotonic() - start < 100
     assert "Will shutdown" in proc.stdout + proc.stderr, "Horovod's stall inspector named the stalled rank"
+
+
+# ---- the launcher's variables reach the payloads ----------------------------------------------------------
+
+def test_launcher_and_payloads_name_the_same_variables():
+    from payloads import healthcheck
+    from payloads.common import devices
+
+    assert interconnect.GPUS_PER_NODE == devices.GPUS_PER_NODE
+    assert interconnect.MIN_BUSBW == healthcheck.MIN_BUSBW
+
+
+@needs_mpi
+def test_a_gpu_cluster_job_on_a_node_without_visible_gpus_fails_naming_the_driver(tmp_path):
+    """The environment of an NC24ads_A100_v4 job (1 GPU per node) on this GPU-less machine: the health check's
+    two ranks stop at start-up with the cause, instead of measuring (or training) on the CPU."""
+    env = interconnect.environment(cluster("Standard_NC24ads_A100_v4"), 1)
+    report = tmp_path / "allreduce.json"
+    proc = mpirun(env, [sys.executable, "-m", "payloads.healthcheck", "--sizes-mb", "1", "--output", str(report)])
+    assert proc.returncode != 0
+    assert "this node should have 1 GPUs (TRAINING_GPUS_PER_NODE" in proc.stderr
+    assert "NVIDIA driver" in proc.stderr and not report.exists()

@@ -1,15 +1,27 @@
-"""Environment variables each kind of cluster needs for fast collectives (one home per fact).
+"""Environment variables each kind of cluster needs for its collectives (one home per fact: the images set
+none of them, so that one image serves every size).
 
-InfiniBand sizes (ND A100 v4, ND H100/H200 v5): NCCL over IB verbs (GPUDirect RDMA) and UCX over RC for
-Open MPI; the eth0 interface only for bootstrap. GPU sizes without IB: NCCL over TCP sockets. CPU sizes:
-Horovod's MPI operations (faster than Gloo's in shared memory, benchmarks/allreduce.py; a draw with them
-when both are forced onto TCP, README "Benchmarks") with Open MPI yielding when idle
-(its busy-polling takes the cores the training threads need; figures below), one
-OpenMP thread pool per process.
+Three kinds, from the cluster's VM size:
+- cpu: Horovod's MPI operations (faster than Gloo's in shared memory, benchmarks/allreduce.py; a draw with
+  them when both are forced onto TCP, README "Benchmarks") over Open MPI's ob1 pml (shared memory inside a
+  node, TCP on eth0 between nodes), Open MPI yielding when idle, one OpenMP thread pool per process.
+- gpu-tcp: GPU sizes without InfiniBand: NCCL over TCP sockets on eth0, MPI (Horovod's coordination only)
+  over ob1 as on CPU sizes.
+- infiniband: NCCL over IB verbs (GPUDirect RDMA) with the size's topology file, MPI over UCX; eth0 only for
+  bootstrap.
+
+Open MPI's UCX pml only offers itself where a Mellanox/InfiniBand device exists: forcing it (as the images
+once did) kills every job on a CPU or NC size in MPI_Init with "PML ucx cannot be selected"
+(tests/launcher/test_interconnect.py shows it with Debian's Open MPI). Setting the pml per kind here also
+overrides whatever a base image might set, since Azure ML applies a job's environment_variables over the
+image's ENV.
 """
 from __future__ import annotations
 
 from .errors import JobError
+
+# The catalog is a plain module (no Pulumi import): the same facts the stack was built from.
+from infra.trainingplatform import vm_sizes  # noqa: E402  (namespace package from the repository root)
 
 # Horovod's background thread runs a coordination collective every cycle; Open MPI busy-polls in it by
 # default, taking the core from the training thread when the processes use every core (CPU training).
@@ -18,18 +30,72 @@ from .errors import JobError
 # 354-380 ms (benchmarks/scaling.py shows the end-to-end effect).
 MPI_CPU_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
+# Open MPI without InfiniBand: the ob1 pml over shared memory (vader) inside a node and TCP between nodes,
+# on eth0 only (Azure ML nodes also carry docker0, whose identical subnet on every node makes Open MPI's
+# TCP btl try unreachable peers).
+MPI_TCP_ENV = {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,vader,tcp", "OMPI_MCA_btl_tcp_if_include": "eth0"}
+
+# Open MPI over InfiniBand: UCX over RC verbs, shared memory and self (the openib btl is gone from
+# Open MPI 5 and superseded by UCX in 4.x).
+MPI_IB_ENV = {"OMPI_MCA_pml": "ucx", "OMPI_MCA_btl": "^openib,uct", "UCX_TLS": "rc,sm,self",
+              "UCX_IB_PCI_RELAXED_ORDERING": "on"}
+
+# Where the images put Azure's NCCL topology files: the path Azure's HPC images use
+# (Azure/azhpc-images customizations/ndv4.sh, ndv5.sh), so Azure's guides apply unchanged.
+TOPOLOGY_DIR = "/opt/microsoft"
+
+# What Azure's HPC images write to /etc/nccl.conf beside each topology file (Azure/azhpc-images
+# customizations/ndv4.sh, ndv5.sh): relaxed PCI ordering for GPUDirect RDMA, and on ND v5 hosts NCCL told
+# to ignore the process's CPU affinity (the topology file already says which NUMA node each GPU is on).
+NCCL_CONF = {
+    "ndv4-topo.xml": {"NCCL_IB_PCI_RELAXED_ORDERING": "1"},
+    "ndv5-topo.xml": {"NCCL_IB_PCI_RELAXED_ORDERING": "1", "NCCL_IGNORE_CPU_AFFINITY": "1"},
+}
+
+# Horovod's stall inspector (horovod/common/stall_inspector.cc): when some ranks have submitted a tensor and
+# others have not for CHECK seconds it logs the missing ranks; past SHUTDOWN seconds it shuts Horovod down,
+# so the job fails instead of holding its nodes. A SHUTDOWN below CHECK is ignored ("will not shutdown"),
+# and 0 (Horovod's default) never shuts down. 10 minutes leaves room for a rank that legitimately lags
+# (rank 0 writing a checkpoint, a first read through a cold data mount). A hang inside a collective that
+# every rank entered (a dead link under NCCL) is not a stall to Horovod: the job's limits.timeout ends that.
+STALL_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "600"}
+
+# The payloads' start-up check (payloads/common/devices.py) and the health check's floor read these.
+GPUS_PER_NODE = "TRAINING_GPUS_PER_NODE"
+VM_SIZE = "TRAINING_VM_SIZE"
+MIN_BUSBW = "HEALTHCHECK_MIN_BUSBW_GBYTES_PER_SEC"
+
+KINDS = ("cpu", "gpu-tcp", "infiniband")
+
+
+def kind(cluster: dict) -> str:
+    if not cluster["gpus_per_node"]:
+        return "cpu"
+    return "infiniband" if cluster["infiniband"] else "gpu-tcp"
+
 
 def environment(cluster: dict, processes_per_node: int) -> dict[str, str]:
-    env = {"NCCL_DEBUG": "WARN", "HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}
-    if cluster["gpus_per_node"] == 0:
-        env.update({"HOROVOD_CPU_OPERATIONS": "mpi", **MPI_CPU_ENV,
+    """The full interconnect environment of a job on `cluster` (a `clusters` entry of the stack outputs)."""
+    size = vm_sizes.lookup(cluster["vm_size"])
+    env = {"NCCL_DEBUG": "WARN", "HOROVOD_HIERARCHICAL_ALLREDUCE": "0", **STALL_ENV,
+           GPUS_PER_NODE: str(cluster["gpus_per_node"]), VM_SIZE: cluster["vm_size"]}
+    which = kind(cluster)
+    if which == "cpu":
+        env.update({"HOROVOD_CPU_OPERATIONS": "mpi", **MPI_TCP_ENV, **MPI_CPU_ENV,
                     "OMP_NUM_THREADS": str(max(1, cluster.get("vcpus_per_node", 1) // processes_per_node))})
-    elif cluster["infiniband"]:
-        env.update({"NCCL_IB_DISABLE": "0", "NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_PCI_RELAXED_ORDERING": "1",
-                    "UCX_TLS": "rc,sm,self", "UCX_IB_PCI_RELAXED_ORDERING": "on",
-                    "OMPI_MCA_pml": "ucx", "OMPI_MCA_btl": "^openib,uct"})
+    elif which == "gpu-tcp":
+        env.update({**MPI_TCP_ENV, "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0"})
     else:
-        env.update({"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0", "OMPI_MCA_btl_tcp_if_include": "eth0"})
+        env.update({**MPI_IB_ENV, "NCCL_IB_DISABLE": "0", "NCCL_SOCKET_IFNAME": "eth0",
+                    "NCCL_IB_PCI_RELAXED_ORDERING": "1",
+                    # GPU indices in PCI bus order, the order the topology file describes (Azure's NCCL
+                    # tests run so: Azure/azhpc-images tests).
+                    "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+        if size is not None and size.nccl_topology:
+            env["NCCL_TOPO_FILE"] = f"{TOPOLOGY_DIR}/{size.nccl_topology}"
+            env.update(NCCL_CONF[size.nccl_topology])
+    if size is not None and size.min_busbw_gbytes_per_sec:
+        env[MIN_BUSBW] = f"{size.min_busbw_gbytes_per_sec:g}"
     return env
 
 

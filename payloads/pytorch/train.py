@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from ..common import checkpoint, config, imagefolder, schedule
+from ..common import devices
 from ..common.errors import ConfigError
 from ..common.metrics import MetricsFile, finish
 from . import data, models
@@ -37,6 +38,7 @@ def _hvd():
 
 
 def setup_runtime(cfg: config.TrainConfig, hvd) -> torch.device:
+    devices.require_gpus(torch.cuda.device_count(), hvd.local_size(), "PyTorch", torch.version.cuda)
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
     torch.set_num_threads(threads)
     if torch.cuda.is_available():

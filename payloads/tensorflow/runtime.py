@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..common import checkpoint
+from ..common import devices
 from ..common.errors import ConfigError
 
 SUFFIX = ".npz"
@@ -40,6 +41,7 @@ def start(cfg, hvd) -> Start:
 def setup(cfg, hvd) -> str:
     """Pin this process's GPU, threads, precision and XLA; returns the device it trains on."""
     gpus = tf.config.list_physical_devices("GPU")
+    devices.require_gpus(len(gpus), hvd.local_size(), "TensorFlow", tf.sysconfig.get_build_info().get("cuda_version"))
     for gpu in gpus:
         tf.config.experimental.set_memory_growth(gpu, True)
     if gpus:

@@ -1,0 +1,223 @@
+"""The interconnect environment per cluster kind, and what it does to a real 2-rank MPI job.
+
+Azure ML's MPI distribution runs the job's command under mpirun with the job's environment_variables over
+the image's ENV; here Debian's Open MPI (built with UCX, as the images' Ubuntu Open MPI is) runs 2 ranks the
+same way, on a machine without InfiniBand, like a CPU or NC node.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from launcher import interconnect
+from trainingplatform import vm_sizes
+
+import helpers
+
+# What both images set before issue 12 (images/*/Dockerfile ENV).
+OLD_IMAGE_ENV = {"OMPI_MCA_pml": "ucx", "OMPI_MCA_btl": "^openib,uct", "NCCL_DEBUG": "WARN"}
+
+
+def cluster(size_name: str) -> dict:
+    """A `clusters` entry of the stack outputs, as infra/trainingplatform/compute.describe writes it."""
+    s = vm_sizes.CATALOG[size_name]
+    return {"name": "c", "vm_size": s.name, "gpus_per_node": s.gpus, "gpu_model": s.gpu_model,
+            "infiniband": bool(s.infiniband), "infiniband_generation": s.infiniband, "intra_node": s.intra_node,
+            "min_nodes": 0, "max_nodes": 2, "low_priority": False, "vcpus_per_node": s.vcpus}
+
+
+CURRENT = [n for n in vm_sizes.available()]
+
+
+@pytest.mark.parametrize("size", CURRENT)
+def test_every_current_size_resolves_to_its_kind(size):
+    s = vm_sizes.CATALOG[size]
+    env = interconnect.environment(cluster(size), max(1, s.gpus))
+    which = interconnect.kind(cluster(size))
+    assert env[interconnect.GPUS_PER_NODE] == str(s.gpus)
+    assert env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] != "0"
+    if which == "cpu":
+        assert s.gpus == 0
+        assert env["OMPI_MCA_pml"] == "ob1" and "tcp" in env["OMPI_MCA_btl"].split(",")
+        assert env["HOROVOD_CPU_OPERATIONS"] == "mpi"
+        assert env["OMP_NUM_THREADS"] == str(s.vcpus)
+        assert not any(k.startswith(("UCX_", "NCCL_IB", "NCCL_TOPO")) for k in env)
+    elif which == "gpu-tcp":
+        assert s.gpus and not s.infiniband
+        assert env["OMPI_MCA_pml"] == "ob1" and env["NCCL_IB_DISABLE"] == "1"
+        assert "NCCL_TOPO_FILE" not in env and not any(k.startswith("UCX_") for k in env)
+    else:
+        assert s.infiniband
+        assert env["OMPI_MCA_pml"] == "ucx" and env["NCCL_IB_DISABLE"] == "0"
+        # one home per fact: the topology file is the catalog's, in the folder the images fill
+        assert env["NCCL_TOPO_FILE"] == f"{interconnect.TOPOLOGY_DIR}/{s.nccl_topology}"
+        assert env[interconnect.MIN_BUSBW] == f"{s.min_busbw_gbytes_per_sec:g}"
+
+
+def test_every_current_infiniband_size_has_a_topology_file_and_a_bandwidth_floor():
+    """A new IB size added to the catalog without them would run NCCL blind and the health check unjudged."""
+    for name in CURRENT:
+        s = vm_sizes.CATALOG[name]
+        if s.infiniband:
+            assert s.nccl_topology in interconnect.NCCL_CONF, name
+            assert s.min_busbw_gbytes_per_sec, name
+
+
+def test_bandwidth_floors_are_below_one_infiniband_link():
+    """The floor must pass the worst healthy layout, one process per node, where each rank's traffic crosses
+    one IB link (ib_gbps_per_node / GPUs, in Gb/s): a floor above that fails healthy clusters."""
+    for s in vm_sizes.CATALOG.values():
+        if s.min_busbw_gbytes_per_sec:
+            link_gbytes = s.ib_gbps_per_node / s.gpus / 8
+            assert s.min_busbw_gbytes_per_sec < 0.5 * link_gbytes, s.name
+
+
+def test_stall_shutdown_is_not_ignored_by_horovod():
+    """Horovod ignores a shutdown time below the check time (stall_inspector.cc: 'will not shutdown')."""
+    check = int(interconnect.STALL_ENV["HOROVOD_STALL_CHECK_TIME_SECONDS"])
+    shutdown = int(interconnect.STALL_ENV["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"])
+    assert 0 < check <= shutdown
+
+
+# ---- real 2-rank MPI jobs -------------------------------------------------------------------------------
+
+def _mpi_ready() -> bool:
+    if not shutil.which("mpirun"):
+        return False
+    from horovod.common.util import mpi_built
+
+    return bool(mpi_built())
+
+
+needs_mpi = pytest.mark.skipif(not _mpi_ready(), reason="needs Open MPI and a Horovod built with MPI")
+
+
+def _has_ucx_pml() -> bool:
+    out = subprocess.run(["ompi_info"], capture_output=True, text=True).stdout if shutil.which("ompi_info") else ""
+    return "MCA pml: ucx" in out
+
+
+def mpirun(job_env: dict, command: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
+    """2 ranks on this machine, the job's environment over the old image's (as Azure ML layers them)."""
+    env = {**helpers.env(), **OLD_IMAGE_ENV, **job_env}
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return subprocess.run(["mpirun", *root, "--oversubscribe", "--bind-to", "none", "-np", "2", *command],
+                          cwd=helpers.ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+ALLREDUCE = ("import horovod.torch as hvd, torch; hvd.init(); "
+             "s = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum); "
+             "print('rank', hvd.rank(), 'of', hvd.size(), 'sum', s.item())")
+
+
+@needs_mpi
+@pytest.mark.skipif(not _has_ucx_pml(), reason="this Open MPI has no UCX pml")
+def test_the_old_image_setting_fails_without_infiniband():
+    """What issue 12 reported: OMPI_MCA_pml=ucx on a node without a Mellanox device dies in MPI_Init."""
+    proc = mpirun({}, [sys.executable, "-c", ALLREDUCE], timeout=120)
+    assert proc.returncode != 0
+    assert "PML ucx cannot be selected" in proc.stdout + proc.stderr
+
+
+@needs_mpi
+@pytest.mark.parametrize("size", ["Standard_NC24ads_A100_v4", "Standard_NC64as_T4_v3"])
+def test_gpu_tcp_settings_select_a_working_pml(size):
+    """The MPI half of a GPU-over-TCP job (Horovod's coordination runs over MPI) works without InfiniBand, even
+    under an image that still forces the UCX pml. Rank sums 1 + 2 = 3 on both ranks."""
+    env = interconnect.environment(cluster(size), 1)
+    assert interconnect.kind(cluster(size)) == "gpu-tcp"
+    proc = mpirun(env, [sys.executable, "-c", ALLREDUCE])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "rank 0 of 2 sum 3.0" in proc.stdout and "rank 1 of 2 sum 3.0" in proc.stdout, proc.stdout
+
+
+@needs_mpi
+def test_cpu_cluster_environment_runs_the_health_check_under_mpirun(tmp_path):
+    """The whole environment the launcher gives a cpu-smoke job (D4s_v5, 2 processes), over the old image's
+    pml, runs the health check's allreduce to a correct sum across 2 ranks."""
+    env = interconnect.environment(cluster("Standard_D4s_v5"), 2)
+    report = tmp_path / "allreduce.json"
+    proc = mpirun(env, [sys.executable, "-m", "payloads.healthcheck", "--sizes-mb", "1", "--iterations", "2",
+                        "--output", str(report)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(report.read_text())
+    assert data["processes"] == 2 and data["passed"] is True
+    assert all(r["correct"] for r in data["results"])
+
+
+# ---- hung jobs: Azure ML's timeout and Horovod's stall shutdown -----------------------------------------
+
+JOBS = sorted((helpers.ROOT / "payloads" / "jobs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("job", JOBS, ids=[j.stem for j in JOBS])
+def test_every_job_has_a_timeout_that_azure_ml_sends(dev_outputs, job):
+    """azure-ai-ml's own schema reads limits.timeout (CommandJobLimitsSchema: an integer of seconds) and the
+    REST body carries it as an ISO 8601 duration; it outlasts Horovod's stall shutdown, which goes first."""
+    import isodate
+
+    from launcher import jobspec, stack
+
+    template = jobspec.read_template(job)
+    filled = jobspec.fill(template, stack.load_file(dev_outputs), "gpu-ib", template["resources"]["instance_count"],
+                          None, [])
+    sdk_job = jobspec.validate(filled, job)
+    assert sdk_job.limits is not None, f"{job.name} has no limits.timeout: a hung job would hold its nodes"
+    wire = sdk_job.limits._to_rest_object().as_dict()     # the body azure-ai-ml would send
+    assert wire["jobLimitsType"] == "Command"
+    seconds = isodate.parse_duration(wire["timeout"]).total_seconds()
+    assert seconds == template["limits"]["timeout"]
+    assert seconds > int(filled["environment_variables"]["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"])
+
+
+STALLED = """
+import time, horovod.torch as hvd, torch
+hvd.init()
+if hvd.rank() == 1:
+    time.sleep(120)          # a rank that never arrives (a dead data mount, a deadlock)
+hvd.allreduce(torch.ones(4), name="stalled")
+print("allreduce returned", flush=True)
+"""
+
+
+@needs_mpi
+def test_a_stalled_rank_ends_the_job_instead_of_hanging():
+    """With the launcher's environment (stall times scaled down from 60 s / 600 s to 2 s / 5 s), a job whose
+    rank 1 never submits its tensor fails within seconds instead of waiting for it (120 s)."""
+    import time
+
+    env = interconnect.environment(cluster("Standard_D4s_v5"), 2)
+    assert {"HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"} <= set(env)
+    env.update(HOROVOD_STALL_CHECK_TIME_SECONDS="2", HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="5")
+    start = time.monotonic()
+    proc = mpirun(env, [sys.executable, "-c", STALLED], timeout=110)
+    assert proc.returncode != 0 and "allreduce returned" not in proc.stdout
+    assert time.monotonic() - start < 100
+    assert "Will shutdown" in proc.stdout + proc.stderr, "Horovod's stall inspector named the stalled rank"
+
+
+# ---- the launcher's variables reach the payloads ----------------------------------------------------------
+
+def test_launcher_and_payloads_name_the_same_variables():
+    from payloads import healthcheck
+    from payloads.common import devices
+
+    assert interconnect.GPUS_PER_NODE == devices.GPUS_PER_NODE
+    assert interconnect.MIN_BUSBW == healthcheck.MIN_BUSBW
+
+
+@needs_mpi
+def test_a_gpu_cluster_job_on_a_node_without_visible_gpus_fails_naming_the_driver(tmp_path):
+    """The environment of an NC24ads_A100_v4 job (1 GPU per node) on this GPU-less machine: the health check's
+    two ranks stop at start-up with the cause, instead of measuring (or training) on the CPU."""
+    env = interconnect.environment(cluster("Standard_NC24ads_A100_v4"), 1)
+    report = tmp_path / "allreduce.json"
+    proc = mpirun(env, [sys.executable, "-m", "payloads.healthcheck", "--sizes-mb", "1", "--output", str(report)])
+    assert proc.returncode != 0
+    assert "this node should have 1 GPUs (TRAINING_GPUS_PER_NODE" in proc.stderr
+    assert "NVIDIA driver" in proc.stderr and not report.exists()

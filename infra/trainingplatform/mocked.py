@@ -6,6 +6,7 @@ login server), so relationships between resources can be asserted.
 """
 from __future__ import annotations
 
+import contextlib
 import pathlib
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ class RecordingMocks(Mocks):
     def __init__(self):
         self.resources: list[Resource] = []
         self.retained: set[str] = set()   # logical names declared with retain_on_delete
+        self.options: dict[str, pulumi.ResourceOptions] = {}   # logical name -> the options it was declared with
 
     def new_resource(self, args: MockResourceArgs):
         typ, name, inputs = args.typ, args.name, dict(args.inputs)
@@ -66,6 +68,12 @@ class RecordingMocks(Mocks):
     def of_type(self, suffix: str) -> list[Resource]:
         return [r for r in self.resources if r.type.endswith(suffix)]
 
+    def depends_on(self, name: str) -> set[str]:
+        """Logical names of the resources `name` was declared to depend on (explicit depends_on only)."""
+        opts = self.options.get(name)
+        deps = (opts.depends_on if opts else None) or []
+        return {d._name for d in (deps if isinstance(deps, list) else [deps]) if isinstance(d, pulumi.Resource)}
+
 
 # Which input holds the Azure name of each resource type (others fall back to the logical name).
 _NAME_KEYS = {
@@ -94,6 +102,25 @@ def read_stack_file(path: pathlib.Path) -> tuple[dict, str | None]:
     return raw, location
 
 
+@contextlib.contextmanager
+def recording_options(mocks: RecordingMocks):
+    """Resource options never reach the mocks; record the ones reviews and tests care about."""
+    original = pulumi.CustomResource.__init__
+
+    def recording_init(self, t, name, props=None, opts=None, *args, **kwargs):
+        if opts is not None and opts.retain_on_delete:
+            mocks.retained.add(name)
+        if opts is not None:
+            mocks.options[name] = opts
+        return original(self, t, name, props, opts, *args, **kwargs)
+
+    pulumi.CustomResource.__init__ = recording_init
+    try:
+        yield mocks
+    finally:
+        pulumi.CustomResource.__init__ = original
+
+
 def run(raw: dict, stack: str, location: str | None,
         mocks: RecordingMocks | None = None) -> tuple[RecordingMocks, dict[str, Any]]:
     """Validate and declare the whole stack under mocks; returns the recorded resources and resolved outputs."""
@@ -108,17 +135,6 @@ def run(raw: dict, stack: str, location: str | None,
         outputs = program.build(cfg, ssh_public_key=raw.get("sshPublicKey"))
         resolved.update(_sync_await(pulumi.Output.from_input(outputs).future()))
 
-    # Resource options never reach the mocks; record the ones reviews and tests care about.
-    original = pulumi.CustomResource.__init__
-
-    def recording_init(self, t, name, props=None, opts=None, *args, **kwargs):
-        if opts is not None and opts.retain_on_delete:
-            mocks.retained.add(name)
-        return original(self, t, name, props, opts, *args, **kwargs)
-
-    pulumi.CustomResource.__init__ = recording_init
-    try:
+    with recording_options(mocks):
         _sync_await(run_pulumi_func(body))
-    finally:
-        pulumi.CustomResource.__init__ = original
     return mocks, resolved

@@ -10,19 +10,18 @@ is made safe by closing the account to every network but its private endpoint in
 from __future__ import annotations
 
 import pulumi
-from pulumi_azure_native import network, privatedns, storage
+from pulumi_azure_native import storage
 
 from . import naming
 from .config import Nfs
-
-ZONE = "privatelink.file.core.windows.net"
+from .privatelink import PrivateDnsZones, PrivateLink
 
 
 class NfsShare(pulumi.ComponentResource):
     """Outputs: account, share, mount_target (`host:/account/share`, for `mount -t nfs -o vers=4,minorversion=1`)."""
 
     def __init__(self, name: str, resource_group, location: str, prefix: str, stack: str, suffix: str, cfg: Nfs,
-                 vnet_id, endpoint_subnet_id, tags: dict, opts: pulumi.ResourceOptions | None = None):
+                 dns: PrivateDnsZones, endpoint_subnet_id, tags: dict, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainingplatform:nfs:NfsShare", name, None, opts)
         keep = pulumi.ResourceOptions(parent=self, retain_on_delete=cfg.retain_on_delete)
         child = pulumi.ResourceOptions(parent=self)
@@ -44,22 +43,9 @@ class NfsShare(pulumi.ComponentResource):
             share_name=cfg.share_name, enabled_protocols="NFS", root_squash=cfg.root_squash,
             share_quota=cfg.quota_gib, opts=keep)
 
-        self.endpoint = network.PrivateEndpoint(
-            f"{name}-endpoint", resource_group_name=resource_group, location=location,
-            subnet=network.SubnetArgs(id=endpoint_subnet_id),
-            private_link_service_connections=[network.PrivateLinkServiceConnectionArgs(
-                name="file", private_link_service_id=self.account.id, group_ids=["file"])],
-            tags=tags, opts=child)
-        self.zone = privatedns.PrivateZone(f"{name}-zone", private_zone_name=ZONE, resource_group_name=resource_group,
-                                           location="Global", tags=tags, opts=child)
-        privatedns.VirtualNetworkLink(f"{name}-zone-link", private_zone_name=self.zone.name,
-                                      resource_group_name=resource_group, location="Global",
-                                      registration_enabled=False,
-                                      virtual_network=privatedns.SubResourceArgs(id=vnet_id), opts=child)
-        network.PrivateDnsZoneGroup(f"{name}-zone-group", private_endpoint_name=self.endpoint.name,
-                                    resource_group_name=resource_group, private_dns_zone_group_name="default",
-                                    private_dns_zone_configs=[network.PrivateDnsZoneConfigArgs(
-                                        name="file", private_dns_zone_id=self.zone.id)], opts=child)
+        # Reached only through its private endpoint (the account's public network access is off).
+        self.link = PrivateLink(name, resource_group, location, self.account.id, "file", endpoint_subnet_id, dns, tags,
+                                opts=child)
         self.mount_target = pulumi.Output.concat(self.account.name, ".file.core.windows.net:/", self.account.name, "/",
                                                  self.share.name)
         self.register_outputs({"account": self.account.name, "mount_target": self.mount_target})

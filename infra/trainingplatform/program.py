@@ -11,6 +11,7 @@ from .compute import ComputeClusters, describe
 from .config import PlatformConfig
 from .network import PlatformNetwork
 from .nfs import NfsShare
+from .privatelink import PrivateDnsZones
 from .registry import Registry
 from .storage import TrainingStorage
 from .workspace import Workspace
@@ -33,11 +34,13 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
                                          opts=pulumi.ResourceOptions(retain_on_delete=keep))
 
     net = PlatformNetwork("net", group.name, cfg.location, cfg.network, tags)
+    # Every private endpoint registers in these zones (one per zone name, linked to the VNet).
+    dns = PrivateDnsZones("dns", group.name, net.vnet.id, tags)
     store = TrainingStorage("storage", data_group.name, cfg.location, cfg.prefix, cfg.stack, stable, cfg.storage,
                             cfg.network, net.compute_subnet.id, tags)
     nfs = None
     if cfg.nfs.enabled:
-        nfs = NfsShare("nfs", data_group.name, cfg.location, cfg.prefix, cfg.stack, stable, cfg.nfs, net.vnet.id,
+        nfs = NfsShare("nfs", data_group.name, cfg.location, cfg.prefix, cfg.stack, stable, cfg.nfs, dns,
                        net.private_endpoint_subnet.id, tags)
     registry = Registry("registry", group.name, cfg.location, cfg.prefix, cfg.stack, stable,
                         cfg.registry_public_access, tags)

@@ -48,7 +48,7 @@ def test_nfs_share_is_reachable_from_the_vnet_only(dev):
     assert pe["subnet"]["id"] == one(mocks, "Subnet", "net-endpoints").id
     conn = pe["privateLinkServiceConnections"][0]
     assert conn["privateLinkServiceId"] == acct.id and conn["groupIds"] == ["file"]
-    link = one(mocks, "VirtualNetworkLink", "nfs-zone-link").inputs
+    link = one(mocks, "VirtualNetworkLink", "dns-privatelink-file-core-windows-net-link").inputs
     assert link["virtualNetwork"]["id"] == one(mocks, "VirtualNetwork", "net-vnet").id
     assert outputs["nfs"]["mount_target"] == f"{acct.inputs['accountName']}.file.core.windows.net:/{acct.inputs['accountName']}/shared"
 

@@ -1,11 +1,12 @@
-"""Shared NFS file system: an Azure Files premium NFS 4.1 share, reachable from the VNet only.
+"""Shared NFS file system: an Azure Files premium NFS 4.1 share (in the data stack), reachable from a
+platform's VNet only, through the private endpoint each platform life creates (program.py).
 
 Why managed NFS rather than the VM-based NFS server of the source documents: no VM to patch, size or back
 up, capacity and IOPS scale with the provisioned size, snapshots and soft delete come with it.
 
 NFS 4.1 on Azure Files does not use HTTPS, so the account must turn "secure transfer required" off. That
-is made safe by closing the account to every network but its private endpoint in our VNet
-(public network access disabled); the policy pack allows this exception for exactly that shape.
+is made safe by closing the account to every network but private endpoints (public network access
+disabled); the policy pack allows this exception for exactly that shape.
 """
 from __future__ import annotations
 
@@ -13,21 +14,23 @@ import pulumi
 from pulumi_azure_native import storage
 
 from . import naming
-from .config import Nfs
-from .privatelink import PrivateDnsZones, PrivateLink
+from .dataconfig import Nfs
+
+MOUNT_OPTIONS = "vers=4,minorversion=1,sec=sys,nconnect=4"
 
 
 class NfsShare(pulumi.ComponentResource):
-    """Outputs: account, share, mount_target (`host:/account/share`, for `mount -t nfs -o vers=4,minorversion=1`)."""
+    """Outputs: account, share, mount_target (`host:/account/share`, for `mount -t nfs -o vers=4,minorversion=1`).
 
-    def __init__(self, name: str, resource_group, location: str, prefix: str, stack: str, suffix: str, cfg: Nfs,
-                 dns: PrivateDnsZones, endpoint_subnet_id, tags: dict, opts: pulumi.ResourceOptions | None = None):
+    Protected like the blob storage (storage.py)."""
+
+    def __init__(self, name: str, resource_group, location: str, prefix: str, stack: str, suffix: pulumi.Input[str],
+                 cfg: Nfs, tags: dict, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainingplatform:nfs:NfsShare", name, None, opts)
-        keep = pulumi.ResourceOptions(parent=self, retain_on_delete=cfg.retain_on_delete)
-        child = pulumi.ResourceOptions(parent=self)
-        account_name = naming.storage_account(prefix, stack, "nfs", suffix)
+        keep = pulumi.ResourceOptions(parent=self, protect=True)
         self.account = storage.StorageAccount(
-            f"{name}-account", account_name=account_name, resource_group_name=resource_group, location=location,
+            f"{name}-account", account_name=naming.storage_account(prefix, stack, "nfs", suffix),
+            resource_group_name=resource_group, location=location,
             kind="FileStorage", sku=storage.SkuArgs(name="Premium_LRS"),
             enable_https_traffic_only=False,       # NFS 4.1 requires it; see the module docstring
             minimum_tls_version="TLS1_2", allow_blob_public_access=False, allow_shared_key_access=False,
@@ -42,10 +45,6 @@ class NfsShare(pulumi.ComponentResource):
             f"{name}-share", account_name=self.account.name, resource_group_name=resource_group,
             share_name=cfg.share_name, enabled_protocols="NFS", root_squash=cfg.root_squash,
             share_quota=cfg.quota_gib, opts=keep)
-
-        # Reached only through its private endpoint (the account's public network access is off).
-        self.link = PrivateLink(name, resource_group, location, self.account.id, "file", endpoint_subnet_id, dns, tags,
-                                opts=child)
         self.mount_target = pulumi.Output.concat(self.account.name, ".file.core.windows.net:/", self.account.name, "/",
                                                  self.share.name)
         self.register_outputs({"account": self.account.name, "mount_target": self.mount_target})

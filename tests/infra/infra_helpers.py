@@ -2,6 +2,7 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEV_FILE = ROOT / "Pulumi.dev.yaml"
+DATA_DEV_FILE = ROOT / "infra" / "data-stack" / "Pulumi.dev.yaml"
 
 
 def one(mocks, type_suffix, name):

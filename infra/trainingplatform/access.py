@@ -41,9 +41,9 @@ class Grant:
     role: str                        # a key of ROLES
     principal_id: pulumi.Input[str]
     scope: pulumi.Input[str]
-    # "ServicePrincipal" | "User" | "Group"; None lets Azure look it up (only for principals that already
-    # exist, such as the deploying user: for new ones Azure needs the type to avoid replication-delay failures).
-    principal_type: str | None = "ServicePrincipal"
+    # "ServicePrincipal" | "User" | "Group": Azure needs it for principals created moments ago (managed
+    # identities: replication delay) and refuses one that does not match the principal.
+    principal_type: str = "ServicePrincipal"
 
 
 def container_scope(account_id: pulumi.Input[str], container_name: pulumi.Input[str]) -> pulumi.Output[str]:

@@ -105,10 +105,11 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
     }
 
 
-def _users(cfg: PlatformConfig, deployer_object_id: pulumi.Output[str]) -> list[tuple[str, pulumi.Input[str], str | None]]:
+def _users(cfg: PlatformConfig, deployer_object_id: pulumi.Output[str]) -> list[tuple[str, pulumi.Input[str], str]]:
     """(label, object id, principalType) of everyone who gets the user roles."""
     if cfg.users is None:
-        # The deployer exists already (it is running `pulumi up`), so Azure can look its type up: it may
-        # be a user (az login) or a service principal (CI), and a wrong principalType is refused.
-        return [("deployer", deployer_object_id, None)]
+        # A person running `pulumi up` after `az login`. The type cannot be left out (the SDK then sends
+        # "User" anyway) and Azure refuses a wrong one (UnmatchedPrincipalType): deployments run as a
+        # service principal (CI) list their users instead, which replaces this default.
+        return [("deployer", deployer_object_id, "User")]
     return [(f"user-{u.object_id}", u.object_id, u.type) for u in cfg.users]

@@ -27,13 +27,15 @@ class AccessGrants(pulumi.ComponentResource):
         """grants: (label, role name, principal id, scope); the label keeps assignment names stable."""
         super().__init__("trainingplatform:access:AccessGrants", name, None, opts)
         self.assignments = []
+        self.by_label: dict[str, authorization.RoleAssignment] = {}   # what other resources wait for
         for label, role, principal, scope in grants:
-            self.assignments.append(authorization.RoleAssignment(
+            self.by_label[label] = authorization.RoleAssignment(
                 f"{name}-{label}",
                 role_assignment_name=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{pulumi.get_project()}/{pulumi.get_stack()}/{label}")),
                 principal_id=principal, principal_type="ServicePrincipal", scope=scope,
                 role_definition_id=pulumi.Output.concat("/subscriptions/", subscription_id,
                                                         "/providers/Microsoft.Authorization/roleDefinitions/", ROLES[role]),
                 description=f"{role}: {label}",
-                opts=pulumi.ResourceOptions(parent=self)))
+                opts=pulumi.ResourceOptions(parent=self))
+            self.assignments.append(self.by_label[label])
         self.register_outputs({})

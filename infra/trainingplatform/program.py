@@ -7,7 +7,7 @@ from pulumi_azure_native import authorization, resources
 
 from . import naming
 from .access import AccessGrants, container_scope
-from .compute import ComputeClusters, describe
+from .compute import ComputeClusters, compute_identity, describe
 from .config import PlatformConfig
 from .network import PlatformNetwork
 from .nfs import NfsShare
@@ -43,17 +43,17 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
         nfs = NfsShare("nfs", data_group.name, cfg.location, cfg.prefix, cfg.stack, stable, cfg.nfs, dns,
                        net.private_endpoint_subnet.id, tags)
     registry = Registry("registry", group.name, cfg.location, cfg.prefix, cfg.stack, stable,
-                        cfg.registry_public_access, tags)
+                        cfg.registry_public_access, tags, net.private_endpoint_subnet.id, dns)
     ws = Workspace("ml", group.name, cfg.location, cfg, client.tenant_id, rand.result, stable, registry.registry.id,
-                   net.compute_subnet.id, store, tags)
-    compute = ComputeClusters("compute", group.name, cfg.location, ws.workspace.name, net.compute_subnet.id,
-                              cfg.clusters, tags, ssh_public_key)
+                   net.compute_subnet.id, store, tags, net.private_endpoint_subnet.id, dns,
+                   depends_on=registry.link.ready if registry.link else ())
+    identity = compute_identity("compute", group.name, cfg.location, tags)
 
-    job_identity = compute.identity.principal_id
+    job_identity = identity.principal_id
     workspace_identity = ws.workspace.identity.apply(lambda i: i.principal_id)
     data_scope = container_scope(store.data_account, store.data_container)
     logs_scope = container_scope(store.logs_account, store.logs_container)
-    AccessGrants("access", client.subscription_id, [
+    grants = AccessGrants("access", client.subscription_id, [
         ("compute-reads-data", "Storage Blob Data Reader", job_identity, data_scope),
         ("compute-writes-logs", "Storage Blob Data Contributor", job_identity, logs_scope),
         ("compute-pulls-images", "AcrPull", job_identity, registry.registry.id),
@@ -63,6 +63,10 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
         ("workspace-reads-data", "Storage Blob Data Reader", workspace_identity, data_scope),
         ("workspace-reads-logs", "Storage Blob Data Reader", workspace_identity, logs_scope),
     ])
+    # Clusters come last: no-public-IP nodes need the workspace endpoint, and the first job's image pull the grant.
+    compute = ComputeClusters("compute", group.name, cfg.location, ws.workspace.name, net.compute_subnet.id,
+                              cfg.clusters, tags, identity, ssh_public_key,
+                              depends_on=[*ws.endpoint.ready, grants.by_label["compute-pulls-images"]])
 
     return {
         "subscription_id": client.subscription_id,

@@ -2,6 +2,7 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEV_FILE = ROOT / "Pulumi.dev.yaml"
+PROD_FILE = ROOT / "Pulumi.prod.yaml"
 
 
 def one(mocks, type_suffix, name):

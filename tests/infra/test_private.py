@@ -5,12 +5,15 @@ Azure's rules these tests hold the program to (https://learn.microsoft.com/azure
   and the endpoint's DNS zone group points at that zone;
 - a VNet resolves a zone name through one linked zone: endpoints needing the same zone share it.
 """
+import copy
+
 import pulumi
 import pytest
-from pulumi.runtime.sync_await import _sync_await
+from infra_helpers import PROD_FILE, ROOT, one
 from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
 
-from trainingplatform import mocked, privatelink
+from trainingplatform import compute as compute_module, mocked, privatelink, review
 
 
 def _run(body):
@@ -82,20 +85,7 @@ def test_unknown_group_id_names_the_fix():
 
 # ---- the platform under mocks: dev (public workspace) and prod (the fully private profile) ----
 
-import copy  # noqa: E402
-
-from infra_helpers import ROOT, one  # noqa: E402
-
-from trainingplatform import compute as compute_module, review  # noqa: E402
-
-PROD_FILE = ROOT / "Pulumi.prod.yaml"
 AML_ZONES = {"privatelink.api.azureml.ms", "privatelink.notebooks.azure.net"}
-
-
-@pytest.fixture(scope="module")
-def prod():
-    raw, location = mocked.read_stack_file(PROD_FILE)
-    return mocked.run(raw, "prod", location)
 
 
 def _endpoints_to(mocks, target_id):

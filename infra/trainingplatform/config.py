@@ -29,6 +29,9 @@ class Network:
     compute_subnet_cidr: str
     private_endpoint_subnet_cidr: str
     allowed_client_ips: tuple[str, ...]
+    # True: outbound only to the service tags Azure ML documents (plus the VNet), the internet denied.
+    # False: the NSG filters inbound only; outbound goes anywhere through the NAT gateway.
+    restrict_outbound: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class PlatformConfig:
     max_total_gpus: int
     max_total_nodes: int
     tags: dict[str, str]
+    key_vault_public_access: bool = True
     # The data stack (storage, NFS) this platform attaches to, "<org>/<project>/<stack>"; None: the data
     # project's stack of the same name in the same organization (see datastack.py).
     data_stack: str | None = None
@@ -73,6 +77,13 @@ class PlatformConfig:
     users: tuple[Principal, ...] | None = None
     # Reach the data stack's NFS share from this platform's VNet (a private endpoint per platform life).
     mount_nfs: bool = True
+
+    @property
+    def private_services(self) -> tuple[str, ...]:
+        """The services declared without public network access (each then gets a private endpoint)."""
+        return tuple(name for name, public in (("workspace", self.workspace_public_access),
+                                               ("registry", self.registry_public_access),
+                                               ("keyVault", self.key_vault_public_access)) if not public)
 
     @property
     def total_max_gpus(self) -> int:
@@ -152,24 +163,50 @@ def _network(r: _Reader, raw: dict, key: str) -> Network | None:
                   f"overlaps computeSubnetCidr {nets['computeSubnetCidr']}; subnets must not overlap")
         if nets["privateEndpointSubnetCidr"].num_addresses < 16:
             r.bad(p + "privateEndpointSubnetCidr", str(nets["privateEndpointSubnetCidr"]), "needs /28 or larger")
-    ips = client_ips(r, n, p)
+    ips = _client_ips(r, n, p)
+    restrict = r.get(n, "restrictOutbound", p, bool, False)
     if len(nets) < 3:
         return None
     return Network(str(nets["vnetCidr"]), str(nets["computeSubnetCidr"]), str(nets["privateEndpointSubnetCidr"]),
-                   tuple(str(i) for i in ips or []))
+                   ips, restrict)
 
 
-def client_ips(r: _Reader, n: dict, p: str) -> list:
-    """`allowedClientIps` under `n` (shared with the data stack's config)."""
-    ips = r.get(n, "allowedClientIps", p, list, [], "a list of public IPs or CIDRs allowed to reach storage")
+def _client_ips(r: _Reader, n: dict, p: str) -> tuple[str, ...]:
+    """Public IPv4 addresses or ranges the storage and Key Vault firewalls admit.
+
+    Azure Storage's rules (https://learn.microsoft.com/azure/storage/common/storage-network-security,
+    "Restrictions for IP network rules"): public internet addresses only (no RFC 1918 ranges), IPv4 only,
+    and no /31 or /32 prefixes (a single address is written without a prefix). Azure would reject such a
+    rule only at deploy time, after other resources exist.
+    """
+    key = p + "allowedClientIps"
+    ips = r.get(n, "allowedClientIps", p, list, [], "a list of public IPv4 addresses or CIDRs allowed to reach storage")
+    out = []
     for ip in ips or []:
+        text = str(ip).strip()
         try:
-            net = ipaddress.ip_network(str(ip), strict=False)
-            if net.is_private:
-                r.bad(p + "allowedClientIps", ip, "storage firewall rules take public addresses only")
+            net = ipaddress.ip_network(text, strict=False)
         except ValueError:
-            r.bad(p + "allowedClientIps", ip, "not an IP address or CIDR")
-    return ips or []
+            r.bad(key, ip, "not an IP address or CIDR; write an address such as 52.10.20.30 or a range such as "
+                  "52.10.20.0/24")
+            continue
+        if net.version == 6:
+            r.bad(key, ip, "Azure Storage firewalls take IPv4 only; find your IPv4 address with "
+                  "`curl -4 ifconfig.me` and list that")
+            continue
+        if net.is_private or not net.is_global:
+            r.bad(key, ip, "storage firewall rules take public internet addresses only (not 10.x, 172.16-31.x, "
+                  "192.168.x or other reserved ranges); machines inside the VNet get in through it")
+            continue
+        if "/" in text and net.prefixlen >= 31:
+            fix = " and ".join(str(a) for a in (net if net.prefixlen == 31 else [net.network_address]))
+            r.bad(key, ip, f"Azure Storage does not accept /31 or /32 prefixes; write {fix} (no prefix) instead")
+            continue
+        if "/" in text and str(net) != text:
+            r.bad(key, ip, f"host bits set; write the network address {net} instead")
+            continue
+        out.append(text)
+    return tuple(out)
 
 
 def _users(r: _Reader, raw: dict) -> tuple[Principal, ...] | None:
@@ -293,12 +330,13 @@ def load(raw: dict, stack: str, location: str | None, today: dt.date | None = No
         build = cpu[0] if cpu else clusters[0].name
     ws_public = r.get(raw, "workspacePublicAccess", "", bool, True)
     acr_public = r.get(raw, "registryPublicAccess", "", bool, True)
+    kv_public = r.get(raw, "keyVaultPublicAccess", "", bool, True)
     tags = r.get(raw, "tags", "", dict, {})
     if r.problems:
         raise ConfigError(r.problems)
     return PlatformConfig(stack, prefix, location, network, clusters, ws_public, acr_public, build,
                           max_gpus, max_nodes, {"project": PROJECT, "stack": stack, **{str(k): str(v) for k, v in tags.items()}},
-                          data_stack, users, mount_nfs)
+                          kv_public, data_stack, users, mount_nfs)
 
 
 def from_pulumi() -> PlatformConfig:
@@ -309,7 +347,8 @@ def from_pulumi() -> PlatformConfig:
 
     cfg = pulumi.Config()
     keys = ("prefix", "network", "storage", "nfs", "clusters", "imageBuildCluster", "maxTotalGpus",
-            "maxTotalNodes", "workspacePublicAccess", "registryPublicAccess", "tags", "users", "dataStack", "mountNfs")
+            "maxTotalNodes", "workspacePublicAccess", "registryPublicAccess", "keyVaultPublicAccess", "tags", "users",
+            "dataStack", "mountNfs")
     raw = {}
     for k in keys:
         text = cfg.get(k)

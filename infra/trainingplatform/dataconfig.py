@@ -92,7 +92,7 @@ def load(raw: dict, stack: str, location: str | None) -> DataConfig:
     if prefix is not None and not config._PREFIX.match(prefix):
         r.bad("prefix", prefix, "2-8 lowercase letters and digits, starting with a letter (it goes into "
               "storage account names)")
-    ips = config.client_ips(r, raw, "")
+    ips = config._client_ips(r, raw, "")
     storage = _storage(r, raw)
     nfs = _nfs(r, raw)
     tags = r.get(raw, "tags", "", dict, {})

@@ -12,7 +12,7 @@ from pulumi_azure_native import authorization, resources
 
 from . import naming
 from .access import AccessGrants, Grant, container_scope
-from .compute import ComputeClusters, describe
+from .compute import ComputeClusters, compute_identity, describe
 from .config import PlatformConfig
 from .datastack import DataStackReference, default_reference
 from .network import PlatformNetwork
@@ -46,13 +46,13 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
                                  endpoints, dns, tags))
 
     registry = Registry("registry", group.name, cfg.location, cfg.prefix, cfg.stack, suffix,
-                        cfg.registry_public_access, tags)
+                        cfg.registry_public_access, tags, endpoints, dns)
     ws = Workspace("ml", group.name, cfg.location, cfg, client.tenant_id, rand.result, suffix, registry.registry.id,
-                   net.compute_subnet.id, data, tags)
-    compute = ComputeClusters("compute", group.name, cfg.location, ws.workspace.name, net.compute_subnet.id,
-                              cfg.clusters, tags, ssh_public_key)
+                   net.compute_subnet.id, data, tags, endpoints, dns,
+                   depends_on=registry.link.ready if registry.link else ())
+    identity = compute_identity("compute", group.name, cfg.location, tags)
 
-    job_identity = compute.identity.principal_id
+    job_identity = identity.principal_id
     workspace_identity = ws.workspace.identity.apply(lambda i: i.principal_id)
     data_scope = container_scope(data.data_account.id, data.data_container.name)
     logs_scope = container_scope(data.logs_account.id, data.logs_container.name)
@@ -77,6 +77,10 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
             Grant(f"{label}-submits-jobs", "AzureML Data Scientist", principal, ws.workspace.id, kind),
         ]
     access = AccessGrants("access", client.subscription_id, grants)
+    # Clusters come last: no-public-IP nodes need the workspace endpoint, and the first job's image pull the grant.
+    compute = ComputeClusters("compute", group.name, cfg.location, ws.workspace.name, net.compute_subnet.id,
+                              cfg.clusters, tags, identity, ssh_public_key,
+                              depends_on=[*ws.endpoint.ready, access.assignments["compute-pulls-images"]])
 
     nfs = None
     if data.nfs is not None:

@@ -1,5 +1,7 @@
 """The policy pack against what the mocked dev stack declares (all pass) and against bad resources."""
 import copy
+import json
+import pathlib
 
 import pytest
 from pulumi_policy.policy import PolicyResourceOptions, ResourceValidationArgs, StackValidationArgs, PolicyResource
@@ -7,16 +9,17 @@ from pulumi_policy.policy import PolicyResourceOptions, ResourceValidationArgs, 
 import training_policies as tp
 
 
-def _validate(policy, resource_type, props):
+def _validate(policy, resource_type, props, config=None):
     violations = []
     args = ResourceValidationArgs(resource_type, props, "urn:test", "test",
-                                  PolicyResourceOptions(False, [], None, [], None, []), None, {})
+                                  PolicyResourceOptions(False, [], None, [], None, []), None, config or {})
     policy.validate(args, lambda message, urn=None: violations.append(message))
     return violations
 
 
 def _resource_policies():
-    return [p for p in tp.policies() if hasattr(p, "validate") and p.name != "gpu-budget"]
+    """The per-resource rules of RULES (the other policies have tests of their own below)."""
+    return [p for p in tp.policies() if p.name in {rule.name for rule in tp.RULES}]
 
 
 def test_every_policy_passes_on_the_dev_stack(dev, dev_data):
@@ -71,3 +74,65 @@ def test_gpu_budget_policy(dev):
         budget.validate(StackValidationArgs(resources, {"maxGpus": cap}), _reporter(violations))
         assert len(violations) == expected, (cap, violations)
     assert "can scale to 16 GPUs, above this stack's cap of 8" in violations[0]
+
+
+def _stack(mocks, drop=lambda r: False):
+    return [PolicyResource(r.type, r.inputs, "urn", r.name, None, None, None, [], {})
+            for r in mocks.resources if not drop(r)]
+
+
+def _stack_violations(policy_name, resources, config=None):
+    policy = next(p for p in tp.policies() if p.name == policy_name)
+    violations: list[str] = []
+    policy.validate(StackValidationArgs(resources, config or {}), _reporter(violations))
+    return violations
+
+
+def test_workspace_endpoint_policy(dev):
+    mocks, _ = dev
+    name = "workspace-endpoint-for-private-nodes"
+    assert _stack_violations(name, _stack(mocks)) == []
+    # Without the workspace endpoint: refused, as Azure ML would refuse the clusters.
+    no_endpoint = _stack(mocks, lambda r: r.type.endswith("PrivateEndpoint")
+                         and r.inputs["privateLinkServiceConnections"][0]["groupIds"] == ["amlworkspace"])
+    violations = _stack_violations(name, no_endpoint)
+    assert len(violations) == 1 and "need a workspace private endpoint (group amlworkspace)" in violations[0]
+    # Endpoint present but the notebooks zone missing: refused, naming the zone.
+    no_zone = _stack(mocks, lambda r: r.type.endswith("PrivateZone")
+                     and r.inputs["privateZoneName"] == "privatelink.notebooks.azure.net")
+    violations = _stack_violations(name, no_zone)
+    assert len(violations) == 1 and "privatelink.notebooks.azure.net" in violations[0]
+    # Nodes with public IPs do not need it.
+    public_nodes = copy.deepcopy(no_endpoint)
+    for r in public_nodes:
+        if r.resource_type == tp.COMPUTE:
+            r.props["properties"]["properties"]["enableNodePublicIp"] = True
+    assert _stack_violations(name, public_nodes) == []
+
+
+def test_private_profile_policy(dev, prod):
+    policy = next(p for p in tp.policies() if p.name == "no-public-network-access-in-private-profile")
+    on = {"privateProfile": True}
+    prod_mocks, _ = prod
+    checked = set()
+    for r in prod_mocks.resources:
+        assert _validate(policy, r.type, r.inputs, on) == [], r.name
+        checked.add(r.type)
+    assert set(tp.PRIVATE_PROFILE_TYPES) <= checked
+    dev_mocks, _ = dev
+    failing = {r.name: _validate(policy, r.type, r.inputs, on) for r in dev_mocks.resources}
+    failing = {k: v for k, v in failing.items() if v}
+    assert sorted(failing) == ["ml-kv", "ml-workspace", "registry-acr"]
+    assert "publicNetworkAccess 'Enabled' in the private profile: set it to Disabled" in failing["registry-acr"][0]
+    # Off by default: the dev stack is not the private profile.
+    assert all(_validate(policy, r.type, r.inputs) == [] for r in dev_mocks.resources)
+    # The committed policy config turns it on.
+    config = json.loads((pathlib.Path(tp.__file__).parent / "private-profile.json").read_text())
+    assert config[policy.name] == on
+
+
+def test_every_stack_policy_passes_on_dev_and_prod(dev, prod):
+    for mocks, _ in (dev, prod):
+        resources = _stack(mocks)
+        assert _stack_violations("workspace-endpoint-for-private-nodes", resources) == []
+        assert _stack_violations("gpu-budget", resources, {"maxGpus": 64}) == []

@@ -1,13 +1,14 @@
 import subprocess
 import sys
 
-from infra_helpers import DATA_DEV_FILE, DEV_FILE, ROOT
+from infra_helpers import DATA_DEV_FILE, DATA_PROD_FILE, DEV_FILE, ROOT
 
 from trainingplatform import review
 
 
 def test_committed_review_files_are_current():
-    for stack_file, review_file in ((DEV_FILE, "dev.txt"), (DATA_DEV_FILE, "data-dev.txt")):
+    for stack_file, review_file in ((DEV_FILE, "dev.txt"), (DATA_DEV_FILE, "data-dev.txt"),
+                                    (DATA_PROD_FILE, "data-prod.txt")):
         current = (ROOT / "infra" / "review" / review_file).read_text()
         assert review.render(stack_file) == current, (
             f"infra/review/{review_file} is out of date: run scripts/review-infra dev and commit the result")

@@ -178,6 +178,9 @@ def run(raw: dict, stack: str, location: str | None, mocks: RecordingMocks | Non
     reference = cfg.data_stack or datastack.default_reference(ORGANIZATION, stack)
     if reference not in mocks.stack_outputs:
         if data_outputs is None:
+            if not data_stack_file(stack).is_file():
+                raise FileNotFoundError(f"no data stack file {data_stack_file(stack)} for stack {stack}: copy "
+                                        "infra/data-stack/Pulumi.dev.yaml to it (README, \"Deploy\")")
             data_raw, data_location = read_stack_file(data_stack_file(stack), dataconfig.PROJECT)
             _, data_outputs = run_data(data_raw, stack, data_location, RecordingMocks(subscription=mocks.subscription))
         mocks.stack_outputs[reference] = data_outputs

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         sys.stdout.write(render(args.stack_file))
-    except config.ConfigError as e:
+    except (config.ConfigError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -108,8 +108,8 @@ def test_platform_and_data_stack_must_fit(dev_raw, dev_data):
     assert not [r for r in mocks.of_type("PrivateEndpoint") if r.inputs["privateLinkServiceConnections"][0]["groupIds"] == ["file"]]
 
 
-def test_the_platform_reads_the_data_stack_of_its_name_unless_told(dev_raw, dev_data):
-    mocks, outputs = dev_raw and mocked.run(copy.deepcopy(dev_raw[0]), "dev", dev_raw[1], data_outputs=dev_data[1])
+def test_the_platform_reads_the_data_stack_of_its_name_unless_told(dev, dev_raw, dev_data):
+    mocks, outputs = dev
     refs = [r.inputs["name"] for r in mocks.of_type("StackReference")]
     assert refs == ["organization/azure-horovod-training-data/dev"] == [outputs["data_stack"]]
     raw = dict(copy.deepcopy(dev_raw[0]), dataStack="acme/azure-horovod-training-data/shared")

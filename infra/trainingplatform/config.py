@@ -79,13 +79,6 @@ class PlatformConfig:
     mount_nfs: bool = True
 
     @property
-    def private_services(self) -> tuple[str, ...]:
-        """The services declared without public network access (each then gets a private endpoint)."""
-        return tuple(name for name, public in (("workspace", self.workspace_public_access),
-                                               ("registry", self.registry_public_access),
-                                               ("keyVault", self.key_vault_public_access)) if not public)
-
-    @property
     def total_max_gpus(self) -> int:
         return sum(c.max_nodes * c.size.gpus for c in self.clusters)
 

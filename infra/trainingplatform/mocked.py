@@ -89,7 +89,7 @@ class RecordingMocks(Mocks):
         """Logical names of the resources `name` was declared to depend on (explicit depends_on only)."""
         opts = self.options.get(name)
         deps = (opts.depends_on if opts else None) or []
-        return {d._name for d in (deps if isinstance(deps, list) else [deps]) if isinstance(d, pulumi.Resource)}
+        return {d.pulumi_resource_name for d in (deps if isinstance(deps, list) else [deps]) if isinstance(d, pulumi.Resource)}
 
 
 # Which input holds the Azure name of each resource type (others fall back to the logical name).

@@ -20,7 +20,13 @@ REGISTRY = "azure-native:containerregistry:Registry"
 VAULT = "azure-native:keyvault:Vault"
 COMPUTE = "azure-native:machinelearningservices:Compute"
 WORKSPACE = "azure-native:machinelearningservices:Workspace"
+PRIVATE_ENDPOINT = "azure-native:network:PrivateEndpoint"
+PRIVATE_ZONE = "azure-native:privatedns:PrivateZone"
 DEFAULT_MAX_GPUS = 64
+# The zones a workspace endpoint registers in (public cloud; Azure ML's how-to-custom-dns).
+AML_ZONES = ("privatelink.api.azureml.ms", "privatelink.notebooks.azure.net")
+# Resources that must have public network access off in the private profile (policy config privateProfile).
+PRIVATE_PROFILE_TYPES = {REGISTRY: "container registry", VAULT: "Key Vault", WORKSPACE: "Azure ML workspace"}
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,8 @@ def _compute_private(p):
 
 def _compute_ssh(p):
     props = _aml(p)
-    if props and props.get("remoteLoginPortPublicAccess") != "Disabled":
+    if props and (props.get("remoteLoginPortPublicAccess") != "Disabled"
+                  or (props.get("userAccountCredentials") or {}).get("adminUserSshPublicKey")):
         return "SSH to compute nodes is on: keep it off unless debugging (sshEnabled in the stack config)"
 
 
@@ -143,6 +150,40 @@ def check_gpu_budget(resources: Iterable[tuple[str, dict]], max_gpus: int = DEFA
                 "or raise the policy's maxGpus deliberately")
 
 
+def check_workspace_endpoint(resources: Iterable[tuple[str, dict]]) -> str | None:
+    """Clusters without node public IP need the workspace's private endpoint and its DNS zones.
+
+    Azure ML refuses them otherwise ("Provided EnableNodePublicIp 'False' requires workspace private
+    endpoint"; how-to-secure-training-vnet: "You must use a workspace private endpoint").
+    """
+    resources = list(resources)
+    private_nodes = [p for t, p in resources if t == COMPUTE and _aml(p).get("enableNodePublicIp") is False]
+    if not private_nodes:
+        return None
+    endpoint = any(t == PRIVATE_ENDPOINT and any("amlworkspace" in (c.get("groupIds") or [])
+                                                 for c in p.get("privateLinkServiceConnections") or [])
+                   for t, p in resources)
+    if not endpoint:
+        return ("compute clusters without node public IP need a workspace private endpoint (group amlworkspace) "
+                "in the VNet: Azure ML refuses to create them otherwise")
+    zones = {p.get("privateZoneName") for t, p in resources if t == PRIVATE_ZONE}
+    missing = [z for z in AML_ZONES if z not in zones]
+    if missing:
+        return (f"the workspace private endpoint needs the private DNS zones {', '.join(missing)} linked to the "
+                "VNet, or nodes resolve the workspace to its public address")
+
+
+def check_private_profile(resource_type: str, props: dict) -> str | None:
+    """In the private profile, the registry, Key Vault and workspace take no traffic from the internet."""
+    if resource_type not in PRIVATE_PROFILE_TYPES:
+        return None
+    value = ((props.get("properties") or {}) if resource_type == VAULT else props).get("publicNetworkAccess")
+    if value != "Disabled":
+        return (f"the {PRIVATE_PROFILE_TYPES[resource_type]} has publicNetworkAccess {value!r} in the private "
+                "profile: set it to Disabled (registryPublicAccess / keyVaultPublicAccess / workspacePublicAccess: "
+                "false in the stack config), which brings its private endpoint")
+
+
 def policies() -> list:
     """The rules as pulumi-policy objects (what the pack serves to `pulumi preview --policy-pack`)."""
     from pulumi_policy import (EnforcementLevel, PolicyConfigSchema, ResourceValidationPolicy,
@@ -167,4 +208,25 @@ def policies() -> list:
         name="gpu-budget", description="Cap on the GPUs all clusters together can scale to", validate=gpu_budget,
         enforcement_level=EnforcementLevel.MANDATORY,
         config_schema=PolicyConfigSchema(properties={"maxGpus": {"type": "integer", "default": DEFAULT_MAX_GPUS}}))
-    return [*(resource_policy(r) for r in RULES), budget]
+    def workspace_endpoint(args, report_violation):
+        message = check_workspace_endpoint((r.resource_type, r.props) for r in args.resources)
+        if message:
+            report_violation(message)
+
+    endpoint = StackValidationPolicy(
+        name="workspace-endpoint-for-private-nodes",
+        description="Clusters without node public IP come with the workspace private endpoint and its DNS zones",
+        validate=workspace_endpoint, enforcement_level=EnforcementLevel.MANDATORY)
+
+    def private_profile(args, report_violation):
+        if (args.get_config() or {}).get("privateProfile") and (
+                message := check_private_profile(args.resource_type, args.props)):
+            report_violation(message)
+
+    private = ResourceValidationPolicy(
+        name="no-public-network-access-in-private-profile",
+        description="In the private profile (policy config privateProfile: true), registry, Key Vault and workspace "
+                    "have public network access disabled",
+        validate=private_profile, enforcement_level=EnforcementLevel.MANDATORY,
+        config_schema=PolicyConfigSchema(properties={"privateProfile": {"type": "boolean", "default": False}}))
+    return [*(resource_policy(r) for r in RULES), budget, endpoint, private]

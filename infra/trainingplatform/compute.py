@@ -1,26 +1,54 @@
 """GPU (and CPU smoke-test) compute clusters from config, all sharing one user-assigned identity.
 
-Nodes sit in the compute subnet with no public IP and SSH off unless a cluster asks for it; clusters
-scale to `minNodes` (0 by default) after `idleSecondsBeforeScaleDown`.
+Nodes sit in the compute subnet with no public IP; clusters scale to `minNodes` (0 by default) after
+`idleSecondsBeforeScaleDown`. Nodes without a public IP have no public SSH port: `sshEnabled` puts the
+admin user's key on the nodes, and SSH works from inside the VNet (a jump host, Bastion or VPN) to a
+node's private IP (`az ml compute list-nodes`), which the NSG's default AllowVnetInBound rule admits.
 """
 from __future__ import annotations
+
+from typing import Sequence
 
 import pulumi
 from pulumi_azure_native import machinelearningservices as ml, managedidentity
 
 from .config import Cluster
 
+# What Azure ML cannot change on an existing cluster. Its update call carries scale settings only
+# (REST "Compute - Update": ClusterUpdateParameters.properties.properties.scaleSettings; `az ml compute
+# update` and Update-AzMLWorkspaceCompute offer min/max nodes and idle time), so a PUT with a new VM size,
+# priority, subnet, node public IP or identity is answered with success and the cluster keeps the old one.
+# Replacing is the only way; the cluster name is fixed, so the old one must go first.
+REPLACE_ON_CHANGES = (
+    "properties.properties.vmSize",
+    "properties.properties.vmPriority",
+    "properties.properties.subnet",
+    "properties.properties.enableNodePublicIp",
+    "identity",
+)
+
+
+def compute_identity(name: str, resource_group, location: str, tags: dict,
+                     opts: pulumi.ResourceOptions | None = None) -> managedidentity.UserAssignedIdentity:
+    """The clusters' one identity, declared on its own so its role grants can exist before any cluster."""
+    return managedidentity.UserAssignedIdentity(f"{name}-identity", resource_group_name=resource_group,
+                                                location=location, tags=tags, opts=opts)
+
 
 class ComputeClusters(pulumi.ComponentResource):
-    """Outputs: identity (principal and client ids), clusters {name: {vm_size, gpus_per_node, infiniband, ...}}."""
+    """Outputs: identity (principal and client ids), clusters {name: {vm_size, gpus_per_node, infiniband, ...}}.
+
+    depends_on: what a cluster needs before Azure ML provisions it: the workspace private endpoint with its
+    DNS (no-public-IP nodes reach the workspace only through it) and the identity's AcrPull grant (the
+    first job pulls its image with it).
+    """
 
     def __init__(self, name: str, resource_group, location: str, workspace_name, subnet_id,
-                 clusters: tuple[Cluster, ...], tags: dict, ssh_public_key: pulumi.Input[str] | None = None,
+                 clusters: tuple[Cluster, ...], tags: dict, identity: managedidentity.UserAssignedIdentity,
+                 ssh_public_key: pulumi.Input[str] | None = None, depends_on: Sequence[pulumi.Resource] = (),
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainingplatform:compute:ComputeClusters", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        self.identity = managedidentity.UserAssignedIdentity(f"{name}-identity", resource_group_name=resource_group,
-                                                             location=location, tags=tags, opts=child)
+        self.identity = identity
         self.clusters: dict[str, ml.Compute] = {}
         for c in clusters:
             ssh = None
@@ -32,7 +60,7 @@ class ComputeClusters(pulumi.ComponentResource):
             self.clusters[c.name] = ml.Compute(
                 f"{name}-{c.name}", compute_name=c.name, resource_group_name=resource_group, workspace_name=workspace_name,
                 location=location,
-                identity=ml.ManagedServiceIdentityArgs(type="UserAssigned", user_assigned_identities=[self.identity.id]),
+                identity=ml.ManagedServiceIdentityArgs(type="UserAssigned", user_assigned_identities=[identity.id]),
                 properties=ml.AmlComputeArgs(
                     compute_type="AmlCompute", disable_local_auth=True,
                     description=f"{c.size.gpus}x {c.size.gpu_model or 'CPU'}"
@@ -40,14 +68,18 @@ class ComputeClusters(pulumi.ComponentResource):
                     properties=ml.AmlComputePropertiesArgs(
                         vm_size=c.vm_size, vm_priority="LowPriority" if c.low_priority else "Dedicated",
                         os_type="Linux", enable_node_public_ip=False, isolated_network=False,
-                        remote_login_port_public_access="Enabled" if c.ssh_enabled else "Disabled",
+                        # Nodes have no public IP, so there is no public SSH port to open; with sshEnabled
+                        # the key below admits SSH from inside the VNet.
+                        remote_login_port_public_access="Disabled",
                         user_account_credentials=ssh,
                         subnet=ml.ResourceIdArgs(id=subnet_id),
                         scale_settings=ml.ScaleSettingsArgs(
                             min_node_count=c.min_nodes, max_node_count=c.max_nodes,
                             node_idle_time_before_scale_down=f"PT{c.idle_seconds_before_scale_down}S"))),
-                tags=tags, opts=child)
-        self.register_outputs({"identity": self.identity.principal_id})
+                tags=tags,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends_on),
+                                            replace_on_changes=list(REPLACE_ON_CHANGES), delete_before_replace=True))
+        self.register_outputs({"identity": identity.principal_id})
 
 
 def describe(c: Cluster) -> dict:

@@ -29,24 +29,16 @@ class Network:
     compute_subnet_cidr: str
     private_endpoint_subnet_cidr: str
     allowed_client_ips: tuple[str, ...]
+    # True: outbound only to the service tags Azure ML documents (plus the VNet), the internet denied.
+    # False: the NSG filters inbound only; outbound goes anywhere through the NAT gateway.
+    restrict_outbound: bool = False
 
 
 @dataclass(frozen=True)
-class Storage:
-    data_container: str
-    logs_container: str
-    replication: str              # LRS | ZRS
-    soft_delete_days: int
-    retain_on_delete: bool
-
-
-@dataclass(frozen=True)
-class Nfs:
-    enabled: bool
-    share_name: str
-    quota_gib: int
-    root_squash: str
-    retain_on_delete: bool
+class Principal:
+    """An Entra user, group or service principal that uses the platform (config `users`)."""
+    object_id: str
+    type: str                     # User | Group | ServicePrincipal (Azure's principalType)
 
 
 @dataclass(frozen=True)
@@ -70,8 +62,6 @@ class PlatformConfig:
     prefix: str
     location: str
     network: Network
-    storage: Storage
-    nfs: Nfs
     clusters: tuple[Cluster, ...]
     workspace_public_access: bool
     registry_public_access: bool
@@ -79,6 +69,14 @@ class PlatformConfig:
     max_total_gpus: int
     max_total_nodes: int
     tags: dict[str, str]
+    key_vault_public_access: bool = True
+    # The data stack (storage, NFS) this platform attaches to, "<org>/<project>/<stack>"; None: the data
+    # project's stack of the same name in the same organization (see datastack.py).
+    data_stack: str | None = None
+    # Who gets the user roles (access.py); None: the principal that runs `pulumi up`.
+    users: tuple[Principal, ...] | None = None
+    # Reach the data stack's NFS share from this platform's VNet (a private endpoint per platform life).
+    mount_nfs: bool = True
 
     @property
     def total_max_gpus(self) -> int:
@@ -90,6 +88,9 @@ _PREFIX = re.compile(r"^[a-z][a-z0-9]{1,7}$")
 _CLUSTER = re.compile(r"^[a-zA-Z][a-zA-Z0-9-]{1,14}[a-zA-Z0-9]$")   # AML: 3-16 chars
 _CONTAINER = re.compile(r"^[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]$")
 _SHARE = _CONTAINER
+_GUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+_STACK_REF = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+PRINCIPAL_TYPES = ("User", "Group", "ServicePrincipal")
 
 
 class _Reader:
@@ -155,46 +156,75 @@ def _network(r: _Reader, raw: dict, key: str) -> Network | None:
                   f"overlaps computeSubnetCidr {nets['computeSubnetCidr']}; subnets must not overlap")
         if nets["privateEndpointSubnetCidr"].num_addresses < 16:
             r.bad(p + "privateEndpointSubnetCidr", str(nets["privateEndpointSubnetCidr"]), "needs /28 or larger")
-    ips = r.get(n, "allowedClientIps", p, list, [], "a list of public IPs or CIDRs allowed to reach storage")
-    for ip in ips or []:
-        try:
-            net = ipaddress.ip_network(str(ip), strict=False)
-            if net.is_private:
-                r.bad(p + "allowedClientIps", ip, "storage firewall rules take public addresses only")
-        except ValueError:
-            r.bad(p + "allowedClientIps", ip, "not an IP address or CIDR")
+    ips = _client_ips(r, n, p)
+    restrict = r.get(n, "restrictOutbound", p, bool, False)
     if len(nets) < 3:
         return None
     return Network(str(nets["vnetCidr"]), str(nets["computeSubnetCidr"]), str(nets["privateEndpointSubnetCidr"]),
-                   tuple(str(i) for i in ips or []))
+                   ips, restrict)
 
 
-def _storage(r: _Reader, raw: dict) -> Storage:
-    s = r.get(raw, "storage", "", dict, {})
-    p = "storage."
-    data = r.get(s, "dataContainer", p, str, "training-data")
-    logs = r.get(s, "logsContainer", p, str, "logs")
-    for k, v in (("dataContainer", data), ("logsContainer", logs)):
-        if v is not None and not _CONTAINER.match(v):
-            r.bad(p + k, v, "3-63 lowercase letters, digits and single hyphens")
-    repl = r.choice(s, "replication", p, "LRS", ("LRS", "ZRS"),
-                    "LRS or ZRS (premium block blob and file storage offer no geo-replication)")
-    days = r.within(s, "softDeleteDays", p, 14, 1, 365, "1 to 365 days")
-    retain = r.get(s, "retainOnDelete", p, bool, True)
-    return Storage(data, logs, repl, days, retain)
+def _client_ips(r: _Reader, n: dict, p: str) -> tuple[str, ...]:
+    """Public IPv4 addresses or ranges the storage and Key Vault firewalls admit.
+
+    Azure Storage's rules (https://learn.microsoft.com/azure/storage/common/storage-network-security,
+    "Restrictions for IP network rules"): public internet addresses only (no RFC 1918 ranges), IPv4 only,
+    and no /31 or /32 prefixes (a single address is written without a prefix). Azure would reject such a
+    rule only at deploy time, after other resources exist.
+    """
+    key = p + "allowedClientIps"
+    ips = r.get(n, "allowedClientIps", p, list, [], "a list of public IPv4 addresses or CIDRs allowed to reach storage")
+    out = []
+    for ip in ips or []:
+        text = str(ip).strip()
+        try:
+            net = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            r.bad(key, ip, "not an IP address or CIDR; write an address such as 52.10.20.30 or a range such as "
+                  "52.10.20.0/24")
+            continue
+        if net.version == 6:
+            r.bad(key, ip, "Azure Storage firewalls take IPv4 only; find your IPv4 address with "
+                  "`curl -4 ifconfig.me` and list that")
+            continue
+        if net.is_private or not net.is_global:
+            r.bad(key, ip, "storage firewall rules take public internet addresses only (not 10.x, 172.16-31.x, "
+                  "192.168.x or other reserved ranges); machines inside the VNet get in through it")
+            continue
+        if "/" in text and net.prefixlen >= 31:
+            fix = " and ".join(str(a) for a in (net if net.prefixlen == 31 else [net.network_address]))
+            r.bad(key, ip, f"Azure Storage does not accept /31 or /32 prefixes; write {fix} (no prefix) instead")
+            continue
+        if "/" in text and str(net) != text:
+            r.bad(key, ip, f"host bits set; write the network address {net} instead")
+            continue
+        out.append(text)
+    return tuple(out)
 
 
-def _nfs(r: _Reader, raw: dict) -> Nfs:
-    n = r.get(raw, "nfs", "", dict, {})
-    p = "nfs."
-    enabled = r.get(n, "enabled", p, bool, True)
-    share = r.get(n, "shareName", p, str, "shared")
-    if share is not None and not _SHARE.match(share):
-        r.bad(p + "shareName", share, "3-63 lowercase letters, digits and single hyphens")
-    quota = r.within(n, "quotaGiB", p, 100, 100, 102400, "premium NFS shares take 100 to 102400 GiB")
-    squash = r.choice(n, "rootSquash", p, "RootSquash", ("RootSquash", "NoRootSquash", "AllSquash"),
-                      "RootSquash, NoRootSquash or AllSquash")
-    return Nfs(enabled, share, quota, squash, r.get(n, "retainOnDelete", p, bool, True))
+def _users(r: _Reader, raw: dict) -> tuple[Principal, ...] | None:
+    items = r.get(raw, "users", "", list, None, "a list of {objectId, type} (type: User, Group or ServicePrincipal)")
+    if items is None:
+        return None
+    out, seen = [], set()
+    for i, u in enumerate(items):
+        p = f"users[{i}]."
+        if not isinstance(u, dict):
+            r.bad(f"users[{i}]", u, "expected {objectId: <guid>, type: User|Group|ServicePrincipal}")
+            continue
+        oid = r.get(u, "objectId", p, str, allowed="the Entra object id: `az ad user show --id you@example.com "
+                    "--query id -o tsv` or `az ad group show --group NAME --query id -o tsv`")
+        if oid is not None and not _GUID.match(oid):
+            r.bad(p + "objectId", oid, "an Entra object id (a GUID), not a name or e-mail: "
+                  "`az ad user show --id you@example.com --query id -o tsv`")
+        kind = r.choice(u, "type", p, "User", PRINCIPAL_TYPES, "User, Group or ServicePrincipal (Azure's principalType; "
+                        "a wrong type makes the role assignment fail)")
+        if oid is not None and _GUID.match(oid):
+            if oid.lower() in seen:
+                r.bad(p + "objectId", oid, "listed twice; list each principal once")
+            seen.add(oid.lower())
+            out.append(Principal(oid.lower(), kind))
+    return tuple(out)
 
 
 def _clusters(r: _Reader, raw: dict, today: dt.date) -> tuple[Cluster, ...]:
@@ -255,8 +285,17 @@ def load(raw: dict, stack: str, location: str | None, today: dt.date | None = No
         r.bad("prefix", prefix, "2-8 lowercase letters and digits, starting with a letter (it goes into "
               "storage account names)")
     network = _network(r, raw, "network")
-    storage = _storage(r, raw)
-    nfs = _nfs(r, raw)
+    for moved in ("storage", "nfs"):
+        if moved in raw:
+            r.problems.append(f"{moved} is set in the platform's stack file, but the durable data has a stack of its "
+                              f"own now: move the key to infra/data-stack/Pulumi.<stack>.yaml (as "
+                              f"azure-horovod-training-data:{moved}) and remove it here (README, \"Deploy\")")
+    users = _users(r, raw)
+    mount_nfs = r.get(raw, "mountNfs", "", bool, True)
+    data_stack = r.get(raw, "dataStack", "", str, None)
+    if data_stack is not None and not _STACK_REF.match(data_stack):
+        r.bad("dataStack", data_stack, "a fully qualified stack name <organization>/<project>/<stack>, e.g. "
+              "acme/azure-horovod-training-data/dev; leave it out to use the data stack of the same name")
     clusters = _clusters(r, raw, today)
     max_gpus = r.get(raw, "maxTotalGpus", "", int, 64)
     max_nodes = r.get(raw, "maxTotalNodes", "", int, 32)
@@ -284,11 +323,13 @@ def load(raw: dict, stack: str, location: str | None, today: dt.date | None = No
         build = cpu[0] if cpu else clusters[0].name
     ws_public = r.get(raw, "workspacePublicAccess", "", bool, True)
     acr_public = r.get(raw, "registryPublicAccess", "", bool, True)
+    kv_public = r.get(raw, "keyVaultPublicAccess", "", bool, True)
     tags = r.get(raw, "tags", "", dict, {})
     if r.problems:
         raise ConfigError(r.problems)
-    return PlatformConfig(stack, prefix, location, network, storage, nfs, clusters, ws_public, acr_public, build,
-                          max_gpus, max_nodes, {"project": PROJECT, "stack": stack, **{str(k): str(v) for k, v in tags.items()}})
+    return PlatformConfig(stack, prefix, location, network, clusters, ws_public, acr_public, build,
+                          max_gpus, max_nodes, {"project": PROJECT, "stack": stack, **{str(k): str(v) for k, v in tags.items()}},
+                          kv_public, data_stack, users, mount_nfs)
 
 
 def from_pulumi() -> PlatformConfig:
@@ -299,7 +340,8 @@ def from_pulumi() -> PlatformConfig:
 
     cfg = pulumi.Config()
     keys = ("prefix", "network", "storage", "nfs", "clusters", "imageBuildCluster", "maxTotalGpus",
-            "maxTotalNodes", "workspacePublicAccess", "registryPublicAccess", "tags")
+            "maxTotalNodes", "workspacePublicAccess", "registryPublicAccess", "keyVaultPublicAccess", "tags", "users",
+            "dataStack", "mountNfs")
     raw = {}
     for k in keys:
         text = cfg.get(k)

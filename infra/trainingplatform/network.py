@@ -1,33 +1,90 @@
-"""VNet, subnets, NSG and NAT gateway: compute nodes without public IPs and an explicit way out.
+"""VNet, subnets, NSG and NAT gateway: compute nodes without public IPs and one explicit way out.
 
-Azure ML compute clusters here have no node public IP. Without one, nodes reach the services Azure ML
-needs through outbound NSG rules for their service tags, and everything else (package mirrors, data
-sources) through the NAT gateway's fixed public IP. Inbound from the internet stays denied; traffic inside
-the VNet (MPI, Gloo and NCCL between nodes) is allowed by the NSG's default rule.
+Nodes have no public IP, so nothing on the internet can open a connection to them: the NSG's default
+rules already drop inbound traffic that does not come from the VNet or Azure's load balancer, and the
+explicit deny below only says so. Outbound, two profiles (`network.restrictOutbound`):
+
+- false (dev): the NSG filters inbound only. Outbound traffic goes anywhere through the NAT gateway's
+  fixed public IP (package mirrors, data sources). No outbound allow rules are declared, because next to
+  the default `AllowInternetOutBound` rule they would restrict nothing.
+- true (private profile): outbound is allowed to exactly the service tags Azure ML documents for a
+  VNet-injected, no-public-IP compute (`AML_OUTBOUND`), then every other internet destination is denied.
+  Traffic inside the VNet (MPI, Gloo and NCCL between nodes, private endpoints, the NFS share) stays
+  allowed by the default `AllowVnetOutBound` rule, since the deny targets the `Internet` tag only.
+  The NAT gateway still carries the allowed traffic: those service tags are public Azure addresses.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pulumi
 from pulumi_azure_native import network
 
 from .config import Network
 
-# Outbound service tags a no-public-IP Azure ML cluster needs (Azure ML network isolation docs).
-AML_OUTBOUND = [
-    ("AzureActiveDirectory", "443"),
-    ("AzureMachineLearning", "443"),
-    ("AzureMachineLearning", "8787"),   # compute instance / cluster management
-    ("AzureMachineLearning", "18881"),  # language server on nodes
-    ("BatchNodeManagement", "443"),
-    ("AzureResourceManager", "443"),
-    ("Storage", "443"),
-    ("Storage", "445"),                 # Azure Files (SMB), used by the workspace's code share
-    ("AzureContainerRegistry", "443"),
-    ("MicrosoftContainerRegistry", "443"),
-    ("AzureFrontDoor.FirstParty", "443"),
-    ("AzureMonitor", "443"),
-    ("Keyvault", "443"),
-]
+
+@dataclass(frozen=True)
+class Outbound:
+    tag: str                  # service tag; "{region}" is replaced by the stack's location
+    ports: str                # NSG port range syntax
+    protocol: str             # Tcp | Udp | *
+    why: str
+
+
+# Outbound needs of Azure ML compute without public IP, from Microsoft's tables:
+# https://learn.microsoft.com/azure/machine-learning/how-to-access-azureml-behind-firewall ("Basic configuration",
+# outbound) and https://learn.microsoft.com/azure/machine-learning/how-to-secure-training-vnet ("Compute
+# instance/cluster or serverless compute with no public IP").
+AML_OUTBOUND: tuple[Outbound, ...] = (
+    Outbound("AzureActiveDirectory", "80,443", "Tcp", "Entra ID sign-in of the compute identity"),
+    Outbound("AzureMachineLearning", "443,8787,18881", "Tcp", "Azure ML service"),
+    Outbound("AzureMachineLearning", "5831", "Udp", "Azure ML compute management (no-public-IP nodes)"),
+    Outbound("BatchNodeManagement.{region}", "443", "*", "Azure Batch, which runs Azure ML clusters"),
+    Outbound("AzureResourceManager", "443", "Tcp", "Azure Resource Manager"),
+    Outbound("Storage.{region}", "443", "Tcp", "Storage of the workspace, the data and Azure Batch"),
+    # how-to-access-azureml-behind-firewall, "Firewall between Azure Machine Learning and Azure Storage
+    # endpoints"; how-to-secure-training-vnet, "Limitations": SMB to the workspace storage.
+    Outbound("Storage.{region}", "445", "Tcp", "SMB to the workspace's file share"),
+    Outbound("AzureFrontDoor.Frontend", "443", "Tcp", "Azure ML studio's global entry point"),
+    Outbound("MicrosoftContainerRegistry", "443", "Tcp", "Microsoft's base images"),
+    Outbound("AzureFrontDoor.FirstParty", "443", "Tcp", "Microsoft's base images (MCR's dependency)"),
+    Outbound("AzureMonitor", "443", "Tcp", "Metrics and logs (Application Insights is not behind a private link)"),
+    # Not in Azure ML's table, which assumes every service has a private endpoint: the dev profile reaches
+    # the registry and Key Vault over their public endpoints (Key Vault through the service endpoint).
+    Outbound("AzureContainerRegistry.{region}", "443", "Tcp", "The training images' registry"),
+    Outbound("AzureKeyVault.{region}", "443", "Tcp", "The workspace's Key Vault"),
+)
+
+DENY_PRIORITY = 4000
+
+
+def outbound_rules(location: str) -> list[network.SecurityRuleArgs]:
+    rules = []
+    for i, o in enumerate(AML_OUTBOUND):
+        tag = o.tag.format(region=location)
+        ports = o.ports.split(",")
+        rules.append(network.SecurityRuleArgs(
+            name=f"out-{tag.replace('.', '-').lower()}-{o.protocol.replace('*', 'any').lower()}-{ports[0]}",
+            priority=100 + 10 * i, direction="Outbound", access="Allow", protocol=o.protocol,
+            source_address_prefix="VirtualNetwork", source_port_range="*", destination_address_prefix=tag,
+            **({"destination_port_range": ports[0]} if len(ports) == 1 else {"destination_port_ranges": ports}),
+            description=o.why))
+    rules.append(network.SecurityRuleArgs(
+        name="out-deny-internet", priority=DENY_PRIORITY, direction="Outbound", access="Deny", protocol="*",
+        source_address_prefix="*", source_port_range="*", destination_address_prefix="Internet",
+        destination_port_range="*",
+        description="Nothing else leaves for the internet; VNet traffic stays allowed by AllowVnetOutBound"))
+    return rules
+
+
+def security_rules(cfg: Network, location: str) -> list[network.SecurityRuleArgs]:
+    rules = [network.SecurityRuleArgs(
+        name="in-deny-internet", priority=DENY_PRIORITY, direction="Inbound", access="Deny", protocol="*",
+        source_address_prefix="Internet", source_port_range="*", destination_address_prefix="*",
+        destination_port_range="*", description="No inbound from the internet: nodes have no public IP")]
+    if cfg.restrict_outbound:
+        rules.extend(outbound_rules(location))
+    return rules
 
 
 class PlatformNetwork(pulumi.ComponentResource):
@@ -37,20 +94,9 @@ class PlatformNetwork(pulumi.ComponentResource):
                  tags: dict, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainingplatform:network:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        rules = [
-            network.SecurityRuleArgs(
-                name=f"out-{tag.replace('.', '-').lower()}-{port}", priority=100 + i, direction="Outbound",
-                access="Allow", protocol="Tcp", source_address_prefix="VirtualNetwork", source_port_range="*",
-                destination_address_prefix=tag, destination_port_range=port,
-                description=f"Azure ML compute needs {tag} on {port}")
-            for i, (tag, port) in enumerate(AML_OUTBOUND)
-        ]
-        rules.append(network.SecurityRuleArgs(
-            name="in-deny-internet", priority=4000, direction="Inbound", access="Deny", protocol="*",
-            source_address_prefix="Internet", source_port_range="*", destination_address_prefix="*",
-            destination_port_range="*", description="No inbound from the internet: nodes have no public IP"))
         self.nsg = network.NetworkSecurityGroup(f"{name}-compute-nsg", resource_group_name=resource_group,
-                                                location=location, security_rules=rules, tags=tags, opts=child)
+                                                location=location, security_rules=security_rules(cfg, location),
+                                                tags=tags, opts=child)
         self.nat_ip = network.PublicIPAddress(f"{name}-nat-ip", resource_group_name=resource_group, location=location,
                                               sku=network.PublicIPAddressSkuArgs(name="Standard"),
                                               public_ip_allocation_method="Static", tags=tags, opts=child)
@@ -71,7 +117,12 @@ class PlatformNetwork(pulumi.ComponentResource):
             # Service endpoints: the storage and Key Vault firewalls admit this subnet.
             service_endpoints=[network.ServiceEndpointPropertiesFormatArgs(service=s)
                                for s in ("Microsoft.Storage", "Microsoft.KeyVault")],
-            private_endpoint_network_policies="Disabled", opts=child)
+            # No-public-IP clusters: Azure ML refuses a subnet with either policy on ("The specified subnet has
+            # PrivateLinkServiceNetworkPolicies or PrivateEndpointNetworkEndpoints enabled", how-to-secure-training-vnet,
+            # "No public IP ... Troubleshooting"); Microsoft's machine-learning-end-to-end-secure template turns
+            # both off on its training subnet. Azure Batch puts a private link service in it for node management.
+            private_endpoint_network_policies="Disabled", private_link_service_network_policies="Disabled",
+            opts=child)
         self.private_endpoint_subnet = network.Subnet(
             f"{name}-endpoints", resource_group_name=resource_group, virtual_network_name=self.vnet.name,
             address_prefix=cfg.private_endpoint_subnet_cidr, default_outbound_access=False,

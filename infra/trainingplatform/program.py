@@ -1,4 +1,9 @@
-"""The whole platform for one stack: config -> components -> outputs (the contract with job submission)."""
+"""The platform for one stack: config -> components -> outputs (the contract with job submission).
+
+The durable data (accounts, containers, NFS share) belongs to the data stack (datastack.py), read here
+through a StackReference; everything this program declares is of the platform's lifecycle, so
+`pulumi destroy` and a later `pulumi up` of this stack never meet a resource that outlived it.
+"""
 from __future__ import annotations
 
 import pulumi
@@ -6,79 +11,109 @@ import pulumi_random as random
 from pulumi_azure_native import authorization, resources
 
 from . import naming
-from .access import AccessGrants, container_scope
-from .compute import ComputeClusters, describe
+from .access import AccessGrants, Grant, container_scope
+from .compute import ComputeClusters, compute_identity, describe
 from .config import PlatformConfig
+from .datastack import DataStackReference, default_reference
 from .network import PlatformNetwork
-from .nfs import NfsShare
+from .privatelink import PrivateDnsZones, PrivateLink
 from .registry import Registry
-from .storage import TrainingStorage
 from .workspace import Workspace
 
 
 def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) -> dict[str, pulumi.Input]:
     client = authorization.get_client_config_output()
     tags = cfg.tags
-    stable = naming.stable_suffix(cfg.prefix, cfg.stack, cfg.location)
+    # Global names (workspace storage, registry): unique per subscription, stable per stack.
+    suffix = naming.global_suffix(client.subscription_id, cfg.prefix, cfg.stack, cfg.location)
     # New each time the stack is created: soft-deleted vaults and workspaces keep their names for days.
     rand = random.RandomString("name-suffix", length=5, special=False, upper=False, numeric=True)
+    data = DataStackReference(cfg.data_stack or default_reference(pulumi.get_organization(), cfg.stack),
+                              cfg.location, cfg.mount_nfs)
 
     group = resources.ResourceGroup("platform", resource_group_name=naming.dashed(cfg.prefix, cfg.stack, "rg"),
                                     location=cfg.location, tags=tags)
-    # Durable data lives in its own group: deleting the platform group would take every resource in it,
-    # retained or not.
-    keep = cfg.storage.retain_on_delete or cfg.nfs.retain_on_delete
-    data_group = resources.ResourceGroup("data", resource_group_name=naming.dashed(cfg.prefix, cfg.stack, "data-rg"),
-                                         location=cfg.location, tags=tags,
-                                         opts=pulumi.ResourceOptions(retain_on_delete=keep))
-
     net = PlatformNetwork("net", group.name, cfg.location, cfg.network, tags)
-    store = TrainingStorage("storage", data_group.name, cfg.location, cfg.prefix, cfg.stack, stable, cfg.storage,
-                            cfg.network, net.compute_subnet.id, tags)
-    nfs = None
-    if cfg.nfs.enabled:
-        nfs = NfsShare("nfs", data_group.name, cfg.location, cfg.prefix, cfg.stack, stable, cfg.nfs, net.vnet.id,
-                       net.private_endpoint_subnet.id, tags)
-    registry = Registry("registry", group.name, cfg.location, cfg.prefix, cfg.stack, stable,
-                        cfg.registry_public_access, tags)
-    ws = Workspace("ml", group.name, cfg.location, cfg, client.tenant_id, rand.result, stable, registry.registry.id,
-                   net.compute_subnet.id, store, tags)
-    compute = ComputeClusters("compute", group.name, cfg.location, ws.workspace.name, net.compute_subnet.id,
-                              cfg.clusters, tags, ssh_public_key)
+    # Every private endpoint registers in these zones (one per zone name, linked to the VNet).
+    dns = PrivateDnsZones("dns", group.name, net.vnet.id, tags)
+    endpoints = net.private_endpoint_subnet.id
+    # The data accounts admit no VNet (their rules must not name a VNet that dies with this stack): compute
+    # reaches them through endpoints created, and deleted, with each life of this stack.
+    links = [PrivateLink("data-blob", group.name, cfg.location, data.data_account.id, "blob", endpoints, dns, tags),
+             PrivateLink("logs-blob", group.name, cfg.location, data.logs_account.id, "blob", endpoints, dns, tags)]
+    if data.nfs is not None:
+        links.append(PrivateLink("nfs", group.name, cfg.location, data.nfs.apply(lambda n: n["account_id"]), "file",
+                                 endpoints, dns, tags))
 
-    job_identity = compute.identity.principal_id
+    registry = Registry("registry", group.name, cfg.location, cfg.prefix, cfg.stack, suffix,
+                        cfg.registry_public_access, tags, endpoints, dns)
+    ws = Workspace("ml", group.name, cfg.location, cfg, client.tenant_id, rand.result, suffix, registry.registry.id,
+                   net.compute_subnet.id, data, tags, endpoints, dns,
+                   depends_on=registry.link.ready if registry.link else ())
+    identity = compute_identity("compute", group.name, cfg.location, tags)
+
+    job_identity = identity.principal_id
     workspace_identity = ws.workspace.identity.apply(lambda i: i.principal_id)
-    data_scope = container_scope(store.data_account, store.data_container)
-    logs_scope = container_scope(store.logs_account, store.logs_container)
-    AccessGrants("access", client.subscription_id, [
-        ("compute-reads-data", "Storage Blob Data Reader", job_identity, data_scope),
-        ("compute-writes-logs", "Storage Blob Data Contributor", job_identity, logs_scope),
-        ("compute-pulls-images", "AcrPull", job_identity, registry.registry.id),
+    data_scope = container_scope(data.data_account.id, data.data_container.name)
+    logs_scope = container_scope(data.logs_account.id, data.logs_container.name)
+    grants = [
+        Grant("compute-reads-data", "Storage Blob Data Reader", job_identity, data_scope),
+        Grant("compute-writes-logs", "Storage Blob Data Contributor", job_identity, logs_scope),
+        Grant("compute-pulls-images", "AcrPull", job_identity, registry.registry.id),
         # Jobs upload code snapshots to and read them from the workspace's own storage.
-        ("compute-workspace-storage", "Storage Blob Data Contributor", job_identity, ws.storage.id),
+        Grant("compute-workspace-storage", "Storage Blob Data Contributor", job_identity, ws.storage.id),
         # The workspace identity browses the datastores in the studio.
-        ("workspace-reads-data", "Storage Blob Data Reader", workspace_identity, data_scope),
-        ("workspace-reads-logs", "Storage Blob Data Reader", workspace_identity, logs_scope),
-    ])
+        Grant("workspace-reads-data", "Storage Blob Data Reader", workspace_identity, data_scope),
+        Grant("workspace-reads-logs", "Storage Blob Data Reader", workspace_identity, logs_scope),
+    ]
+    for label, principal, kind in _users(cfg, client.object_id):
+        grants += [
+            # Submitting a job uploads its code snapshot to the workspace storage with the user's token
+            # (blob), and the studio's file views need the file share (how-to-disable-local-auth-storage).
+            Grant(f"{label}-workspace-blob", "Storage Blob Data Contributor", principal, ws.storage.id, kind),
+            Grant(f"{label}-workspace-files", "Storage File Data Privileged Contributor", principal, ws.storage.id, kind),
+            Grant(f"{label}-uploads-data", "Storage Blob Data Contributor", principal, data_scope, kind),
+            Grant(f"{label}-reads-logs", "Storage Blob Data Reader", principal, logs_scope, kind),
+            Grant(f"{label}-submits-jobs", "AzureML Data Scientist", principal, ws.workspace.id, kind),
+        ]
+    access = AccessGrants("access", client.subscription_id, grants)
+    # Clusters come last: no-public-IP nodes need the workspace endpoint, and the first job's image pull the grant.
+    compute = ComputeClusters("compute", group.name, cfg.location, ws.workspace.name, net.compute_subnet.id,
+                              cfg.clusters, tags, identity, ssh_public_key,
+                              depends_on=[*ws.endpoint.ready, access.assignments["compute-pulls-images"]])
 
+    nfs = None
+    if data.nfs is not None:
+        nfs = data.nfs.apply(lambda n: {"mount_target": n["mount_target"], "account": n["account_name"],
+                                        "share": n["share"], "mount_options": n["mount_options"]})
     return {
         "subscription_id": client.subscription_id,
         "tenant_id": client.tenant_id,
         "location": cfg.location,
         "resource_group": group.name,
-        "data_resource_group": data_group.name,
+        "data_resource_group": data.resource_group,
+        "data_stack": data.reference,
         "workspace_name": ws.workspace.name,
         "registry_login_server": registry.login_server,
         "compute_identity_client_id": compute.identity.client_id,
         "compute_identity_id": compute.identity.id,
         "clusters": {c.name: describe(c) for c in cfg.clusters},
         "datastores": {
-            "data": {"name": ws.datastores["data"].name, "account": store.data_account.name,
-                     "container": store.data_container.name},
-            "logs": {"name": ws.datastores["logs"].name, "account": store.logs_account.name,
-                     "container": store.logs_container.name},
+            "data": {"name": ws.datastores["data"].name, "account": data.data_account.name,
+                     "container": data.data_container.name},
+            "logs": {"name": ws.datastores["logs"].name, "account": data.logs_account.name,
+                     "container": data.logs_container.name},
         },
-        "nfs": ({"mount_target": nfs.mount_target, "account": nfs.account.name, "share": nfs.share.name,
-                 "mount_options": "vers=4,minorversion=1,sec=sys,nconnect=4"} if nfs else None),
+        "nfs": nfs,
         "nat_public_ip": net.nat_ip.ip_address,
     }
+
+
+def _users(cfg: PlatformConfig, deployer_object_id: pulumi.Output[str]) -> list[tuple[str, pulumi.Input[str], str]]:
+    """(label, object id, principalType) of everyone who gets the user roles."""
+    if cfg.users is None:
+        # A person running `pulumi up` after `az login`. The type cannot be left out (the SDK then sends
+        # "User" anyway) and Azure refuses a wrong one (UnmatchedPrincipalType): deployments run as a
+        # service principal (CI) list their users instead, which replaces this default.
+        return [("deployer", deployer_object_id, "User")]
+    return [(f"user-{u.object_id}", u.object_id, u.type) for u in cfg.users]

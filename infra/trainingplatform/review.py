@@ -1,10 +1,13 @@
 """Review aid: print what a stack would declare, without Azure or the Pulumi CLI.
 
     python -m trainingplatform.review Pulumi.dev.yaml > infra/review/dev.txt
+    python -m trainingplatform.review data-stack/Pulumi.dev.yaml > infra/review/data-dev.txt
 
-The program runs under mocks; every resource is listed with its settings, sorted, one setting a line,
-so a pull request that changes the platform shows the change as a diff of `infra/review/<stack>.txt`
-(the tests fail when that file is out of date). Values Azure would compute appear as mock placeholders.
+A stack file in infra/data-stack/ is the data stack's (project azure-horovod-training-data); any other is
+the platform's, rendered over the data stack of the same name. The program runs under mocks; every
+resource is listed with its settings, sorted, one setting a line, so a pull request that changes the
+platform shows the change as a diff of `infra/review/<stack>.txt` (the tests fail when that file is out
+of date). Values Azure would compute appear as mock placeholders.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import pathlib
 import sys
 from typing import Any, Iterator
 
-from . import config, mocked
+from . import config, dataconfig, mocked
 
 
 def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
@@ -30,17 +33,29 @@ def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
 
 def render(stack_file: pathlib.Path) -> str:
     stack = stack_file.name.removeprefix("Pulumi.").removesuffix(".yaml")
-    raw, location = mocked.read_stack_file(stack_file)
-    mocks, outputs = mocked.run(raw, stack, location)
-    lines = [f"# {config.PROJECT} stack {stack}: {len(mocks.resources)} resources "
+    if is_data_stack(stack_file):
+        project = dataconfig.PROJECT
+        raw, location = mocked.read_stack_file(stack_file, project)
+        mocks, outputs = mocked.run_data(raw, stack, location)
+    else:
+        project = config.PROJECT
+        raw, location = mocked.read_stack_file(stack_file)
+        mocks, outputs = mocked.run(raw, stack, location)
+    lines = [f"# {project} stack {stack}: {len(mocks.resources)} resources "
              "(rendered under mocks by trainingplatform.review; ids are placeholders)", ""]
     for r in sorted(mocks.resources, key=lambda r: (r.type, r.name)):
-        lines.append(f"{r.type} {r.name}" + ("  [retained on destroy]" if r.name in mocks.retained else ""))
+        marks = ("  [protected]" if r.name in mocks.protected else "") + \
+                ("  [retained on destroy]" if r.name in mocks.retained else "")
+        lines.append(f"{r.type} {r.name}{marks}")
         lines.extend(f"    {k} = {v}" for k, v in _flatten(r.inputs) if not k.startswith("tags."))
         lines.append("")
     lines.append("# stack outputs")
     lines.extend(f"    {k} = {v}" for k, v in _flatten(outputs))
     return "\n".join(lines) + "\n"
+
+
+def is_data_stack(stack_file: pathlib.Path) -> bool:
+    return stack_file.resolve().parent == mocked.DATA_DIR
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         sys.stdout.write(render(args.stack_file))
-    except config.ConfigError as e:
+    except (config.ConfigError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -1,7 +1,11 @@
-"""Storage accounts for training: Premium block blob for data, standard for logs, results and models.
+"""Storage accounts: Premium block blob for the training data, standard for logs, results and models
+(both in the data stack), and the shared helpers the workspace's own account uses.
 
-Both live in the durable resource group and, by default, survive `pulumi destroy` (retain on delete).
 Shared keys are off: jobs and datastores use Entra ID (managed identities), users `az login`.
+The data accounts outlive platform stacks, so their network rules name nothing of a platform's
+lifecycle (a VNet whose name changes with each life would leave a dangling rule): they are closed to
+every public network but `allowedClientIps`, and compute reaches them through private endpoints that
+each platform life creates in its own VNet (program.py).
 """
 from __future__ import annotations
 
@@ -9,18 +13,28 @@ import pulumi
 from pulumi_azure_native import storage
 
 from . import naming
-from .config import Network, Storage
+from .config import Network
+from .dataconfig import Storage
 
 
 def network_rules(net: Network, compute_subnet_id: pulumi.Input[str]) -> storage.NetworkRuleSetArgs:
-    """Deny by default; admit the compute subnet (service endpoint), listed client IPs, trusted Azure services."""
+    """Deny by default; admit the compute subnet (service endpoint), listed client IPs, trusted Azure services.
+
+    For accounts of the platform's own lifecycle (the workspace storage)."""
     return storage.NetworkRuleSetArgs(
         default_action="Deny", bypass="AzureServices",
         virtual_network_rules=[storage.VirtualNetworkRuleArgs(virtual_network_resource_id=compute_subnet_id, action="Allow")],
         ip_rules=[storage.IPRuleArgs(i_p_address_or_range=ip, action="Allow") for ip in net.allowed_client_ips])
 
 
-def secure_account(name: str, account_name: str, resource_group, location: str, kind: str, sku: str,
+def closed_rules(allowed_client_ips: tuple[str, ...]) -> storage.NetworkRuleSetArgs:
+    """Deny by default; admit only the listed client IPs (and trusted Azure services). No VNet rules."""
+    return storage.NetworkRuleSetArgs(
+        default_action="Deny", bypass="AzureServices", virtual_network_rules=[],
+        ip_rules=[storage.IPRuleArgs(i_p_address_or_range=ip, action="Allow") for ip in allowed_client_ips])
+
+
+def secure_account(name: str, account_name: pulumi.Input[str], resource_group, location: str, kind: str, sku: str,
                    rules: storage.NetworkRuleSetArgs, tags: dict, opts: pulumi.ResourceOptions,
                    **extra) -> storage.StorageAccount:
     return storage.StorageAccount(
@@ -32,26 +46,33 @@ def secure_account(name: str, account_name: str, resource_group, location: str, 
 
 
 class TrainingStorage(pulumi.ComponentResource):
-    """Outputs: data_account, data_container, logs_account, logs_container (names and ids)."""
+    """The data stack's blob storage. Outputs: data_account, data_container, logs_account, logs_container.
 
-    def __init__(self, name: str, resource_group, location: str, prefix: str, stack: str, suffix: str,
-                 cfg: Storage, net: Network, compute_subnet_id, tags: dict, opts: pulumi.ResourceOptions | None = None):
+    Every resource is protected: Pulumi refuses to delete it, by `destroy` or by a replacement (a changed
+    name), until someone unprotects it on purpose (README, "Tear down")."""
+
+    def __init__(self, name: str, resource_group, location: str, prefix: str, stack: str,
+                 suffix: pulumi.Input[str], cfg: Storage, allowed_client_ips: tuple[str, ...], tags: dict,
+                 opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainingplatform:storage:TrainingStorage", name, None, opts)
-        keep = pulumi.ResourceOptions(parent=self, retain_on_delete=cfg.retain_on_delete)
-        rules = network_rules(net, compute_subnet_id)
+        keep = pulumi.ResourceOptions(parent=self, protect=True)
+        rules = closed_rules(allowed_client_ips)
+        # Public network access on only to admit the listed client IPs; without any, it is off altogether.
+        public = "Enabled" if allowed_client_ips else "Disabled"
         self.data_account = secure_account(
             f"{name}-data", naming.storage_account(prefix, stack, "data", suffix), resource_group,
-            location, "BlockBlobStorage", f"Premium_{cfg.replication}", rules, tags, keep)
+            location, "BlockBlobStorage", f"Premium_{cfg.replication}", rules, tags, keep,
+            public_network_access=public)
         self.logs_account = secure_account(
             f"{name}-logs", naming.storage_account(prefix, stack, "logs", suffix), resource_group, location, "StorageV2",
-            f"Standard_{cfg.replication}", rules, tags, keep, access_tier="Hot")
+            f"Standard_{cfg.replication}", rules, tags, keep, access_tier="Hot", public_network_access=public)
         self.data_container = self._container(f"{name}-data", self.data_account, resource_group, cfg.data_container, cfg)
         self.logs_container = self._container(f"{name}-logs", self.logs_account, resource_group, cfg.logs_container, cfg,
                                               versioning=True)
         self.register_outputs({"data_account": self.data_account.name, "logs_account": self.logs_account.name})
 
     def _container(self, name, account, resource_group, container, cfg: Storage, versioning=False):
-        keep = pulumi.ResourceOptions(parent=self, retain_on_delete=cfg.retain_on_delete)
+        keep = pulumi.ResourceOptions(parent=self, protect=True)
         retention = storage.DeleteRetentionPolicyArgs(enabled=True, days=cfg.soft_delete_days)
         storage.BlobServiceProperties(
             f"{name}-blob-service", account_name=account.name, resource_group_name=resource_group,
@@ -62,4 +83,3 @@ class TrainingStorage(pulumi.ComponentResource):
             is_versioning_enabled=versioning or None, opts=keep)
         return storage.BlobContainer(f"{name}-container", account_name=account.name, resource_group_name=resource_group,
                                      container_name=container, public_access="None", opts=keep)
-

@@ -1,11 +1,26 @@
 """Azure ML workspace with its Key Vault, workspace-based Application Insights, its own storage,
-and identity-based datastores for the training data and logs containers."""
+and identity-based datastores for the training data and logs containers.
+
+The workspace always has a private endpoint (group `amlworkspace`, zones `privatelink.api.azureml.ms` and
+`privatelink.notebooks.azure.net`): clusters without node public IPs reach the workspace only through it,
+and Azure ML refuses to create them otherwise ("Provided EnableNodePublicIp 'False' requires workspace
+private endpoint"; https://learn.microsoft.com/azure/machine-learning/how-to-secure-training-vnet, "Compute
+instance/cluster or serverless compute with no public IP": "You must use a workspace private endpoint").
+`workspacePublicAccess` only decides whether the workspace is also reachable from the internet.
+
+Private settings bring their endpoints: `keyVaultPublicAccess: false` gives the vault one (`vault`), and a
+private workspace keeps its own storage private too (`blob` and `file` endpoints), as Microsoft's secure
+templates (machine-learning-end-to-end-secure, 201-machine-learning-moderately-secure) do.
+"""
 from __future__ import annotations
+
+from typing import Sequence
 
 import pulumi
 from pulumi_azure_native import applicationinsights, keyvault, machinelearningservices as ml, operationalinsights
 
 from . import naming
+from .privatelink import PrivateDnsZones, PrivateLink
 from .storage import network_rules, secure_account
 
 
@@ -13,9 +28,17 @@ class Workspace(pulumi.ComponentResource):
     """Outputs: workspace_name, datastores {data, logs}."""
 
     def __init__(self, name: str, resource_group, location: str, cfg, tenant_id, random_suffix, stable_suffix: str,
-                 registry_id, compute_subnet_id, data_storage, tags: dict, opts: pulumi.ResourceOptions | None = None):
+                 registry_id, compute_subnet_id, data_storage, tags: dict, endpoint_subnet_id, dns: PrivateDnsZones,
+                 depends_on: Sequence[pulumi.Resource] = (), opts: pulumi.ResourceOptions | None = None):
+        """depends_on: private endpoints of the workspace's dependencies declared elsewhere (the registry's)."""
         super().__init__("trainingplatform:workspace:Workspace", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        ready: list[pulumi.Resource] = list(depends_on)   # dependency endpoints the workspace waits for
+
+        def link(label: str, target_id, group_id: str) -> PrivateLink:
+            return PrivateLink(f"{name}-{label}-link", resource_group, location, target_id, group_id, endpoint_subnet_id,
+                               dns, tags, opts=child)
+
         base = naming.dashed(cfg.prefix, cfg.stack, "")
         self.vault = keyvault.Vault(
             f"{name}-kv", vault_name=pulumi.Output.concat(base, "kv-", random_suffix),
@@ -23,12 +46,16 @@ class Workspace(pulumi.ComponentResource):
             properties=keyvault.VaultPropertiesArgs(
                 tenant_id=tenant_id, sku=keyvault.SkuArgs(family="A", name="standard"),
                 enable_rbac_authorization=True, enable_soft_delete=True, soft_delete_retention_in_days=7,
-                enable_purge_protection=True, public_network_access="Enabled",
+                enable_purge_protection=True,
+                public_network_access="Enabled" if cfg.key_vault_public_access else "Disabled",
                 network_acls=keyvault.NetworkRuleSetArgs(
                     default_action="Deny", bypass="AzureServices",
                     virtual_network_rules=[keyvault.VirtualNetworkRuleArgs(id=compute_subnet_id)],
                     ip_rules=[keyvault.IPRuleArgs(value=ip) for ip in cfg.network.allowed_client_ips])),
             tags=tags, opts=child)
+        self.links: dict[str, PrivateLink] = {}
+        if not cfg.key_vault_public_access:
+            self.links["vault"] = link("kv", self.vault.id, "vault")
         self.logs = operationalinsights.Workspace(
             f"{name}-log-analytics", resource_group_name=resource_group, location=location,
             sku=operationalinsights.WorkspaceSkuArgs(name="PerGB2018"), retention_in_days=30, tags=tags, opts=child)
@@ -38,7 +65,14 @@ class Workspace(pulumi.ComponentResource):
             opts=child)
         self.storage = secure_account(
             f"{name}-storage", naming.storage_account(cfg.prefix, cfg.stack, "mlws", stable_suffix), resource_group,
-            location, "StorageV2", "Standard_LRS", network_rules(cfg.network, compute_subnet_id), tags, child)
+            location, "StorageV2", "Standard_LRS", network_rules(cfg.network, compute_subnet_id), tags, child,
+            public_network_access="Enabled" if cfg.workspace_public_access else "Disabled")
+        if not cfg.workspace_public_access:
+            # Azure ML reaches its storage's blob (snapshots, outputs) and file (code share) endpoints.
+            self.links["storage-blob"] = link("storage-blob", self.storage.id, "blob")
+            self.links["storage-file"] = link("storage-file", self.storage.id, "file")
+        for l in self.links.values():
+            ready.extend(l.ready)
         self.workspace = ml.Workspace(
             f"{name}-workspace", workspace_name=pulumi.Output.concat(base, "mlw-", random_suffix),
             resource_group_name=resource_group, location=location, kind="Default",
@@ -48,7 +82,10 @@ class Workspace(pulumi.ComponentResource):
             container_registry=registry_id, image_build_compute=cfg.image_build_cluster,
             public_network_access="Enabled" if cfg.workspace_public_access else "Disabled",
             system_datastores_auth_mode="identity",   # the workspace storage has shared keys off
-            v1_legacy_mode=False, hbi_workspace=False, tags=tags, opts=child)
+            v1_legacy_mode=False, hbi_workspace=False, tags=tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=ready))
+        # Always: no-public-IP clusters need it (module docstring). Clusters depend on `self.endpoint.ready`.
+        self.endpoint = link("workspace", self.workspace.id, "amlworkspace")
         self.datastores = {
             "data": self._datastore("training_data", "Training data (premium blob), read by jobs",
                                     data_storage.data_account, data_storage.data_container, resource_group),

@@ -2,6 +2,9 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEV_FILE = ROOT / "Pulumi.dev.yaml"
+DATA_DEV_FILE = ROOT / "infra" / "data-stack" / "Pulumi.dev.yaml"
+PROD_FILE = ROOT / "Pulumi.prod.yaml"
+DATA_PROD_FILE = ROOT / "infra" / "data-stack" / "Pulumi.prod.yaml"
 
 
 def one(mocks, type_suffix, name):

@@ -2,7 +2,7 @@
 import copy
 
 import pytest
-from infra_helpers import DEV_FILE
+from infra_helpers import DEV_FILE, one
 
 from trainingplatform import config, mocked
 
@@ -80,9 +80,39 @@ def test_compute_subnet_too_small_for_the_nodes(dev_raw):
 
 
 def test_out_of_range_and_unknown_choices(dev_raw):
-    msg = bad(dev_raw, lambda r: (r["clusters"][0].update(priority="Spot"), r["nfs"].update(quotaGiB=50),
-                                  r["storage"].update(softDeleteDays=0, replication="GRS")))
+    msg = bad(dev_raw, lambda r: r["clusters"][0].update(priority="Spot"))
     assert "clusters[0].priority = 'Spot': Dedicated or LowPriority" in msg
-    assert "nfs.quotaGiB = 50: premium NFS shares take 100 to 102400 GiB" in msg
-    assert "storage.softDeleteDays = 0: 1 to 365 days" in msg
-    assert "storage.replication = 'GRS': LRS or ZRS" in msg
+    # storage and nfs ranges: the data stack's config (tests/infra/test_dataconfig.py)
+
+
+# Azure Storage's IP rules (https://learn.microsoft.com/azure/storage/common/storage-network-security,
+# "Restrictions for IP network rules"): public IPv4 only, no RFC 1918 ranges, no /31 or /32 prefixes.
+@pytest.mark.parametrize("ip,expected", [
+    ("52.10.20.30/32", "does not accept /31 or /32 prefixes; write 52.10.20.30 (no prefix) instead"),
+    ("52.10.20.30/31", "write 52.10.20.30 and 52.10.20.31 (no prefix) instead"),
+    ("2001:db8::1", "IPv4 only; find your IPv4 address with `curl -4 ifconfig.me`"),
+    ("2a01:4f8:c17:1::1", "IPv4 only; find your IPv4 address with `curl -4 ifconfig.me`"),
+    ("10.1.2.3", "public internet addresses only"),
+    ("192.168.0.0/16", "public internet addresses only"),
+    ("52.10.20.1/24", "host bits set; write the network address 52.10.20.0/24 instead"),
+    ("my-laptop", "not an IP address or CIDR"),
+])
+def test_allowed_client_ips_azure_storage_would_reject(dev_raw, ip, expected):
+    msg = bad(dev_raw, lambda r: r["network"].update(allowedClientIps=["52.10.20.40", ip]))
+    assert f"network.allowedClientIps = {ip!r}: " in msg and expected in msg
+    assert "'52.10.20.40'" not in msg, "a valid address is not reported"
+
+
+def test_allowed_client_ips_that_azure_takes(dev_raw):
+    raw, loc = copy.deepcopy(dev_raw)
+    raw["network"]["allowedClientIps"] = ["52.10.20.30", "52.10.21.0/24", "20.30.0.0/30"]
+    mocks, _ = mocked.run(raw, "dev", loc)
+    rules = one(mocks, "StorageAccount", "ml-storage").inputs["networkRuleSet"]["ipRules"]
+    assert [r["iPAddressOrRange"] for r in rules] == ["52.10.20.30", "52.10.21.0/24", "20.30.0.0/30"]
+    vault_rules = one(mocks, "Vault", "ml-kv").inputs["properties"]["networkAcls"]["ipRules"]
+    assert [r["value"] for r in vault_rules] == ["52.10.20.30", "52.10.21.0/24", "20.30.0.0/30"]
+
+
+def test_public_access_settings_are_booleans(dev_raw):
+    msg = bad(dev_raw, lambda r: r.update(keyVaultPublicAccess="no"))
+    assert "keyVaultPublicAccess = 'no': expected bool" in msg

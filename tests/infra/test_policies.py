@@ -1,5 +1,7 @@
 """The policy pack against what the mocked dev stack declares (all pass) and against bad resources."""
 import copy
+import json
+import pathlib
 
 import pytest
 from pulumi_policy.policy import PolicyResourceOptions, ResourceValidationArgs, StackValidationArgs, PolicyResource
@@ -7,23 +9,24 @@ from pulumi_policy.policy import PolicyResourceOptions, ResourceValidationArgs, 
 import training_policies as tp
 
 
-def _validate(policy, resource_type, props):
+def _validate(policy, resource_type, props, config=None):
     violations = []
     args = ResourceValidationArgs(resource_type, props, "urn:test", "test",
-                                  PolicyResourceOptions(False, [], None, [], None, []), None, {})
+                                  PolicyResourceOptions(False, [], None, [], None, []), None, config or {})
     policy.validate(args, lambda message, urn=None: violations.append(message))
     return violations
 
 
 def _resource_policies():
-    return [p for p in tp.policies() if hasattr(p, "validate") and p.name != "gpu-budget"]
+    """The per-resource rules of RULES (the other policies have tests of their own below)."""
+    return [p for p in tp.policies() if p.name in {rule.name for rule in tp.RULES}]
 
 
-def test_every_policy_passes_on_the_dev_stack(dev):
+def test_every_policy_passes_on_the_dev_stack(dev, dev_data):
     mocks, _ = dev
     checked = set()
     for policy in _resource_policies():
-        for r in mocks.resources:
+        for r in mocks.resources + dev_data[0].resources:   # the platform and its data stack
             assert _validate(policy, r.type, r.inputs) == [], (policy.name, r.name)
             if r.type == next(rule.resource_type for rule in tp.RULES if rule.name == policy.name):
                 checked.add(policy.name)
@@ -31,16 +34,16 @@ def test_every_policy_passes_on_the_dev_stack(dev):
     assert tp.check_gpu_budget(((r.type, r.inputs) for r in mocks.resources), 16) is None
 
 
-def _props(dev, name):
-    mocks, _ = dev
-    return copy.deepcopy(next(r for r in mocks.resources if r.name == name))
+def _props(dev, dev_data, name):
+    return copy.deepcopy(next(r for r in dev[0].resources + dev_data[0].resources if r.name == name))
 
 
 @pytest.mark.parametrize("name,edit,rule,message", [
     ("storage-data", lambda p: p.update(enableHttpsTrafficOnly=False), "storage-secure-transfer", "secure transfer"),
     ("storage-data", lambda p: p.update(minimumTlsVersion="TLS1_0"), "storage-min-tls-1-2", "TLS1_2 or later"),
     ("storage-logs", lambda p: p.update(allowBlobPublicAccess=True), "storage-no-public-blob-access", "anonymous"),
-    ("storage-logs", lambda p: p["networkRuleSet"].update(defaultAction="Allow"), "storage-network-deny-by-default", "deny"),
+    # ml-storage: the data accounts also have public network access off, which the rule accepts on its own.
+    ("ml-storage", lambda p: p["networkRuleSet"].update(defaultAction="Allow"), "storage-network-deny-by-default", "deny"),
     ("storage-data", lambda p: p.update(allowSharedKeyAccess=True), "storage-no-shared-keys", "Entra ID"),
     ("nfs-account", lambda p: p.update(publicNetworkAccess="Enabled"), "storage-secure-transfer", "secure transfer"),
     ("registry-acr", lambda p: p.update(adminUserEnabled=True), "registry-admin-user-disabled", "admin user"),
@@ -50,8 +53,8 @@ def _props(dev, name):
     ("compute-gpu-ib", lambda p: p["properties"]["properties"].update(vmSize="Standard_NC24rs_v3"), "compute-current-vm-size", "ND96isr_H100_v5"),
     ("compute-gpu-ib", lambda p: p["properties"]["properties"].update(remoteLoginPortPublicAccess="Enabled"), "compute-ssh-disabled", "SSH"),
 ])
-def test_a_bad_resource_fails_its_policy(dev, name, edit, rule, message):
-    r = _props(dev, name)
+def test_a_bad_resource_fails_its_policy(dev, dev_data, name, edit, rule, message):
+    r = _props(dev, dev_data, name)
     edit(r.inputs)
     policy = next(p for p in _resource_policies() if p.name == rule)
     violations = _validate(policy, r.type, r.inputs)
@@ -71,3 +74,65 @@ def test_gpu_budget_policy(dev):
         budget.validate(StackValidationArgs(resources, {"maxGpus": cap}), _reporter(violations))
         assert len(violations) == expected, (cap, violations)
     assert "can scale to 16 GPUs, above this stack's cap of 8" in violations[0]
+
+
+def _stack(mocks, drop=lambda r: False):
+    return [PolicyResource(r.type, r.inputs, "urn", r.name, None, None, None, [], {})
+            for r in mocks.resources if not drop(r)]
+
+
+def _stack_violations(policy_name, resources, config=None):
+    policy = next(p for p in tp.policies() if p.name == policy_name)
+    violations: list[str] = []
+    policy.validate(StackValidationArgs(resources, config or {}), _reporter(violations))
+    return violations
+
+
+def test_workspace_endpoint_policy(dev):
+    mocks, _ = dev
+    name = "workspace-endpoint-for-private-nodes"
+    assert _stack_violations(name, _stack(mocks)) == []
+    # Without the workspace endpoint: refused, as Azure ML would refuse the clusters.
+    no_endpoint = _stack(mocks, lambda r: r.type.endswith("PrivateEndpoint")
+                         and r.inputs["privateLinkServiceConnections"][0]["groupIds"] == ["amlworkspace"])
+    violations = _stack_violations(name, no_endpoint)
+    assert len(violations) == 1 and "need a workspace private endpoint (group amlworkspace)" in violations[0]
+    # Endpoint present but the notebooks zone missing: refused, naming the zone.
+    no_zone = _stack(mocks, lambda r: r.type.endswith("PrivateZone")
+                     and r.inputs["privateZoneName"] == "privatelink.notebooks.azure.net")
+    violations = _stack_violations(name, no_zone)
+    assert len(violations) == 1 and "privatelink.notebooks.azure.net" in violations[0]
+    # Nodes with public IPs do not need it.
+    public_nodes = copy.deepcopy(no_endpoint)
+    for r in public_nodes:
+        if r.resource_type == tp.COMPUTE:
+            r.props["properties"]["properties"]["enableNodePublicIp"] = True
+    assert _stack_violations(name, public_nodes) == []
+
+
+def test_private_profile_policy(dev, prod):
+    policy = next(p for p in tp.policies() if p.name == "no-public-network-access-in-private-profile")
+    on = {"privateProfile": True}
+    prod_mocks, _ = prod
+    checked = set()
+    for r in prod_mocks.resources:
+        assert _validate(policy, r.type, r.inputs, on) == [], r.name
+        checked.add(r.type)
+    assert set(tp.PRIVATE_PROFILE_TYPES) <= checked
+    dev_mocks, _ = dev
+    failing = {r.name: _validate(policy, r.type, r.inputs, on) for r in dev_mocks.resources}
+    failing = {k: v for k, v in failing.items() if v}
+    assert sorted(failing) == ["ml-kv", "ml-workspace", "registry-acr"]
+    assert "publicNetworkAccess 'Enabled' in the private profile: set it to Disabled" in failing["registry-acr"][0]
+    # Off by default: the dev stack is not the private profile.
+    assert all(_validate(policy, r.type, r.inputs) == [] for r in dev_mocks.resources)
+    # The committed policy config turns it on.
+    config = json.loads((pathlib.Path(tp.__file__).parent / "private-profile.json").read_text())
+    assert config[policy.name] == on
+
+
+def test_every_stack_policy_passes_on_dev_and_prod(dev, prod):
+    for mocks, _ in (dev, prod):
+        resources = _stack(mocks)
+        assert _stack_violations("workspace-endpoint-for-private-nodes", resources) == []
+        assert _stack_violations("gpu-budget", resources, {"maxGpus": 64}) == []

@@ -1,56 +1,120 @@
 """The dev stack under mocks: the properties and relationships the platform depends on."""
+import copy
+
+import pytest
 from infra_helpers import one
 
-from trainingplatform import access
+from trainingplatform import access, mocked
 
 
-def test_declares_every_part_of_the_platform(dev):
+def test_declares_every_part_of_the_platform(dev, dev_data):
     mocks, _ = dev
     types = {r.type.split(":", 1)[1] for r in mocks.resources}
     for needed in ("resources:ResourceGroup", "network:VirtualNetwork", "network:Subnet", "network:NetworkSecurityGroup",
-                   "network:NatGateway", "storage:StorageAccount", "storage:BlobContainer", "storage:FileShare",
-                   "network:PrivateEndpoint", "privatedns:PrivateZone", "privatedns:VirtualNetworkLink",
+                   "network:NatGateway", "storage:StorageAccount", "network:PrivateEndpoint",
+                   "network:PrivateDnsZoneGroup", "privatedns:PrivateZone", "privatedns:VirtualNetworkLink",
                    "containerregistry:Registry", "keyvault:Vault", "operationalinsights:Workspace",
                    "applicationinsights:Component", "machinelearningservices:Workspace",
                    "machinelearningservices:Datastore", "machinelearningservices:Compute",
-                   "managedidentity:UserAssignedIdentity", "authorization:RoleAssignment"):
+                   "managedidentity:UserAssignedIdentity", "authorization:RoleAssignment", "pulumi:StackReference"):
         assert needed in types, needed
+    data_types = {r.type.split(":", 1)[1] for r in dev_data[0].resources if r.type.startswith("azure-native:")}
+    assert data_types == {"resources:ResourceGroup", "storage:StorageAccount", "storage:BlobServiceProperties",
+                          "storage:BlobContainer", "storage:FileServiceProperties", "storage:FileShare"}
+    # The durable data is the data stack's alone: the platform declares none of it.
+    assert not {"storage:BlobContainer", "storage:FileShare"} & types
 
 
-def test_storage_accounts(dev):
-    mocks, _ = dev
-    data, logs = one(mocks, "StorageAccount", "storage-data").inputs, one(mocks, "StorageAccount", "storage-logs").inputs
+def test_storage_accounts(dev, dev_data):
+    data_mocks, data_out = dev_data
+    data = one(data_mocks, "StorageAccount", "storage-data").inputs
+    logs = one(data_mocks, "StorageAccount", "storage-logs").inputs
     assert (data["kind"], data["sku"]["name"]) == ("BlockBlobStorage", "Premium_LRS")
     assert (logs["kind"], logs["sku"]["name"]) == ("StorageV2", "Standard_LRS")
-    compute_subnet = one(mocks, "Subnet", "net-compute").id
-    for acct in (data, logs, one(mocks, "StorageAccount", "ml-storage").inputs):
+    workspace_storage = one(dev[0], "StorageAccount", "ml-storage").inputs
+    for acct in (data, logs, workspace_storage):
         assert acct["enableHttpsTrafficOnly"] is True
         assert acct["minimumTlsVersion"] == "TLS1_2"
         assert acct["allowBlobPublicAccess"] is False
         assert acct["allowSharedKeyAccess"] is False
-        rules = acct["networkRuleSet"]
-        assert rules["defaultAction"] == "Deny"
-        assert [v["virtualNetworkResourceId"] for v in rules["virtualNetworkRules"]] == [compute_subnet]
-    svc = one(mocks, "BlobServiceProperties", "storage-data-blob-service").inputs
+        assert acct["networkRuleSet"]["defaultAction"] == "Deny"
+    # The data accounts outlive the platform: no rule may name a VNet of a platform life; dev lists no
+    # client IPs, so they take no public traffic at all.
+    for acct in (data, logs):
+        assert acct["networkRuleSet"]["virtualNetworkRules"] == [] and acct["networkRuleSet"]["ipRules"] == []
+        assert acct["publicNetworkAccess"] == "Disabled"
+    compute_subnet = one(dev[0], "Subnet", "net-compute").id
+    assert [v["virtualNetworkResourceId"] for v in workspace_storage["networkRuleSet"]["virtualNetworkRules"]] == [compute_subnet]
+    svc = one(data_mocks, "BlobServiceProperties", "storage-data-blob-service").inputs
     assert svc["deleteRetentionPolicy"] == {"enabled": True, "days": 14}
     assert svc["containerDeleteRetentionPolicy"]["enabled"] is True
-    assert one(mocks, "BlobContainer", "storage-data-container").inputs["publicAccess"] == "None"
+    assert one(data_mocks, "BlobContainer", "storage-data-container").inputs["publicAccess"] == "None"
 
 
-def test_nfs_share_is_reachable_from_the_vnet_only(dev):
+def test_client_ips_open_the_data_accounts_to_those_addresses_only(dev_data_raw):
+    raw, location = copy.deepcopy(dev_data_raw[0]), dev_data_raw[1]
+    raw["allowedClientIps"] = ["20.50.2.7", "52.168.0.0/24"]
+    mocks, _ = mocked.run_data(raw, "dev", location)
+    for name in ("storage-data", "storage-logs"):
+        acct = one(mocks, "StorageAccount", name).inputs
+        assert acct["publicNetworkAccess"] == "Enabled" and acct["networkRuleSet"]["defaultAction"] == "Deny"
+        assert [r["iPAddressOrRange"] for r in acct["networkRuleSet"]["ipRules"]] == ["20.50.2.7", "52.168.0.0/24"]
+    assert one(mocks, "StorageAccount", "nfs-account").inputs["publicNetworkAccess"] == "Disabled"
+
+
+def _endpoint_to(mocks, target_id):
+    found = [r for r in mocks.of_type("PrivateEndpoint")
+             if r.inputs["privateLinkServiceConnections"][0]["privateLinkServiceId"] == target_id]
+    assert len(found) == 1, target_id
+    return found[0]
+
+
+def test_compute_reaches_the_data_through_private_endpoints_of_its_own_vnet(dev, dev_data):
     mocks, outputs = dev
-    acct = one(mocks, "StorageAccount", "nfs-account")
-    assert acct.inputs["kind"] == "FileStorage" and acct.inputs["publicNetworkAccess"] == "Disabled"
-    assert acct.inputs["networkRuleSet"]["defaultAction"] == "Deny"
-    share = one(mocks, "FileShare", "nfs-share").inputs
+    data_mocks, data_out = dev_data
+    endpoint_subnet = one(mocks, "Subnet", "net-endpoints").id
+    vnet = one(mocks, "VirtualNetwork", "net-vnet").id
+    zone_of = {r.id: r.inputs["privateZoneName"] for r in mocks.of_type("PrivateZone")}
+    linked = {r.inputs["privateZoneName"] for r in mocks.of_type("VirtualNetworkLink") if r.inputs["virtualNetwork"]["id"] == vnet}
+    for account, group, zone in (("storage-data", "blob", "privatelink.blob.core.windows.net"),
+                                 ("storage-logs", "blob", "privatelink.blob.core.windows.net"),
+                                 ("nfs-account", "file", "privatelink.file.core.windows.net")):
+        pe = _endpoint_to(mocks, one(data_mocks, "StorageAccount", account).id)
+        assert pe.inputs["subnet"]["id"] == endpoint_subnet
+        assert pe.inputs["privateLinkServiceConnections"][0]["groupIds"] == [group]
+        # Azure writes the endpoint's A record into the zones of its DNS zone group; the VNet sees the
+        # record only through a zone linked to it.
+        zone_groups = [r.inputs for r in mocks.of_type("PrivateDnsZoneGroup") if r.inputs["privateEndpointName"] == pe.name]
+        assert [zone_of[c["privateDnsZoneId"]] for g in zone_groups for c in g["privateDnsZoneConfigs"]] == [zone]
+        assert zone in linked
+    acct = one(data_mocks, "StorageAccount", "nfs-account").inputs
+    assert acct["kind"] == "FileStorage" and acct["publicNetworkAccess"] == "Disabled"
+    assert acct["networkRuleSet"]["defaultAction"] == "Deny"
+    share = one(data_mocks, "FileShare", "nfs-share").inputs
     assert share["enabledProtocols"] == "NFS" and share["shareQuota"] == 100
-    pe = one(mocks, "PrivateEndpoint", "nfs-endpoint").inputs
-    assert pe["subnet"]["id"] == one(mocks, "Subnet", "net-endpoints").id
-    conn = pe["privateLinkServiceConnections"][0]
-    assert conn["privateLinkServiceId"] == acct.id and conn["groupIds"] == ["file"]
-    link = one(mocks, "VirtualNetworkLink", "nfs-zone-link").inputs
-    assert link["virtualNetwork"]["id"] == one(mocks, "VirtualNetwork", "net-vnet").id
-    assert outputs["nfs"]["mount_target"] == f"{acct.inputs['accountName']}.file.core.windows.net:/{acct.inputs['accountName']}/shared"
+    name = acct["accountName"]
+    assert outputs["nfs"]["mount_target"] == f"{name}.file.core.windows.net:/{name}/shared" == data_out["nfs"]["mount_target"]
+
+
+def test_platform_and_data_stack_must_fit(dev_raw, dev_data):
+    _, data_out = dev_data
+    raw, location = dev_raw
+    with pytest.raises(Exception, match="is in westeurope, this platform in northeurope: set azure-native:location"):
+        mocked.run(copy.deepcopy(raw), "dev", "northeurope", data_outputs=data_out)
+    with pytest.raises(Exception, match="has no NFS share .* `pulumi config set mountNfs false`"):
+        mocked.run(copy.deepcopy(raw), "dev", location, data_outputs=dict(data_out, nfs=None))
+    mocks, outputs = mocked.run(dict(copy.deepcopy(raw), mountNfs=False), "dev", location, data_outputs=dict(data_out, nfs=None))
+    assert outputs["nfs"] is None
+    assert not [r for r in mocks.of_type("PrivateEndpoint") if r.inputs["privateLinkServiceConnections"][0]["groupIds"] == ["file"]]
+
+
+def test_the_platform_reads_the_data_stack_of_its_name_unless_told(dev, dev_raw, dev_data):
+    mocks, outputs = dev
+    refs = [r.inputs["name"] for r in mocks.of_type("StackReference")]
+    assert refs == ["organization/azure-horovod-training-data/dev"] == [outputs["data_stack"]]
+    raw = dict(copy.deepcopy(dev_raw[0]), dataStack="acme/azure-horovod-training-data/shared")
+    mocks, outputs = mocked.run(raw, "dev", dev_raw[1], data_outputs=dev_data[1])
+    assert [r.inputs["name"] for r in mocks.of_type("StackReference")] == ["acme/azure-horovod-training-data/shared"]
 
 
 def test_network_isolation(dev):
@@ -60,8 +124,8 @@ def test_network_isolation(dev):
     assert compute["natGateway"]["id"] == one(mocks, "NatGateway", "net-nat").id
     assert compute["defaultOutboundAccess"] is False
     rules = one(mocks, "NetworkSecurityGroup", "net-compute-nsg").inputs["securityRules"]
-    outbound = {(r["destinationAddressPrefix"], r["destinationPortRange"]) for r in rules if r["direction"] == "Outbound"}
-    assert {("AzureMachineLearning", "443"), ("BatchNodeManagement", "443"), ("Storage", "443")} <= outbound
+    # dev: the NSG filters inbound only (outbound rules and the private profile: tests/infra/test_network.py)
+    assert [r for r in rules if r["direction"] == "Outbound"] == []
     assert any(r["direction"] == "Inbound" and r["access"] == "Deny" and r["sourceAddressPrefix"] == "Internet" for r in rules)
     vnet = one(mocks, "VirtualNetwork", "net-vnet").inputs
     assert vnet["addressSpace"]["addressPrefixes"] == ["10.40.0.0/16"]
@@ -106,13 +170,13 @@ def test_clusters(dev):
     assert outputs["clusters"]["cpu-smoke"]["gpus_per_node"] == 0
 
 
-def test_compute_identity_gets_exactly_read_data_write_logs_pull_images(dev):
+def test_compute_identity_gets_exactly_read_data_write_logs_pull_images(dev, dev_data):
     mocks, _ = dev
     principal = "principal-compute-identity"   # the principalId the mocks give the compute identity
     grants = {(r.inputs["roleDefinitionId"].rsplit("/", 1)[1], r.inputs["scope"])
               for r in mocks.of_type("RoleAssignment") if r.inputs["principalId"] == principal}
-    data = one(mocks, "StorageAccount", "storage-data").id
-    logs = one(mocks, "StorageAccount", "storage-logs").id
+    data = one(dev_data[0], "StorageAccount", "storage-data").id
+    logs = one(dev_data[0], "StorageAccount", "storage-logs").id
     assert grants == {
         (access.ROLES["Storage Blob Data Reader"], f"{data}/blobServices/default/containers/training-data"),
         (access.ROLES["Storage Blob Data Contributor"], f"{logs}/blobServices/default/containers/logs"),
@@ -125,7 +189,9 @@ def test_compute_identity_gets_exactly_read_data_write_logs_pull_images(dev):
         (access.ROLES["Storage Blob Data Reader"], f"{data}/blobServices/default/containers/training-data"),
         (access.ROLES["Storage Blob Data Reader"], f"{logs}/blobServices/default/containers/logs"),
     }
-    assert len(mocks.of_type("RoleAssignment")) == len(grants) + len(workspace), "no other grants"
+    for r in mocks.of_type("RoleAssignment"):
+        if r.inputs["principalId"] in (principal, "principal-ml-workspace"):
+            assert r.inputs["principalType"] == "ServicePrincipal"   # managed identities
 
 
 def test_outputs_are_complete_and_hold_no_secrets(dev):
@@ -136,14 +202,3 @@ def test_outputs_are_complete_and_hold_no_secrets(dev):
     text = repr(outputs).lower()
     for secret_word in ("key", "password", "connectionstring", "sas"):
         assert secret_word not in text.replace("keyvault", ""), secret_word
-
-
-def test_data_survives_destroy(dev):
-    mocks, _ = dev
-    for name in ("data", "storage-data", "storage-logs", "storage-data-container", "storage-logs-container",
-                 "nfs-account", "nfs-share"):
-        assert name in mocks.retained, name
-    assert "platform" not in mocks.retained and "ml-workspace" not in mocks.retained
-    data_group = one(mocks, "ResourceGroup", "data").inputs["resourceGroupName"]
-    for name in ("storage-data", "storage-logs", "nfs-account"):
-        assert one(mocks, "StorageAccount", name).inputs["resourceGroupName"] == data_group

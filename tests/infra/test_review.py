@@ -1,20 +1,24 @@
 import subprocess
 import sys
 
-from infra_helpers import DEV_FILE, ROOT
+from infra_helpers import DATA_DEV_FILE, DATA_PROD_FILE, DEV_FILE, ROOT
 
 from trainingplatform import review
 
 
-def test_committed_review_file_is_current():
-    current = (ROOT / "infra" / "review" / "dev.txt").read_text()
-    assert review.render(DEV_FILE) == current, (
-        "infra/review/dev.txt is out of date: run scripts/review-infra dev and commit the result")
+def test_committed_review_files_are_current():
+    for stack_file, review_file in ((DEV_FILE, "dev.txt"), (DATA_DEV_FILE, "data-dev.txt"),
+                                    (DATA_PROD_FILE, "data-prod.txt")):
+        current = (ROOT / "infra" / "review" / review_file).read_text()
+        assert review.render(stack_file) == current, (
+            f"infra/review/{review_file} is out of date: run scripts/review-infra dev and commit the result")
 
 
 def test_review_names_the_key_settings_and_fails_cleanly_on_bad_config(tmp_path):
     text = review.render(DEV_FILE)
-    assert 'vmSize = "Standard_ND96asr_v4"' in text and "[retained on destroy]" in text
+    assert 'vmSize = "Standard_ND96asr_v4"' in text and "[protected]" not in text
+    data_text = review.render(DATA_DEV_FILE)
+    assert "azure-native:storage:StorageAccount storage-data  [protected]" in data_text
     bad = tmp_path / "Pulumi.bad.yaml"
     bad.write_text(DEV_FILE.read_text().replace("Standard_ND96asr_v4", "Standard_NC24rs_v3"))
     proc = subprocess.run([sys.executable, "-m", "trainingplatform.review", str(bad)], cwd=ROOT / "infra",

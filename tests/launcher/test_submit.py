@@ -430,11 +430,15 @@ def test_refused_submissions_name_the_fix(azure, dev_outputs, small_job, where, 
 @pytest.mark.parametrize("body,expected", [
     ({"error": {"code": "UserError", "message": "Compute gpu-ib not found in workspace."}},
      "Azure ML has no usable compute 'gpu-ib' in workspace hvd-dev-mlw-x7k2q"),
-    ({"error": {"code": "UserError", "message": "Invalid image name hvddevacr5b3f81.azurecr.io/training/pytorch:x"}},
-     "Azure ML refused the image hvddevacr5b3f81.azurecr.io/training/pytorch:torch2.14.1-horovod0.28.1"),
+    ({"error": {"code": "UserError", "message": "Invalid image name {registry}/training/pytorch:x"}},
+     "Azure ML refused the image {registry}/training/pytorch:torch2.14.1-horovod0.28.1"),
     ({"error": {"code": "UserError", "message": "Something else."}}, "Azure ML refused the job (400 UserError): Something else."),
 ])
 def test_job_refused_at_creation(azure, dev_outputs, small_job, body, expected):
+    # The registry's name is the stack's (hashed from the subscription), not a literal.
+    registry = json.loads(dev_outputs.read_text())["registry_login_server"]
+    body = json.loads(json.dumps(body).replace("{registry}", registry))
+    expected = expected.replace("{registry}", registry)
     azure.fail = (lambda method, url: method == "PUT" and "/jobs/" in url, 400, body, None)
     message = submit(dev_outputs, small_job)
     assert isinstance(message, str) and expected in message, message

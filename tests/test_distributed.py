@@ -122,3 +122,27 @@ def test_horovod_timeline_is_written_when_asked(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = timeline.read_text()
     assert "ALLREDUCE" in text.upper() and "Horovod timeline" in proc.stdout
+
+
+def test_backward_passes_per_step_accumulate_then_average_across_processes(tmp_path):
+    """--backward-passes-per-step N: each rank accumulates N micro-batches locally, then one allreduce.
+    2 processes x 2 micro-batches x 8 = 1 process x 32 (the same 32 samples per step, see ShardedBatchSampler)
+    and the same LR (base x processes x passes), so the weights must agree within float error. Horovod's
+    hooks exist only with 2+ processes: a 1-process run cannot see an optimizer built for the wrong N."""
+    two, one, micro = tmp_path / "two", tmp_path / "one", tmp_path / "micro"
+    common = TINY + ["--epochs", "2"]
+    train(2, common + ["--batch-size", "8", "--backward-passes-per-step", "2", "--base-lr", "0.05",
+                       "--output-dir", str(two)])
+    m = metrics(two)
+    assert m["summary"]["ranks_identical"] is True
+    assert m["epochs"][0]["images"] == 128, "every sample once per epoch, micro-batches included"
+    train(1, common + ["--batch-size", "32", "--base-lr", "0.2", "--output-dir", str(one)])
+    diff = _max_diff(final_weights(two), final_weights(one))
+    assert diff < 1e-5, f"2 processes x 2 passes differ from 1 process x 32 by {diff}"
+    # The local half: 4 micro-batches of 8 in one process is the same step as one batch of 32
+    # (each micro-batch's mean loss is weighted by its share of the batch).
+    train(1, common + ["--batch-size", "8", "--backward-passes-per-step", "4", "--base-lr", "0.05",
+                       "--output-dir", str(micro)])
+    local = _max_diff(final_weights(micro), final_weights(one))
+    assert local < 1e-5, f"1 process x 4 passes differs from 1 process x 32 by {local}"
+    print(f"max |2x2x8 - 1x32| = {diff:.3g}; |1x4x8 - 1x32| = {local:.3g}")

@@ -45,8 +45,12 @@ def setup_runtime(cfg: config.TrainConfig, hvd) -> torch.device:
         device = torch.device("cuda", hvd.local_rank())
     else:
         device = torch.device("cpu")
+    check_adasum(cfg, hvd)
     if cfg.amp is None:
-        cfg.amp = device.type == "cuda"
+        # Adasum's default is full precision: see check_adasum.
+        cfg.amp = device.type == "cuda" and not cfg.adasum
+        if device.type == "cuda" and cfg.adasum:
+            log.info("mixed precision off: --adasum steps on unscaled gradients (README, \"The PyTorch payload\")")
     if cfg.channels_last is None:
         cfg.channels_last = device.type == "cuda"
     if cfg.xla:
@@ -55,6 +59,31 @@ def setup_runtime(cfg: config.TrainConfig, hvd) -> torch.device:
     if cfg.amp and device.type != "cuda":
         raise ConfigError("--amp needs a GPU: this process sees none (drop --amp for a CPU run)")
     return device
+
+
+def check_adasum(cfg: config.TrainConfig, hvd) -> None:
+    """Refuse what Horovod 0.28.1's Adasum cannot run, before any data is read (horovod/torch/optimizer.py,
+    horovod/common/ops/adasum/adasum.h). One process never reduces, so it needs none of this."""
+    if not cfg.adasum:
+        return
+    if cfg.amp:
+        # _DistributedAdasumOptimizer applies the inner optimizer inside each gradient's backward hook, so
+        # GradScaler's scaled gradients would be stepped before they could be unscaled (and it refuses
+        # skip_synchronize(), which the unscale-then-step sequence needs).
+        raise ConfigError("--adasum cannot be combined with mixed precision (--amp): Horovod's Adasum optimizer "
+                          "steps on each gradient inside backward, before GradScaler can unscale it. Pass --no-amp "
+                          "(the default with --adasum), or drop --adasum to keep --amp")
+    if hvd.size() == 1:
+        return
+    if not hvd.mpi_enabled():
+        # Horovod registers its Adasum operations only with MPI: under Gloo the first step fails with
+        # "No Adasum operation enabled".
+        raise ConfigError("--adasum needs Horovod's MPI controller (Adasum is implemented over MPI): start the job "
+                          "with mpirun (Azure ML's MPI distribution, horovodrun --mpi), or drop --adasum")
+    if hvd.size() & (hvd.size() - 1):
+        raise ConfigError(f"--adasum needs a power-of-two number of processes, this job has {hvd.size()}: "
+                          f"use {1 << (hvd.size().bit_length() - 1)} or {1 << hvd.size().bit_length()} processes, "
+                          "or drop --adasum")
 
 
 def build_datasets(cfg: config.TrainConfig):

@@ -12,6 +12,7 @@ import pathlib
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
+from . import tracking
 from .errors import ConfigError
 
 
@@ -46,6 +47,7 @@ class TrainConfig:
     xla: bool = False                         # TensorFlow/Keras: compile the step with XLA
     skip_corrupt_images: bool = False
     progress: bool = True
+    mlflow: bool = True                       # log to MLflow when MLFLOW_TRACKING_URI is set (Azure ML sets it)
 
     @property
     def checkpoint_dir(self) -> pathlib.Path:
@@ -172,6 +174,8 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
                    help="start from scratch even if the output folder has checkpoints")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (job logs)")
     g.add_argument("--progress", dest="progress", action="store_true", help="progress bar on rank 0 (default)")
+    g.add_argument("--no-mlflow", dest="mlflow", action="store_false",
+                   help="do not log to MLflow even though MLFLOW_TRACKING_URI is set (Azure ML sets it in every job)")
     g = p.add_argument_group("runtime")
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--workers", type=int, default=d.workers, help="data loader processes per training process")
@@ -193,4 +197,5 @@ def parse(argv: Sequence[str] | None, prog: str, description: str, models: Seque
         values["batch_size"] = TrainConfig.batch_size
     cfg = TrainConfig(**values)
     cfg.validate(models, data_kinds)
+    tracking.check(cfg.mlflow)
     return cfg

@@ -139,6 +139,23 @@ def test_a_logging_failure_mid_run_warns_and_keeps_metrics_json(tmp_path, monkey
     assert mlflow.active_run() is None, "the run is ended all the same"
 
 
+def test_a_restarted_job_with_changed_params_keeps_training(tmp_path, monkeypatch, caplog):
+    """Azure ML restarts a preempted job in its own run: params logged again must not stop it, even changed."""
+    monkeypatch.setenv(tracking.URI, (tmp_path / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    first = MetricsFile(tmp_path / "metrics.json", {"config": {"epochs": 2}, "world": {"threads_per_process": 4}})
+    first.set_summary({"total_images_per_sec": 1.0})
+    monkeypatch.setenv("MLFLOW_RUN_ID", first.tracker.run_id)
+    again = MetricsFile(tmp_path / "metrics.json", {"config": {"epochs": 2}, "world": {"threads_per_process": 8}})
+    again.add_epoch({"epoch": 2, "train_loss": 0.25})
+    again.set_summary({"total_images_per_sec": 2.0})
+    assert again.tracker.run_id == first.tracker.run_id
+    assert "could not log the params" in caplog.text
+    history = _client(tmp_path / "mlruns").get_metric_history(first.tracker.run_id, "train_loss")
+    assert [(h.step, h.value) for h in history] == [(2, 0.25)]
+
+
 def _pins(path: str) -> dict[str, str]:
     text = (ROOT / path).read_text()
     return {m.group(1).lower(): m.group(2) for m in re.finditer(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==(\S+)", text, re.M)}

@@ -86,12 +86,13 @@ class MlflowRun:
         try:
             # Under Azure ML this continues the job's run (MLFLOW_RUN_ID); elsewhere it starts a new one.
             self.run_id = mlflow.start_run().info.run_id
-            mlflow.log_params(flatten(run))
         except Exception as e:  # noqa: BLE001 - MLflow and its store plugins raise many types
-            self._end("FAILED")
             raise ConfigError(f"MLflow tracking at {os.environ.get(URI)} cannot start: {e} "
                               "(fix the tracking configuration, or pass --no-mlflow to train without it)") from None
         log.info("MLflow run %s at %s", self.run_id, mlflow.get_tracking_uri())
+        # Params are write-once: a job Azure ML restarts continues its run and logs them again, which
+        # MLflow refuses if any value changed. That is worth a warning, not the job.
+        self._call("params", mlflow.log_params, flatten(run))
 
     def epoch(self, record: Mapping[str, Any]) -> None:
         self._call("epoch metrics", self._mlflow.log_metrics, numbers(record, skip=("epoch",)),

@@ -119,16 +119,18 @@ def test_corrupt_validation_image_is_skipped_and_counted(tmp_path):
     assert [e["skipped_images"] for e in epochs] == [0, 0]
 
 
-@pytest.mark.parametrize("np,extra,message", [
+@pytest.mark.parametrize("payload,extra,message", [
     # Horovod's Adasum optimizer steps inside backward, before GradScaler could unscale (explicit --amp;
     # the default turns mixed precision off with --adasum).
-    (2, ["--amp"], "--adasum cannot be combined with mixed precision (--amp)"),
+    ("pytorch", ["--amp"], "--adasum cannot be combined with mixed precision (--amp)"),
     # Adasum exists only over MPI: under Gloo the first step would fail with "No Adasum operation enabled".
-    (2, [], "--adasum needs Horovod's MPI controller"),
+    ("pytorch", [], "--adasum needs Horovod's MPI controller"),
+    ("tensorflow", [], "--adasum needs Horovod's MPI controller"),
+    ("keras", [], "--adasum needs Horovod's MPI controller"),
 ])
-def test_adasum_combinations_horovod_cannot_run_fail_before_training(tmp_path, np, extra, message):
-    proc = train(np, TINY + ["--adasum", "--epochs", "1", "--batch-size", "4", "--output-dir", str(tmp_path), *extra],
-                 check=False)
+def test_adasum_combinations_horovod_cannot_run_fail_before_training(tmp_path, payload, extra, message):
+    proc = train(2, TINY + ["--adasum", "--epochs", "1", "--batch-size", "4", "--output-dir", str(tmp_path), *extra],
+                 check=False, payload=payload)
     text = proc.stderr + proc.stdout
     assert proc.returncode != 0 and message in text, text[-3000:]
     assert "--no-amp" in text or "horovodrun --mpi" in text, "the message names the fix"

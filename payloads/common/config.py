@@ -112,6 +112,20 @@ class TrainConfig:
             )
         return g // world_size
 
+    def check_adasum_world(self, world_size: int, mpi_controller: bool) -> None:
+        """Horovod 0.28.1 registers its Adasum operations only with MPI (under Gloo the first step fails with
+        "No Adasum operation enabled") and reduces only power-of-two worlds (adasum.h: "Running Adasum with
+        non-power-of-two ranks is not supported yet"). One process never reduces."""
+        if not self.adasum or world_size == 1:
+            return
+        if not mpi_controller:
+            raise ConfigError("--adasum needs Horovod's MPI controller (Adasum is implemented over MPI): start the "
+                              "job with mpirun (Azure ML's MPI distribution, horovodrun --mpi), or drop --adasum")
+        if world_size & (world_size - 1):
+            low = 1 << (world_size.bit_length() - 1)
+            raise ConfigError(f"--adasum needs a power-of-two number of processes, this job has {world_size}: "
+                              f"use {low} or {low * 2} processes, or drop --adasum")
+
     def to_json(self) -> dict:
         d = asdict(self)
         return {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in d.items()}

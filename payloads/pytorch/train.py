@@ -62,8 +62,7 @@ def setup_runtime(cfg: config.TrainConfig, hvd) -> torch.device:
 
 
 def check_adasum(cfg: config.TrainConfig, hvd) -> None:
-    """Refuse what Horovod 0.28.1's Adasum cannot run, before any data is read (horovod/torch/optimizer.py,
-    horovod/common/ops/adasum/adasum.h). One process never reduces, so it needs none of this."""
+    """Refuse what Horovod 0.28.1's Adasum cannot run, before any data is read (horovod/torch/optimizer.py)."""
     if not cfg.adasum:
         return
     if cfg.amp:
@@ -73,17 +72,7 @@ def check_adasum(cfg: config.TrainConfig, hvd) -> None:
         raise ConfigError("--adasum cannot be combined with mixed precision (--amp): Horovod's Adasum optimizer "
                           "steps on each gradient inside backward, before GradScaler can unscale it. Pass --no-amp "
                           "(the default with --adasum), or drop --adasum to keep --amp")
-    if hvd.size() == 1:
-        return
-    if not hvd.mpi_enabled():
-        # Horovod registers its Adasum operations only with MPI: under Gloo the first step fails with
-        # "No Adasum operation enabled".
-        raise ConfigError("--adasum needs Horovod's MPI controller (Adasum is implemented over MPI): start the job "
-                          "with mpirun (Azure ML's MPI distribution, horovodrun --mpi), or drop --adasum")
-    if hvd.size() & (hvd.size() - 1):
-        raise ConfigError(f"--adasum needs a power-of-two number of processes, this job has {hvd.size()}: "
-                          f"use {1 << (hvd.size().bit_length() - 1)} or {1 << hvd.size().bit_length()} processes, "
-                          "or drop --adasum")
+    cfg.check_adasum_world(hvd.size(), hvd.mpi_enabled())
 
 
 def build_datasets(cfg: config.TrainConfig):

@@ -255,8 +255,8 @@ def run(cfg: config.TrainConfig) -> dict:
         optimizer, named_parameters=model.named_parameters(),
         compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
         # One allreduce after the N-th backward pass of a step: Horovod's hook counts the passes and
-        # asserts when there are more than this (horovod/torch/optimizer.py, _make_hook); it sums, so
-        # train_epoch weights each micro-batch's loss by its share of the step's batch.
+        # asserts when there are more than this (horovod/torch/optimizer.py, _make_hook). The passes'
+        # gradients add up in p.grad, so train_epoch weights each micro-batch's loss by its share of the step.
         backward_passes_per_step=cfg.backward_passes_per_step,
         op=hvd.Adasum if cfg.adasum else hvd.Average)
     scaler = torch.amp.GradScaler("cuda") if cfg.amp else None

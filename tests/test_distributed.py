@@ -221,3 +221,16 @@ def test_adasum_two_processes_follow_adasums_definition(tmp_path):
     print(f"max |payload - Adasum reference| = {diff:.3g}; vs mean of deltas {mean:.3g}; vs sum {total:.3g}")
     assert diff < 1e-5, f"Adasum run differs from Adasum's definition by {diff}"
     assert min(mean, total) > 100 * max(diff, 1e-7), (diff, mean, total)
+
+    # With 2 micro-batches of 8 per step, Horovod's Adasum optimizer steps after the second backward pass on
+    # their mean gradient: the same updates at half the base LR (the LR scales by the passes).
+    micro = tmp_path / "adasum-micro"
+    args = TINY + ["--epochs", "2", "--batch-size", "8", "--backward-passes-per-step", "2", "--base-lr", "0.025",
+                   "--adasum", "--output-dir", str(micro)]
+    proc = subprocess.run(_mpi(horovodrun(2, args)), cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert metrics(micro)["summary"]["ranks_identical"] is True
+    assert metrics(micro)["run"]["config"]["backward_passes_per_step"] == 2
+    micro_diff = _max_diff(final_weights(micro), adasum)
+    print(f"Adasum with 2 passes x 8 vs the reference: {micro_diff:.3g}")
+    assert micro_diff < 1e-5, micro_diff

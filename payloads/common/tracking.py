@@ -80,6 +80,9 @@ class MlflowRun:
     before training); later calls only warn, so a tracking hiccup never costs a training job."""
 
     def __init__(self, run: Mapping[str, Any]):
+        # MLflow 3 sends usage telemetry to its own servers by default; a training job's data goes only where
+        # MLFLOW_TRACKING_URI points (set the variable to false to allow it).
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         import mlflow
 
         self._mlflow = mlflow

@@ -117,3 +117,41 @@ def test_corrupt_validation_image_is_skipped_and_counted(tmp_path):
     epochs = metrics(tmp_path / "out")["epochs"]
     assert [e["val_skipped_images"] for e in epochs] == [1, 1]
     assert [e["skipped_images"] for e in epochs] == [0, 0]
+
+
+@pytest.mark.parametrize("payload,extra,message", [
+    # Horovod's Adasum optimizer steps inside backward, before GradScaler could unscale (explicit --amp;
+    # the default turns mixed precision off with --adasum).
+    ("pytorch", ["--amp"], "--adasum cannot be combined with mixed precision (--amp)"),
+    # Adasum exists only over MPI: under Gloo the first step would fail with "No Adasum operation enabled".
+    ("pytorch", [], "--adasum needs Horovod's MPI controller"),
+    ("tensorflow", [], "--adasum needs Horovod's MPI controller"),
+    # Horovod's Keras DistributedOptimizer has no Adasum ("op currently only supports Average and Sum").
+    ("keras", [], "--adasum is not available in the Keras payload"),
+])
+def test_adasum_combinations_horovod_cannot_run_fail_before_training(tmp_path, payload, extra, message):
+    proc = train(2, TINY + ["--adasum", "--epochs", "1", "--batch-size", "4", "--output-dir", str(tmp_path), *extra],
+                 check=False, payload=payload)
+    text = proc.stderr + proc.stdout
+    assert proc.returncode != 0 and message in text, text[-3000:]
+    assert "--no-amp" in text or "horovodrun --mpi" in text or "payloads.tensorflow.train --adasum" in text, \
+        "the message names the fix"
+    assert "drop --adasum" in text
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.json").exists()
+
+
+def test_adasum_with_a_process_count_that_is_not_a_power_of_two_fails_before_training(tmp_path):
+    import subprocess
+
+    from helpers import ROOT, env, horovodrun
+
+    cmd = horovodrun(3, TINY + ["--adasum", "--epochs", "1", "--batch-size", "4", "--output-dir", str(tmp_path)])
+    i = cmd.index("--gloo")
+    cmd[i:i + 1] = ["--mpi", "--mpi-args=--bind-to none --oversubscribe"]
+    e = env()
+    e["OMPI_MCA_mpi_yield_when_idle"] = "1"
+    proc = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
+    text = proc.stderr + proc.stdout
+    assert proc.returncode != 0
+    assert "--adasum needs a power-of-two number of processes, this job has 3: use 2 or 4 processes" in text, text[-3000:]
+    assert not (tmp_path / "checkpoints").exists()

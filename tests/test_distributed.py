@@ -122,3 +122,115 @@ def test_horovod_timeline_is_written_when_asked(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = timeline.read_text()
     assert "ALLREDUCE" in text.upper() and "Horovod timeline" in proc.stdout
+
+
+def test_backward_passes_per_step_accumulate_then_average_across_processes(tmp_path):
+    """--backward-passes-per-step N: each rank accumulates N micro-batches locally, then one allreduce.
+    2 processes x 2 micro-batches x 8 = 1 process x 32 (the same 32 samples per step, see ShardedBatchSampler)
+    and the same LR (base x processes x passes), so the weights must agree within float error. Horovod's
+    hooks exist only with 2+ processes: a 1-process run cannot see an optimizer built for the wrong N."""
+    two, one, micro = tmp_path / "two", tmp_path / "one", tmp_path / "micro"
+    common = TINY + ["--epochs", "2"]
+    train(2, common + ["--batch-size", "8", "--backward-passes-per-step", "2", "--base-lr", "0.05",
+                       "--output-dir", str(two)])
+    m = metrics(two)
+    assert m["summary"]["ranks_identical"] is True
+    assert m["epochs"][0]["images"] == 128, "every sample once per epoch, micro-batches included"
+    train(1, common + ["--batch-size", "32", "--base-lr", "0.2", "--output-dir", str(one)])
+    diff = _max_diff(final_weights(two), final_weights(one))
+    assert diff < 1e-5, f"2 processes x 2 passes differ from 1 process x 32 by {diff}"
+    # The local half: 4 micro-batches of 8 in one process is the same step as one batch of 32
+    # (each micro-batch's mean loss is weighted by its share of the batch).
+    train(1, common + ["--batch-size", "8", "--backward-passes-per-step", "4", "--base-lr", "0.05",
+                       "--output-dir", str(micro)])
+    local = _max_diff(final_weights(micro), final_weights(one))
+    assert local < 1e-5, f"1 process x 4 passes differs from 1 process x 32 by {local}"
+    print(f"max |2x2x8 - 1x32| = {diff:.3g}; |1x4x8 - 1x32| = {local:.3g}")
+
+
+def _mpi(cmd: list[str]) -> list[str]:
+    """The same horovodrun command under Horovod's MPI controller (Adasum exists only there)."""
+    i = cmd.index("--gloo")
+    return cmd[:i] + ["--mpi", "--mpi-args=--bind-to none"] + cmd[i + 1:]
+
+
+def _adasum_pair(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Adasum of two ranks' tensors (Maleki et al. 2020; horovod/common/ops/adasum/adasum.h, ScaledAdd:
+    per tensor, dot products and norms in double, a coefficient left at 1 when its norm^2 < 1e-8)."""
+    a64, b64 = a.double(), b.double()
+    dot, aa, bb = (a64 * b64).sum(), (a64 * a64).sum(), (b64 * b64).sum()
+    ca = 1 - dot / aa / 2 if aa >= 1e-8 else 1.0
+    cb = 1 - dot / bb / 2 if bb >= 1e-8 else 1.0
+    return (ca * a64 + cb * b64).to(a.dtype)
+
+
+def _reference_two_ranks(combine, epochs: int, batch: int, base_lr: float) -> dict:
+    """What Horovod's Adasum optimizer does with 2 ranks, in one process: each rank steps its own SGD
+    (own momentum) from the shared weights on its own shard, and the weights move by combine(delta0, delta1)."""
+    import torch.nn.functional as F
+
+    from payloads.common import schedule
+    from payloads.pytorch import data, models
+
+    cfg = dict(samples=128, classes=4, size=16, seed=42)
+    dataset = data.SyntheticImages(cfg["samples"], cfg["classes"], cfg["size"], cfg["seed"])
+    torch.manual_seed(cfg["seed"])
+    shared = models.build("tiny_cnn", cfg["classes"], cfg["size"])
+    replicas = [models.build("tiny_cnn", cfg["classes"], cfg["size"]) for _ in range(2)]
+    sgd = [torch.optim.SGD(r.parameters(), lr=base_lr, momentum=0.9, weight_decay=5e-5) for r in replicas]
+    samplers = [data.ShardedBatchSampler(cfg["samples"], r, 2, batch, cfg["seed"]) for r in range(2)]
+    for epoch in range(epochs):
+        for s in samplers:
+            s.set_epoch(epoch)
+        shards = [list(s) for s in samplers]
+        for step, indices in enumerate(zip(*shards)):
+            lr = schedule.learning_rate(base_lr, 1, epoch, step, len(shards[0]), 0, (30, 60, 80))
+            deltas = []
+            for replica, opt, idx in zip(replicas, sgd, indices):
+                replica.load_state_dict(shared.state_dict())
+                images, labels, _ = data.collate([dataset[i] for i in idx])
+                opt.zero_grad()
+                F.cross_entropy(replica(images), labels).backward()
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                opt.step()
+                deltas.append({k: v - shared.state_dict()[k] for k, v in replica.state_dict().items()})
+            with torch.no_grad():
+                for k, w in shared.state_dict().items():
+                    w.add_(combine(deltas[0][k], deltas[1][k]))
+    return shared.state_dict()
+
+
+def test_adasum_two_processes_follow_adasums_definition(tmp_path):
+    out = tmp_path / "adasum"
+    args = TINY + ["--epochs", "2", "--batch-size", "16", "--adasum", "--output-dir", str(out)]
+    e = env()
+    e["OMPI_MCA_mpi_yield_when_idle"] = "1"   # 2 ranks on 2 shared cores (launcher/interconnect.py)
+    proc = subprocess.run(_mpi(horovodrun(2, args)), cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    m = metrics(out)
+    assert m["summary"]["ranks_identical"] is True
+    assert m["run"]["world"]["horovod_controller"] == "mpi"
+    assert m["run"]["config"]["amp"] is False
+    got = final_weights(out)
+    adasum = _reference_two_ranks(_adasum_pair, 2, 16, 0.05)
+    diff = _max_diff(got, adasum)
+    # Controls: the other ways two deltas could have been combined are measurably elsewhere.
+    mean = _max_diff(got, _reference_two_ranks(lambda a, b: (a + b) / 2, 2, 16, 0.05))
+    total = _max_diff(got, _reference_two_ranks(lambda a, b: a + b, 2, 16, 0.05))
+    print(f"max |payload - Adasum reference| = {diff:.3g}; vs mean of deltas {mean:.3g}; vs sum {total:.3g}")
+    assert diff < 1e-5, f"Adasum run differs from Adasum's definition by {diff}"
+    assert min(mean, total) > 100 * max(diff, 1e-7), (diff, mean, total)
+
+    # With 2 micro-batches of 8 per step, Horovod's Adasum optimizer steps after the second backward pass on
+    # their mean gradient: the same updates at half the base LR (the LR scales by the passes).
+    micro = tmp_path / "adasum-micro"
+    args = TINY + ["--epochs", "2", "--batch-size", "8", "--backward-passes-per-step", "2", "--base-lr", "0.025",
+                   "--adasum", "--output-dir", str(micro)]
+    proc = subprocess.run(_mpi(horovodrun(2, args)), cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert metrics(micro)["summary"]["ranks_identical"] is True
+    assert metrics(micro)["run"]["config"]["backward_passes_per_step"] == 2
+    micro_diff = _max_diff(final_weights(micro), adasum)
+    print(f"Adasum with 2 passes x 8 vs the reference: {micro_diff:.3g}")
+    assert micro_diff < 1e-5, micro_diff

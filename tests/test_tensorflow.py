@@ -202,3 +202,65 @@ def test_label_beyond_num_classes_is_explained(tmp_path):
                  check=False, payload="tensorflow")
     assert proc.returncode != 0
     assert "not below --num-classes" in proc.stderr + proc.stdout
+
+
+def _two_rank_reference_tf(epochs: int, batch: int, base_lr: float, mean: bool = False) -> list[np.ndarray]:
+    """The TensorFlow payload's 2-rank Adasum run, in one process: each rank's gradient on its own shard,
+    combined per tensor by Adasum's definition (horovod/common/ops/adasum/adasum.h, ScaledAdd), then one
+    SGD step with momentum, as DistributedGradientTape(op=Adasum) and the loop do."""
+    import types
+
+    import tensorflow as tf
+
+    from payloads.common import sharding
+    from payloads.tensorflow import data, models, runtime
+
+    def adasum(a, b):
+        a, b = a.numpy().astype(np.float64), b.numpy().astype(np.float64)
+        dot, aa, bb = (a * b).sum(), (a * a).sum(), (b * b).sum()
+        ca = 1 - dot / aa / 2 if aa >= 1e-8 else 1.0
+        cb = 1 - dot / bb / 2 if bb >= 1e-8 else 1.0
+        return tf.constant((ca * a + cb * b).astype(np.float32))
+
+    combine = (lambda a, b: (a + b) / 2) if mean else adasum
+
+    tf.keras.utils.set_random_seed(42)
+    model = models.build("tiny_cnn", 4, 16)
+    dataset = data.SyntheticImages(128, 4, 16, 42)
+    cfg = types.SimpleNamespace(weight_decay=5e-5)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer = tf.keras.optimizers.SGD(learning_rate=base_lr, momentum=0.9)
+    for epoch in range(epochs):
+        shards = [sharding.batches(128, r, 2, batch, 42, epoch) for r in range(2)]
+        for step, indices in enumerate(zip(*shards)):
+            grads = []
+            for idx in indices:
+                images, labels = dataset.batch(idx)
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(labels, model(images, training=True)) + runtime.weight_decay_loss(cfg, model)
+                grads.append(tape.gradient(loss, model.trainable_variables))
+            optimizer.learning_rate.assign(schedule.learning_rate(base_lr, 1, epoch, step, len(shards[0]), 0, (30, 60, 80)))
+            optimizer.apply_gradients(zip([combine(a, b) for a, b in zip(*grads)], model.trainable_variables))
+    return model.get_weights()
+
+
+def test_tensorflow_adasum_two_processes_follow_adasums_definition(tmp_path):
+    import subprocess
+
+    from helpers import ROOT, env, horovodrun
+
+    out = tmp_path / "adasum"
+    cmd = horovodrun(2, TINY + ["--epochs", "2", "--batch-size", "16", "--adasum", "--output-dir", str(out)],
+                     "tensorflow")
+    i = cmd.index("--gloo")
+    cmd[i:i + 1] = ["--mpi", "--mpi-args=--bind-to none"]   # Adasum exists only under MPI
+    e = env()
+    e["OMPI_MCA_mpi_yield_when_idle"] = "1"
+    proc = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert metrics(out)["summary"]["ranks_identical"] is True
+    diff = max_diff(weights(out), _two_rank_reference_tf(2, 16, 0.05))
+    control = max_diff(weights(out), _two_rank_reference_tf(2, 16, 0.05, mean=True))   # averaged gradients
+    print(f"TensorFlow Adasum vs its definition: {diff:.3g}; vs averaged gradients {control:.3g}")
+    assert diff < 1e-5, diff
+    assert control > 100 * max(diff, 1e-7), (diff, control)

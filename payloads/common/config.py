@@ -12,6 +12,7 @@ import pathlib
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
+from . import tracking
 from .errors import ConfigError
 
 
@@ -46,6 +47,7 @@ class TrainConfig:
     xla: bool = False                         # TensorFlow/Keras: compile the step with XLA
     skip_corrupt_images: bool = False
     progress: bool = True
+    mlflow: bool = True                       # log to MLflow when MLFLOW_TRACKING_URI is set (Azure ML sets it)
 
     @property
     def checkpoint_dir(self) -> pathlib.Path:
@@ -110,6 +112,20 @@ class TrainConfig:
             )
         return g // world_size
 
+    def check_adasum_world(self, world_size: int, mpi_controller: bool) -> None:
+        """Horovod 0.28.1 registers its Adasum operations only with MPI (under Gloo the first step fails with
+        "No Adasum operation enabled") and reduces only power-of-two worlds (adasum.h: "Running Adasum with
+        non-power-of-two ranks is not supported yet"). One process never reduces."""
+        if not self.adasum or world_size == 1:
+            return
+        if not mpi_controller:
+            raise ConfigError("--adasum needs Horovod's MPI controller (Adasum is implemented over MPI): start the "
+                              "job with mpirun (Azure ML's MPI distribution, horovodrun --mpi), or drop --adasum")
+        if world_size & (world_size - 1):
+            low = 1 << (world_size.bit_length() - 1)
+            raise ConfigError(f"--adasum needs a power-of-two number of processes, this job has {world_size}: "
+                              f"use {low} or {low * 2} processes, or drop --adasum")
+
     def to_json(self) -> dict:
         d = asdict(self)
         return {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in d.items()}
@@ -172,6 +188,8 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
                    help="start from scratch even if the output folder has checkpoints")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (job logs)")
     g.add_argument("--progress", dest="progress", action="store_true", help="progress bar on rank 0 (default)")
+    g.add_argument("--no-mlflow", dest="mlflow", action="store_false",
+                   help="do not log to MLflow even though MLFLOW_TRACKING_URI is set (Azure ML sets it in every job)")
     g = p.add_argument_group("runtime")
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--workers", type=int, default=d.workers, help="data loader processes per training process")
@@ -193,4 +211,5 @@ def parse(argv: Sequence[str] | None, prog: str, description: str, models: Seque
         values["batch_size"] = TrainConfig.batch_size
     cfg = TrainConfig(**values)
     cfg.validate(models, data_kinds)
+    tracking.check(cfg.mlflow)
     return cfg

@@ -1,4 +1,5 @@
-"""Run metrics: one JSON file per run, rewritten atomically after every epoch by rank 0.
+"""Run metrics: one JSON file per run, rewritten atomically after every epoch by rank 0, and the same
+params and metrics in MLflow when the environment configures it (Azure ML does: see tracking.py).
 
 Schema (stable; the jobs and benchmarks read it):
     {"run": {...config and world...}, "epochs": [{"epoch", "train_loss", "train_accuracy",
@@ -13,10 +14,17 @@ import pathlib
 import sys
 from typing import Any
 
+from . import tracking
+
 
 class MetricsFile:
+    """Rank 0's record of the run. Constructing it starts the MLflow run (params = the flattened `run`),
+    so every payload that writes metrics.json is tracked the same way; run["config"]["mlflow"] False
+    (--no-mlflow) leaves MLflow out."""
+
     def __init__(self, path: pathlib.Path, run: dict[str, Any]):
         self.path = path
+        self.tracker = tracking.start(run)
         self.data: dict[str, Any] = {"run": run, "epochs": [], "summary": {}}
         if path.is_file():  # a resumed run keeps the epochs it already has
             try:
@@ -29,10 +37,14 @@ class MetricsFile:
         self.data["epochs"] = [e for e in self.data["epochs"] if e.get("epoch") != record["epoch"]]
         self.data["epochs"].append(record)
         self.write()
+        if self.tracker:
+            self.tracker.epoch(record)
 
     def set_summary(self, summary: dict[str, Any]) -> None:
         self.data["summary"] = summary
         self.write()
+        if self.tracker:
+            self.tracker.summary(summary)   # the final throughput; ends the MLflow run
 
     def write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

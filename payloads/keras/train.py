@@ -40,6 +40,11 @@ def lr_callback(cfg, hvd, scale: float, steps: int):
 
 
 def run(cfg: config.TrainConfig) -> dict:
+    if cfg.adasum:
+        # horovod/tensorflow/keras/__init__.py, DistributedOptimizer: "op currently only supports Average and Sum".
+        raise ConfigError("--adasum is not available in the Keras payload: Horovod's Keras DistributedOptimizer "
+                          "reduces with Average or Sum only. Use the TensorFlow payload (python -m "
+                          "payloads.tensorflow.train --adasum) or the PyTorch one, or drop --adasum")
     import horovod.tensorflow as hvd_tf
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
@@ -51,7 +56,7 @@ def run(cfg: config.TrainConfig) -> dict:
     optimizer = hvd.DistributedOptimizer(
         tf.keras.optimizers.SGD(learning_rate=scaled_lr, momentum=cfg.momentum),
         compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
-        op=hvd.Adasum if cfg.adasum else hvd.Average)
+        op=hvd.Average)
     if cfg.amp:
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
     if cfg.weight_decay:

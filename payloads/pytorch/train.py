@@ -47,8 +47,12 @@ def setup_runtime(cfg: config.TrainConfig, hvd) -> torch.device:
         device = torch.device("cuda", hvd.local_rank())
     else:
         device = torch.device("cpu")
+    check_adasum(cfg, hvd)
     if cfg.amp is None:
-        cfg.amp = device.type == "cuda"
+        # Adasum's default is full precision: see check_adasum.
+        cfg.amp = device.type == "cuda" and not cfg.adasum
+        if device.type == "cuda" and cfg.adasum:
+            log.info("mixed precision off: --adasum steps on unscaled gradients (README, \"The PyTorch payload\")")
     if cfg.channels_last is None:
         cfg.channels_last = device.type == "cuda"
     if cfg.xla:
@@ -57,6 +61,20 @@ def setup_runtime(cfg: config.TrainConfig, hvd) -> torch.device:
     if cfg.amp and device.type != "cuda":
         raise ConfigError("--amp needs a GPU: this process sees none (drop --amp for a CPU run)")
     return device
+
+
+def check_adasum(cfg: config.TrainConfig, hvd) -> None:
+    """Refuse what Horovod 0.28.1's Adasum cannot run, before any data is read (horovod/torch/optimizer.py)."""
+    if not cfg.adasum:
+        return
+    if cfg.amp:
+        # _DistributedAdasumOptimizer applies the inner optimizer inside each gradient's backward hook, so
+        # GradScaler's scaled gradients would be stepped before they could be unscaled (and it refuses
+        # skip_synchronize(), which the unscale-then-step sequence needs).
+        raise ConfigError("--adasum cannot be combined with mixed precision (--amp): Horovod's Adasum optimizer "
+                          "steps on each gradient inside backward, before GradScaler can unscale it. Pass --no-amp "
+                          "(the default with --adasum), or drop --adasum to keep --amp")
+    cfg.check_adasum_world(hvd.size(), hvd.mpi_enabled())
 
 
 def build_datasets(cfg: config.TrainConfig):
@@ -238,7 +256,10 @@ def run(cfg: config.TrainConfig) -> dict:
     optimizer = hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(),
         compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
-        backward_passes_per_step=1,  # micro-batches are accumulated inside one step (train_epoch)
+        # One allreduce after the N-th backward pass of a step: Horovod's hook counts the passes and
+        # asserts when there are more than this (horovod/torch/optimizer.py, _make_hook). The passes'
+        # gradients add up in p.grad, so train_epoch weights each micro-batch's loss by its share of the step.
+        backward_passes_per_step=cfg.backward_passes_per_step,
         op=hvd.Adasum if cfg.adasum else hvd.Average)
     scaler = torch.amp.GradScaler("cuda") if cfg.amp else None
     start_epoch = restore(cfg, hvd, model, optimizer, scaler)

@@ -33,6 +33,7 @@ def start(cfg, hvd) -> Start:
     from . import models
 
     hvd.init()
+    cfg.check_adasum_world(hvd.size(), hvd.mpi_enabled())
     device = setup(cfg, hvd)
     model = models.build(cfg.model, cfg.num_classes, cfg.image_size)
     return Start(hvd.rank() == 0, device, cfg.per_process_batch(hvd.size()), model, lr_scale(cfg, hvd, device))

@@ -23,6 +23,7 @@ import math
 import pathlib
 import queue
 import threading
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -252,7 +253,8 @@ class ShardLoader:
                                   "the set again, or pass --skip-corrupt-images to skip and count such samples")
             log.warning("skipping undecodable sample %s in %s: %s", s.key, self.split.folder, err)
             return None, None
-        rng = np.random.default_rng([self.seed, self.epoch, int(s.key) if s.key.isdigit() else hash(s.key) & 0xFFFFFFFF])
+        # The key, not Python's hash(), which differs between processes: the same sample gets the same crop anywhere.
+        rng = np.random.default_rng([self.seed, self.epoch, int(s.key) if s.key.isdigit() else zlib.crc32(s.key.encode())])
         kept = Sample(s.key, s.label, np.asarray(img)) if self.cache_wanted and self.cache is None else None
         return (self.transform(img, rng), s.label), kept
 

@@ -277,7 +277,8 @@ class ShardLoader:
                 rest = list(stream)
                 if rest:   # never the case: the plan sized the batches from the manifest's counts
                     raise ConfigError(f"{len(rest)} more samples than the manifest of {self.split.folder} lists")
-                self.cache = filling
+                # In key order: later epochs' permutations then do not depend on which epoch filled it.
+                self.cache = sorted(filling, key=lambda s: s.key)
                 log.info("kept %d decoded images of rank %d in memory", len(filling), self.rank)
             out.put(None)
         except StopIteration:

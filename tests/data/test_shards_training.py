@@ -37,6 +37,27 @@ def test_two_processes_train_on_shards_with_identical_weights(tmp_path):
     assert losses[-1] < losses[0], losses
 
 
+def test_a_resumed_run_on_shards_equals_a_straight_one(tmp_path):
+    """File order, shuffle buffer and crops depend on (seed, epoch, rank, sample) only, so stopping after
+    epoch 1 and resuming trains exactly what a straight run trains."""
+    import torch
+
+    from helpers import final_weights
+
+    _learnable_tree(tmp_path / "img", per_class=6)
+    prepare.run(tmp_path / "img", tmp_path / "shards", shards=4, formats=["webdataset"], progress=False)
+    args = [a for a in TINY if a not in ("--synthetic-samples", "128")] + [
+        "--data", "shards", "--data-dir", str(tmp_path / "shards" / "webdataset"), "--batch-size", "4",
+        "--base-lr", "0.01", "--shuffle-buffer", "5"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train(2, args + ["--epochs", "2", "--output-dir", str(straight)])
+    train(2, args + ["--epochs", "1", "--output-dir", str(resumed)])
+    proc = train(2, args + ["--epochs", "2", "--output-dir", str(resumed)])
+    assert "resuming from" in proc.stdout
+    a, b = final_weights(straight), final_weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_shards_option_errors_name_the_fix(tmp_path):
     from payloads.pytorch.train import main
 

@@ -164,3 +164,20 @@ def test_target_comes_from_the_stack_outputs(tmp_path, capsys):
     assert transfer._target(Args) == ("https://trndevdata1.blob.core.windows.net", "training-data")
     assert transfer.main(["upload", str(tmp_path), "--prefix", "x"]) == 2
     assert "--stack-outputs" in capsys.readouterr().err
+
+
+def test_tfrecord_set_travels_with_its_class_list(storage, tree, tmp_path):
+    from payloads.tensorflow import tfrecords
+
+    make, name = storage
+    client = make(name)
+    prepare.run(tree, tmp_path / "p", shards=2, formats=["tfrecord"], progress=False)
+    src = tmp_path / "p" / "tfrecord"
+    transfer.upload(src, client, "imagenet/tfrecord", progress=False)
+    down = tmp_path / "d"
+    transfer.download(client, "imagenet/tfrecord", down, progress=False)
+    assert sorted(p.name for p in down.iterdir()) == sorted(p.name for p in src.iterdir())
+    for p in src.iterdir():
+        assert (down / p.name).read_bytes() == p.read_bytes(), p.name
+    train, val = tfrecords.find(down)   # what the TensorFlow payload opens
+    assert len(train) == 2 and len(val) == 2

@@ -10,6 +10,20 @@ log() { echo "[bootstrap] $*" >&2; }
 # pip on some machines warns about every missing local index entry; keep real messages only.
 quiet() { { grep -v "is neither a file nor a directory" || true; } >&2; }
 
+# Azurite (npm), the Azure Storage emulator the data transfer tests run against: pinned in
+# toolchain/package-lock.json, installed into toolchain/node_modules (gitignored). Checked on every run, apart
+# from the Python stamp below; without npm the tests that need it skip and say why.
+if command -v npm >/dev/null 2>&1; then
+    if ! cmp -s "$ROOT/toolchain/package-lock.json" "$ROOT/toolchain/node_modules/.installed-lock" 2>/dev/null; then
+        log "installing Azurite (npm ci in toolchain/)"
+        (cd "$ROOT/toolchain" && npm ci --no-audit --no-fund --loglevel=error >&2) ||
+            { log "error: npm ci in toolchain/ failed (see above): the data transfer tests need Azurite"; exit 1; }
+        cp "$ROOT/toolchain/package-lock.json" "$ROOT/toolchain/node_modules/.installed-lock"
+    fi
+else
+    log "npm not found: Azurite is not installed and the data transfer tests will skip (install Node.js and npm to run them)"
+fi
+
 STAMP="$VENV/.bootstrap-stamp"
 WANT=$(cat "$ROOT/requirements.txt" "$ROOT/payloads/requirements.txt" "$ROOT/payloads/requirements-tensorflow.txt" "$ROOT/constraints.txt" "$ROOT/infra/requirements.txt" "$ROOT/policy/requirements.txt" "$ROOT/launcher/requirements.txt" "$ROOT/benchmarks/requirements.txt" "$ROOT/toolchain/build_horovod.sh" "$ROOT/toolchain/patch_horovod.py" \
             "$ROOT/toolchain/bootstrap.sh" | sha256sum | cut -d' ' -f1)

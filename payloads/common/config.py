@@ -19,7 +19,7 @@ from .errors import ConfigError
 @dataclass
 class TrainConfig:
     model: str = "resnet50"
-    data: str = "synthetic"                  # synthetic | imagefolder (PyTorch) | tfrecord (TensorFlow, Keras)
+    data: str = "synthetic"                  # synthetic | imagefolder, shards (PyTorch) | tfrecord (TensorFlow, Keras)
     data_dir: pathlib.Path | None = None
     synthetic_samples: int = 1024             # per epoch, whole job
     image_size: int = 224
@@ -46,6 +46,8 @@ class TrainConfig:
     channels_last: bool | None = None         # None = on when a GPU is used (PyTorch; TensorFlow is NHWC)
     xla: bool = False                         # TensorFlow/Keras: compile the step with XLA
     skip_corrupt_images: bool = False
+    shuffle_buffer: int = 5000                # shards: samples held for shuffling per process
+    cache_decoded: bool = False               # shards: keep the decoded images in memory after epoch 1
     progress: bool = True
     mlflow: bool = True                       # log to MLflow when MLFLOW_TRACKING_URI is set (Azure ML sets it)
 
@@ -67,6 +69,8 @@ class TrainConfig:
             raise ConfigError(f"unknown model {self.model!r}: choose one of {', '.join(sorted(models))}")
         if self.data not in data_kinds:
             hint = {"tfrecord": " (TFRecord shards are read by the TensorFlow and Keras payloads)",
+                    "shards": " (WebDataset shards are read by the PyTorch payload; here use --data tfrecord "
+                              "on the tfrecord folder that payloads.data.prepare writes beside them)",
                     "imagefolder": " (convert class folders to TFRecord shards: python -m payloads.tensorflow.tfrecords)",
                     }.get(self.data, "")
             raise ConfigError(f"unknown --data {self.data!r}: choose {' or '.join(data_kinds)}{hint}")
@@ -75,10 +79,13 @@ class TrainConfig:
         if self.data == "tfrecord" and self.data_dir is None:
             raise ConfigError("--data tfrecord needs --data-dir: a folder of TFRecord shards (train-* files, "
                               "optionally validation-*)")
+        if self.data == "shards" and self.data_dir is None:
+            raise ConfigError("--data shards needs --data-dir: the webdataset folder written by "
+                              "python -m payloads.data.prepare (local, downloaded or an Azure ML mount)")
         if self.data == "synthetic" and self.data_dir is not None:
             raise ConfigError("--data-dir was given with --data synthetic: add --data imagefolder to train on it")
         _positive(self, "epochs", "image_size", "synthetic_samples", "num_classes", "backward_passes_per_step")
-        _non_negative(self, "max_steps_per_epoch", "keep_checkpoints", "workers", "threads", "weight_decay",
+        _non_negative(self, "max_steps_per_epoch", "keep_checkpoints", "workers", "threads", "weight_decay", "shuffle_buffer",
                       "warmup_epochs", "momentum")
         if self.base_lr <= 0:
             raise ConfigError(f"--base-lr must be positive, got {self.base_lr}")
@@ -156,15 +163,19 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("model and data")
     g.add_argument("--model", default=d.model)
-    g.add_argument("--data", default=d.data, help="synthetic | imagefolder (PyTorch) | tfrecord (TensorFlow, Keras)")
+    g.add_argument("--data", default=d.data, help="synthetic | imagefolder, shards (PyTorch) | tfrecord (TensorFlow, Keras)")
     g.add_argument("--data-dir", type=pathlib.Path, default=None,
                    help="imagefolder: root/<class>/<image>, or root/train and root/val in that layout; "
-                        "tfrecord: a folder of train-* (and validation-*) TFRecord shards")
+                        "tfrecord: a folder of train-* (and validation-*) TFRecord shards; "
+                        "shards: a WebDataset folder with manifest.json (python -m payloads.data.prepare)")
     g.add_argument("--synthetic-samples", type=int, default=d.synthetic_samples)
     g.add_argument("--image-size", type=int, default=d.image_size)
     g.add_argument("--num-classes", type=int, default=d.num_classes)
     g.add_argument("--skip-corrupt-images", action="store_true",
                    help="skip and count undecodable images instead of failing on the first one")
+    g.add_argument("--shuffle-buffer", type=int, default=d.shuffle_buffer, help="shards: samples shuffled in memory per process")
+    g.add_argument("--cache-decoded", action="store_true",
+                   help="shards: keep each process's decoded images in memory after the first epoch (size the RAM for it)")
     g = p.add_argument_group("schedule")
     g.add_argument("--epochs", type=int, default=d.epochs)
     g.add_argument("--batch-size", type=int, default=None, help=f"per process (default {d.batch_size})")

@@ -25,7 +25,7 @@ from ..common import checkpoint, config, imagefolder, schedule
 from ..common import devices
 from ..common.errors import ConfigError
 from ..common.metrics import MetricsFile, finish
-from . import data, models
+from . import data, models, shards
 
 SUFFIX = ".pt"
 log = logging.getLogger("payloads.pytorch")
@@ -82,6 +82,8 @@ def build_datasets(cfg: config.TrainConfig):
     if cfg.data == "synthetic":
         train = data.SyntheticImages(cfg.synthetic_samples, cfg.num_classes, cfg.image_size, cfg.seed)
         return train, None, cfg.num_classes
+    if cfg.data == "shards":
+        return shards.datasets(cfg.data_dir)
     train_dir, val_dir = imagefolder.split_dirs(cfg.data_dir)
     tree = imagefolder.scan(train_dir)
     val = None
@@ -96,6 +98,8 @@ def build_datasets(cfg: config.TrainConfig):
 
 
 def loader(dataset, cfg, hvd, batch, shuffle, device) -> DataLoader:
+    if isinstance(dataset, shards.ShardSplit):
+        return shards.loader(dataset, cfg, hvd.rank(), hvd.size(), batch, shuffle, device)
     try:
         sampler = data.ShardedBatchSampler(len(dataset), hvd.rank(), hvd.size(), batch, cfg.seed,
                                            shuffle=shuffle, max_steps=cfg.max_steps_per_epoch if shuffle else 0)
@@ -113,6 +117,9 @@ def seed_epoch(cfg, hvd, epoch: int, dl: DataLoader) -> None:
     # Augmentation randomness depends on (seed, epoch, rank) only, so a resumed run repeats a straight one.
     s = (cfg.seed * 1_000_003 + epoch) * 4099 + hvd.rank()
     torch.manual_seed(s)
+    if isinstance(dl, shards.ShardLoader):   # seeds its augmentation per sample from (seed, epoch)
+        dl.set_epoch(epoch)
+        return
     dl.generator.manual_seed(s)
     dl.batch_sampler.set_epoch(epoch)
 
@@ -309,7 +316,8 @@ def run(cfg: config.TrainConfig) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     try:
-        cfg = config.parse(argv, "python -m payloads.pytorch.train", __doc__.splitlines()[0], list(models.MODELS))
+        cfg = config.parse(argv, "python -m payloads.pytorch.train", __doc__.splitlines()[0], list(models.MODELS),
+                           ("synthetic", "imagefolder", "shards"))
         run(cfg)
     except ConfigError as e:
         # Every rank says it: a data error may be met by one rank only.

@@ -1,0 +1,215 @@
+"""Input pipeline and real-vs-synthetic training throughput, on generated ImageNet-like JPEGs.
+
+    .venv/bin/python -m benchmarks.input_pipeline                       # 2,000 images, ResNet-18 at 112 px
+    .venv/bin/python -m benchmarks.input_pipeline --tiny                # a quick check that it runs
+    .venv/bin/python -m benchmarks.input_pipeline --images 20000 --workers 8 --train-model resnet50 --train-image-size 224
+
+No real ImageNet is at hand here, so the images are generated: JPEG (quality 90) of ImageNet's typical
+sizes (about 470 x 390 px, 80-130 KB each), smooth colour fields with noise so that they compress like
+photographs, in class folders. Then:
+
+1. input pipeline alone, images/sec over one epoch of one process with the same decode and augmentation
+   (RandomResizedCrop to --image-size, flip, normalise) and the same --workers:
+   - class folders, torchvision ImageFolder-style dataset + DataLoader (the payload's --data imagefolder);
+   - WebDataset shards (--data shards), the same images byte for byte;
+   - shards pre-resized at preparation (--resize, shorter side 256: what the ImageNet job uses);
+   each as epoch 1 (files read through the OS page cache as the previous step left it, or from disk with
+   --drop-page-cache, which needs root and slows every other process on the machine for a while) and
+   epoch 2; for shards also epoch 2 with --cache-decoded (decoded images served from memory). Rates count
+   from the first batch on; the time to the first batch (worker start-up) is printed beside them.
+2. training, images/sec of the payload in one process (no Horovod launcher), the same model, batch and
+   settings on synthetic data, on class folders, and on shards with --cache-decoded.
+On a 2-core machine the data loader and the model share the cores; on a GPU node the loader has the CPUs
+to itself, so the training ratios here are a lower bound for what a GPU sees.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def generate(root: pathlib.Path, images: int, classes: int, seed: int = 0) -> pathlib.Path:
+    """ImageNet-like JPEGs in root/train/<class>/; reused when already there with the same count."""
+    from PIL import Image
+
+    stamp = root / f".generated-{images}-{classes}-{seed}"
+    if stamp.exists():
+        return root / "train"
+    shutil.rmtree(root, ignore_errors=True)
+    rng = np.random.default_rng(seed)
+    for i in range(images):
+        c = i % classes
+        w = int(np.clip(rng.normal(470, 80), 200, 800))
+        h = int(np.clip(w * rng.uniform(0.66, 0.9), 150, 700))
+        base = rng.integers(0, 256, (h // 16 + 1, w // 16 + 1, 3), dtype=np.uint8)
+        field = np.asarray(Image.fromarray(base).resize((w, h), Image.BICUBIC), dtype=np.int16)
+        pixels = np.clip(field + rng.normal(0, 16, (h, w, 3)), 0, 255).astype(np.uint8)
+        folder = root / "train" / f"n{c:08d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(folder / f"img_{i:07d}.JPEG", quality=90)
+    stamp.touch()
+    return root / "train"
+
+
+def drop_page_cache() -> bool:
+    """Linux: write back and drop the page cache, so that epoch 1 reads from disk (root only)."""
+    try:
+        os.sync()
+        pathlib.Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def _rate(batches) -> tuple[int, float, float]:
+    """(images after the first batch, seconds they took, seconds to the first batch)."""
+    start = time.perf_counter()
+    it = iter(batches)
+    next(it)
+    first = time.perf_counter()
+    n = sum(len(images) for images, _labels, _skipped in it)
+    return n, time.perf_counter() - first, first - start
+
+
+def folder_loader(tree_dir: pathlib.Path, image_size: int, batch: int, workers: int):
+    import torch
+    from torch.utils.data import DataLoader
+
+    from payloads.common import imagefolder
+    from payloads.pytorch import data
+
+    ds = data.ImageFiles(imagefolder.scan(tree_dir), image_size, train=True, skip_corrupt=False)
+    sampler = data.ShardedBatchSampler(len(ds), 0, 1, batch, seed=0)
+    kwargs = dict(multiprocessing_context="forkserver", persistent_workers=True, prefetch_factor=4) if workers else {}
+    return DataLoader(ds, batch_sampler=sampler, num_workers=workers, collate_fn=data.collate,
+                      generator=torch.Generator(), **kwargs), sampler
+
+
+def shard_loader(shard_dir: pathlib.Path, image_size: int, batch: int, workers: int, cache: bool):
+    from payloads.pytorch import shards
+
+    train, _, _ = shards.open_set(shard_dir)
+    return shards.ShardLoader(train, 0, 1, batch, seed=0, transform=shards.Transform(image_size, train=True),
+                              workers=workers, cache=cache)
+
+
+def pipeline(args, tree_dir: pathlib.Path, shard_dirs: dict[str, pathlib.Path]) -> list[tuple[str, str, float]]:
+    rows = []
+
+    def measure(name: str, epoch_label: str, it) -> None:
+        n, s, first = _rate(it)
+        rows.append((name, epoch_label, n / s))
+        print(f"  {name:45} {epoch_label:28} {n / s:8.1f} images/sec ({n} images in {s:.1f} s; first batch after "
+              f"{first:.1f} s)", flush=True)
+
+    dropped = args.drop_page_cache and drop_page_cache()
+    if args.drop_page_cache and not dropped:
+        print("  (could not drop the page cache: not root)")
+    cold = "epoch 1 (page cache dropped)" if dropped else "epoch 1 (page cache as left)"
+    dl, sampler = folder_loader(tree_dir, args.image_size, args.batch, args.workers)
+    measure("class folders, DataLoader", cold, dl)
+    sampler.set_epoch(1)
+    measure("class folders, DataLoader", "epoch 2", dl)
+    del dl
+    for label, folder in shard_dirs.items():
+        if dropped:
+            drop_page_cache()
+        loader = shard_loader(folder, args.image_size, args.batch, args.workers, cache=False)
+        measure(f"shards{label}", cold, loader)
+        loader.set_epoch(1)
+        measure(f"shards{label}", "epoch 2", loader)
+        cached = shard_loader(folder, args.image_size, args.batch, args.workers, cache=True)
+        measure(f"shards{label}, --cache-decoded", "epoch 1 (fills the cache)", cached)
+        cached.set_epoch(1)
+        measure(f"shards{label}, --cache-decoded", "epoch 2 (from memory)", cached)
+    return rows
+
+
+def train_rate(args, extra: list[str], out: pathlib.Path) -> float:
+    """Images/sec of the last epoch of one payload process (epoch 1 includes start-up and cache filling)."""
+    cmd = [sys.executable, "-m", "payloads.pytorch.train", "--model", args.train_model, "--image-size",
+           str(args.train_image_size), "--batch-size", str(args.batch), "--epochs", str(args.train_epochs),
+           "--workers", str(args.workers), "--no-progress", "--warmup-epochs", "0", "--output-dir", str(out), *extra]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return json.loads((out / "metrics.json").read_text())["epochs"][-1]["images_per_sec"]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__)
+    p.add_argument("--images", type=int, default=2000)
+    p.add_argument("--classes", type=int, default=20)
+    p.add_argument("--shards", type=int, default=16)
+    p.add_argument("--image-size", type=int, default=224, help="crop size of the input pipeline measurement")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--workers", type=int, default=2, help="DataLoader processes / shard decode threads")
+    p.add_argument("--train-model", default="resnet18")
+    p.add_argument("--train-image-size", type=int, default=112)
+    p.add_argument("--train-epochs", type=int, default=2)
+    p.add_argument("--work-dir", type=pathlib.Path, default=None, help="keep the generated images here between runs")
+    p.add_argument("--skip-training", action="store_true")
+    p.add_argument("--drop-page-cache", action="store_true", help="epoch 1 from disk (root; disturbs the whole machine)")
+    p.add_argument("--tiny", action="store_true", help="seconds-long check: 64 small images, tiny model")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.images, args.classes, args.shards, args.image_size, args.batch = 64, 4, 4, 32, 8
+        args.train_model, args.train_image_size, args.train_epochs = "tiny_cnn", 16, 2
+
+    from payloads.data import prepare
+
+    work = args.work_dir or pathlib.Path(tempfile.mkdtemp(prefix="input-pipeline-"))
+    t = time.perf_counter()
+    tree_dir = generate(work / "images", args.images, args.classes)
+    sizes = [f.stat().st_size for f in tree_dir.rglob("*.JPEG")]
+    print(f"{len(sizes)} generated JPEGs (ImageNet-like, not ImageNet) in {tree_dir}: mean {np.mean(sizes) / 1e3:.0f} KB "
+          f"({time.perf_counter() - t:.0f} s)")
+    shard_dirs = {}
+    for label, resize in (("", None), (", pre-resized to 256", 256)):
+        out = work / f"shards-{resize or 'full'}"
+        t = time.perf_counter()
+        prepare.run(tree_dir, out, shards=args.shards, formats=["webdataset"], resize=resize,
+                    workers=args.workers, progress=False)
+        mb = sum(f.stat().st_size for f in (out / "webdataset").glob("*.tar")) / 1e6
+        print(f"prepared {out / 'webdataset'} ({mb:.0f} MB, {time.perf_counter() - t:.0f} s)")
+        shard_dirs[label] = out / "webdataset"
+
+    print(f"\ninput pipeline alone: 1 process, batch {args.batch}, {args.workers} workers, crop {args.image_size} px")
+    pipeline(args, tree_dir, shard_dirs)
+
+    if not args.skip_training:
+        print(f"\ntraining: {args.train_model} at {args.train_image_size} px, batch {args.batch}, 1 process, "
+              f"{args.workers} workers, last of {args.train_epochs} epochs")
+        runs = work / "runs"
+        shutil.rmtree(runs, ignore_errors=True)
+        synth = train_rate(args, ["--data", "synthetic", "--synthetic-samples", str(args.images),
+                                  "--num-classes", str(args.classes)], runs / "synthetic")
+        print(f"  synthetic data                                 {synth:8.1f} images/sec", flush=True)
+        for name, extra in (("class folders", ["--data", "imagefolder", "--data-dir", str(tree_dir)]),
+                            ("shards", ["--data", "shards", "--data-dir", str(shard_dirs[''])]),
+                            ("shards, --cache-decoded", ["--data", "shards", "--data-dir", str(shard_dirs['']),
+                                                         "--cache-decoded"]),
+                            ("shards pre-resized to 256, --cache-decoded",
+                             ["--data", "shards", "--data-dir", str(shard_dirs[', pre-resized to 256']), "--cache-decoded"])):
+            r = train_rate(args, extra, runs / name.replace(" ", "_").replace(",", ""))
+            print(f"  {name:46} {r:8.1f} images/sec = {r / synth * 100:5.1f}% of synthetic", flush=True)
+    if args.work_dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

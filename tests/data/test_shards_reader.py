@@ -1,0 +1,140 @@
+"""The PyTorch shard reader: images -> shards -> tensors, rank split, shuffling, in-memory cache."""
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import write_tree
+from payloads.common.errors import ConfigError
+from payloads.data import manifest, prepare
+from payloads.pytorch import shards
+
+
+def pixels(img, rng):
+    return torch.from_numpy(np.asarray(img).copy())
+
+
+def label_only(img, rng):
+    return torch.zeros(1)
+
+
+@pytest.fixture(scope="module")
+def one_per_class(tmp_path_factory):
+    """30 classes of one image each: a label names its image, so the tests can follow every sample."""
+    root = tmp_path_factory.mktemp("ids")
+    write_tree(root / "img", classes=[f"c{i:02d}" for i in range(30)], per_class=1)
+    prepare.run(root / "img", root / "out", shards=6, formats=["webdataset"], progress=False)
+    return root / "out" / "webdataset"
+
+
+def _labels(loader) -> list[list[int]]:
+    return [b[1].tolist() for b in loader]
+
+
+def test_round_trip_gives_the_pixels_labels_and_counts_of_the_images(tree, tmp_path):
+    prepare.run(tree, tmp_path / "out", shards=3, formats=["webdataset"], progress=False)
+    train, val, classes = shards.open_set(tmp_path / "out" / "webdataset")
+    m = manifest.load_complete(tmp_path / "out" / "webdataset", "webdataset")
+    assert classes == m.classes and len(train) == m.splits["train"].samples == 18 and len(val) == 6
+    inputs = prepare.scan(tree)
+    want = sorted((label, np.asarray(Image.open(p).convert("RGB")).tobytes()) for p, label in inputs.splits["train"])
+    loader = shards.ShardLoader(train, 0, 1, 1, seed=0, transform=pixels, shuffle=False)
+    got = sorted((int(y), x[0].numpy().tobytes()) for x, y, skipped in loader)
+    assert len(loader) == 18 and got == want
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5])
+def test_ranks_read_disjoint_parts_that_cover_the_set_with_equal_steps(one_per_class, size):
+    train, _, _ = shards.open_set(one_per_class)
+    for epoch in (0, 1):
+        parts, steps = [], set()
+        for rank in range(size):
+            loader = shards.ShardLoader(train, rank, size, 4, seed=7, transform=label_only, shuffle_buffer=3)
+            loader.set_epoch(epoch)
+            batches = _labels(loader)
+            steps.add(len(batches))
+            assert all(1 <= len(b) <= 4 for b in batches)
+            parts.append([x for b in batches for x in b])
+        every = [x for p in parts for x in p]
+        assert sorted(every) == list(range(30)), f"{size} ranks, epoch {epoch}: {parts}"   # disjoint and complete
+        assert len(steps) == 1, steps   # every rank runs the same number of steps
+    # 6 shards: 1, 2 and 3 ranks read whole files of their own; 4 and 5 fall back to every size-th record.
+    assert shards.plan(train.counts, 0, size, 4).stride == (6 % size != 0)
+
+
+def test_shuffle_changes_order_per_epoch_and_repeats_for_the_same_seed(one_per_class):
+    train, _, _ = shards.open_set(one_per_class)
+
+    def order(epoch, seed=3):
+        loader = shards.ShardLoader(train, 0, 1, 5, seed=seed, transform=label_only, shuffle_buffer=8)
+        loader.set_epoch(epoch)
+        return [x for b in _labels(loader) for x in b]
+
+    assert order(0) == order(0)
+    assert order(0) != order(1) and sorted(order(0)) == sorted(order(1))
+    unshuffled = shards.ShardLoader(train, 0, 1, 5, seed=3, transform=label_only, shuffle=False)
+    assert [x for b in _labels(unshuffled) for x in b] != order(0)
+
+
+def test_augmentation_is_fixed_by_seed_epoch_and_sample_not_by_thread(one_per_class):
+    train, _, _ = shards.open_set(one_per_class)
+
+    def run(epoch, workers):
+        loader = shards.ShardLoader(train, 0, 1, 6, seed=1, transform=shards.Transform(16, train=True),
+                                    workers=workers)
+        loader.set_epoch(epoch)
+        return [(x, y) for x, y, _ in loader]
+
+    a, b, c = run(0, 1), run(0, 3), run(1, 2)
+    assert all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
+    assert a[0][0].shape == (6, 3, 16, 16)
+    assert not all(torch.equal(x1, x2) for (x1, _), (x2, _) in zip(a, c))
+
+
+def test_cache_keeps_decoded_images_so_later_epochs_read_no_files(tmp_path):
+    root = write_tree(tmp_path / "img", classes=[f"c{i}" for i in range(8)], per_class=1)
+    prepare.run(root, tmp_path / "out", shards=2, formats=["webdataset"], progress=False)
+    folder = tmp_path / "out" / "webdataset"
+    train, _, _ = shards.open_set(folder)
+    cached = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=label_only, shuffle_buffer=2, cache=True)
+    plain = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=label_only, shuffle_buffer=2)
+    pix = shards.ShardLoader(train, 0, 1, 1, seed=0, transform=pixels, cache=True)
+    epoch0 = sorted((int(y), x[0].numpy().tobytes()) for x, y, _ in pix)
+    assert len(_labels(cached)) == 2 and len(cached.cache) == 8 and len(pix.cache) == 8
+    assert len(_labels(plain)) == 2 and plain.cache is None
+    for f in train.files:
+        f.rename(f.with_suffix(".moved"))   # the shards are gone: only memory can serve epoch 2
+    cached.set_epoch(1)
+    pix.set_epoch(1)
+    assert sorted(x for b in _labels(cached) for x in b) == list(range(8))
+    # The cache holds the decoded images themselves: epoch 2's pixels equal those read from the files.
+    assert sorted((int(y), x[0].numpy().tobytes()) for x, y, _ in pix) == epoch0
+    with pytest.raises(ConfigError, match="cannot open shard .*check the data input"):
+        _labels(plain)
+
+
+def test_truncated_shard_and_unfinished_set_fail_with_the_fix(tree, tmp_path):
+    prepare.run(tree, tmp_path / "out", shards=2, formats=["webdataset"], progress=False)
+    folder = tmp_path / "out" / "webdataset"
+    train, _, _ = shards.open_set(folder)
+    data = train.files[1].read_bytes()
+    train.files[1].write_bytes(data[: len(data) // 2])
+    with pytest.raises(ConfigError, match="missing or not .* bytes"):
+        shards.open_set(folder)
+    loader = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=label_only)
+    with pytest.raises(ConfigError, match=r"(damaged|fewer samples).*(again)"):
+        _labels(loader)
+    m = manifest.read(folder)
+    m.complete = False
+    manifest.write(folder, m)
+    with pytest.raises(ConfigError, match="incomplete.*run the same prepare/download command again"):
+        shards.open_set(folder)
+    with pytest.raises(ConfigError, match="it has a webdataset sub-folder"):
+        shards.open_set(tmp_path / "out")
+
+
+def test_too_few_samples_for_the_ranks_is_refused_before_training():
+    with pytest.raises(ConfigError, match="fewer than the .* steps"):
+        shards.plan([3], 0, 4, 8)

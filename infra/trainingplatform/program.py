@@ -66,7 +66,7 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
         Grant("workspace-reads-data", "Storage Blob Data Reader", workspace_identity, data_scope),
         Grant("workspace-reads-logs", "Storage Blob Data Reader", workspace_identity, logs_scope),
     ]
-    for label, principal, kind in _users(cfg, client.object_id):
+    for label, principal, kind in _users(cfg):
         grants += [
             # Submitting a job uploads its code snapshot to the workspace storage with the user's token
             # (blob), and the studio's file views need the file share (how-to-disable-local-auth-storage).
@@ -109,11 +109,15 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
     }
 
 
-def _users(cfg: PlatformConfig, deployer_object_id: pulumi.Output[str]) -> list[tuple[str, pulumi.Input[str], str]]:
-    """(label, object id, principalType) of everyone who gets the user roles."""
+def _users(cfg: PlatformConfig) -> list[tuple[str, str, str]]:
+    """(label, object id, principalType) of everyone who gets the user roles. The label is made from the
+    object id alone, so a deployer who later lists themselves in `users` keeps the same resources: a label
+    of its own for the default would plan a create of an assignment that exists (Azure refuses it) and the
+    delete of the one it replaces."""
     if cfg.users is None:
         # A person running `pulumi up` after `az login`. The type cannot be left out (the SDK then sends
         # "User" anyway) and Azure refuses a wrong one (UnmatchedPrincipalType): deployments run as a
         # service principal (CI) list their users instead, which replaces this default.
-        return [("deployer", deployer_object_id, "User")]
+        deployer = authorization.get_client_config().object_id.lower()   # as config.py writes listed ids
+        return [(f"user-{deployer}", deployer, "User")]
     return [(f"user-{u.object_id}", u.object_id, u.type) for u in cfg.users]

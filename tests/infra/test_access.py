@@ -59,6 +59,16 @@ def test_the_deployer_gets_the_user_roles_by_default(dev, dev_data):
     assert {r.inputs["principalType"] for r in grants} == {"User"}
 
 
+def test_a_deployer_who_lists_themselves_keeps_the_same_assignments(dev, dev_raw, dev_data):
+    # The README tells a deployer who adds teammates to list themselves too. Were the default's resources
+    # named apart from the listed ones, that change would plan creates of assignments that exist (Azure
+    # refuses them) and deletes of the same assignments.
+    default = {(r.name, r.inputs["principalId"], r.inputs["principalType"]) for r in _grants_of(dev[0], mocked.DEPLOYER)}
+    listed = _run(dev_raw, dev_data, [{"objectId": mocked.DEPLOYER.upper(), "type": "User"}])
+    assert {(r.name, r.inputs["principalId"], r.inputs["principalType"]) for r in _grants_of(listed, mocked.DEPLOYER)} == default
+    assert len(default) == 5
+
+
 def test_listed_users_and_groups_get_exactly_the_user_roles_with_their_principal_type(dev_raw, dev_data):
     mocks = _run(dev_raw, dev_data, [{"objectId": ALICE, "type": "User"}, {"objectId": TEAM.upper(), "type": "Group"}])
     expected = _expected(mocks, dev_data[0])

@@ -20,7 +20,8 @@ from trainingplatform import mocked
 # Azure resource.
 _NAME_KEYS = ("resourceGroupName", "accountName", "containerName", "shareName", "registryName", "vaultName",
               "workspaceName", "computeName", "virtualNetworkName", "privateZoneName", "roleAssignmentName",
-              "blobServicesName", "fileServicesName", "subnetName", "name", "scope")
+              "blobServicesName", "fileServicesName", "subnetName", "privateEndpointName", "privateDnsZoneGroupName",
+              "name", "scope")
 
 
 def azure_key(r):

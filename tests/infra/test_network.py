@@ -18,7 +18,9 @@ from trainingplatform import config
 LOCATION = "westeurope"   # both committed stacks
 
 # Service tags usable in NSG rules -> whether a regional form (`Tag.<region>`) exists ("Can be regional?").
-# Transcribed from the service-tags-overview table (revision of 2023-01-26), the tags an NSG could name.
+# Transcribed from the service-tags-overview table (revision of 2023-01-26), the tags an NSG could name;
+# AzureMachineLearning, AzureMonitor and AzureResourceManager corrected to regional: the published ServiceTags
+# JSON (Get-AzNetworkServiceTag, the weekly download) lists e.g. AzureMachineLearning.WestEurope.
 DOCUMENTED_SERVICE_TAGS = {
     "ActionGroup": False, "ApiManagement": True, "ApplicationInsightsAvailability": False,
     "AppConfiguration": False, "AppService": True, "AppServiceManagement": False,
@@ -32,9 +34,9 @@ DOCUMENTED_SERVICE_TAGS = {
     "AzureFrontDoor.Frontend": False, "AzureFrontDoor.Backend": False, "AzureFrontDoor.FirstParty": False,
     "AzureHealthcareAPIs": False, "AzureInformationProtection": False, "AzureIoTHub": True,
     "AzureKeyVault": True, "AzureLoadBalancer": False, "AzureLoadTestingInstanceManagement": False,
-    "AzureMachineLearning": False, "AzureMachineLearningInference": False, "AzureManagedGrafana": False,
-    "AzureMonitor": False, "AzureOpenDatasets": False, "AzurePlatformDNS": False, "AzurePlatformIMDS": False,
-    "AzurePlatformLKM": False, "AzureResourceManager": False, "AzureSentinel": False, "AzureSignalR": False,
+    "AzureMachineLearning": True, "AzureMachineLearningInference": False, "AzureManagedGrafana": False,
+    "AzureMonitor": True, "AzureOpenDatasets": False, "AzurePlatformDNS": False, "AzurePlatformIMDS": False,
+    "AzurePlatformLKM": False, "AzureResourceManager": True, "AzureSentinel": False, "AzureSignalR": False,
     "AzureSiteRecovery": False, "AzureSphere": False, "AzureSpringCloud": False, "AzureStack": False,
     "AzureTrafficManager": False, "AzureUpdateDelivery": False, "AzureWebPubSub": True,
     "BatchNodeManagement": True, "ChaosStudio": False, "CognitiveServicesFrontend": False,
@@ -145,7 +147,7 @@ def _nsg_rules(mocks):
 def test_the_tag_check_knows_azures_names():
     assert tag_problem("Keyvault", "westeurope") == "Keyvault is not an Azure service tag"
     assert tag_problem("AzureKeyVault.westeurope", "westeurope") is None
-    assert tag_problem("AzureMachineLearning.westeurope", "westeurope") == "AzureMachineLearning has no regional form"
+    assert tag_problem("AzureActiveDirectory.westeurope", "westeurope") == "AzureActiveDirectory has no regional form"
     assert tag_problem("Storage.eastus", "westeurope") is not None
     assert tag_problem("10.40.0.0/16", "westeurope") is None
 

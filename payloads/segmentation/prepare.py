@@ -97,13 +97,13 @@ def _cut_pair(split: str, index: int, image_path, labels_path, block: int, out: 
                     f"Chesapeake Land Cover rasters (15 = no data), or --num-classes for more classes")
             image = _read(img, image_path, "image", window=win)
             if stats is not None:
-                valid = _read(img, image_path, "image", "read_masks", window=win).min(axis=0) > 0
+                valid = _read(img, image_path, "image", "dataset_mask", window=win) > 0
                 pixels = image[:, valid].astype(np.float64)
                 stats += np.stack([np.full(BANDS, pixels.shape[1]), pixels.sum(1), (pixels ** 2).sum(1)])
             class_pixels += np.bincount(labels.ravel(), minlength=num_classes + 1)[: num_classes + 1]
             stem = f"{index:03d}-{image_path.stem}-r{w.row:06d}-c{w.col:06d}"
             profile = dict(driver="GTiff", height=w.height, width=w.width, crs=img.crs,
-                           transform=img.window_transform(win), compress="deflate")
+                           transform=img.window_transform(win), compress="deflate", photometric="MINISBLACK")
             with rasterio.open(folder / f"{stem}-image.tif", "w", count=BANDS, dtype=image.dtype, **profile) as dst:
                 dst.write(image)
             with rasterio.open(folder / f"{stem}-labels.tif", "w", count=1, dtype="uint8", **profile) as dst:

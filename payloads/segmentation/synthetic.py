@@ -43,7 +43,8 @@ def write_pair(image_path: pathlib.Path, labels_path: pathlib.Path, image: np.nd
 
     transform = from_origin(origin[0], origin[1], 1.0, 1.0)
     common = dict(driver="GTiff", height=labels.shape[0], width=labels.shape[1], crs=CRS, transform=transform)
-    with rasterio.open(image_path, "w", count=BANDS, dtype="uint8", nodata=0, **common) as dst:
+    # MINISBLACK: the fourth band is near-infrared, not an alpha channel (GDAL's default for 4 x uint8)
+    with rasterio.open(image_path, "w", count=BANDS, dtype="uint8", nodata=0, photometric="MINISBLACK", **common) as dst:
         dst.write(image)
     with rasterio.open(labels_path, "w", count=1, dtype="uint8", **common) as dst:
         dst.write(labels[None])

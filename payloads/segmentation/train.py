@@ -85,6 +85,14 @@ def parse(argv: Sequence[str] | None) -> tuple[config.TrainConfig, SegmentationO
     return cfg, seg
 
 
+def pixel_loss(logits: torch.Tensor, target: torch.Tensor, global_valid: float, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(this rank's loss to back-propagate, its summed cross-entropy). The loss of a step is the mean over the
+    global batch's valid pixels: each rank divides its sum by the global count of valid pixels, times the world
+    size that Horovod's averaging divides out again. No-data pixels (IGNORE) add nothing to either."""
+    ce = F.cross_entropy(logits.float(), target, ignore_index=IGNORE, reduction="sum")
+    return ce * (world_size / max(global_valid, 1.0)), ce.detach()
+
+
 def _step(cfg, optimizer, scaler, loss) -> None:
     if scaler is None:
         loss.backward()
@@ -114,8 +122,6 @@ def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, store, sampler, manif
             group["lr"] = lr
         images, target = data.batch(store, patches, cfg.image_size, manifest.band_mean, manifest.band_std)
         valid = int((target != IGNORE).sum())
-        # The loss is the mean over the global batch's valid pixels: each rank divides its sum by the global
-        # count (times the world size, which Horovod's averaging divides out again). No-data pixels add nothing.
         global_valid = hvd.allreduce(torch.tensor(float(valid), dtype=torch.float64), op=hvd.Sum,
                                      name="valid_pixels").item()
         images, target = images.to(device, non_blocking=True), target.to(device, non_blocking=True)
@@ -124,9 +130,9 @@ def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, store, sampler, manif
         optimizer.zero_grad()
         with torch.autocast("cuda", dtype=torch.float16) if cfg.amp else nullcontext():
             out = model(images)
-        ce = F.cross_entropy(out.float(), target, ignore_index=IGNORE, reduction="sum")
-        _step(cfg, optimizer, scaler, ce * (hvd.size() / max(global_valid, 1.0)))
-        loss_sum += ce.detach()
+        loss, ce = pixel_loss(out, target, global_valid, hvd.size())
+        _step(cfg, optimizer, scaler, loss)
+        loss_sum += ce
         conf += metrics.confusion(out.detach().argmax(1), target, classes)
         valid_sum += valid
         seen += len(patches)

@@ -4,9 +4,9 @@ Label rasters given to training hold 0 for "no data" and 1..C for the C land-cov
 are ignored by the loss and by every metric; the model predicts the C classes only (output channel k is
 class k + 1).
 
-Chesapeake Land Cover (LILA BC "Chesapeake Land Cover", the `lc` layer; also the Planetary Computer's
-`chesapeake-lc-7` collection): 1 water, 2 tree canopy / forest, 3 low vegetation / field, 4 barren land,
-5 impervious (other), 6 impervious (road), 15 no data. `--label-map chesapeake` maps 15 (and 0) to the
+Chesapeake Land Cover (LILA BC "Chesapeake Land Cover", its 1 m land-cover layer `lc`): 1 water, 2 tree
+canopy / forest, 3 low vegetation / field, 4 barren land, 5 impervious (other), 6 impervious (road), 15 no
+data. `--label-map chesapeake` maps 15 (and 0) to the
 payload's no data and keeps 1-6: they are already the payload's classes.
 """
 from __future__ import annotations

@@ -109,7 +109,9 @@ def test_iou_is_exact_across_ranks(straight, tiles):
         windows = data.val_windows(store, PATCH, rank, 2)
         r_inter, r_union = np.zeros_like(inter), np.zeros_like(union)
         for i in range(0, len(windows), BATCH):
-            x, t = data.batch(store, windows[i:i + BATCH], PATCH, manifest.band_mean, manifest.band_std)
+            x, t = data.inputs(*data.batch(store, windows[i:i + BATCH], PATCH),
+                               torch.as_tensor(manifest.band_mean).view(-1, 1, 1),
+                               torch.as_tensor(manifest.band_std).view(-1, 1, 1))
             with torch.no_grad():
                 pred = model(x).argmax(1).numpy()
             t = t.numpy()
@@ -122,6 +124,7 @@ def test_iou_is_exact_across_ranks(straight, tiles):
         inter += r_inter
         union += r_union
         per_rank_miou.append(np.mean([i / u for i, u in zip(r_inter, r_union) if u]))
+    assert abs(np.mean(per_rank_miou) - last["val_miou"]) > 1e-3    # averaging per-rank scores would be caught
     direct = {name: (inter[c] / union[c] if union[c] else None) for c, name in enumerate(manifest.class_names)}
     assert last["val_iou"] == direct
     assert last["val_miou"] == pytest.approx(np.mean([v for v in direct.values() if v is not None]), abs=1e-12)
@@ -204,8 +207,8 @@ def test_bad_input_stops_before_anything_is_written(case, tmp_path, capsys):
         with rasterio.open(img_path, "w", driver="GTiff", height=64, width=64, count=3, dtype="uint8",
                            crs=synthetic.CRS, transform=from_origin(400_000.0, 4_300_000.0, 1, 1)) as dst:
             dst.write(image[:3])
-    elif case == "label beyond the classes":
-        lab[40:, 40:] = 9
+    elif case == "label beyond the classes":     # 15: Chesapeake's raw no-data value
+        lab[40:, 40:] = 15
         synthetic.write_pair(img_path, lab_path, image, lab)
     else:
         img_path.write_bytes(b"II*\x00 not really a tiff")
@@ -214,6 +217,11 @@ def test_bad_input_stops_before_anything_is_written(case, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and str(named) in err and fix in err, err
     assert not out.exists() and not list(tmp_path.glob(".prepared.tmp-*"))
+    if case == "label beyond the classes":       # the fix named works: 15 becomes no data
+        assert prepare.main(["--output-dir", str(tmp_path / "mapped"), "--block-size", "32", "--label-map",
+                             "chesapeake", "--train", str(img_path), str(lab_path)]) == 0
+        counts = json.loads((tmp_path / "mapped/manifest.json").read_text())["class_pixels"]["train"]
+        assert counts[0] == int((lab == 15).sum() + (lab == 0).sum()) and sum(counts) == lab.size
     # an existing folder is never overwritten
     out.mkdir()
     (out / "keep.txt").write_text("mine")

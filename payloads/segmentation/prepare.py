@@ -113,6 +113,15 @@ def _cut_pair(split: str, index: int, image_path, labels_path, block: int, out: 
     return entries
 
 
+def _image_dtype(pairs) -> str:
+    """uint8 when every image is 8-bit (NAIP), else float32: blocks keep one dtype the loader can batch."""
+    dtypes = set()
+    for _, (image, _labels) in pairs:
+        with _open(pathlib.Path(image), "image") as src:
+            dtypes.update(src.dtypes)
+    return "uint8" if dtypes == {"uint8"} else "float32"
+
+
 def prepare(output_dir: pathlib.Path, train: Sequence[tuple[pathlib.Path, pathlib.Path]],
             val: Sequence[tuple[pathlib.Path, pathlib.Path]] = (), block_size: int = 1024, num_classes: int = 6,
             label_map: str = "identity", class_names: Sequence[str] | None = None) -> dict:
@@ -140,7 +149,8 @@ def prepare(output_dir: pathlib.Path, train: Sequence[tuple[pathlib.Path, pathli
     shutil.rmtree(tmp, ignore_errors=True)
     stats = np.zeros((3, BANDS))                 # count, sum, sum of squares per band (train imagery)
     manifest = {"format": FORMAT, "bands": BANDS, "num_classes": num_classes, "class_names": list(class_names),
-                "nodata_label": lab.NODATA, "label_map": label_map, "block_size": block_size, "train": [], "val": []}
+                "nodata_label": lab.NODATA, "label_map": label_map, "block_size": block_size, "train": [], "val": [],
+                "image_dtype": _image_dtype(pairs)}
     counts = {"train": np.zeros(num_classes + 1, dtype=np.int64), "val": np.zeros(num_classes + 1, dtype=np.int64)}
     try:
         for i, (split, (image, labels)) in enumerate(pairs):

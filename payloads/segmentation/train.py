@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -27,7 +28,7 @@ from ..common.metrics import MetricsFile, finish
 from ..pytorch.models import gradient_bytes, parameters_digest
 from ..pytorch.train import global_sums, restore, save, setup_runtime
 from . import data, metrics, models
-from .labels import IGNORE
+from .labels import IGNORE, NODATA
 
 PROG = "python -m payloads.segmentation.train"
 log = logging.getLogger("payloads.segmentation")
@@ -106,6 +107,11 @@ def _step(cfg, optimizer, scaler, loss) -> None:
     scaler.update()
 
 
+def _band_stats(manifest, device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.as_tensor(manifest.band_mean, device=device).view(-1, 1, 1),
+            torch.as_tensor(manifest.band_std, device=device).view(-1, 1, 1))
+
+
 def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, store, sampler, manifest, device, lr_scale, progress):
     model.train()
     classes = len(manifest.class_names)
@@ -113,30 +119,38 @@ def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, store, sampler, manif
     conf = torch.zeros(classes, classes, dtype=torch.int64, device=device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     valid_sum = seen = 0
+    mean, std = _band_stats(manifest, device)
     bar = progress(total=len(steps), desc=f"epoch {epoch + 1}/{cfg.epochs}")
+    # A thread cuts the next batch while this one trains: the training thread waits for the GPU at every
+    # step's allreduce, so cutting there would not overlap with the GPU's work.
     start = time.perf_counter()
-    for step, patches in enumerate(steps):
-        lr = schedule.learning_rate(cfg.base_lr, lr_scale, epoch, step, len(steps), cfg.warmup_epochs,
-                                    cfg.lr_decay_epochs)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        images, target = data.batch(store, patches, cfg.image_size, manifest.band_mean, manifest.band_std)
-        valid = int((target != IGNORE).sum())
-        global_valid = hvd.allreduce(torch.tensor(float(valid), dtype=torch.float64), op=hvd.Sum,
-                                     name="valid_pixels").item()
-        images, target = images.to(device, non_blocking=True), target.to(device, non_blocking=True)
-        if cfg.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
-        optimizer.zero_grad()
-        with torch.autocast("cuda", dtype=torch.float16) if cfg.amp else nullcontext():
-            out = model(images)
-        loss, ce = pixel_loss(out, target, global_valid, hvd.size())
-        _step(cfg, optimizer, scaler, loss)
-        loss_sum += ce
-        conf += metrics.confusion(out.detach().argmax(1), target, classes)
-        valid_sum += valid
-        seen += len(patches)
-        bar.update(1)
+    with ThreadPoolExecutor(1, thread_name_prefix="patches") as pool:
+        upcoming = pool.submit(data.batch, store, steps[0], cfg.image_size)
+        for step, patches in enumerate(steps):
+            images, labels = upcoming.result()
+            if step + 1 < len(steps):
+                upcoming = pool.submit(data.batch, store, steps[step + 1], cfg.image_size)
+            lr = schedule.learning_rate(cfg.base_lr, lr_scale, epoch, step, len(steps), cfg.warmup_epochs,
+                                        cfg.lr_decay_epochs)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            valid = int((labels != NODATA).sum())
+            global_valid = hvd.allreduce(torch.tensor(float(valid), dtype=torch.float64), op=hvd.Sum,
+                                         name="valid_pixels").item()
+            images, target = data.inputs(images.to(device, non_blocking=True), labels.to(device, non_blocking=True),
+                                         mean, std)
+            if cfg.channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            optimizer.zero_grad()
+            with torch.autocast("cuda", dtype=torch.float16) if cfg.amp else nullcontext():
+                out = model(images)
+            loss, ce = pixel_loss(out, target, global_valid, hvd.size())
+            _step(cfg, optimizer, scaler, loss)
+            loss_sum += ce
+            conf += metrics.confusion(out.detach().argmax(1), target, classes)
+            valid_sum += valid
+            seen += len(patches)
+            bar.update(1)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
@@ -157,9 +171,10 @@ def evaluate(cfg, hvd, epoch, model, store, manifest, batch, device):
     conf = torch.zeros(classes, classes, dtype=torch.int64, device=device)
     loss_sum = 0.0
     windows = data.val_windows(store, cfg.image_size, hvd.rank(), hvd.size())
+    mean, std = _band_stats(manifest, device)
     for i in range(0, len(windows), batch):
-        images, target = data.batch(store, windows[i:i + batch], cfg.image_size, manifest.band_mean, manifest.band_std)
-        images, target = images.to(device), target.to(device)
+        images, labels = data.batch(store, windows[i:i + batch], cfg.image_size)
+        images, target = data.inputs(images.to(device), labels.to(device), mean, std)
         if cfg.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         with torch.autocast("cuda", dtype=torch.float16) if cfg.amp else nullcontext():

@@ -254,7 +254,7 @@ def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
                  "torch": torch.__version__, "horovod_controller": "mpi" if hvd.mpi_enabled() else "gloo",
                  "gradient_mbytes": gradient_bytes(model) / 1e6, "threads_per_process": torch.get_num_threads(),
                  "train_blocks": sampler.n, "val_blocks": len(val_store) if val_store else 0,
-                 "blocks_read_per_process": len(sampler.owned()), "shares_exactly": sampler.shares_exactly,
+                 "blocks_owned_per_process": len(sampler.owned()), "shares_exactly": sampler.shares_exactly,
                  "block_memory_mbytes_rank0": train_store.memory_bytes() / 1e6, "data_load_seconds": load_seconds,
                  "steps_per_epoch": sampler.steps, "classes": manifest.class_names}
         metrics_file = MetricsFile(cfg.metrics_path, {"config": cfg.to_json(), "segmentation": asdict(seg),
@@ -269,6 +269,8 @@ def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
         record = {"epoch": epoch + 1}
         record.update(train_epoch(cfg, hvd, epoch, model, optimizer, scaler, train_store, sampler, manifest,
                                   device, lr_scale, progress))
+        # blocks read from storage so far, per rank: with the cache and an exact share, each rank's share once
+        record["train_blocks_read_per_rank"] = hvd.allgather_object(train_store.reads, name=f"reads_{epoch}")
         average_buffers(hvd, model)
         if val_store is not None:
             record.update(evaluate(cfg, hvd, epoch, model, val_store, manifest, batch, device))

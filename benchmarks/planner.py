@@ -26,6 +26,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "infra"))
 from trainingplatform import vm_sizes  # noqa: E402
 
 RESNET50_BYTES = 25_557_032 * 4     # fp32 gradients of torchvision/Keras ResNet-50
+COUNTS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 INTRA_GBPS = {"nvlink": 150.0, "pcie": 10.0, "none": 10.0}
 
 # The seed benchmarks (TF ResNet-50, synthetic, fp32, batch 64/GPU, 8 nodes x 4 GPUs, Intel MPI over
@@ -136,6 +137,43 @@ def _plot(path: pathlib.Path, host: Transport) -> None:
     print(f"plot: {path}")
 
 
+# The land-cover seed: 148 GPUs (and near-linear speed-up to 64), here as a U-Net with a ResNet-34 encoder on
+# 256 px four-band patches, batch 16 per GPU (the job payloads/jobs/pytorch-landcover-unet.yaml). No GPU has
+# run it yet, so the single-GPU rate is bracketed from the model's counted FLOPs at 15% and 30% of the H100's
+# dense FP16 tensor peak (989 TFLOPS, NVIDIA H100 SXM datasheet): an assumption, not a measurement.
+H100_FP16_FLOPS = 989e12
+LANDCOVER = {"model": "unet_resnet34", "patch": 256, "batch": 16, "gpus": (64, 148), "utilisation": (0.15, 0.30)}
+
+
+def landcover_model() -> tuple[float, float]:
+    """(fp32 gradient bytes, training FLOPs per patch = 3 x forward) of the seed configuration's model."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from payloads.segmentation import models
+
+    model = models.build(LANDCOVER["model"], 6)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(torch.zeros(1, models.BANDS, LANDCOVER["patch"], LANDCOVER["patch"]))
+    return float(sum(p.numel() * 4 for p in model.parameters())), 3.0 * counter.get_total_flops()
+
+
+def landcover_seed(vm_size: str = "Standard_ND96isr_H100_v5") -> list[dict]:
+    size = vm_sizes.lookup(vm_size)
+    grad, flops = landcover_model()
+    t = nccl_transport(size)
+    rows = []
+    for u in LANDCOVER["utilisation"]:
+        rate = u * H100_FP16_FLOPS / flops
+        for n in LANDCOVER["gpus"]:
+            for hier in (False, True):
+                e = efficiency(n, size.gpus, LANDCOVER["batch"], rate, grad, t, hier)
+                rows.append({"utilisation": u, "gpu_patches_per_sec": rate, "gpus": n, "hierarchical": hier,
+                             "efficiency": e, "patches_per_sec": e * n * rate, "gradient_mbytes": grad / 1e6,
+                             "gflops_per_patch": flops / 1e9})
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -145,7 +183,21 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu-images-per-sec", type=float, help="measured single-GPU throughput")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--gradient-mbytes", type=float, default=RESNET50_BYTES / 1e6)
+    ap.add_argument("--gpus", type=lambda t: [int(x) for x in t.split(",")], default=COUNTS,
+                    help="comma-separated GPU counts to predict, e.g. 64,148 (the land-cover seed's)")
+    ap.add_argument("--landcover-seed", action="store_true",
+                    help="the land-cover seed's configuration (U-Net ResNet-34, 64 and 148 GPUs) on --vm-size")
     args = ap.parse_args(argv)
+    if args.landcover_seed:
+        rows = landcover_seed(args.vm_size)
+        print(f"land-cover U-Net (ResNet-34 encoder), {rows[0]['gradient_mbytes']:.1f} MB of gradients, "
+              f"{rows[0]['gflops_per_patch']:.1f} GFLOPs per 256 px patch (forward + backward), batch "
+              f"{LANDCOVER['batch']}/GPU on {args.vm_size}; single-GPU rate assumed from H100 utilisation")
+        for r in rows:
+            print(f"{r['utilisation'] * 100:3.0f}% of peak ({r['gpu_patches_per_sec']:,.0f} patches/s/GPU), {r['gpus']:3} GPUs, "
+                  f"{'hierarchical' if r['hierarchical'] else 'ring':12}: efficiency {r['efficiency'] * 100:5.1f}%, "
+                  f"{r['patches_per_sec']:,.0f} patches/s")
+        return 0
     if args.check_seed:
         return check_seed(args.plot)
     size = vm_sizes.lookup(args.vm_size)
@@ -159,7 +211,7 @@ def main(argv=None) -> int:
     print(f"{size.name}: {size.gpus}x {size.gpu_model}, {size.intra_node} in the node, "
           f"{size.infiniband or 'no'} InfiniBand ({t.inter_gbps:.0f} GB/s per node)")
     print("GPUs  ring: step ms / efficiency   hierarchical: step ms / efficiency")
-    for n in [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]:
+    for n in args.gpus:
         cells = []
         for hier in (False, True):
             s = step_time(n, size.gpus, args.batch, args.gpu_images_per_sec, args.gradient_mbytes * 1e6, t, hier)

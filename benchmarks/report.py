@@ -36,6 +36,8 @@ def run_all() -> None:
     for payload in ("pytorch", "tensorflow", "keras"):
         subprocess.run(py + ["benchmarks.scaling", "--config", "frameworks", "--payload", payload,
                              "--json", str(RESULTS / f"frameworks-{payload}.json")], check=True)
+    subprocess.run(py + ["benchmarks.scaling", "--config", "landcover", "--payload", "segmentation",
+                         "--json", str(RESULTS / "scaling-landcover.json")], check=True)
     (RESULTS / "machine.json").write_text(json.dumps({
         "host": platform.node(), "cores": os.cpu_count(), "cpu": _cpu(), "python": platform.python_version(),
         "date": dt.date.today().isoformat()}, indent=2))
@@ -85,6 +87,12 @@ def table() -> str:
             if path.exists():
                 h = {int(k): v for k, v in json.loads(path.read_text())["horovod"].items()}
                 lines.append(f"| {name} | {h[1]:.1f} | {h[2]:.1f} | {h[2] / (2 * h[1]) * 100:.0f}% |")
+    landcover = RESULTS / "scaling-landcover.json"
+    if landcover.exists():
+        h = {int(k): v for k, v in json.loads(landcover.read_text())["horovod"].items()}
+        lines += ["", "| land-cover U-Net, ResNet-18 encoder, 64 px patches, batch 8 (patches/sec) | Horovod, 1 process | "
+                      "Horovod, 2 processes | scaling efficiency |", "| --- | --- | --- | --- |",
+                  f"| scripts/train-landcover's run | {h[1]:.1f} | {h[2]:.1f} | {h[2] / (2 * h[1]) * 100:.0f}% |"]
     t = planner.calibrate()
     lines += ["", "| planner vs seed, 32 GPUs (images/sec) | measured | predicted | error |", "| --- | --- | --- | --- |"]
     for gpu, (_size, r1, r32) in planner.SEED.items():

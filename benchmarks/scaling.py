@@ -1,12 +1,14 @@
 """Training throughput from 1 to N local processes, and Horovod's overhead against a plain PyTorch loop.
 
-    .venv/bin/python -m benchmarks.scaling [--config local|resnet50|frameworks] [--payload pytorch|tensorflow|keras]
-                                           [--max-np 2] [--json FILE]
+    .venv/bin/python -m benchmarks.scaling [--config local|resnet50|frameworks|landcover]
+                                           [--payload pytorch|tensorflow|keras|segmentation] [--max-np 2] [--json FILE]
 
 Each process gets one thread and the same per-process batch (weak scaling, as in the seed benchmarks);
 scaling efficiency = images/sec at N / (N x images/sec at 1). Runs are the real payload under horovodrun,
 read from its metrics.json; the plain loop is the same model, data and optimizer without Horovod (PyTorch
 only). `--config frameworks` is one model every payload has (ResNet-50, 64 px), to compare the payloads.
+`--config landcover` is the land-cover segmentation payload's local run (U-Net, ResNet-18 encoder, 64 px
+patches) on synthetic tiles prepared once in a temporary folder; its "images" are patches.
 """
 from __future__ import annotations
 
@@ -33,8 +35,11 @@ CONFIGS = {
     # the same model in PyTorch, TensorFlow and Keras
     "frameworks": ["--model", "resnet50", "--image-size", "64", "--num-classes", "100", "--batch-size", "16",
                    "--synthetic-samples", "512", "--max-steps-per-epoch", "8", "--epochs", "2"],
+    # scripts/train-landcover's run (payload segmentation): 16 blocks, so 1 and 2 processes read exact shares
+    "landcover": ["--model", "unet_resnet18", "--image-size", "64", "--batch-size", "8", "--patches-per-epoch", "512",
+                  "--epochs", "2"],
 }
-PAYLOADS = ("pytorch", "tensorflow", "keras")
+PAYLOADS = ("pytorch", "tensorflow", "keras", "segmentation")
 COMMON = ["--data", "synthetic", "--workers", "0", "--threads", "1", "--no-progress", "--warmup-epochs", "0",
           "--no-resume"]
 
@@ -44,8 +49,9 @@ def payload(np: int, args: list[str], name: str = "pytorch", controller: str = "
         from launcher.local import horovodrun_options
 
         flags, fast_env = horovodrun_options(controller)   # what the launcher's local target runs
+        common = COMMON[2:] + ["--data-dir", str(_landcover_tiles())] if name == "segmentation" else COMMON
         cmd = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", *flags, sys.executable, "-m",
-               f"payloads.{name}.train", *COMMON, *args, "--output-dir", out]
+               f"payloads.{name}.train", *common, *args, "--output-dir", out]
         env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", **fast_env)
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
         if proc.returncode:
@@ -53,6 +59,22 @@ def payload(np: int, args: list[str], name: str = "pytorch", controller: str = "
         epochs = json.loads((pathlib.Path(out) / "metrics.json").read_text())["epochs"]
     last = epochs[-1]          # the first epoch carries start-up costs
     return last["images_per_sec"]
+
+
+_TILES: list[pathlib.Path] = []
+
+
+def _landcover_tiles() -> pathlib.Path:
+    """Synthetic four-band tiles cut into 16 blocks of 256 px, made once per benchmark run (what
+    scripts/train-landcover trains on)."""
+    if not _TILES:
+        from payloads.segmentation import prepare, synthetic
+
+        root = pathlib.Path(tempfile.mkdtemp(prefix="landcover-bench-"))
+        pairs = synthetic.write_tiles(root / "raw", 5, 512, 512, 6)
+        prepare.prepare(root / "prepared", pairs[:4], pairs[4:], block_size=256)
+        _TILES.append(root / "prepared")
+    return _TILES[0]
 
 
 def plain_loop(args: list[str]) -> float:
@@ -108,6 +130,8 @@ def main(argv=None) -> int:
     ap.add_argument("--plain-only", action="store_true", help=argparse.SUPPRESS)   # one loop, for independent()
     args = ap.parse_args(argv)
     extra = CONFIGS[args.config]
+    if (args.config == "landcover") != (args.payload == "segmentation"):
+        ap.error("--config landcover goes with --payload segmentation, and only it")
     if args.plain_only:
         print(plain_loop(extra))
         return 0

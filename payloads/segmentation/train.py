@@ -1,0 +1,311 @@
+"""Land-cover segmentation (U-Net, four-band imagery) trained data-parallel with Horovod and PyTorch.
+
+    horovodrun -np 2 -H localhost:2 python -m payloads.segmentation.train --data-dir D --model unet_tiny ...
+
+D is a folder made by `python -m payloads.segmentation.prepare` (blocks + manifest.json). Shares the
+PyTorch payload's runtime set-up, checkpoint resume and save, and payloads/common's configuration, LR
+schedule, checkpoint files and metrics; adds the patch sampler, the per-pixel loss that ignores no data,
+and pixel accuracy / IoU / mIoU / confusion matrix, summed exactly over ranks.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from ..common import config, schedule
+from ..common.errors import ConfigError
+from ..common.metrics import MetricsFile, finish
+from ..pytorch.models import gradient_bytes, parameters_digest
+from ..pytorch.train import global_sums, restore, save, setup_runtime
+from . import data, metrics, models
+from .labels import IGNORE, NODATA
+
+PROG = "python -m payloads.segmentation.train"
+log = logging.getLogger("payloads.segmentation")
+
+# Common options this payload does not offer, and why (an option that is accepted must do something).
+UNUSED = {
+    "synthetic_samples": "it reads prepared tiles; make synthetic ones with python -m payloads.segmentation.synthetic "
+                         "and cut them with python -m payloads.segmentation.prepare",
+    "skip_corrupt_images": "every block is read and checked before training, so a damaged one stops the job at once",
+    "workers": "patches are cut from blocks held in memory by the training process itself",
+    "adasum": "only averaging is tested for this payload",
+    "fp16_allreduce": "only full-precision averaging is tested for this payload",
+    "backward_passes_per_step": "only one backward pass per step is tested for this payload",
+}
+
+
+@dataclass
+class SegmentationOptions:
+    patches_per_epoch: int = 0        # 0: as many patches as the training blocks' area holds
+    cache: str = "memory"             # memory: each process keeps its blocks; none: read a block per use
+    norm: str = "batch"               # batch | group (models.py)
+    num_classes_given: int = 0        # --num-classes, when given: must match the manifest
+
+
+def parse(argv: Sequence[str] | None) -> tuple[config.TrainConfig, SegmentationOptions]:
+    p = config.build_parser(PROG, __doc__.splitlines()[0])
+    p.set_defaults(model="unet_resnet34", data="tiles", image_size=256, num_classes=0, workers=0)
+    g = p.add_argument_group("segmentation")
+    g.add_argument("--patches-per-epoch", type=int, default=0,
+                   help="training patches per epoch, whole job; 0 = the training blocks' area / patch area")
+    g.add_argument("--cache", choices=("memory", "none"), default="memory",
+                   help="memory: each process reads its blocks once and keeps them; none: reads a block per use")
+    g.add_argument("--norm", choices=models.NORMS, default="batch",
+                   help="group: GroupNorm instead of BatchNorm (independent of how the batch is split)")
+    defaults = vars(p.parse_args([]))
+    values = vars(p.parse_args(argv))
+    for name, why in UNUSED.items():
+        if values[name] != defaults[name]:
+            raise ConfigError(f"--{name.replace('_', '-')} is not an option of the segmentation payload: {why}")
+    seg = SegmentationOptions(values.pop("patches_per_epoch"), values.pop("cache"), values.pop("norm"),
+                              values["num_classes"])
+    if values["batch_size"] is None and values["global_batch_size"] is None:
+        values["batch_size"] = 8
+    values["num_classes"] = values["num_classes"] or 6     # the manifest's count replaces it (run)
+    cfg = config.TrainConfig(**values)
+    cfg.validate(list(models.MODELS), data_kinds=("tiles",))
+    if cfg.data_dir is None:
+        raise ConfigError("--data-dir is required: a folder made by python -m payloads.segmentation.prepare")
+    if seg.patches_per_epoch < 0:
+        raise ConfigError(f"--patches-per-epoch must not be negative, got {seg.patches_per_epoch}")
+    divisor = models.DIVISOR[cfg.model]
+    if cfg.image_size % divisor:
+        raise ConfigError(f"--image-size {cfg.image_size} (the patch side): {cfg.model} needs a multiple of {divisor} "
+                          f"(its encoder halves the patch repeatedly), e.g. {max(divisor, cfg.image_size // divisor * divisor)}")
+    return cfg, seg
+
+
+def pixel_loss(logits: torch.Tensor, target: torch.Tensor, global_valid: float, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(this rank's loss to back-propagate, its summed cross-entropy). The loss of a step is the mean over the
+    global batch's valid pixels: each rank divides its sum by the global count of valid pixels, times the world
+    size that Horovod's averaging divides out again. No-data pixels (IGNORE) add nothing to either."""
+    ce = F.cross_entropy(logits.float(), target, ignore_index=IGNORE, reduction="sum")
+    return ce * (world_size / max(global_valid, 1.0)), ce.detach()
+
+
+def _step(cfg, optimizer, scaler, loss) -> None:
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+        return
+    scaler.scale(loss).backward()
+    optimizer.synchronize()                 # gradients averaged before they are unscaled and checked
+    scaler.unscale_(optimizer)
+    with optimizer.skip_synchronize():
+        scaler.step(optimizer)
+    scaler.update()
+
+
+def _band_stats(manifest, device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.as_tensor(manifest.band_mean, device=device).view(-1, 1, 1),
+            torch.as_tensor(manifest.band_std, device=device).view(-1, 1, 1))
+
+
+def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, store, sampler, manifest, device, lr_scale, progress):
+    model.train()
+    classes = len(manifest.class_names)
+    steps = sampler.epoch(epoch)
+    conf = torch.zeros(classes, classes, dtype=torch.int64, device=device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    valid_sum = seen = 0
+    mean, std = _band_stats(manifest, device)
+    bar = progress(total=len(steps), desc=f"epoch {epoch + 1}/{cfg.epochs}")
+    # A thread cuts the next batch while this one trains: the training thread waits for the GPU at every
+    # step's allreduce, so cutting there would not overlap with the GPU's work.
+    start = time.perf_counter()
+    with ThreadPoolExecutor(1, thread_name_prefix="patches") as pool:
+        upcoming = pool.submit(data.batch, store, steps[0], cfg.image_size)
+        for step, patches in enumerate(steps):
+            images, labels = upcoming.result()
+            if step + 1 < len(steps):
+                upcoming = pool.submit(data.batch, store, steps[step + 1], cfg.image_size)
+            lr = schedule.learning_rate(cfg.base_lr, lr_scale, epoch, step, len(steps), cfg.warmup_epochs,
+                                        cfg.lr_decay_epochs)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            valid = int((labels != NODATA).sum())
+            global_valid = hvd.allreduce(torch.tensor(float(valid), dtype=torch.float64), op=hvd.Sum,
+                                         name="valid_pixels").item()
+            images, target = data.inputs(images.to(device, non_blocking=True), labels.to(device, non_blocking=True),
+                                         mean, std)
+            if cfg.channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            optimizer.zero_grad()
+            with torch.autocast("cuda", dtype=torch.float16) if cfg.amp else nullcontext():
+                out = model(images)
+            loss, ce = pixel_loss(out, target, global_valid, hvd.size())
+            _step(cfg, optimizer, scaler, loss)
+            loss_sum += ce
+            conf += metrics.confusion(out.detach().argmax(1), target, classes)
+            valid_sum += valid
+            seen += len(patches)
+            bar.update(1)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    bar.close()
+    loss_total, valid_total, seen = global_sums(hvd, f"train_{epoch}", loss_sum.item(), valid_sum, seen)
+    s = metrics.scores(metrics.allreduce(hvd, conf, f"train_confusion_{epoch}"), manifest.class_names)
+    return {"train_loss": loss_total / max(valid_total, 1.0), "train_pixel_accuracy": s["pixel_accuracy"],
+            "train_miou": s["miou"], "train_iou": s["iou"], "train_confusion_matrix": s["confusion_matrix"],
+            "valid_pixels": int(valid_total), "images": int(seen), "patches": int(seen), "epoch_seconds": seconds,
+            "images_per_sec": seen / seconds, "patches_per_sec": seen / seconds, "lr": lr}
+
+
+@torch.no_grad()
+def evaluate(cfg, hvd, epoch, model, store, manifest, batch, device):
+    """Every validation pixel once; the confusion matrix is summed over ranks, then scored."""
+    model.eval()
+    classes = len(manifest.class_names)
+    conf = torch.zeros(classes, classes, dtype=torch.int64, device=device)
+    loss_sum = 0.0
+    windows = data.val_windows(store, cfg.image_size, hvd.rank(), hvd.size())
+    mean, std = _band_stats(manifest, device)
+    for i in range(0, len(windows), batch):
+        images, labels = data.batch(store, windows[i:i + batch], cfg.image_size)
+        images, target = data.inputs(images.to(device), labels.to(device), mean, std)
+        if cfg.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with torch.autocast("cuda", dtype=torch.float16) if cfg.amp else nullcontext():
+            out = model(images)
+        loss_sum += F.cross_entropy(out.float(), target, ignore_index=IGNORE, reduction="sum").item()
+        conf += metrics.confusion(out.argmax(1), target, classes)
+    matrix = metrics.allreduce(hvd, conf, f"val_confusion_{epoch}")
+    (loss_sum,) = global_sums(hvd, f"val_{epoch}", loss_sum)
+    s = metrics.scores(matrix, manifest.class_names)
+    return {"val_loss": loss_sum / max(int(matrix.sum()), 1), "val_pixel_accuracy": s["pixel_accuracy"],
+            "val_miou": s["miou"], "val_iou": s["iou"], "val_confusion_matrix": s["confusion_matrix"]}
+
+
+def average_buffers(hvd, model) -> None:
+    """BatchNorm's running statistics are per rank; average them so that every rank (and the checkpoint)
+    evaluates the same model."""
+    if hvd.size() == 1:
+        return
+    for name, buf in model.named_buffers():
+        if buf.is_floating_point():
+            buf.copy_(hvd.allreduce(buf.detach(), op=hvd.Average, name=f"buffer.{name}"))
+
+
+def load_data(cfg, seg, hvd, batch):
+    """Manifest, block stores and sampler; every rank reads (and checks) its share before training, and all
+    ranks stop together if any block is damaged."""
+    manifest = data.Manifest.load(cfg.data_dir)
+    if seg.num_classes_given and seg.num_classes_given != manifest.num_classes:
+        raise ConfigError(f"--num-classes {seg.num_classes_given} but {cfg.data_dir} was prepared with "
+                          f"{manifest.num_classes} classes: drop --num-classes (the manifest's count is used)")
+    cfg.num_classes = manifest.num_classes
+    train = data.BlockStore(manifest, manifest.train, seg.cache == "memory")
+    sampler = data.PatchSampler(manifest.train, cfg.image_size, hvd.rank(), hvd.size(), batch * hvd.size(), cfg.seed,
+                                seg.patches_per_epoch, cfg.max_steps_per_epoch)
+    val = data.BlockStore(manifest, manifest.val, seg.cache == "memory") if manifest.val else None
+    error, start = None, time.perf_counter()
+    try:
+        train.load(sampler.owned())
+        if val is not None:
+            val.load(range(hvd.rank(), len(val), hvd.size()))
+    except ConfigError as e:
+        error = str(e)
+    errors = [e for e in hvd.allgather_object(error, name="data_errors") if e]
+    if errors:
+        raise ConfigError(errors[0])
+    return manifest, train, sampler, val, time.perf_counter() - start
+
+
+def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
+    import horovod.torch as hvd   # late: --help and config errors need no Horovod
+
+    hvd.init()
+    root = hvd.rank() == 0
+    device = setup_runtime(cfg, hvd)
+    batch = cfg.per_process_batch(hvd.size())
+    manifest, train_store, sampler, val_store, load_seconds = load_data(cfg, seg, hvd, batch)
+    if root and not sampler.shares_exactly:
+        log.warning("%d training blocks do not divide over %d processes: each process reads blocks beyond its "
+                    "share; prepare with a block count that is a multiple of the process count", sampler.n, hvd.size())
+
+    torch.manual_seed(cfg.seed)
+    model = models.build(cfg.model, manifest.num_classes, seg.norm).to(device)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    lr_scale = hvd.size()         # Goyal et al.: the LR grows with the global batch
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.base_lr * lr_scale, momentum=cfg.momentum,
+                                weight_decay=cfg.weight_decay)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Average)
+    scaler = torch.amp.GradScaler("cuda") if cfg.amp else None
+    start_epoch = restore(cfg, hvd, model, optimizer, scaler)
+
+    metrics_file = writer = None
+    if root:
+        from torch.utils.tensorboard import SummaryWriter
+
+        world = {"processes": hvd.size(), "local_processes": hvd.local_size(), "device": str(device),
+                 "torch": torch.__version__, "horovod_controller": "mpi" if hvd.mpi_enabled() else "gloo",
+                 "gradient_mbytes": gradient_bytes(model) / 1e6, "threads_per_process": torch.get_num_threads(),
+                 "train_blocks": sampler.n, "val_blocks": len(val_store) if val_store else 0,
+                 "blocks_owned_per_process": len(sampler.owned()), "shares_exactly": sampler.shares_exactly,
+                 "block_memory_mbytes_rank0": train_store.memory_bytes() / 1e6, "data_load_seconds": load_seconds,
+                 "steps_per_epoch": sampler.steps, "classes": manifest.class_names}
+        metrics_file = MetricsFile(cfg.metrics_path, {"config": cfg.to_json(), "segmentation": asdict(seg),
+                                                      "world": world})
+        writer = SummaryWriter(str(cfg.tensorboard_dir))
+        log.info("training %s on %d blocks (%s), %d process(es) x %d patches of %d px, %s, outputs in %s", cfg.model,
+                 sampler.n, cfg.data_dir, hvd.size(), batch, cfg.image_size, device, cfg.output_dir)
+    progress = partial(tqdm, disable=not (root and cfg.progress))
+
+    patches, seconds = 0, 0.0
+    for epoch in range(start_epoch, cfg.epochs):
+        record = {"epoch": epoch + 1}
+        record.update(train_epoch(cfg, hvd, epoch, model, optimizer, scaler, train_store, sampler, manifest,
+                                  device, lr_scale, progress))
+        # blocks read from storage so far, per rank: with the cache and an exact share, each rank's share once
+        record["train_blocks_read_per_rank"] = hvd.allgather_object(train_store.reads, name=f"reads_{epoch}")
+        average_buffers(hvd, model)
+        if val_store is not None:
+            record.update(evaluate(cfg, hvd, epoch, model, val_store, manifest, batch, device))
+        patches += record["patches"]
+        seconds += record["epoch_seconds"]
+        save(cfg, hvd, epoch + 1, model, optimizer, scaler)
+        if root:
+            metrics_file.add_epoch(record)
+            for key in ("train_loss", "train_pixel_accuracy", "train_miou", "val_loss", "val_pixel_accuracy",
+                        "val_miou", "patches_per_sec", "lr"):
+                if key in record:
+                    writer.add_scalar(key, record[key], epoch + 1)
+            for name, iou in (record.get("val_iou") or {}).items():
+                if iou is not None:
+                    writer.add_scalar(f"val_iou/{name}", iou, epoch + 1)
+            writer.flush()
+            log.info("epoch %d/%d: loss %.4f, pixel accuracy %.3f, mIoU %.3f%s, %.1f patches/sec", epoch + 1,
+                     cfg.epochs, record["train_loss"], record["train_pixel_accuracy"], record["train_miou"],
+                     f", val mIoU {record['val_miou']:.3f}" if "val_miou" in record else "", record["patches_per_sec"])
+    if root:
+        writer.close()
+    # "images" are patches here: the closing "Total images/sec" line is patches/sec.
+    return finish(cfg, hvd, metrics_file, parameters_digest(model), cfg.epochs - start_epoch, patches, seconds)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
+    try:
+        cfg, seg = parse(argv)
+        run(cfg, seg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

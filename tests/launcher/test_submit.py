@@ -330,6 +330,7 @@ class FakeAzure:
         self.job_status = "Completed"         # what GET job answers once the job exists
         self.upload_code = False              # False: the code snapshot is already there (hash match)
         self.fail = None                      # (predicate(method, url), status, body, headers) to inject
+        self.resolve_name = False             # True: record output paths with ${{name}} replaced by the job name
 
     @staticmethod
     def response(request, status, body=None, headers=None, raw=None):
@@ -375,6 +376,8 @@ class FakeAzure:
         if m and method == "PUT":
             body = json.loads(request.body)
             body.update(id=path, name=m[1])
+            if self.resolve_name:
+                body = json.loads(json.dumps(body).replace("${{name}}", m[1]))
             body["properties"]["services"] = {"Studio": {"endpoint": f"https://ml.azure.com/runs/{m[1]}"}}
             body["properties"]["status"] = "Queued"
             self.jobs[m[1]] = body
@@ -588,6 +591,7 @@ def test_resume_dry_run_writes_to_the_earlier_jobs_folder(dev_outputs, capsys):
         "azureml://datastores/training_logs/paths/runs/pytorch-resnet50-synthetic/witty_jackal_3d4kq79d3v/"
     assert job["tags"]["resumed_from"] == "witty_jackal_3d4kq79d3v"
     assert "not checked against the workspace (dry run)" in out
+    assert "if it was itself resumed (a chain)" in out and "confirmed only at submission" in out
 
 
 def test_resumed_job_writes_where_the_earlier_job_wrote(azure, dev_outputs, small_job):
@@ -633,6 +637,60 @@ def resubmit(dev_outputs, code_dir, earlier):
     with pytest.raises(JobError) as e:
         azureml.submit(job, outs, resume_from=earlier)
     return str(e.value)
+
+
+def resume_job(azure, dev_outputs, code_dir, earlier):
+    """Submit the synthetic job with --resume-from `earlier` as __main__ does; (exit status, its new name)."""
+    from launcher import azureml, jobspec
+
+    outs = stack.load_file(dev_outputs)
+    filled = jobspec.resume(jobspec.fill(jobspec.read_template(SYNTHETIC), outs, "gpu-ib", 2, None, []),
+                            earlier, SYNTHETIC)
+    job = jobspec.validate(filled, SYNTHETIC)
+    job.code = str(code_dir)
+    before = set(azure.jobs)
+    code = azureml.submit(job, outs, stream=False, resume_from=earlier)
+    return code, (set(azure.jobs) - before).pop()
+
+
+@pytest.mark.parametrize("recorded", ["as submitted", "resolved"])
+def test_resume_chain_writes_where_the_first_job_wrote(azure, dev_outputs, small_job, capsys, recorded):
+    """A fails; B resumes A (writes to runs/<job>/A/) and fails; C resumes B: C must write to runs/<job>/A/,
+    where the checkpoints are, not to runs/<job>/B/, which is empty (the payload would start at epoch 0).
+    Azure ML may record an output path with ${{name}} as submitted or resolved: both must lead to A's folder."""
+    azure.resolve_name = recorded == "resolved"
+    azure.job_status = "Failed"
+    assert submit(dev_outputs, small_job, stream=False) == 0
+    a = next(iter(azure.jobs))
+    a_path = azure.jobs[a]["properties"]["outputs"]["run"]["uri"].replace("${{name}}", a)
+    assert a_path.endswith(f"/runs/pytorch-resnet50-synthetic/{a}/")
+    assert ("${{name}}" in azure.jobs[a]["properties"]["outputs"]["run"]["uri"]) == (recorded == "as submitted")
+    capsys.readouterr()
+
+    code, b = resume_job(azure, dev_outputs, small_job, a)
+    assert code == 0 and azure.jobs[b]["properties"]["outputs"]["run"]["uri"] == a_path
+    assert "--resume-from" not in capsys.readouterr().out.replace(f"submitted {b}", "")   # no path changed
+
+    code, c = resume_job(azure, dev_outputs, small_job, b)
+    sent = azure.jobs[c]["properties"]
+    assert code == 0 and len({a, b, c}) == 3
+    assert sent["outputs"]["run"]["uri"] == a_path, "C must resume from A's folder, where B wrote"
+    assert sent["tags"]["resumed_from"] == b
+    assert f"--resume-from {b}: output run -> {a_path} (where {b} wrote; it was itself resumed from {a})" \
+        in capsys.readouterr().out
+
+    code, d = resume_job(azure, dev_outputs, small_job, c)       # and on down the chain
+    assert code == 0 and azure.jobs[d]["properties"]["outputs"]["run"]["uri"] == a_path
+
+
+def test_resume_from_a_job_with_no_recorded_output_folder(azure, dev_outputs, small_job):
+    azure.job_status = "Failed"
+    assert submit(dev_outputs, small_job, stream=False) == 0
+    earlier = next(iter(azure.jobs))
+    del azure.jobs[earlier]["properties"]["outputs"]["run"]
+    message = resubmit(dev_outputs, small_job, earlier)
+    assert f"--resume-from {earlier}: Azure ML records no folder for that job's output 'run'" in message
+    assert "submit without --resume-from" in message and len(azure.jobs) == 1
 
 
 def test_resume_from_an_unknown_job(azure, dev_outputs, small_job):

@@ -102,7 +102,9 @@ def run(args, extra: list[str]) -> int:
                                   outputs.values.get("location"))
         print(f"# cost of one hour: {'$%.2f' % cost if cost is not None else 'unknown'} ({how})")
         if args.resume_from:
-            print(f"# --resume-from {args.resume_from}: not checked against the workspace (dry run)")
+            print(f"# --resume-from {args.resume_from}: not checked against the workspace (dry run). The output "
+                  f"path above assumes {args.resume_from} wrote under its own name; if it was itself resumed (a "
+                  "chain), the submission takes the folder Azure ML records for it: confirmed only at submission")
         return 0
     return azureml.submit(sdk_job, outputs, stream=not args.no_stream, resume_from=args.resume_from)
 

@@ -129,8 +129,8 @@ def _interrupted(name: str, studio_url: str | None, outputs: StackOutputs) -> in
     return EXIT_INTERRUPTED
 
 
-def check_resumable(ml, earlier: str, job, outputs: StackOutputs) -> None:
-    """The earlier job exists in this workspace, ran the same job definition, and no longer writes."""
+def check_resumable(ml, earlier: str, job, outputs: StackOutputs):
+    """The earlier job exists in this workspace, ran the same job definition, and no longer writes: that job."""
     from azure.core.exceptions import AzureError, ResourceNotFoundError
 
     ws, rg = outputs["workspace_name"], outputs["resource_group"]
@@ -150,6 +150,36 @@ def check_resumable(ml, earlier: str, job, outputs: StackOutputs) -> None:
     if status not in {str(getattr(s, "value", s)) for s in RunHistoryConstants.TERMINAL_STATUSES}:
         raise JobError(f"--resume-from {earlier}: that job is still {status} and writes to the same folder: wait "
                        f"for it, or cancel it first: az ml job cancel -n {earlier} -g {rg} -w {ws}")
+    return found
+
+
+def follow_earlier_outputs(job, found, earlier: str) -> list[str]:
+    """Point the new job's outputs at the folders `found` (job `earlier`) wrote to, as Azure ML records them.
+
+    jobspec.resume put `earlier`'s name in place of `${{name}}`; that is right only when `earlier` ran under its
+    own name. A chain A -> B -> C: B was resumed from A and wrote to runs/<job>/A/; runs/<job>/B/ is empty and
+    C would silently train from epoch 0. Outputs with a fixed path are the same in both (same job definition,
+    checked above); outputs with no path (Azure ML's default location) are left alone.
+    Returns one line per output whose path changed from the guess."""
+    from .jobspec import earlier_output_path
+
+    changed = []
+    for name, out in (job.outputs or {}).items():
+        path = getattr(out, "path", None)
+        if not path:
+            continue
+        recorded = getattr((found.outputs or {}).get(name), "path", None)
+        if not recorded:
+            raise JobError(f"--resume-from {earlier}: Azure ML records no folder for that job's output {name!r}, so "
+                           "there is no checkpoint of it to resume from: submit without --resume-from (a fresh "
+                           "start)")
+        followed = earlier_output_path(recorded, earlier)
+        if followed != path:
+            out.path = followed
+            origin = (found.tags or {}).get("resumed_from")
+            changed.append(f"output {name} -> {followed} (where {earlier} wrote"
+                           f"{f'; it was itself resumed from {origin}' if origin else ''})")
+    return changed
 
 
 def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None, resume_from: str | None = None) -> int:
@@ -158,7 +188,9 @@ def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None, resu
 
     ml = ml_client or client(outputs)
     if resume_from:
-        check_resumable(ml, resume_from, job, outputs)
+        earlier = check_resumable(ml, resume_from, job, outputs)
+        for line in follow_earlier_outputs(job, earlier, resume_from):
+            print(f"--resume-from {resume_from}: {line}", flush=True)
     # create_or_update rewrites these into ARM ids: keep the names the user knows for the messages
     compute = str(getattr(job, "compute", "") or "").removeprefix("azureml:")
     image = str(getattr(getattr(job, "environment", None), "image", "") or "")

@@ -130,7 +130,11 @@ NAME_TOKEN = re.compile(r"\$\{\{\s*name\s*\}\}")
 
 def resume(job: dict, earlier: str, source: pathlib.Path) -> dict:
     """The job writing to `earlier`'s output folders, so that the payload resumes from the newest checkpoint
-    there (the payloads resume from OUTPUT/checkpoints). Outputs are per job name (`${{name}}`)."""
+    there (the payloads resume from OUTPUT/checkpoints). Outputs are per job name (`${{name}}`).
+
+    The paths here assume `earlier` wrote under its own name. A job that was itself resumed wrote under the
+    name it resumed from, so the submission replaces them with the paths Azure ML records for `earlier`
+    (azureml.follow_earlier_outputs); only a dry run, which asks no workspace, shows this guess."""
     if not JOB_NAME.match(earlier):
         raise JobError(f"--resume-from {earlier!r} is not an Azure ML job name (letters, digits, _ and -, e.g. "
                        "witty_jackal_3d4kq79d3v): copy it from the studio or `az ml job list`")
@@ -144,6 +148,12 @@ def resume(job: dict, earlier: str, source: pathlib.Path) -> dict:
         job["outputs"][name]["path"] = NAME_TOKEN.sub(earlier, job["outputs"][name]["path"])
     job.setdefault("tags", {})["resumed_from"] = earlier
     return job
+
+
+def earlier_output_path(recorded: str, earlier: str) -> str:
+    """Where job `earlier` wrote an output, from the path Azure ML records for it: `${{name}}` there (the
+    template's own path) is `earlier`; a concrete path (a job that was itself resumed) is taken as it is."""
+    return NAME_TOKEN.sub(earlier, recorded)
 
 
 def retired_size(vm_size: str, cluster_name: str) -> None:

@@ -1,5 +1,7 @@
 """Submission to Azure ML: bad launcher input, prices per region, the code snapshot, resuming, data modes,
 and every way a submission can end, with azure-ai-ml replaced only where it would reach the network."""
+import fnmatch
+import functools
 import json
 import pathlib
 import subprocess
@@ -147,45 +149,159 @@ def ignore_file():
     return get_ignore_file(ROOT)
 
 
-def snapshot() -> tuple[object, set[str]]:
-    """The files azure-ai-ml uploads for `code: ../..`, computed by its own functions (the ones
-    create_or_update uses to hash and upload a local code folder)."""
-    from azure.ai.ml._utils._asset_utils import get_upload_files_from_folder
+@functools.lru_cache(maxsize=None)
+def uploaded(folder: pathlib.Path) -> tuple[object, frozenset[str]]:
+    """The files azure-ai-ml uploads from a local folder, computed by its own functions: the ones
+    create_or_update uses to hash and upload a job's code and an environment's build context
+    (_artifact_utilities._upload_to_datastore: get_ignore_file(path), then get_upload_files_from_folder).
+    Cached: it walks .venv (azure-ai-ml follows links), seconds per call."""
+    from azure.ai.ml._utils._asset_utils import get_ignore_file, get_upload_files_from_folder
 
-    ignore = ignore_file()
-    return ignore, {remote for _, remote in get_upload_files_from_folder(ROOT, ignore_file=ignore)}
+    ignore = get_ignore_file(folder)
+    return ignore, frozenset(remote for _, remote in get_upload_files_from_folder(folder, ignore_file=ignore))
+
+
+def snapshot() -> tuple[object, frozenset[str]]:
+    """The files azure-ai-ml uploads for `code: ../..` (the repository root)."""
+    return uploaded(ROOT)
+
+
+ENVIRONMENTS = sorted((ROOT / "images").glob("*/environment.yaml"))
+
+
+def copy_sources(dockerfile: pathlib.Path) -> list[str]:
+    """The build-context paths a Dockerfile's COPY/ADD instructions read (stage copies, --from=, read none)."""
+    import shlex
+
+    logical, current = [], ""
+    for raw in dockerfile.read_text().splitlines():
+        if raw.lstrip().startswith("#") or (not current and not raw.strip()):
+            continue        # comments (inside a continued instruction too) and blank lines
+        current += raw.rstrip()
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
+        logical.append(current.strip())
+        current = ""
+    sources = []
+    for line in logical:
+        instruction, _, rest = line.partition(" ")
+        if instruction.upper() not in ("COPY", "ADD"):
+            continue
+        args = json.loads(rest) if rest.lstrip().startswith("[") else shlex.split(rest)
+        if any(a.startswith("--from=") for a in args):
+            continue
+        args = [a for a in args if not a.startswith("--")]
+        sources += args[:-1]      # the last argument is the destination in the image
+    return sources
+
+
+def build_context(environment: pathlib.Path) -> tuple[pathlib.Path, str, frozenset[str]]:
+    """(context folder, dockerfile path in it, files uploaded) for `az ml environment create -f environment`."""
+    from azure.ai.ml import load_environment
+
+    env = load_environment(environment)
+    # _check_and_upload_env_build_context uploads environment.path: build.path resolved against the YAML
+    context = pathlib.Path(env.path).resolve()
+    return context, env.build.dockerfile_path, uploaded(context)[1]
+
+
+def module_file(name: str) -> str | None:
+    """The checkout file that `import name` loads, if the checkout has one."""
+    base = name.replace(".", "/")
+    return next((f for f in (base + ".py", base + "/__init__.py") if (ROOT / f).is_file()), None)
+
+
+def imports(file: str) -> set[str]:
+    """Every module name a checkout file may import (any depth, lazy imports included): for `from a import b`
+    both a and a.b (b may be a submodule); relative imports made absolute."""
+    import ast
+
+    module = file.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    package = module if file.endswith("__init__.py") else module.rpartition(".")[0]
+    names = set()
+    for node in ast.walk(ast.parse((ROOT / file).read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            names |= {base} | {f"{base}.{a.name}" for a in node.names}
+    return {n for n in names if n}
 
 
 def test_code_snapshot_holds_what_jobs_run_and_nothing_else():
-    import ast
-
     ignore, files = snapshot()
     assert pathlib.Path(ignore.path).name == ".amlignore"       # it, not .gitignore, governs the upload
+    todo = []
     for job in (ROOT / "payloads/jobs").glob("*.yaml"):
         command = yaml.safe_load(job.read_text())["command"]
         module = command.split("python -m ", 1)[1].split()[0]
         assert module.replace(".", "/") + ".py" in files, (job.name, module)
-    assert files and all(f.startswith("payloads/") for f in files), sorted(f for f in files if not f.startswith("payloads/"))
+        todo.append(module)
+    # payloads/, plus exactly what the workspace image builds read from the same root (.amlignore serves both)
+    image_build = set()
+    for environment in ENVIRONMENTS:
+        context, dockerfile, _ = build_context(environment)
+        assert context == ROOT
+        image_build |= {dockerfile, *copy_sources(context / dockerfile)}
+    outside = {f for f in files if not f.startswith("payloads/")}
+    assert outside == {f for f in image_build if not f.startswith("payloads/")}, sorted(outside)
+    assert len(files) > len(outside)
     assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc")]
-    # Every checkout-local package an uploaded module imports must travel with it.
-    local = {p.name for p in ROOT.iterdir() if p.is_dir() or p.suffix == ".py"}
-    for f in (f for f in files if f.endswith(".py")):
-        for node in ast.walk(ast.parse((ROOT / f).read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
-            for name in names:
-                top = name.split(".")[0]
-                assert top not in local or top == "payloads", f"{f} imports {name}, which the snapshot leaves out"
+    # Every checkout module a job can import (from its entry module on, parent packages included) must travel
+    # with it. Modules uploaded but run only on a workstation (payloads.data.transfer) may import the launcher.
+    seen = set()
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        for prefix in (".".join(parts[:i]) for i in range(1, len(parts) + 1)):
+            file = module_file(prefix)
+            if file is None or file in seen:
+                continue
+            seen.add(file)
+            assert file in files, f"a job imports {prefix} ({file}), which the snapshot leaves out: .amlignore"
+            todo += imports(file)
+    assert "payloads/common/config.py" in seen and "payloads/tensorflow/train.py" in seen   # the walk walked
 
 
 @pytest.mark.parametrize("path", [
     ".git", ".git/HEAD", ".venv/bin/python", "outputs.dev.json", "runs/job-1/metrics.json", "tests/conftest.py",
     "benchmarks/scaling.py", "infra/trainingplatform/program.py", "launcher/azureml.py", "README.md",
     "payloads/__pycache__/config.cpython-311.pyc", "payloads/pytorch/train.pyc",
+    "toolchain/bootstrap.sh", "toolchain/__pycache__/patch_horovod.cpython-311.pyc", "images/lint-requirements.txt",
+    "images/pytorch/environment.yaml",
 ])
 def test_code_snapshot_leaves_out(path):
     ignore = ignore_file()
     assert ignore.is_file_excluded((ROOT / path).as_posix())
+
+
+@pytest.mark.parametrize("environment", ENVIRONMENTS, ids=lambda p: p.parent.name)
+def test_workspace_image_build_gets_its_dockerfile_and_every_copy_source(environment):
+    """`az ml environment create -f images/<x>/environment.yaml` uploads build.path filtered by the ignore file
+    found there (for ../.., the job snapshot's .amlignore: azure-ai-ml _check_and_upload_env_build_context ->
+    _upload_to_datastore -> get_ignore_file), and the workspace builds from that upload alone (build.contextUri,
+    a blob URI; Azure/azure-cli-extensions#5560: .amlignore decides what of --build-context is sent). A COPY
+    whose source was filtered out fails the image build in the workspace."""
+    context, dockerfile, files = build_context(environment)
+    assert dockerfile in files, f"{dockerfile} is not uploaded from {context}: re-include it in .amlignore"
+    sources = copy_sources(context / dockerfile)
+    assert sources, "the Dockerfile copies something from the context (the parser found no COPY)"
+    for source in sources:
+        source = source.removeprefix("./").rstrip("/")
+        found = [f for f in files if fnmatch.fnmatchcase(f, source) or f.startswith(source + "/")]
+        assert found, f"COPY {source}: not in the build context uploaded from {context}: re-include it in .amlignore"
+
+
+def test_copy_parser_reads_continuations_flags_and_skips_stage_copies(tmp_path):
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text("FROM x AS build\n# COPY commented/out /x\nCOPY a.txt \\\n    b/c.sh /src/\n"
+                          "COPY --chown=1:1 d /d\nCOPY --from=build /opt/venv /opt/venv\n"
+                          'ADD ["e f", "/g"]\nRUN echo COPY nothing\n')
+    assert copy_sources(dockerfile) == ["a.txt", "b/c.sh", "d", "e f"]
 
 
 def test_stack_outputs_files_are_not_committed():
@@ -214,6 +330,7 @@ class FakeAzure:
         self.job_status = "Completed"         # what GET job answers once the job exists
         self.upload_code = False              # False: the code snapshot is already there (hash match)
         self.fail = None                      # (predicate(method, url), status, body, headers) to inject
+        self.resolve_name = False             # True: record output paths with ${{name}} replaced by the job name
 
     @staticmethod
     def response(request, status, body=None, headers=None, raw=None):
@@ -259,6 +376,8 @@ class FakeAzure:
         if m and method == "PUT":
             body = json.loads(request.body)
             body.update(id=path, name=m[1])
+            if self.resolve_name:
+                body = json.loads(json.dumps(body).replace("${{name}}", m[1]))
             body["properties"]["services"] = {"Studio": {"endpoint": f"https://ml.azure.com/runs/{m[1]}"}}
             body["properties"]["status"] = "Queued"
             self.jobs[m[1]] = body
@@ -472,6 +591,7 @@ def test_resume_dry_run_writes_to_the_earlier_jobs_folder(dev_outputs, capsys):
         "azureml://datastores/training_logs/paths/runs/pytorch-resnet50-synthetic/witty_jackal_3d4kq79d3v/"
     assert job["tags"]["resumed_from"] == "witty_jackal_3d4kq79d3v"
     assert "not checked against the workspace (dry run)" in out
+    assert "if it was itself resumed (a chain)" in out and "confirmed only at submission" in out
 
 
 def test_resumed_job_writes_where_the_earlier_job_wrote(azure, dev_outputs, small_job):
@@ -517,6 +637,60 @@ def resubmit(dev_outputs, code_dir, earlier):
     with pytest.raises(JobError) as e:
         azureml.submit(job, outs, resume_from=earlier)
     return str(e.value)
+
+
+def resume_job(azure, dev_outputs, code_dir, earlier):
+    """Submit the synthetic job with --resume-from `earlier` as __main__ does; (exit status, its new name)."""
+    from launcher import azureml, jobspec
+
+    outs = stack.load_file(dev_outputs)
+    filled = jobspec.resume(jobspec.fill(jobspec.read_template(SYNTHETIC), outs, "gpu-ib", 2, None, []),
+                            earlier, SYNTHETIC)
+    job = jobspec.validate(filled, SYNTHETIC)
+    job.code = str(code_dir)
+    before = set(azure.jobs)
+    code = azureml.submit(job, outs, stream=False, resume_from=earlier)
+    return code, (set(azure.jobs) - before).pop()
+
+
+@pytest.mark.parametrize("recorded", ["as submitted", "resolved"])
+def test_resume_chain_writes_where_the_first_job_wrote(azure, dev_outputs, small_job, capsys, recorded):
+    """A fails; B resumes A (writes to runs/<job>/A/) and fails; C resumes B: C must write to runs/<job>/A/,
+    where the checkpoints are, not to runs/<job>/B/, which is empty (the payload would start at epoch 0).
+    Azure ML may record an output path with ${{name}} as submitted or resolved: both must lead to A's folder."""
+    azure.resolve_name = recorded == "resolved"
+    azure.job_status = "Failed"
+    assert submit(dev_outputs, small_job, stream=False) == 0
+    a = next(iter(azure.jobs))
+    a_path = azure.jobs[a]["properties"]["outputs"]["run"]["uri"].replace("${{name}}", a)
+    assert a_path.endswith(f"/runs/pytorch-resnet50-synthetic/{a}/")
+    assert ("${{name}}" in azure.jobs[a]["properties"]["outputs"]["run"]["uri"]) == (recorded == "as submitted")
+    capsys.readouterr()
+
+    code, b = resume_job(azure, dev_outputs, small_job, a)
+    assert code == 0 and azure.jobs[b]["properties"]["outputs"]["run"]["uri"] == a_path
+    assert "--resume-from" not in capsys.readouterr().out.replace(f"submitted {b}", "")   # no path changed
+
+    code, c = resume_job(azure, dev_outputs, small_job, b)
+    sent = azure.jobs[c]["properties"]
+    assert code == 0 and len({a, b, c}) == 3
+    assert sent["outputs"]["run"]["uri"] == a_path, "C must resume from A's folder, where B wrote"
+    assert sent["tags"]["resumed_from"] == b
+    assert f"--resume-from {b}: output run -> {a_path} (where {b} wrote; it was itself resumed from {a})" \
+        in capsys.readouterr().out
+
+    code, d = resume_job(azure, dev_outputs, small_job, c)       # and on down the chain
+    assert code == 0 and azure.jobs[d]["properties"]["outputs"]["run"]["uri"] == a_path
+
+
+def test_resume_from_a_job_with_no_recorded_output_folder(azure, dev_outputs, small_job):
+    azure.job_status = "Failed"
+    assert submit(dev_outputs, small_job, stream=False) == 0
+    earlier = next(iter(azure.jobs))
+    del azure.jobs[earlier]["properties"]["outputs"]["run"]
+    message = resubmit(dev_outputs, small_job, earlier)
+    assert f"--resume-from {earlier}: Azure ML records no folder for that job's output 'run'" in message
+    assert "submit without --resume-from" in message and len(azure.jobs) == 1
 
 
 def test_resume_from_an_unknown_job(azure, dev_outputs, small_job):

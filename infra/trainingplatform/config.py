@@ -332,16 +332,14 @@ def load(raw: dict, stack: str, location: str | None, today: dt.date | None = No
                           kv_public, data_stack, users, mount_nfs)
 
 
-def from_pulumi() -> PlatformConfig:
-    """Read the current stack's config through Pulumi (the program's entry point)."""
+def pulumi_settings(keys: tuple[str, ...]) -> tuple[dict, str, str | None]:
+    """The given keys of the current stack's config (structured values parsed from the JSON Pulumi hands
+    over), the stack's name and its azure-native location: what `load` takes."""
     import json
 
     import pulumi
 
     cfg = pulumi.Config()
-    keys = ("prefix", "network", "storage", "nfs", "clusters", "imageBuildCluster", "maxTotalGpus",
-            "maxTotalNodes", "workspacePublicAccess", "registryPublicAccess", "keyVaultPublicAccess", "tags", "users",
-            "dataStack", "mountNfs")
     raw = {}
     for k in keys:
         text = cfg.get(k)
@@ -351,5 +349,11 @@ def from_pulumi() -> PlatformConfig:
             raw[k] = json.loads(text)
         except ValueError:
             raw[k] = text
-    location = pulumi.Config("azure-native").get("location")
-    return load(raw, pulumi.get_stack(), location)
+    return raw, pulumi.get_stack(), pulumi.Config("azure-native").get("location")
+
+
+def from_pulumi() -> PlatformConfig:
+    """Read the current stack's config through Pulumi (the program's entry point)."""
+    return load(*pulumi_settings(("prefix", "network", "storage", "nfs", "clusters", "imageBuildCluster",
+                                  "maxTotalGpus", "maxTotalNodes", "workspacePublicAccess", "registryPublicAccess",
+                                  "keyVaultPublicAccess", "tags", "users", "dataStack", "mountNfs")))

@@ -104,19 +104,5 @@ def load(raw: dict, stack: str, location: str | None) -> DataConfig:
 
 def from_pulumi() -> DataConfig:
     """Read the current data stack's config through Pulumi (infra/data-stack/__main__.py)."""
-    import json
-
-    import pulumi
-
-    cfg = pulumi.Config()
-    raw = {}
-    for k in ("prefix", "allowedClientIps", "storage", "nfs", "tags"):
-        text = cfg.get(k)
-        if text is None:
-            continue
-        try:
-            raw[k] = json.loads(text)
-        except ValueError:
-            raw[k] = text
-    return load(raw, pulumi.get_stack(), pulumi.Config("azure-native").get("location"))
+    return load(*config.pulumi_settings(("prefix", "allowedClientIps", "storage", "nfs", "tags")))
 

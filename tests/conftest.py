@@ -6,3 +6,22 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "infra", ROOT / "policy", pathlib.Path(__file__).parent):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
+
+import ctypes  # noqa: E402
+
+import pytest  # noqa: E402
+
+_libc = ctypes.CDLL(None)
+_libc.getenv.restype = ctypes.c_char_p
+
+
+@pytest.fixture(autouse=True)
+def _no_mpi_inside_pytest(request):
+    """A test that calls hvd.init() in pytest's own process starts an Open MPI singleton, which sets PMIX_*
+    and OMPI_MCA_ess=singleton in the C environment (not in os.environ) of pytest's process: every later
+    horovodrun started without an explicit env inherits them and exits 1 with no message. Run payloads as
+    processes of their own (helpers.train) instead; this names the test that did it."""
+    yield
+    if _libc.getenv(b"PMIX_RANK") is not None or _libc.getenv(b"OMPI_MCA_ess") == b"singleton":
+        pytest.fail(f"{request.node.nodeid} initialised MPI inside pytest's process: later horovodrun calls fail; "
+                    "run the payload as a subprocess", pytrace=False)

@@ -110,9 +110,9 @@ def mpirun(job_env: dict, command: list[str], timeout: float = 180) -> subproces
                           cwd=helpers.ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-ALLREDUCE = ("import horovod.torch as hvd, torch; hvd.init(); "
+ALLREDUCE = ("import sys, horovod.torch as hvd, torch; hvd.init(); "
              "s = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum); "
-             "print('rank', hvd.rank(), 'of', hvd.size(), 'sum', s.item())")
+             "sys.stdout.write(f'rank {hvd.rank()} of {hvd.size()} sum {s.item()}\\n')")
 
 
 @needs_mpi

@@ -152,6 +152,23 @@ def _put(client, blob: str, path: pathlib.Path, md5: str, progress) -> None:
             metadata={"md5": md5}, progress_hook=progress))
 
 
+
+def _split(items, already_there) -> tuple[Stats, list]:
+    """Resume: (name, size, md5) items whose copy at the other end already matches are skipped, the rest
+    are to transfer."""
+    stats, todo = Stats(), []
+    for item in items:
+        if already_there(*item):
+            stats.skipped.append(item[0])
+        else:
+            todo.append(item)
+    return stats, todo
+
+
+def _local_matches(path: pathlib.Path, size: int, md5: str | None) -> bool:
+    return path.is_file() and path.stat().st_size == size and bool(md5) and manifest.md5_file(path) == md5
+
+
 def upload(folder: pathlib.Path, client, prefix: str, workers: int = 8, progress: bool = True,
            force: bool = False) -> Stats:
     folder = pathlib.Path(folder)
@@ -165,12 +182,8 @@ def upload(folder: pathlib.Path, client, prefix: str, workers: int = 8, progress
     for name in _extra_files(folder):
         p = folder / name
         items.append((name, p.stat().st_size, manifest.md5_file(p)))
-    stats, todo = Stats(), []
-    for name, size, md5 in items:
-        if not force and _blob_md5(client, f"{prefix}/{name}") == (size, md5):
-            stats.skipped.append(name)
-        else:
-            todo.append((name, size, md5))
+    stats, todo = _split(items, lambda name, size, md5: not force
+                         and _blob_md5(client, f"{prefix}/{name}") == (size, md5))
     bar = _Progress(sum(size for _, size, _ in todo), "upload", progress)
 
     def one(item):
@@ -269,13 +282,7 @@ def download(client, prefix: str, folder: pathlib.Path, workers: int = 8, progre
         name = b.name[len(prefix) + 1:]
         if "/" not in name and name not in listed:
             items.append((name, b.size, manifest.hex_of(b.content_settings.content_md5)))
-    stats, todo = Stats(), []
-    for name, size, md5 in items:
-        p = folder / name
-        if p.is_file() and p.stat().st_size == size and md5 and manifest.md5_file(p) == md5:
-            stats.skipped.append(name)
-        else:
-            todo.append((name, size, md5))
+    stats, todo = _split(items, lambda name, size, md5: _local_matches(folder / name, size, md5))
     bar = _Progress(sum(size for _, size, _ in todo), "download", progress)
 
     def one(item):

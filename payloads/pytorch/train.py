@@ -171,6 +171,13 @@ def global_sums(hvd, name: str, *values: float) -> list[float]:
     return t.tolist()
 
 
+def world(hvd, model, device) -> dict:
+    """The run's world as metrics.json records it (shared with the segmentation payload)."""
+    return {"processes": hvd.size(), "local_processes": hvd.local_size(), "device": str(device),
+            "torch": torch.__version__, "horovod_controller": "mpi" if hvd.mpi_enabled() else "gloo",
+            "gradient_mbytes": models.gradient_bytes(model) / 1e6, "threads_per_process": torch.get_num_threads()}
+
+
 def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, dl, device, lr_scale, progress):
     model.train()
     steps = len(dl)
@@ -275,10 +282,7 @@ def run(cfg: config.TrainConfig) -> dict:
     if root:
         from torch.utils.tensorboard import SummaryWriter
 
-        world = {"processes": hvd.size(), "local_processes": hvd.local_size(), "device": str(device),
-                 "torch": torch.__version__, "horovod_controller": "mpi" if hvd.mpi_enabled() else "gloo",
-                 "gradient_mbytes": models.gradient_bytes(model) / 1e6, "threads_per_process": torch.get_num_threads()}
-        metrics = MetricsFile(cfg.metrics_path, {"config": cfg.to_json(), "world": world})
+        metrics = MetricsFile(cfg.metrics_path, {"config": cfg.to_json(), "world": world(hvd, model, device)})
         writer = SummaryWriter(str(cfg.tensorboard_dir))
         log.info("training %s on %s data, %d process(es) x batch %d, %s, outputs in %s", cfg.model, cfg.data,
                  hvd.size(), batch, device, cfg.output_dir)

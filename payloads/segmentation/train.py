@@ -25,8 +25,9 @@ from tqdm import tqdm
 from ..common import config, schedule
 from ..common.errors import ConfigError
 from ..common.metrics import MetricsFile, finish
-from ..pytorch.models import gradient_bytes, parameters_digest
+from ..pytorch.models import parameters_digest
 from ..pytorch.train import global_sums, restore, save, setup_runtime
+from ..pytorch.train import world as pytorch_world
 from . import data, metrics, models
 from .labels import IGNORE, NODATA
 
@@ -250,9 +251,7 @@ def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
     if root:
         from torch.utils.tensorboard import SummaryWriter
 
-        world = {"processes": hvd.size(), "local_processes": hvd.local_size(), "device": str(device),
-                 "torch": torch.__version__, "horovod_controller": "mpi" if hvd.mpi_enabled() else "gloo",
-                 "gradient_mbytes": gradient_bytes(model) / 1e6, "threads_per_process": torch.get_num_threads(),
+        world = {**pytorch_world(hvd, model, device),
                  "train_blocks": sampler.n, "val_blocks": len(val_store) if val_store else 0,
                  "blocks_owned_per_process": len(sampler.owned()), "shares_exactly": sampler.shares_exactly,
                  "block_memory_mbytes_rank0": train_store.memory_bytes() / 1e6, "data_load_seconds": load_seconds,

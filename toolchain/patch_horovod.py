@@ -16,8 +16,30 @@ import sys
 MARK = "# patched by toolchain/patch_horovod.py"
 
 
-def _edits(cxx: int, cpu_only: bool) -> list[tuple[str, str, str, str]]:
-    """(file, old, new, why) for each edit."""
+# Horovod refuses every tensor that is not contiguous in the default (NCHW) layout, so a channels_last model
+# fails in broadcast_parameters and in every gradient hook (upstream issues 3491 and 3622). Allreduce and
+# broadcast are element-wise, and the C++ side moves numel() elements from data_ptr() (adapter_v2.cc), so a
+# dense tensor in any layout is reduced correctly as it lies when every rank holds the same layout (the same
+# model code does), and when a new output gets the input's strides (empty_like) instead of tensor.new(shape).
+_DENSE = f"""    if not _is_dense(tensor):
+        raise ValueError('Tensor is required to be dense (contiguous in some memory format).')
+    return function
+
+
+def _is_dense(tensor):  {MARK}: any dense layout, channels_last included
+    if tensor.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted((st, s) for s, st in zip(tensor.shape, tensor.stride()) if s != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+"""
+
+
+def _edits(cxx: int, cpu_only: bool) -> list[tuple]:
+    """(file, old, new, why[, count]) for each edit: `old` must occur exactly `count` times (default 1)."""
     edits = [
         (
             "CMakeLists.txt",
@@ -32,6 +54,26 @@ def _edits(cxx: int, cpu_only: bool) -> list[tuple[str, str, str, str]]:
             "    set(CMAKE_CXX_STANDARD 14)\n",
             f"    set(CMAKE_CXX_STANDARD {cxx})  {MARK}\n",
             "PyTorch >= 2.13 headers need C++17, >= 2.14 C++20",
+        ),
+        (
+            "horovod/torch/mpi_ops.py",
+            "    if not tensor.is_contiguous():\n        raise ValueError('Tensor is required to be contiguous.')\n"
+            "    return function\n",
+            _DENSE,
+            "dense tensors in any memory format (channels_last) pass the check",
+        ),
+        (
+            "horovod/torch/mpi_ops.py",
+            "    output = tensor.new(tensor.shape)\n",
+            f"    output = torch.empty_like(tensor)  {MARK}: keeps the input's memory format\n",
+            "allreduce_async and broadcast_async outputs keep the input's layout",
+            2,
+        ),
+        (
+            "horovod/torch/mpi_ops.py",
+            "    outputs = [t.new(t.shape) for t in tensors]\n",
+            f"    outputs = [torch.empty_like(t) for t in tensors]  {MARK}: keeps each input's memory format\n",
+            "grouped_allreduce_async outputs keep the inputs' layouts",
         ),
     ]
     if cpu_only:
@@ -51,7 +93,8 @@ def _edits(cxx: int, cpu_only: bool) -> list[tuple[str, str, str, str]]:
 
 def patch(src: pathlib.Path, cxx: int, cpu_only: bool) -> list[str]:
     done = []
-    for rel, old, new, why in _edits(cxx, cpu_only):
+    for rel, old, new, why, *count in _edits(cxx, cpu_only):
+        want = count[0] if count else 1
         path = src / rel
         if not path.is_file():
             raise SystemExit(f"patch_horovod: {path} is missing: is {src} an unpacked Horovod 0.28.1 sdist?")
@@ -60,9 +103,9 @@ def patch(src: pathlib.Path, cxx: int, cpu_only: bool) -> list[str]:
             done.append(f"{rel}: already patched ({why})")
             continue
         count = text.count(old)
-        if count != 1:
+        if count != want:
             raise SystemExit(
-                f"patch_horovod: expected exactly one {old.strip()!r} in {path}, found {count}; "
+                f"patch_horovod: expected {want} of {old.strip()!r} in {path}, found {count}; "
                 "this sdist is not the Horovod 0.28.1 the patch was written for"
             )
         path.write_text(text.replace(old, new))

@@ -17,24 +17,50 @@ MARK = "# patched by toolchain/patch_horovod.py"
 
 
 # Horovod refuses every tensor that is not contiguous in the default (NCHW) layout, so a channels_last model
-# fails in broadcast_parameters and in every gradient hook (upstream issues 3491 and 3622). Allreduce and
-# broadcast are element-wise, and the C++ side moves numel() elements from data_ptr() (adapter_v2.cc), so a
-# dense tensor in any layout is reduced correctly as it lies when every rank holds the same layout (the same
-# model code does), and when a new output gets the input's strides (empty_like) instead of tensor.new(shape).
-_DENSE = f"""    if not _is_dense(tensor):
-        raise ValueError('Tensor is required to be dense (contiguous in some memory format).')
-    return function
+# fails in broadcast_parameters and in every gradient hook (upstream issues 3491 and 3622). Its C++ side moves
+# numel() elements from data_ptr() (adapter_v2.cc), so the bytes of a channels_last tensor are not in the
+# logical order, and ranks need not agree on layouts: broadcast_optimizer_state builds the other ranks' momentum
+# from p.data.new(size) (default layout) while rank 0's comes from a channels_last checkpoint. So a tensor in
+# any other layout goes through Horovod as a contiguous copy, and an in-place operation copies the result back
+# into the caller's tensor in synchronize(): values are reduced in logical order whatever each rank's layout.
+# One copy each way, only for tensors not already in the default layout.
+_STAGING = f"""def _default_layout(tensor):  {MARK}
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
 
 
-def _is_dense(tensor):  {MARK}: any dense layout, channels_last included
-    if tensor.is_contiguous():
-        return True
-    expected = 1
-    for stride, size in sorted((st, s) for s, st in zip(tensor.shape, tensor.stride()) if s != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
+# handle -> the caller's tensor(s) that an in-place operation on staged copies writes back to in synchronize()
+_copy_back = {{}}  {MARK}
+
+
+def _allreduce_function_factory(tensor):
+"""
+
+_IN_PLACE = f"""    staged = _default_layout(tensor)  {MARK}: written back in synchronize()
+    handle = _{{op}}_async(staged, staged, {{args}})
+    if staged is not tensor:
+        _copy_back[handle] = tensor
+    return handle
+"""
+
+_GROUPED_IN_PLACE = f"""    staged = [_default_layout(t) for t in tensors]  {MARK}: written back in synchronize()
+    handle = _grouped_allreduce_async(staged, staged, name, op, prescale_factor, postscale_factor, process_set)
+    if any(s is not t for s, t in zip(staged, tensors)):
+        _copy_back[handle] = tuple(tensors)
+    return handle
+"""
+
+_SYNCHRONIZE = f"""        mpi_lib.horovod_torch_wait_and_clear(handle)
+        output = _handle_map.pop(handle)[-1]
+        if handle in _copy_back:  {MARK}: staged in-place results back into the caller's tensors
+            target = _copy_back.pop(handle)
+            if isinstance(target, tuple):
+                output = tuple(t.copy_(o) for t, o in zip(target, output))
+            else:
+                output = target.copy_(output)
+        return output
+    except RuntimeError as e:
+        _handle_map.pop(handle, None)
+        _copy_back.pop(handle, None)
 """
 
 
@@ -55,26 +81,36 @@ def _edits(cxx: int, cpu_only: bool) -> list[tuple]:
             f"    set(CMAKE_CXX_STANDARD {cxx})  {MARK}\n",
             "PyTorch >= 2.13 headers need C++17, >= 2.14 C++20",
         ),
-        (
-            "horovod/torch/mpi_ops.py",
-            "    if not tensor.is_contiguous():\n        raise ValueError('Tensor is required to be contiguous.')\n"
-            "    return function\n",
-            _DENSE,
-            "dense tensors in any memory format (channels_last) pass the check",
-        ),
-        (
-            "horovod/torch/mpi_ops.py",
-            "    output = tensor.new(tensor.shape)\n",
-            f"    output = torch.empty_like(tensor)  {MARK}: keeps the input's memory format\n",
-            "allreduce_async and broadcast_async outputs keep the input's layout",
-            2,
-        ),
-        (
-            "horovod/torch/mpi_ops.py",
-            "    outputs = [t.new(t.shape) for t in tensors]\n",
-            f"    outputs = [torch.empty_like(t) for t in tensors]  {MARK}: keeps each input's memory format\n",
-            "grouped_allreduce_async outputs keep the inputs' layouts",
-        ),
+        ("horovod/torch/mpi_ops.py", "def _allreduce_function_factory(tensor):\n", _STAGING,
+         "any memory format: stage non-default layouts as contiguous copies"),
+        ("horovod/torch/mpi_ops.py",
+         "    output = tensor.new(tensor.shape)\n    return _allreduce_async(",
+         f"    tensor = _default_layout(tensor)  {MARK}\n    output = tensor.new(tensor.shape)\n    return _allreduce_async(",
+         "allreduce_async: any memory format"),
+        ("horovod/torch/mpi_ops.py",
+         "    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)\n",
+         _IN_PLACE.format(op="allreduce", args="name, op, prescale_factor, postscale_factor, process_set"),
+         "allreduce_async_: any memory format, in place"),
+        ("horovod/torch/mpi_ops.py",
+         "    outputs = [t.new(t.shape) for t in tensors]\n    return _grouped_allreduce_async(",
+         f"    tensors = [_default_layout(t) for t in tensors]  {MARK}\n"
+         "    outputs = [t.new(t.shape) for t in tensors]\n    return _grouped_allreduce_async(",
+         "grouped_allreduce_async: any memory format"),
+        ("horovod/torch/mpi_ops.py",
+         "    return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor, process_set)\n",
+         _GROUPED_IN_PLACE, "grouped_allreduce_async_: any memory format, in place"),
+        ("horovod/torch/mpi_ops.py",
+         "    output = tensor.new(tensor.shape)\n    return _broadcast_async(",
+         f"    tensor = _default_layout(tensor)  {MARK}\n    output = tensor.new(tensor.shape)\n    return _broadcast_async(",
+         "broadcast_async: any memory format"),
+        ("horovod/torch/mpi_ops.py",
+         "    return _broadcast_async(tensor, tensor, root_rank, name, process_set)\n",
+         _IN_PLACE.format(op="broadcast", args="root_rank, name, process_set"),
+         "broadcast_async_: any memory format, in place"),
+        ("horovod/torch/mpi_ops.py",
+         "        mpi_lib.horovod_torch_wait_and_clear(handle)\n        output = _handle_map.pop(handle)[-1]\n"
+         "        return output\n    except RuntimeError as e:\n        _handle_map.pop(handle, None)\n",
+         _SYNCHRONIZE, "synchronize: staged in-place results written back"),
     ]
     if cpu_only:
         edits.append(

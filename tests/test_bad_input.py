@@ -31,6 +31,7 @@ def test_unknown_model_lists_the_choices():
     (["--lr-decay-epochs", "60,30"], "increasing"),
     (["--adasum", "--fp16-allreduce"], "cannot be combined"),
     (["--base-lr", "-1"], "must be positive"),
+    (["--startup-steps", "-1"], "--startup-steps must not be negative"),
 ])
 def test_config_errors(args, message):
     with pytest.raises(ConfigError, match=message):
@@ -120,9 +121,9 @@ def test_corrupt_validation_image_is_skipped_and_counted(tmp_path):
 
 
 @pytest.mark.parametrize("payload,extra,message", [
-    # Horovod's Adasum optimizer steps inside backward, before GradScaler could unscale (explicit --amp;
-    # the default turns mixed precision off with --adasum).
-    ("pytorch", ["--amp"], "--adasum cannot be combined with mixed precision (--amp)"),
+    # Horovod's Adasum optimizer steps inside backward, before GradScaler could unscale (fp16; bf16 needs no
+    # scaler and runs, and the default turns fp16 mixed precision off with --adasum).
+    ("pytorch", ["--amp", "--amp-dtype", "fp16"], "--adasum cannot be combined with fp16 mixed precision"),
     # Adasum exists only over MPI: under Gloo the first step would fail with "No Adasum operation enabled".
     ("pytorch", [], "--adasum needs Horovod's MPI controller"),
     ("tensorflow", [], "--adasum needs Horovod's MPI controller"),
@@ -155,3 +156,38 @@ def test_adasum_with_a_process_count_that_is_not_a_power_of_two_fails_before_tra
     assert proc.returncode != 0
     assert "--adasum needs a power-of-two number of processes, this job has 3: use 2 or 4 processes" in text, text[-3000:]
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_default_lr_follows_the_linear_scaling_rule_for_the_batch_used():
+    """Goyal et al.: 0.1 per 256 images of the global batch; the payloads multiply the per-process LR by the
+    processes (and backward passes), so the per-process default is 0.1 x its batch / 256."""
+    cfg = parse("--batch-size", "64")
+    assert cfg.base_lr is None
+    assert cfg.per_process_batch(8) == 64 and cfg.base_lr == pytest.approx(0.025)   # job LR 0.2 = 0.1 x 512 / 256
+    cfg = parse("--global-batch-size", "1024")
+    assert cfg.per_process_batch(4) == 256 and cfg.base_lr == pytest.approx(0.1)    # job LR 0.4 = 0.1 x 1024 / 256
+    cfg = parse("--batch-size", "64", "--base-lr", "0.05")
+    cfg.per_process_batch(2)
+    assert cfg.base_lr == 0.05, "an explicit --base-lr wins"
+    text = config.build_parser("train", "").format_help()
+    assert "Goyal" in text and "0.1 per 256 images" in text
+
+
+@pytest.mark.parametrize("payload", ["pytorch", "tensorflow"])
+def test_unwritable_output_dir_is_named_before_training(tmp_path, payload):
+    """A file where the folder should be, and a folder no one can create (root included: /proc), each named
+    with the flag before Horovod or TensorFlow starts."""
+    import subprocess
+    import sys
+
+    from helpers import ROOT, env
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for out, expected in ((blocker / "run", "is a file, not a folder"), (pathlib.Path("/proc/no-such/run"), "is not writable")):
+        proc = subprocess.run([sys.executable, "-m", f"payloads.{payload}.train", *TINY, "--epochs", "1",
+                               "--output-dir", str(out)], cwd=ROOT, env=env(), capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert f"--output-dir {out}" in proc.stderr and expected in proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr

@@ -18,7 +18,8 @@ def _max_diff(a: dict, b: dict) -> float:
 
 def test_two_processes_average_gradients_exactly(tmp_path):
     two, one, unaveraged = tmp_path / "two", tmp_path / "one", tmp_path / "unaveraged"
-    common = TINY + ["--epochs", "3"]
+    # The CPU's defaults, spelled out: the GPU's values of these flags run in test_device_defaults.py.
+    common = TINY + ["--epochs", "3", "--no-amp", "--no-channels-last"]
     proc = train(2, common + ["--batch-size", "16", "--base-lr", "0.05", "--output-dir", str(two)])
     m = metrics(two)
 

@@ -16,6 +16,21 @@ from . import tracking
 from .errors import ConfigError
 
 
+# Flags whose default depends on the device (a GPU switches them on, or picks their value), with the command-line
+# spellings of each value. The test suite's rule (tests/README.md): each value runs in a two-process test on the
+# CPU; tests/test_device_rule.py enforces it, and every option whose default is None ("decided by the device")
+# must be listed here.
+DEVICE_DEPENDENT: dict[str, tuple[tuple[str, ...], ...]] = {
+    "amp": (("--amp",), ("--no-amp",)),
+    "amp_dtype": (("--amp-dtype", "bf16"), ("--amp-dtype", "fp16")),
+    "channels_last": (("--channels-last",), ("--no-channels-last",)),
+    "compile": (("--compile",), ()),            # off by default on every device until a GPU figure says otherwise
+}
+
+# Goyal et al., "Accurate, Large Minibatch SGD" (2017): LR 0.1 for every 256 images of the global batch.
+LR_PER_256 = 0.1
+
+
 @dataclass
 class TrainConfig:
     model: str = "resnet50"
@@ -28,7 +43,8 @@ class TrainConfig:
     batch_size: int | None = 32               # per process (Horovod's convention)
     global_batch_size: int | None = None      # alternative: split evenly over the processes
     max_steps_per_epoch: int = 0              # 0 = the whole epoch
-    base_lr: float = 0.0125                   # for one process; scaled by the process count
+    startup_steps: int = 10                   # first steps of a run: timed as start-up, not in the throughput
+    base_lr: float | None = None              # one process at its batch; None = LR_PER_256 x batch / 256
     momentum: float = 0.9
     weight_decay: float = 5e-5
     warmup_epochs: float = 5.0
@@ -43,6 +59,8 @@ class TrainConfig:
     workers: int = 2
     threads: int = 0                          # torch intra-op threads per process; 0 = cores / local processes
     amp: bool | None = None                   # None = on when a GPU is used
+    amp_dtype: str = "auto"                   # PyTorch: auto = bf16 on compute capability 8.0+ and CPUs, else fp16
+    compile: bool = False                     # PyTorch: torch.compile the model
     channels_last: bool | None = None         # None = on when a GPU is used (PyTorch; TensorFlow is NHWC)
     xla: bool = False                         # TensorFlow/Keras: compile the step with XLA
     skip_corrupt_images: bool = False
@@ -85,10 +103,12 @@ class TrainConfig:
         if self.data == "synthetic" and self.data_dir is not None:
             raise ConfigError("--data-dir was given with --data synthetic: add --data imagefolder to train on it")
         _positive(self, "epochs", "image_size", "synthetic_samples", "num_classes", "backward_passes_per_step")
-        _non_negative(self, "max_steps_per_epoch", "keep_checkpoints", "workers", "threads", "weight_decay", "shuffle_buffer",
+        _non_negative(self, "max_steps_per_epoch", "startup_steps", "keep_checkpoints", "workers", "threads", "weight_decay", "shuffle_buffer",
                       "warmup_epochs", "momentum")
-        if self.base_lr <= 0:
+        if self.base_lr is not None and self.base_lr <= 0:
             raise ConfigError(f"--base-lr must be positive, got {self.base_lr}")
+        if self.amp_dtype not in ("auto", "bf16", "fp16"):
+            raise ConfigError(f"--amp-dtype {self.amp_dtype!r}: choose auto, bf16 or fp16")
         if self.num_classes < 2:
             raise ConfigError(f"--num-classes must be at least 2, got {self.num_classes}")
         if self.batch_size is not None and self.global_batch_size is not None:
@@ -103,7 +123,15 @@ class TrainConfig:
             raise ConfigError("--adasum and --fp16-allreduce cannot be combined: Adasum reduces in full precision")
 
     def per_process_batch(self, world_size: int) -> int:
-        """The batch each process trains on; checks the global batch against the world size."""
+        """The batch each process trains on; checks the global batch against the world size, and sets the default
+        base LR for that batch (Goyal et al.: LR_PER_256 x batch / 256 per process; the payloads multiply it by
+        the processes and backward passes, so the job's LR is LR_PER_256 x global batch / 256)."""
+        batch = self._per_process_batch(world_size)
+        if self.base_lr is None:
+            self.base_lr = LR_PER_256 * batch / 256
+        return batch
+
+    def _per_process_batch(self, world_size: int) -> int:
         if self.batch_size is not None:
             return self.batch_size
         g = self.global_batch_size
@@ -136,6 +164,24 @@ class TrainConfig:
     def to_json(self) -> dict:
         d = asdict(self)
         return {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in d.items()}
+
+
+def check_output_dir(path: pathlib.Path) -> None:
+    """--output-dir must be a folder this process can create and write: found before Horovod or a framework starts
+    (a TensorFlow traceback after start-up otherwise). Creates it; writes and removes one probe file."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise ConfigError(f"--output-dir {path}: {existing} is a file, not a folder: pass a folder path")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"--output-dir {path} is not writable ({e.strerror or e}): pass a folder you can write "
+                          "(on Azure ML, the job's outputs folder)") from None
 
 
 def _positive(cfg: TrainConfig, *names: str) -> None:
@@ -181,7 +227,13 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     g.add_argument("--batch-size", type=int, default=None, help=f"per process (default {d.batch_size})")
     g.add_argument("--global-batch-size", type=int, default=None, help="instead of --batch-size: split over the processes")
     g.add_argument("--max-steps-per-epoch", type=int, default=d.max_steps_per_epoch, help="0 = whole epoch")
-    g.add_argument("--base-lr", type=float, default=d.base_lr, help="LR of one process; scaled by the process count")
+    g.add_argument("--startup-steps", type=int, default=d.startup_steps,
+                   help="the run's first steps (workers starting, cuDNN autotuning, compilation) are timed as "
+                        "start-up and left out of Total images/sec (steady state)")
+    g.add_argument("--base-lr", type=float, default=None,
+                   help=f"LR of one process at its --batch-size; the job's LR is this x processes x backward passes. "
+                        f"Default: the linear-scaling rule of Goyal et al., {LR_PER_256} per 256 images "
+                        f"({LR_PER_256} x batch / 256: 0.025 at batch 64, 0.1 at 256)")
     g.add_argument("--momentum", type=float, default=d.momentum)
     g.add_argument("--weight-decay", type=float, default=d.weight_decay)
     g.add_argument("--warmup-epochs", type=float, default=d.warmup_epochs)
@@ -207,6 +259,10 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     g.add_argument("--threads", type=int, default=d.threads, help="intra-op threads per process; 0 = cores / local processes")
     g.add_argument("--amp", dest="amp", action="store_true", default=None, help="mixed precision (default: on with a GPU)")
     g.add_argument("--no-amp", dest="amp", action="store_false")
+    g.add_argument("--amp-dtype", default=d.amp_dtype, choices=("auto", "bf16", "fp16"),
+                   help="PyTorch: auto = bfloat16 without loss scaling on GPUs of compute capability 8.0+ (A100, "
+                        "H100, H200) and on CPUs, float16 with a loss scaler on older GPUs (T4, V100)")
+    g.add_argument("--compile", action="store_true", help="PyTorch: torch.compile the model (off by default)")
     g.add_argument("--channels-last", dest="channels_last", action="store_true", default=None,
                    help="NHWC memory format (default: on with a GPU)")
     g.add_argument("--no-channels-last", dest="channels_last", action="store_false")
@@ -222,5 +278,6 @@ def parse(argv: Sequence[str] | None, prog: str, description: str, models: Seque
         values["batch_size"] = TrainConfig.batch_size
     cfg = TrainConfig(**values)
     cfg.validate(models, data_kinds)
+    check_output_dir(cfg.output_dir)
     tracking.check(cfg.mlflow)
     return cfg

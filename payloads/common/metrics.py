@@ -65,11 +65,15 @@ def say(*lines: str) -> None:
     sys.stdout.flush()
 
 
-def finish(cfg, hvd, metrics: MetricsFile | None, digest: str, epochs_run: int, images: int, seconds: float) -> dict:
+def finish(cfg, hvd, metrics: MetricsFile | None, digest: str, epochs_run: int, images: int, seconds: float,
+           extra: dict[str, Any] | None = None) -> dict:
     """The run's summary, with every rank's parameter digest (allgathered, so a test or a suspicious user can
-    see the ranks agree); rank 0 (the one holding `metrics`) records it and prints the closing lines."""
+    see the ranks agree); rank 0 (the one holding `metrics`) records it and prints the closing lines. `images`
+    and `seconds` are what the throughput is computed from (steady state where the payload measures it);
+    `extra` adds keys such as startup_seconds."""
     summary = {"epochs_run": epochs_run, "images": images, "train_seconds": seconds,
-               "total_images_per_sec": images / seconds if seconds else 0.0, "parameters_sha256": digest}
+               "total_images_per_sec": images / seconds if seconds else 0.0, "parameters_sha256": digest,
+               **(extra or {})}
     digests = hvd.allgather_object(digest, name="digests")
     summary["ranks_identical"] = len(set(digests)) == 1
     if metrics is not None:

@@ -13,7 +13,6 @@ import logging
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Sequence
@@ -25,9 +24,8 @@ from tqdm import tqdm
 from ..common import config, schedule
 from ..common.errors import ConfigError
 from ..common.metrics import MetricsFile, finish
+from ..pytorch import runtime
 from ..pytorch.models import parameters_digest
-from ..pytorch.train import global_sums, restore, save, setup_runtime
-from ..pytorch.train import world as pytorch_world
 from . import data, metrics, models
 from .labels import IGNORE, NODATA
 
@@ -43,6 +41,7 @@ UNUSED = {
     "adasum": "only averaging is tested for this payload",
     "fp16_allreduce": "only full-precision averaging is tested for this payload",
     "backward_passes_per_step": "only one backward pass per step is tested for this payload",
+    "compile": "only the classification payload is tested compiled",
 }
 
 
@@ -56,7 +55,8 @@ class SegmentationOptions:
 
 def parse(argv: Sequence[str] | None) -> tuple[config.TrainConfig, SegmentationOptions]:
     p = config.build_parser(PROG, __doc__.splitlines()[0])
-    p.set_defaults(model="unet_resnet34", data="tiles", image_size=256, num_classes=0, workers=0)
+    # base LR: this payload's own (0.0125 per process of 8 patches); Goyal's rule is the ImageNet payload's.
+    p.set_defaults(model="unet_resnet34", data="tiles", image_size=256, num_classes=0, workers=0, base_lr=0.0125)
     g = p.add_argument_group("segmentation")
     g.add_argument("--patches-per-epoch", type=int, default=0,
                    help="training patches per epoch, whole job; 0 = the training blocks' area / patch area")
@@ -76,6 +76,7 @@ def parse(argv: Sequence[str] | None) -> tuple[config.TrainConfig, SegmentationO
     values["num_classes"] = values["num_classes"] or 6     # the manifest's count replaces it (run)
     cfg = config.TrainConfig(**values)
     cfg.validate(list(models.MODELS), data_kinds=("tiles",))
+    config.check_output_dir(cfg.output_dir)
     if cfg.data_dir is None:
         raise ConfigError("--data-dir is required: a folder made by python -m payloads.segmentation.prepare")
     if seg.patches_per_epoch < 0:
@@ -113,7 +114,7 @@ def _band_stats(manifest, device) -> tuple[torch.Tensor, torch.Tensor]:
             torch.as_tensor(manifest.band_std, device=device).view(-1, 1, 1))
 
 
-def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, store, sampler, manifest, device, lr_scale, progress):
+def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, prec, store, sampler, manifest, device, lr_scale, progress):
     model.train()
     classes = len(manifest.class_names)
     steps = sampler.epoch(epoch)
@@ -143,7 +144,7 @@ def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, store, sampler, manif
             if cfg.channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
             optimizer.zero_grad()
-            with torch.autocast("cuda", dtype=torch.float16) if cfg.amp else nullcontext():
+            with prec.autocast():
                 out = model(images)
             loss, ce = pixel_loss(out, target, global_valid, hvd.size())
             _step(cfg, optimizer, scaler, loss)
@@ -156,7 +157,7 @@ def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, store, sampler, manif
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     bar.close()
-    loss_total, valid_total, seen = global_sums(hvd, f"train_{epoch}", loss_sum.item(), valid_sum, seen)
+    loss_total, valid_total, seen = runtime.global_sums(hvd, f"train_{epoch}", loss_sum, valid_sum, seen)
     s = metrics.scores(metrics.allreduce(hvd, conf, f"train_confusion_{epoch}"), manifest.class_names)
     return {"train_loss": loss_total / max(valid_total, 1.0), "train_pixel_accuracy": s["pixel_accuracy"],
             "train_miou": s["miou"], "train_iou": s["iou"], "train_confusion_matrix": s["confusion_matrix"],
@@ -165,7 +166,7 @@ def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, store, sampler, manif
 
 
 @torch.no_grad()
-def evaluate(cfg, hvd, epoch, model, store, manifest, batch, device):
+def evaluate(cfg, hvd, epoch, model, prec, store, manifest, batch, device):
     """Every validation pixel once; the confusion matrix is summed over ranks, then scored."""
     model.eval()
     classes = len(manifest.class_names)
@@ -178,12 +179,12 @@ def evaluate(cfg, hvd, epoch, model, store, manifest, batch, device):
         images, target = data.inputs(images.to(device), labels.to(device), mean, std)
         if cfg.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        with torch.autocast("cuda", dtype=torch.float16) if cfg.amp else nullcontext():
+        with prec.autocast():
             out = model(images)
         loss_sum += F.cross_entropy(out.float(), target, ignore_index=IGNORE, reduction="sum").item()
         conf += metrics.confusion(out.argmax(1), target, classes)
     matrix = metrics.allreduce(hvd, conf, f"val_confusion_{epoch}")
-    (loss_sum,) = global_sums(hvd, f"val_{epoch}", loss_sum)
+    (loss_sum,) = runtime.global_sums(hvd, f"val_{epoch}", loss_sum)
     s = metrics.scores(matrix, manifest.class_names)
     return {"val_loss": loss_sum / max(int(matrix.sum()), 1), "val_pixel_accuracy": s["pixel_accuracy"],
             "val_miou": s["miou"], "val_iou": s["iou"], "val_confusion_matrix": s["confusion_matrix"]}
@@ -229,7 +230,7 @@ def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
 
     hvd.init()
     root = hvd.rank() == 0
-    device = setup_runtime(cfg, hvd)
+    device, prec = runtime.setup(cfg, hvd)
     batch = cfg.per_process_batch(hvd.size())
     manifest, train_store, sampler, val_store, load_seconds = load_data(cfg, seg, hvd, batch)
     if root and not sampler.shares_exactly:
@@ -241,17 +242,16 @@ def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     lr_scale = hvd.size()         # Goyal et al.: the LR grows with the global batch
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.base_lr * lr_scale, momentum=cfg.momentum,
-                                weight_decay=cfg.weight_decay)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Average)
-    scaler = torch.amp.GradScaler("cuda") if cfg.amp else None
-    start_epoch = restore(cfg, hvd, model, optimizer, scaler)
+    optimizer = hvd.DistributedOptimizer(runtime.optimizer(cfg, model, cfg.base_lr * lr_scale, device),
+                                         named_parameters=model.named_parameters(), op=hvd.Average)
+    scaler = prec.grad_scaler()
+    start_epoch = runtime.restore(cfg, hvd, model, optimizer, scaler)
 
     metrics_file = writer = None
     if root:
         from torch.utils.tensorboard import SummaryWriter
 
-        world = {**pytorch_world(hvd, model, device),
+        world = {**runtime.world(hvd, model, device, prec, cfg),
                  "train_blocks": sampler.n, "val_blocks": len(val_store) if val_store else 0,
                  "blocks_owned_per_process": len(sampler.owned()), "shares_exactly": sampler.shares_exactly,
                  "block_memory_mbytes_rank0": train_store.memory_bytes() / 1e6, "data_load_seconds": load_seconds,
@@ -266,16 +266,16 @@ def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
     patches, seconds = 0, 0.0
     for epoch in range(start_epoch, cfg.epochs):
         record = {"epoch": epoch + 1}
-        record.update(train_epoch(cfg, hvd, epoch, model, optimizer, scaler, train_store, sampler, manifest,
+        record.update(train_epoch(cfg, hvd, epoch, model, optimizer, scaler, prec, train_store, sampler, manifest,
                                   device, lr_scale, progress))
         # blocks read from storage so far, per rank: with the cache and an exact share, each rank's share once
         record["train_blocks_read_per_rank"] = hvd.allgather_object(train_store.reads, name=f"reads_{epoch}")
         average_buffers(hvd, model)
         if val_store is not None:
-            record.update(evaluate(cfg, hvd, epoch, model, val_store, manifest, batch, device))
+            record.update(evaluate(cfg, hvd, epoch, model, prec, val_store, manifest, batch, device))
         patches += record["patches"]
         seconds += record["epoch_seconds"]
-        save(cfg, hvd, epoch + 1, model, optimizer, scaler)
+        runtime.save(cfg, hvd, epoch + 1, model, optimizer, scaler)
         if root:
             metrics_file.add_epoch(record)
             for key in ("train_loss", "train_pixel_accuracy", "train_miou", "val_loss", "val_pixel_accuracy",

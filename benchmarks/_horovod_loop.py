@@ -1,0 +1,50 @@
+"""Horovod's synthetic benchmark loop (the pattern of horovod/examples/pytorch/pytorch_synthetic_benchmark.py:
+one fixed random batch, SGD through DistributedOptimizer, warm-up batches not timed), with the payload's model,
+batch, image size and threads. Run under horovodrun by benchmarks/horovod_reference.py; prints the total
+images/sec of all processes on its last line."""
+from __future__ import annotations
+
+import argparse
+import timeit
+
+import horovod.torch as hvd
+import torch
+import torch.nn.functional as F
+import torchvision
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--num-classes", type=int, default=100)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--image-size", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--warmup-batches", type=int, default=10)
+    ap.add_argument("--batches-per-iter", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=5)
+    args = ap.parse_args()
+    hvd.init()
+    torch.set_num_threads(args.threads)
+    model = getattr(torchvision.models, args.model)(weights=None, num_classes=args.num_classes)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size()),
+                                         named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
+    target = torch.randint(0, args.num_classes, (args.batch_size,))
+
+    def step():
+        optimizer.zero_grad()
+        F.cross_entropy(model(data), target).backward()
+        optimizer.step()
+
+    timeit.timeit(step, number=args.warmup_batches)
+    rates = [args.batch_size * args.batches_per_iter / timeit.timeit(step, number=args.batches_per_iter)
+             for _ in range(args.iters)]
+    if hvd.rank() == 0:
+        print(f"{hvd.size() * sum(rates) / len(rates):.2f}")
+
+
+if __name__ == "__main__":
+    main()

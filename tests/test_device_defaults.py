@@ -1,0 +1,133 @@
+"""Every default that a GPU switches on, switched on here on the CPU, in two real Horovod processes.
+
+The rule (tests/README.md): a flag whose default depends on the device is tested with both values. Each test
+below checks the same three things as test_distributed.py for one such flag: the two ranks end bitwise equal,
+the 2-process run equals a 1-process run on the same global batch within a tolerance, and a control run that
+skips the averaging lands farther away than that tolerance (so the tolerance could catch gradients never
+averaged); resume equals a straight run where the flag has state worth restoring.
+"""
+import subprocess
+
+import pytest
+import torch
+
+from helpers import ROOT, TINY, env, final_weights, horovodrun, metrics, train
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def _averaging_holds(tmp_path, flags: list[str], tolerance: float, margin: float = 10.0, epochs: int = 2) -> dict:
+    """2 processes x 16 vs 1 process x 32 (same LR: base x processes), and 1 process x 16 as the control."""
+    two, one, control = tmp_path / "two", tmp_path / "one", tmp_path / "control"
+    common = TINY + ["--epochs", str(epochs), *flags]
+    train(2, common + ["--batch-size", "16", "--base-lr", "0.05", "--output-dir", str(two)])
+    m = metrics(two)
+    assert m["summary"]["ranks_identical"] is True, "ranks ended with different weights"
+    train(1, common + ["--batch-size", "32", "--base-lr", "0.1", "--output-dir", str(one)])
+    train(1, common + ["--batch-size", "16", "--base-lr", "0.1", "--output-dir", str(control)])
+    diff = _max_diff(final_weights(two), final_weights(one))
+    away = _max_diff(final_weights(control), final_weights(one))
+    print(f"{flags}: max |2-process - 1-process| = {diff:.3g} (tolerance {tolerance:g}); unaveraged control {away:.3g}")
+    assert diff < tolerance, f"2 processes differ from 1 process by {diff} with {flags}"
+    assert away > margin * tolerance, f"the control ({away}) is not beyond the tolerance: the test could not see it"
+    return m
+
+
+def test_channels_last_averages_exactly_and_is_recorded(tmp_path):
+    """Horovod 0.28.1 refused every channels_last tensor ("Tensor is required to be contiguous"); the patch
+    reduces them in logical order, so a channels_last run is exact like a contiguous one."""
+    m = _averaging_holds(tmp_path, ["--channels-last"], tolerance=1e-5)
+    assert m["run"]["world"]["memory_format"] == "channels_last"
+    assert m["run"]["config"]["channels_last"] is True
+
+
+def test_channels_last_resume_equals_a_straight_run(tmp_path):
+    """Resume broadcasts rank 0's optimizer state (channels_last momentum from the checkpoint) into the other
+    ranks' state, which Horovod creates in the default layout: a byte-wise broadcast would scramble it."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    args = TINY + ["--batch-size", "8", "--warmup-epochs", "1", "--channels-last"]
+    train(2, args + ["--epochs", "3", "--output-dir", str(straight)])
+    train(2, args + ["--epochs", "1", "--output-dir", str(resumed)])
+    proc = train(2, args + ["--epochs", "3", "--output-dir", str(resumed)])
+    assert "resuming from" in proc.stdout
+    a, b = final_weights(straight), final_weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a), f"max diff {_max_diff(a, b)}"
+    assert metrics(resumed)["summary"]["ranks_identical"] is True
+
+
+@pytest.mark.parametrize("flags,tolerance", [
+    # fp16 compression rounds each gradient to 11 significant bits on the wire.
+    (["--fp16-allreduce"], 2e-3),
+])
+def test_channels_last_with_fp16_allreduce(tmp_path, flags, tolerance):
+    _averaging_holds(tmp_path, ["--channels-last", *flags], tolerance=tolerance)
+
+
+def test_channels_last_with_backward_passes_per_step(tmp_path):
+    """2 processes x 2 micro-batches x 8 = 1 process x 32, in channels_last."""
+    two, one = tmp_path / "two", tmp_path / "one"
+    common = TINY + ["--epochs", "2", "--channels-last"]
+    train(2, common + ["--batch-size", "8", "--backward-passes-per-step", "2", "--base-lr", "0.05",
+                       "--output-dir", str(two)])
+    assert metrics(two)["summary"]["ranks_identical"] is True
+    train(1, common + ["--batch-size", "32", "--base-lr", "0.2", "--output-dir", str(one)])
+    diff = _max_diff(final_weights(two), final_weights(one))
+    assert diff < 1e-5, diff
+
+
+def test_channels_last_with_adasum_equals_the_contiguous_adasum_run(tmp_path):
+    """Adasum's dot products and norms are per tensor, so the layout must not change the result: the
+    channels_last run equals the contiguous one (test_distributed.py checks that one against Adasum's definition)."""
+    e = env()
+    e["OMPI_MCA_mpi_yield_when_idle"] = "1"
+    runs = {}
+    for layout in ("--channels-last", "--no-channels-last"):
+        out = tmp_path / layout.strip("-")
+        cmd = horovodrun(2, TINY + ["--epochs", "2", "--batch-size", "16", "--adasum", layout, "--output-dir", str(out)])
+        i = cmd.index("--gloo")
+        cmd[i:i + 1] = ["--mpi", "--mpi-args=--bind-to none"]
+        proc = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert metrics(out)["summary"]["ranks_identical"] is True
+        runs[layout] = final_weights(out)
+    diff = _max_diff(runs["--channels-last"], runs["--no-channels-last"])
+    assert diff < 1e-5, diff
+
+
+def test_bf16_autocast_on_the_cpu_averages_and_records_its_precision(tmp_path):
+    """--amp on a CPU runs bfloat16 autocast, the path a GPU of compute capability 8.0+ takes by default, without
+    a loss scaler. bf16 keeps 8 significant bits, so 1 and 2 processes (different per-rank batches through bf16
+    matmuls) agree less closely than in fp32; the unaveraged control is still far beyond that."""
+    m = _averaging_holds(tmp_path, ["--amp", "--amp-dtype", "bf16"], tolerance=5e-3)
+    assert m["run"]["world"]["precision"] == "bf16" and m["run"]["world"]["loss_scaler"] is False
+
+
+def test_fp16_loss_scaler_state_is_restored_on_every_rank(tmp_path):
+    """fp16 with GradScaler (the T4/V100 path), on a CPU. The scale falls from its default on the first overflows,
+    so after a resume a rank left at the default scale would unscale the averaged gradient by another factor.
+    Resumed equals straight, bitwise, and the ranks agree."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    args = TINY + ["--batch-size", "8", "--warmup-epochs", "1", "--amp", "--amp-dtype", "fp16"]
+    train(2, args + ["--epochs", "3", "--output-dir", str(straight)])
+    train(2, args + ["--epochs", "1", "--output-dir", str(resumed)])
+    saved = torch.load(resumed / "checkpoints" / "checkpoint-epoch-0001.pt", map_location="cpu", weights_only=False)
+    default = torch.amp.GradScaler("cpu").get_scale()
+    assert saved["scaler"] and saved["scaler"]["scale"] != default, \
+        f"the scale never left its default {default}: this test could not tell a restored scaler from a fresh one"
+    proc = train(2, args + ["--epochs", "3", "--output-dir", str(resumed)])
+    assert "resuming from" in proc.stdout
+    m = metrics(resumed)
+    assert m["summary"]["ranks_identical"] is True
+    assert m["run"]["world"]["precision"] == "fp16" and m["run"]["world"]["loss_scaler"] is True
+    a, b = final_weights(straight), final_weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a), f"max diff {_max_diff(a, b)}"
+
+
+def test_compiled_model_averages_like_the_eager_one(tmp_path):
+    """--compile (torch.compile with inductor's CPU backend here): Horovod's gradient hooks sit on the leaf
+    parameters' accumulators, outside the compiled graph, so averaging must hold as in eager mode."""
+    m = _averaging_holds(tmp_path, ["--compile"], tolerance=1e-4, epochs=1)
+    assert m["run"]["world"]["compiled"] is True

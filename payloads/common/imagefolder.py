@@ -89,7 +89,7 @@ _SEPARATOR = "\0"   # the one character a POSIX file name cannot hold
 def _pack(tree: ImageTree) -> bytes:
     per_class: list[list[str]] = [[] for _ in tree.classes]
     for path, index in tree.samples:
-        per_class[index].append(pathlib.PurePath(path).name)
+        per_class[index].append(path.rsplit(os.sep, 1)[-1])   # scan() wrote it as str(folder / name)
     return zlib.compress(pickle.dumps((tree.classes, [_SEPARATOR.join(names) for names in per_class])), 1)
 
 

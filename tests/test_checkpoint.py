@@ -47,7 +47,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint_and_no_partial_file(tmp_pa
 
     with pytest.raises(RuntimeError):
         checkpoint.write(checkpoint.path_for(tmp_path, 2, ".pt"), crash)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-epoch-0001.pt", "checkpoint-epoch-0001.pt.complete"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".checkpoint-epoch-0001.pt.complete", "checkpoint-epoch-0001.pt"]
     assert checkpoint.latest(tmp_path, ".pt")[1].read_text() == "good"
 
 

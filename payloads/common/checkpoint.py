@@ -7,7 +7,7 @@ is not written under a temporary name and renamed. Instead:
     1. save(path) writes to a local temporary file (the framework may seek; local disk handles that);
     2. the completion marker of the final name, if any (a re-save of the same epoch), is deleted;
     3. the file is copied sequentially to its final name, checkpoint-epoch-NNNN<suffix>, and synced;
-    4. the marker checkpoint-epoch-NNNN<suffix>.complete is written: {"file", "bytes", "sha256"}.
+    4. the marker .checkpoint-epoch-NNNN<suffix>.complete is written: {"file", "bytes", "sha256"}.
 
 Only a file whose marker names it, with its size (and, for the one resumed from, its SHA-256), counts as a
 checkpoint. A crash anywhere before step 4 ends leaves no valid marker for the new file, so the previous complete
@@ -35,7 +35,8 @@ def path_for(directory: pathlib.Path, epoch: int, suffix: str) -> pathlib.Path:
 
 
 def marker_for(path: pathlib.Path) -> pathlib.Path:
-    return path.with_name(path.name + MARKER)
+    """A hidden name next to the checkpoint: listings of the folder still show only checkpoints."""
+    return path.with_name(f".{path.name}{MARKER}")
 
 
 def _record(path: pathlib.Path) -> dict | None:

@@ -1,4 +1,4 @@
-"""Run metrics: one JSON file per run, rewritten atomically after every epoch by rank 0, and the same
+"""Run metrics: one JSON file per run, rewritten after every epoch by rank 0 (crash-safe without rename), and the same
 params and metrics in MLflow when the environment configures it (Azure ML does: see tracking.py).
 
 Schema (stable; the jobs and benchmarks read it):
@@ -9,12 +9,11 @@ Schema (stable; the jobs and benchmarks read it):
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import sys
 from typing import Any
 
-from . import tracking
+from . import durable, tracking
 
 
 class MetricsFile:
@@ -26,12 +25,9 @@ class MetricsFile:
         self.path = path
         self.tracker = tracking.start(run)
         self.data: dict[str, Any] = {"run": run, "epochs": [], "summary": {}}
-        if path.is_file():  # a resumed run keeps the epochs it already has
-            try:
-                old = json.loads(path.read_text())
-                self.data["epochs"] = list(old.get("epochs", []))
-            except (OSError, ValueError):
-                pass
+        old = read(path)   # a resumed run keeps the epochs it already has
+        if old is not None:
+            self.data["epochs"] = list(old.get("epochs", []))
 
     def add_epoch(self, record: dict[str, Any]) -> None:
         self.data["epochs"] = [e for e in self.data["epochs"] if e.get("epoch") != record["epoch"]]
@@ -47,10 +43,29 @@ class MetricsFile:
             self.tracker.summary(summary)   # the final throughput; ends the MLflow run
 
     def write(self) -> None:
+        """Without rename (the logs mount may not have an atomic one, see durable.py): the whole new text goes to
+        the spare copy first, then over metrics.json. A crash while either is written leaves the other whole,
+        and read() takes whichever parses, so a resume never loses the epochs already recorded."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, self.path)
+        text = (json.dumps(self.data, indent=2, sort_keys=True) + "\n").encode()
+        durable.write_bytes(spare_for(self.path), text)
+        durable.write_bytes(self.path, text)
+
+
+def spare_for(path: pathlib.Path) -> pathlib.Path:
+    return path.with_name(f".{path.name}.spare")
+
+
+def read(path: pathlib.Path) -> dict[str, Any] | None:
+    """The recorded metrics: metrics.json, or its spare copy when a crash cut metrics.json short."""
+    for candidate in (path, spare_for(path)):
+        try:
+            data = json.loads(candidate.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            return data
+    return None
 
 
 def throughput_line(images_per_sec: float) -> str:

@@ -99,7 +99,8 @@ def save(cfg, hvd, epochs_done: int, model, optimizer) -> None:
         np.savez(buf, **arrays)
         path.write_bytes(buf.getvalue())
 
-    checkpoint.write_atomically(checkpoint.path_for(cfg.checkpoint_dir, epochs_done, SUFFIX), write)
+    # A local file copied to the logs mount, then a completion marker: no rename (see common/checkpoint.py).
+    checkpoint.write(checkpoint.path_for(cfg.checkpoint_dir, epochs_done, SUFFIX), write)
     checkpoint.prune(cfg.checkpoint_dir, SUFFIX, cfg.keep_checkpoints)
 
 

@@ -28,7 +28,7 @@ from payloads.pytorch import models
 def healthcheck_run(tmp_path, *args: str, env: dict | None = None, np: int = 2) -> subprocess.CompletedProcess:
     cmd = [str(pathlib.Path(sys.executable).with_name("horovodrun")), "-np", str(np),
            "-H", f"localhost:{np}", "--gloo", sys.executable, "-m", "payloads.healthcheck", "--sizes-mb", "1,2",
-           "--iterations", "2", "--image-size", "32", "--output", str(tmp_path / "allreduce.json"), *args]
+           "--iterations", "2", "--model", "tiny_cnn", "--image-size", "32", "--output", str(tmp_path / "allreduce.json"), *args]
     e = helpers.env()
     e.pop(healthcheck.MIN_BUSBW, None)
     e.pop(devices.GPUS_PER_NODE, None)
@@ -51,10 +51,10 @@ def test_passes_above_the_floor_and_reports_what_it_saw(tmp_path):
     assert "driver none, CUDA none, NCCL none, 0 GPUs, InfiniBand devices: none" in proc.stdout
     # the training part, with the PyTorch payload's CPU defaults: full precision, default memory format
     t = report["training"]
-    assert (t["model"], t["steps"], t["precision"], t["memory_format"]) == ("resnet18", 5, "fp32", "contiguous")
+    assert (t["model"], t["steps"], t["precision"], t["memory_format"]) == ("tiny_cnn", 5, "fp32", "contiguous")
     assert t["ranks_agree"] is True and t["failed_part"] is None and t["errors"] == []
     assert math.isfinite(t["loss"]) and t["loss"] > 0 and t["seconds"] > 0
-    assert "training resnet18 32px x 8 per process, 2 process(es), fp32, contiguous: 5 steps in" in proc.stdout
+    assert "training tiny_cnn 32px x 8 per process, 2 process(es), fp32, contiguous: 5 steps in" in proc.stdout
     assert "healthcheck passed" in proc.stdout
 
 
@@ -92,15 +92,16 @@ def fault(tmp_path, code: str, name: str = "fault") -> dict:
 BROKEN_DYNAMO = "import sys\ndel sys.get_int_max_str_digits\n"
 
 
-@pytest.mark.parametrize("amp_dtype", ["bf16", "fp16"])
-def test_training_passes_with_channels_last_and_mixed_precision_on_the_cpu(tmp_path, amp_dtype):
-    """The GPU defaults (channels_last, autocast; fp16 adds the GradScaler of older GPUs), switched on for a CPU."""
-    proc = healthcheck_run(tmp_path, "--amp", "--amp-dtype", amp_dtype, "--channels-last")
+@pytest.mark.parametrize("amp_dtype,model", [("bf16", "resnet18"), ("fp16", "tiny_cnn")])
+def test_training_passes_with_channels_last_and_mixed_precision_on_the_cpu(tmp_path, amp_dtype, model):
+    """The GPU defaults (channels_last, autocast; fp16 adds the GradScaler of older GPUs), switched on for a CPU;
+    resnet18 has the batch norm layers of the payloads' ResNet-50."""
+    proc = healthcheck_run(tmp_path, "--amp", "--amp-dtype", amp_dtype, "--channels-last", "--model", model)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     t = json.loads((tmp_path / "allreduce.json").read_text())["training"]
-    assert (t["precision"], t["memory_format"], t["steps"]) == (amp_dtype, "channels_last", 5)
+    assert (t["model"], t["precision"], t["memory_format"], t["steps"]) == (model, amp_dtype, "channels_last", 5)
     assert t["ranks_agree"] is True and math.isfinite(t["loss"]) and t["failed_part"] is None
-    assert f"{amp_dtype}, channels_last: 5 steps in" in proc.stdout and "ranks agree" in proc.stdout
+    assert f"training {model} 32px x 8 per process, 2 process(es), {amp_dtype}, channels_last: 5 steps in" in proc.stdout and "ranks agree" in proc.stdout
 
 
 def test_a_rank_whose_weights_drift_fails_the_agreement(tmp_path):

@@ -1,14 +1,19 @@
 """The health check judges what it measures, and every payload refuses a GPU node whose GPUs it cannot see.
 
 All with 2 real processes (horovodrun), on this CPU-only machine: no driver, no CUDA, no NCCL, no
-InfiniBand, which the health check must report as such.
+InfiniBand, which the health check must report as such. Its training part is failed from outside the
+code, the way real clusters fail: a sitecustomize.py on PYTHONPATH breaks the interpreter or one rank's
+optimizer before the health check starts.
 """
 from __future__ import annotations
 
 import json
+import math
 import pathlib
+import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -16,12 +21,14 @@ import helpers
 from helpers import ROOT, TINY, train
 from payloads import healthcheck
 from payloads.common import devices
+from payloads.common.errors import ConfigError
+from payloads.pytorch import models
 
 
 def healthcheck_run(tmp_path, *args: str, env: dict | None = None, np: int = 2) -> subprocess.CompletedProcess:
     cmd = [str(pathlib.Path(sys.executable).with_name("horovodrun")), "-np", str(np),
            "-H", f"localhost:{np}", "--gloo", sys.executable, "-m", "payloads.healthcheck", "--sizes-mb", "1,2",
-           "--iterations", "2", "--output", str(tmp_path / "allreduce.json"), *args]
+           "--iterations", "2", "--model", "tiny_cnn", "--image-size", "32", "--output", str(tmp_path / "allreduce.json"), *args]
     e = helpers.env()
     e.pop(healthcheck.MIN_BUSBW, None)
     e.pop(devices.GPUS_PER_NODE, None)
@@ -42,6 +49,12 @@ def test_passes_above_the_floor_and_reports_what_it_saw(tmp_path):
     assert (node["driver"], node["cuda"], node["nccl"], node["gpus_visible"]) == ("none", "none", "none", 0)
     assert node["infiniband_devices"] == []
     assert "driver none, CUDA none, NCCL none, 0 GPUs, InfiniBand devices: none" in proc.stdout
+    # the training part, with the PyTorch payload's CPU defaults: full precision, default memory format
+    t = report["training"]
+    assert (t["model"], t["steps"], t["precision"], t["memory_format"]) == ("tiny_cnn", 5, "fp32", "contiguous")
+    assert t["ranks_agree"] is True and t["failed_part"] is None and t["errors"] == []
+    assert math.isfinite(t["loss"]) and t["loss"] > 0 and t["seconds"] > 0
+    assert "training tiny_cnn 32px x 8 per process, 2 process(es), fp32, contiguous: 5 steps in" in proc.stdout
     assert "healthcheck passed" in proc.stdout
 
 
@@ -62,6 +75,114 @@ def test_without_a_floor_bandwidth_is_reported_not_judged(tmp_path):
     report = json.loads((tmp_path / "allreduce.json").read_text())
     assert report["bandwidth"]["judged"] is False and report["bandwidth"]["ok"] is None
     assert "bus bandwidth not judged: no floor for this VM size" in proc.stdout
+
+
+# ---- the training part: what a training job does, failed the ways real clusters fail it ----------------------
+
+def fault(tmp_path, code: str, name: str = "fault") -> dict:
+    """Environment whose worker processes (horovodrun sets HOROVOD_RANK) run `code` at interpreter start-up."""
+    d = tmp_path / name
+    d.mkdir()
+    (d / "sitecustomize.py").write_text("import os\nif 'HOROVOD_RANK' in os.environ:\n" + textwrap.indent(code, "    "))
+    return {"PYTHONPATH": str(d) + ":" + helpers.env()["PYTHONPATH"]}
+
+
+# Python 3.11.0rc1 (the images' Python once) lacked what torch/_dynamo/polyfills/sys.py reads at import, and
+# torch's optimizers import torch._dynamo (torch/optim/optimizer.py): deleting it reproduces that failure.
+BROKEN_DYNAMO = "import sys\ndel sys.get_int_max_str_digits\n"
+
+
+@pytest.mark.parametrize("amp_dtype,model", [("bf16", "resnet18"), ("fp16", "tiny_cnn")])
+def test_training_passes_with_channels_last_and_mixed_precision_on_the_cpu(tmp_path, amp_dtype, model):
+    """The GPU defaults (channels_last, autocast; fp16 adds the GradScaler of older GPUs), switched on for a CPU;
+    resnet18 has the batch norm layers of the payloads' ResNet-50."""
+    proc = healthcheck_run(tmp_path, "--amp", "--amp-dtype", amp_dtype, "--channels-last", "--model", model)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    t = json.loads((tmp_path / "allreduce.json").read_text())["training"]
+    assert (t["model"], t["precision"], t["memory_format"], t["steps"]) == (model, amp_dtype, "channels_last", 5)
+    assert t["ranks_agree"] is True and math.isfinite(t["loss"]) and t["failed_part"] is None
+    assert f"training {model} 32px x 8 per process, 2 process(es), {amp_dtype}, channels_last: 5 steps in" in proc.stdout and "ranks agree" in proc.stdout
+
+
+def test_a_rank_whose_weights_drift_fails_the_agreement(tmp_path):
+    """Rank 1 nudges its weights after every optimizer step (what a faulty GPU or an unaveraged rank does)."""
+    drift = textwrap.dedent("""\
+        if os.environ['HOROVOD_RANK'] == '1':
+            import torch
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            def drift(optimizer, args, kwargs):
+                with torch.no_grad():
+                    for group in optimizer.param_groups:
+                        for p in group['params']:
+                            p.add_(1e-3)
+
+            register_optimizer_step_post_hook(drift)
+        """)
+    proc = healthcheck_run(tmp_path, "--min-busbw", "0.0001", "--train-steps", "2", env=fault(tmp_path, drift))
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "allreduce.json").read_text())
+    t = report["training"]
+    assert t["ranks_agree"] is False and t["failed_part"] == "agreement" and math.isfinite(t["loss"])
+    assert report["bandwidth"]["ok"] is True and all(r["correct"] for r in report["results"])
+    assert "RANKS DIFFER" in proc.stdout
+    assert "healthcheck FAILED: training agreement failed: after 2 steps the parameters of rank(s) 1 differ" in proc.stdout
+
+
+@pytest.mark.parametrize("model,part", [("tiny_cnn", "step"), ("resnet18", "import")])
+def test_a_broken_torch_dynamo_fails_the_check_where_bandwidth_alone_passes(tmp_path, model, part):
+    """tiny_cnn meets it in the optimizer; resnet18 already in torchvision's import, as the payload would."""
+    proc = healthcheck_run(tmp_path, "--min-busbw", "0.0001", "--model", model, env=fault(tmp_path, BROKEN_DYNAMO))
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "allreduce.json").read_text())
+    assert report["bandwidth"]["ok"] is True and all(r["correct"] for r in report["results"]), "bandwidth passed"
+    t = report["training"]
+    assert t["failed_part"] == part and t["ranks_agree"] is None
+    assert [e["rank"] for e in t["errors"]] == [0, 1] and {e["part"] for e in t["errors"]} == {part}
+    assert f"{part.upper()} FAILED" in proc.stdout
+    assert (f"healthcheck FAILED: training {part} failed on rank(s) 0, 1: AttributeError: module 'sys' has no "
+            "attribute 'get_int_max_str_digits'") in proc.stdout
+    assert "torch/_dynamo" in proc.stderr, "the traceback shows where"
+    assert len(report["failures"]) == 1
+
+
+def test_one_failing_rank_is_named_and_the_others_do_not_hang(tmp_path):
+    """Only rank 1 fails (before its first step): rank 0's gradient allreduces still complete (Horovod's join)."""
+    code = "if os.environ['HOROVOD_RANK'] == '1':\n" + textwrap.indent(BROKEN_DYNAMO, "    ")
+    proc = healthcheck_run(tmp_path, "--model", "tiny_cnn", env=fault(tmp_path, code))
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    t = json.loads((tmp_path / "allreduce.json").read_text())["training"]
+    assert t["errors"] == [{"rank": 1, "part": "step",
+                            "error": "AttributeError: module 'sys' has no attribute 'get_int_max_str_digits'"}]
+    assert "healthcheck FAILED: training step failed on rank(s) 1: AttributeError" in proc.stdout
+
+
+def test_a_non_finite_loss_fails_the_step():
+    ok = {"failed": None, "error": None, "seconds": 1.0, "digest": "d"}
+    verdict, failures = healthcheck.judge_training([{**ok, "rank": 0, "losses": [2.3, 2.2]},
+                                                    {**ok, "rank": 1, "losses": [2.3, float("nan")]}], 2)
+    assert verdict["failed_part"] == "step" and verdict["ranks_agree"] is True
+    assert failures == ["training step failed on rank(s) 1: the loss is not finite ([2.3, nan]): a training job "
+                        "would diverge the same way"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--train-steps", "0"], "--train-steps 0: at least 1"),
+    (["--model", "mlp"], "--model 'mlp': choose one of resnet18"),
+    (["--batch-size", "1"], "--batch-size 1: at least 2 per process"),
+    (["--image-size", "8"], "--image-size 8: at least 16 pixels"),
+])
+def test_bad_training_options_are_refused_before_anything_runs(args, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        healthcheck.parse(args)
+
+
+def test_the_models_offered_are_the_payloads_conv_models():
+    import torch
+
+    for name in healthcheck.MODELS:
+        assert name in models.MODELS
+        assert any(isinstance(m, torch.nn.Conv2d) for m in models.build(name, 10, 32).modules()), name
 
 
 def test_one_process_is_never_judged_on_bandwidth():

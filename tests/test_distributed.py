@@ -89,7 +89,7 @@ def test_a_killed_worker_ends_the_job_and_the_last_checkpoint_resumes(tmp_path):
                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.time() + 120
-        while not list((out / "checkpoints").glob("checkpoint-epoch-*.pt")):
+        while not list((out / "checkpoints").glob(".checkpoint-epoch-*.pt.complete")):   # the marker comes last
             assert job.poll() is None, job.stdout.read()
             assert time.time() < deadline, "no checkpoint within 120 s"
             time.sleep(0.2)

@@ -52,11 +52,12 @@ def gradient_bytes(model: nn.Module) -> int:
 
 
 def parameters_digest(model: nn.Module) -> str:
-    """Hash of every parameter's exact bytes: equal across ranks iff the weights are bitwise equal."""
+    """Hash of every parameter's exact bytes: equal across ranks iff the weights are bitwise equal. Parameters
+    only: batch norm's running statistics follow each rank's own batches and differ in a healthy run."""
     import hashlib
 
     h = hashlib.sha256()
-    for name, p in sorted(model.state_dict().items()):
+    for name, p in sorted(model.named_parameters()):
         h.update(name.encode())
         h.update(p.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()

@@ -95,7 +95,7 @@ def save(cfg, hvd, epoch_done: int, model, opt, scaler) -> None:
     state = {"epoch": epoch_done, "model": model.state_dict(), "optimizer": opt.state_dict(),
              "scaler": scaler.state_dict() if scaler is not None else None, "config": cfg.to_json(),
              "world_size": hvd.size()}
-    checkpoint.write_atomically(checkpoint.path_for(cfg.checkpoint_dir, epoch_done, SUFFIX),
+    checkpoint.write(checkpoint.path_for(cfg.checkpoint_dir, epoch_done, SUFFIX),
                                 lambda p: torch.save(state, p))
     checkpoint.prune(cfg.checkpoint_dir, SUFFIX, cfg.keep_checkpoints)
 

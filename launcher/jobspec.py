@@ -117,7 +117,11 @@ def fill(template: dict, outputs: StackOutputs, cluster_name: str, nodes: int, p
     interconnect.check_under_mpi(env, "environment_variables of the job file")
     job["environment_variables"] = {k: str(v) for k, v in env.items()}
     if sizing.uses_placeholders(job["command"]):
-        fit = sizing.for_cluster(cluster, ppn, job["command"].split() + list(extra_args))
+        args = job["command"].split() + list(extra_args)
+        fit = sizing.for_cluster(cluster, ppn, args)
+        shm = (job.get("resources") or {}).get("shm_size")
+        if shm:
+            fit = sizing.within_shm(fit, shm, ppn, nodes * ppn, args)
         job["command"] = sizing.apply(job["command"], fit, extra_args)
     if extra_args:
         job["command"] = job["command"].rstrip() + " " + shlex.join(extra_args)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import JobError
 
@@ -39,6 +39,15 @@ CPU_BATCH = 32
 # GPU) (configs.yml, platform.*.workers): no more than 16 here, and one vCPU per process stays free for the
 # training thread (the Horovod background thread shares it).
 MAX_WORKERS = 16
+
+
+# The PyTorch payload's loader keeps prefetch_factor=4 batches per worker in flight (payloads/pytorch/train.py,
+# loader()), each a float32 tensor in /dev/shm: per node, processes x workers x 4 batches must fit the job's
+# shm_size. The share kept back covers pinned-memory staging and the payload's own use.
+PREFETCH = 4
+SHM_SHARE = 0.8
+DEFAULT_IMAGE_SIZE = 224        # payloads/common/config.py, TrainConfig.image_size
+_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30}     # Docker's --shm-size units
 
 
 @dataclass(frozen=True)
@@ -87,6 +96,43 @@ def for_local(processes: int, cpus: int | None = None) -> Sizing:
     cpus = cpus or os.cpu_count() or 1
     workers = workers_for(cpus // max(1, processes))
     return Sizing(CPU_BATCH, workers, f"this machine: {cpus} CPUs / {processes} processes -> {workers} workers")
+
+
+def shm_bytes(shm_size: str) -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*([bkmg]?)\s*", str(shm_size).lower())
+    if not m:
+        raise JobError(f"resources.shm_size {shm_size!r}: expected a size such as 32g or 512m")
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _last(args: list[str], flag: str) -> str | None:
+    found = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif a.startswith(flag + "="):
+            found = a.split("=", 1)[1]
+    return found if found is not None and found.isdigit() else None
+
+
+def within_shm(fit: Sizing, shm_size: str, processes_per_node: int, processes: int, args: list[str]) -> Sizing:
+    """`fit` with no more workers than the job's /dev/shm holds (`args`: the payload's, overrides last); a
+    user's --workers beyond it is refused, with the fix, before anything is submitted."""
+    batch = _last(args, "--batch-size")
+    glob = _last(args, "--global-batch-size")
+    per_process = int(batch) if batch else (int(glob) // max(1, processes) if glob else fit.batch_size)
+    image = int(_last(args, "--image-size") or DEFAULT_IMAGE_SIZE)
+    per_worker = processes_per_node * PREFETCH * per_process * 3 * image * image * 4
+    limit = int(shm_bytes(shm_size) * SHM_SHARE // per_worker)
+    given = _last(args, "--workers")
+    if given is not None and int(given) > limit:
+        raise JobError(f"--workers {given}: {processes_per_node} processes x {given} workers x {PREFETCH} prefetched "
+                       f"batches of {per_process} images of {image} px need {int(given) * per_worker / 2**30:.0f} "
+                       f"GiB of /dev/shm, the job has shm_size {shm_size}: use --workers {limit} or fewer, a smaller "
+                       "--batch-size, or raise resources.shm_size in the job file")
+    if fit.workers > limit:
+        return replace(fit, workers=limit, basis=f"{fit.basis}, {limit} within shm_size {shm_size}")
+    return fit
 
 
 def _flag_given(extra_args: list[str], flags: tuple[str, ...]) -> bool:

@@ -123,6 +123,7 @@ def fill(template: dict, outputs: StackOutputs, cluster_name: str, nodes: int, p
         if shm:
             fit = sizing.within_shm(fit, shm, ppn, nodes * ppn, args)
         job["command"] = sizing.apply(job["command"], fit, extra_args)
+        job.setdefault("tags", {})["sizing"] = fit.basis      # in the studio, and in --dry-run's output
     if extra_args:
         job["command"] = job["command"].rstrip() + " " + shlex.join(extra_args)
     tags = job.setdefault("tags", {})

@@ -54,7 +54,7 @@ _UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30}     # Docker's --sh
 class Sizing:
     batch_size: int
     workers: int
-    basis: str          # one line: where the numbers come from (printed by --dry-run)
+    basis: str          # one line: where the numbers come from (the job's `sizing` tag)
 
 
 def gpu_batch(gpu_memory_gib: float, precision: str = "amp") -> int:

@@ -10,7 +10,6 @@ structure", learn.microsoft.com/azure/storage/blobs/lifecycle-management-policy-
 - the version action's daysAfterCreationGreaterThan ages a previous version from when it was first written.
 """
 import copy
-import pathlib
 
 import yaml
 from infra_helpers import ROOT, one

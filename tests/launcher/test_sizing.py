@@ -1,5 +1,4 @@
 """Per-process batch and loader workers from the VM-size catalog, filled into the ResNet jobs' commands."""
-import json
 import pathlib
 import shlex
 
@@ -157,6 +156,13 @@ def test_dry_run_shows_the_filled_command(dev_outputs, capsys):
     printed = yaml.safe_load(capsys.readouterr().out)
     args = _payload_args(printed["command"])
     assert _values(args, "--batch-size") == ["256"] and _values(args, "--workers") == ["5"]
+    assert printed["tags"]["sizing"].startswith("Standard_ND96asr_v4: 40 GiB A100, AMP -> batch 256")
+    assert printed["tags"]["sizing"].endswith("5 within shm_size 32g")
+
+
+def test_the_shm_arithmetic_uses_the_payloads_prefetch():
+    """One home is the payload's loader: the launcher's copy of its prefetch_factor must match it."""
+    assert f"prefetch_factor={sizing.PREFETCH}" in (ROOT / "payloads/pytorch/train.py").read_text()
 
 
 def test_local_target_fills_from_this_machine_and_keeps_train_locals_own_values(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.planner --vm-size Standard_ND96isr_H100_v5 --gpu-images-per-sec 3000
     .venv/bin/python -m benchmarks.planner --check-seed [--plot efficiency.png]
+    .venv/bin/python -m benchmarks.planner --check-overhead
 
 Model (per step, per-GPU batch b, gradient bytes S, N GPUs on M = N/g nodes of g GPUs):
   compute      T_c = b / (single-GPU images/sec); the backward pass is 2/3 of it
@@ -9,7 +10,10 @@ Model (per step, per-GPU batch b, gradient bytes S, N GPUs on M = N/g nodes of g
   hierarchical 2(g-1)/g * S / B_intra  +  2(M-1)/M * S / B_inter   (reduce-scatter in the node, allreduce of
                the shards across nodes over all of the node's links, all-gather in the node)
   latency      2(N-1) * alpha per allreduce, alpha = 10 us on InfiniBand, 50 us on TCP
-  step         T_c + max(0, T_comm - overlap * backward)      efficiency = T_c / step
+  overhead     T_o = t_sync * log2(N): what a step costs beyond compute and the allreduce's bandwidth and
+               latency (waiting for the slowest rank, the last gradients' allreduce that nothing overlaps,
+               the coordination), fitted to NVIDIA's published 8-GPU ResNet-50 figure (see --check-overhead)
+  step         T_c + max(0, T_comm - overlap * backward) + T_o      efficiency = T_c / step
 Bandwidths come from the VM-size catalog (infra/trainingplatform/vm_sizes.py): NVLink 150 GB/s, PCIe
 10 GB/s, InfiniBand aggregate per node; `--transport host-mpi` models a CPU-staged MPI allreduce (the seed
 benchmarks' Intel MPI without NCCL) whose effective bandwidth B_host and overlap are calibrated on two GPU
@@ -18,9 +22,11 @@ types and checked on the other two (see --check-seed).
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import pathlib
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "infra"))
 from trainingplatform import vm_sizes  # noqa: E402
@@ -43,11 +49,19 @@ class Transport:
     intra_gbps: float
     alpha: float               # seconds per ring hop
     overlap: float             # share of the backward pass that hides communication
+    sync: float = 0.0          # per-step overhead, seconds per doubling of the processes (t_sync)
+
+
+def overhead(n: int, t: Transport) -> float:
+    """Seconds a step of n processes spends beyond compute and the allreduce's bandwidth and latency terms:
+    waiting for the slowest of n ranks and the coordination grow with the depth of a tree over them."""
+    return t.sync * math.log2(n) if n > 1 else 0.0
 
 
 def nccl_transport(size: vm_sizes.VmSize) -> Transport:
     inter = size.ib_gbps_per_node / 8 if size.infiniband else 3.0   # Gb/s -> GB/s; TCP ~25 Gb/s
-    return Transport("nccl", inter, INTRA_GBPS[size.intra_node], 10e-6 if size.infiniband else 50e-6, 0.8)
+    return Transport("nccl", inter, INTRA_GBPS[size.intra_node], 10e-6 if size.infiniband else 50e-6, 0.8,
+                     SYNC_SECONDS)
 
 
 def step_time(n: int, g: int, batch: int, rate1: float, grad_bytes: float, t: Transport,
@@ -63,7 +77,7 @@ def step_time(n: int, g: int, batch: int, rate1: float, grad_bytes: float, t: Tr
         link = t.intra_gbps if m == 1 else min(t.intra_gbps, t.inter_gbps)
         comm = 2 * (n - 1) / n * grad_bytes / (link * 1e9)
     comm += 2 * (n - 1) * t.alpha
-    return compute + max(0.0, comm - t.overlap * compute * 2 / 3)
+    return compute + max(0.0, comm - t.overlap * compute * 2 / 3) + overhead(n, t)
 
 
 def efficiency(n, g, batch, rate1, grad_bytes, t, hierarchical) -> float:
@@ -72,7 +86,85 @@ def efficiency(n, g, batch, rate1, grad_bytes, t, hierarchical) -> float:
 
 def host_mpi(b_host: float, overlap: float) -> Transport:
     """CPU-staged MPI allreduce: one effective bandwidth for the whole path (GPU->host, MPI, host->GPU)."""
-    return Transport("host-mpi", b_host, b_host, 10e-6, overlap)
+    return Transport("host-mpi", b_host, b_host, 10e-6, overlap, SYNC_SECONDS)
+
+
+# ---- the per-step overhead term ---------------------------------------------------------------------------
+# NVIDIA's published ResNet-50 v1.5 PyTorch figures, 1 and 8 GPUs of one DGX (NVIDIA/DeepLearningExamples
+# PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "Training performance results", pytorch-21.03 NGC
+# container): name -> (per-GPU batch, ConvNets/configs.yml resnet50; images/sec on 1 GPU; on 8 GPUs).
+DLE_8GPU = {
+    "A100 80GB AMP": (256, 2470, 16621),     # 6.72x: the fit
+    "A100 80GB TF32": (256, 938, 7248),      # 7.72x
+    "V100 16GB AMP": (256, 1200, 8322),      # 6.93x
+    "V100 16GB FP32": (112, 367, 2855),      # 7.76x
+    "V100 32GB AMP": (256, 1156, 8056),      # 6.96x
+    "V100 32GB FP32": (112, 356, 2766),      # 7.75x
+}
+OVERHEAD_FIT_ON = "A100 80GB AMP"
+# A DGX's 8 GPUs on NVLink, as the planner models an ND A100 v4 node (8 GPUs of one node: no inter-node hop).
+DGX = Transport("nccl", 0.0, INTRA_GBPS["nvlink"], 10e-6, 0.8)
+
+
+def fit_sync(name: str = OVERHEAD_FIT_ON) -> float:
+    """t_sync from one published 8-GPU figure: its measured step time less the model's without overhead."""
+    batch, r1, r8 = DLE_8GPU[name]
+    measured = batch / (r8 / 8)
+    modelled = step_time(8, 8, batch, r1, RESNET50_BYTES, DGX, False)
+    return (measured - modelled) / math.log2(8)
+
+
+SYNC_SECONDS = fit_sync()
+
+
+def speedup_8(name: str, sync: float | None = None) -> float:
+    """The model's 8-GPU speed-up for a DLE_8GPU row (sync=0: the planner without its overhead term)."""
+    batch, r1, _ = DLE_8GPU[name]
+    t = replace(DGX, sync=SYNC_SECONDS if sync is None else sync)
+    return 8 * efficiency(8, 8, batch, r1, RESNET50_BYTES, t, False)
+
+
+# What this machine measured (benchmarks/results, `python -m benchmarks.report --run`): each configuration's
+# images/sec with Horovod at 2 processes and of 2 independent processes (no allreduce), one thread each, and
+# the MPI allreduce of ResNet-50's gradients submitted per tensor as the optimizer does (allreduce.json).
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+LOCAL_RUNS = {   # results file: (per-process batch, fp32 gradient bytes of the model: torchvision, its head)
+    "scaling-local.json": (16, 11_227_812 * 4),        # ResNet-18, 100 classes, 64 px
+    "frameworks-pytorch.json": (16, 23_712_932 * 4),   # ResNet-50, 100 classes, 64 px
+    "scaling-resnet50.json": (32, RESNET50_BYTES),     # ResNet-50, 1000 classes, 224 px
+}
+
+
+def local_residuals(results: pathlib.Path = RESULTS) -> dict[str, float]:
+    """Per results file: seconds a 2-process Horovod step took beyond 2 independent processes' step and the
+    measured allreduce of its gradients; what the overhead term stands for at n = 2 on this machine."""
+    runs = json.loads((results / "allreduce.json").read_text())["runs"]
+    per_tensor = next(r for r in runs if r["label"].startswith("horovod mpi (our default"))["results"]
+    ar = next(x for x in per_tensor if x["name"] == "ResNet-50 gradients, per tensor")
+    out = {}
+    for name, (batch, grad_bytes) in LOCAL_RUNS.items():
+        data = json.loads((results / name).read_text())
+        horovod = batch / (data["horovod"]["2"] / 2)
+        independent = batch / (data["independent"]["2"] / 2)
+        out[name] = horovod - independent - ar["seconds"] * grad_bytes / ar["bytes"]
+    return out
+
+
+def check_overhead() -> int:
+    print(f"overhead term fitted on DLE {OVERHEAD_FIT_ON} (8 GPUs): t_sync = {SYNC_SECONDS * 1e3:.2f} ms per doubling "
+          f"of the processes ({overhead(8, replace(DGX, sync=SYNC_SECONDS)) * 1e3:.1f} ms a step at 8, "
+          f"{overhead(64, replace(DGX, sync=SYNC_SECONDS)) * 1e3:.1f} ms at 64)")
+    print("DLE row            batch  measured 8-GPU  predicted  error   without the term")
+    for name, (batch, r1, r8) in DLE_8GPU.items():
+        pred, flat = speedup_8(name), speedup_8(name, 0.0)
+        role = "fit" if name == OVERHEAD_FIT_ON else "check"
+        print(f"{name:17} {batch:5}  {r8 / r1:13.2f}x  {pred:8.2f}x  {(pred - r8 / r1) / (r8 / r1) * 100:+5.1f}%  "
+              f"{flat:5.2f}x ({(flat - r8 / r1) / (r8 / r1) * 100:+.1f}%)  {role}")
+    print(f"this machine, 2 processes (Horovod step - independent step - measured allreduce), model: "
+          f"{SYNC_SECONDS * 1e3:.1f} ms")
+    for name, r in local_residuals().items():
+        print(f"  {name:25} {r * 1e3:+7.1f} ms")
+    return 0
 
 
 def calibrate() -> Transport:
@@ -123,14 +215,22 @@ def _plot(path: pathlib.Path, host: Transport) -> None:
                 label=f"{gpu}, host-staged MPI (seed setup)")
         ax.plot([32], [r32 / (32 * r1) * 100], "o", color=ax.lines[-1].get_color())
     h100 = vm_sizes.CATALOG["Standard_ND96isr_H100_v5"]
+    # the H100 at the batch the launcher gives it (launcher/sizing.py), where the seed ran 64
     for hier in (False, True):
-        ax.plot(counts, [efficiency(n, 8, 64, 3000, RESNET50_BYTES, nccl_transport(h100), hier) * 100 for n in counts],
-                label=f"H100 ND v5 (3000 img/s/GPU), NCCL {'hierarchical' if hier else 'ring'}")
+        ax.plot(counts, [efficiency(n, 8, 256, 3000, RESNET50_BYTES, nccl_transport(h100), hier) * 100 for n in counts],
+                label=f"H100 ND v5 (3000 img/s/GPU, batch 256), NCCL {'hierarchical' if hier else 'ring'}")
+    flat = replace(nccl_transport(h100), sync=0.0)
+    ax.plot(counts, [efficiency(n, 8, 256, 3000, RESNET50_BYTES, flat, True) * 100 for n in counts], ":",
+            color=ax.lines[-1].get_color(), label="H100 ND v5, NCCL hierarchical, without the per-step overhead term")
+    for name, (_batch, r1, r8) in DLE_8GPU.items():
+        if "AMP" in name:
+            ax.plot([8], [r8 / (8 * r1) * 100], "x", color="black")
+    ax.plot([], [], "x", color="black", label="NVIDIA DLE 8-GPU AMP figures (A100 fitted, V100 checked)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("GPUs")
     ax.set_ylabel("scaling efficiency (%)")
     ax.set_ylim(0, 105)
-    ax.set_title("ResNet-50, batch 64/GPU: planner (lines) vs seed measurements (dots)")
+    ax.set_title("ResNet-50: planner (lines) vs seed measurements (dots, batch 64/GPU)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -178,6 +278,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--check-seed", action="store_true", help="compare with the seed benchmarks' 32-GPU figures")
+    ap.add_argument("--check-overhead", action="store_true",
+                    help="the per-step overhead term: its fit to NVIDIA's 8-GPU figures and this machine's residuals")
     ap.add_argument("--plot", type=pathlib.Path)
     ap.add_argument("--vm-size", default="Standard_ND96isr_H100_v5")
     ap.add_argument("--gpu-images-per-sec", type=float, help="measured single-GPU throughput")
@@ -200,6 +302,8 @@ def main(argv=None) -> int:
         return 0
     if args.check_seed:
         return check_seed(args.plot)
+    if args.check_overhead:
+        return check_overhead()
     size = vm_sizes.lookup(args.vm_size)
     if size is None or size.gpus == 0:
         print(f"error: {args.vm_size} is not a GPU size in the catalog", file=sys.stderr)
@@ -210,13 +314,17 @@ def main(argv=None) -> int:
     t = nccl_transport(size)
     print(f"{size.name}: {size.gpus}x {size.gpu_model}, {size.intra_node} in the node, "
           f"{size.infiniband or 'no'} InfiniBand ({t.inter_gbps:.0f} GB/s per node)")
-    print("GPUs  ring: step ms / efficiency   hierarchical: step ms / efficiency")
+    print(f"per-step overhead {SYNC_SECONDS * 1e3:.2f} ms x log2(GPUs) (--check-overhead); the last column is "
+          "the hierarchical efficiency without it")
+    print("GPUs  ring: step ms / efficiency   hierarchical: step ms / efficiency   no overhead term")
+    flat = replace(t, sync=0.0)
     for n in args.gpus:
         cells = []
         for hier in (False, True):
             s = step_time(n, size.gpus, args.batch, args.gpu_images_per_sec, args.gradient_mbytes * 1e6, t, hier)
             cells.append(f"{s * 1e3:8.1f} / {args.batch / args.gpu_images_per_sec / s * 100:5.1f}%")
-        print(f"{n:4}  {cells[0]}        {cells[1]}")
+        e0 = efficiency(n, size.gpus, args.batch, args.gpu_images_per_sec, args.gradient_mbytes * 1e6, flat, True)
+        print(f"{n:4}  {cells[0]}        {cells[1]}                {e0 * 100:5.1f}%")
     return 0
 
 

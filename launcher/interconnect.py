@@ -7,8 +7,8 @@ Three kinds, from the cluster's VM size:
   node, TCP on eth0 between nodes), Open MPI yielding when idle, one OpenMP thread pool per process.
 - gpu-tcp: GPU sizes without InfiniBand: NCCL over TCP sockets on eth0, MPI (Horovod's coordination only)
   over ob1 as on CPU sizes.
-- infiniband: NCCL over IB verbs (GPUDirect RDMA) with the size's topology file, MPI over UCX; eth0 only for
-  bootstrap.
+- infiniband: NCCL over IB verbs (GPUDirect RDMA) with the size's topology file, eth0 for its bootstrap;
+  MPI (Horovod's coordination only) over ob1/TCP on eth0, as on the other GPU sizes.
 
 Open MPI's UCX pml only offers itself where a Mellanox/InfiniBand device exists: forcing it (as the images
 once did) kills every job on a CPU or NC size in MPI_Init with "PML ucx cannot be selected"
@@ -35,10 +35,18 @@ MPI_CPU_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 # TCP btl try unreachable peers).
 MPI_TCP_ENV = {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,vader,tcp", "OMPI_MCA_btl_tcp_if_include": "eth0"}
 
-# Open MPI over InfiniBand: UCX over RC verbs, shared memory and self (the openib btl is gone from
-# Open MPI 5 and superseded by UCX in 4.x).
-MPI_IB_ENV = {"OMPI_MCA_pml": "ucx", "OMPI_MCA_btl": "^openib,uct", "UCX_TLS": "rc,sm,self",
-              "UCX_IB_PCI_RELAXED_ORDERING": "on"}
+# MPI on InfiniBand sizes: TCP on eth0 too, with InfiniBand left to NCCL. Horovod moves every GPU tensor
+# through NCCL and uses MPI only for its coordination (a few small messages per cycle), so MPI gains nothing
+# from IB, while UCX with no device named (UCX_NET_DEVICES unset) is left to choose among all of the node's
+# devices, where a wrong pick ends the job in MPI_Init ("Failed to resolve UCX endpoint"). Azure runs its
+# own NCCL tests so:
+# Azure/azhpc-images tests/health_checks/NDv4/test-nccl.sh (mpirun ... -x UCX_TLS=tcp -x UCX_NET_DEVICES=eth0
+# -x NCCL_SOCKET_IFNAME=eth0 -x NCCL_TOPO_FILE=/opt/microsoft/ndv4-topo.xml), and Azure ML's NCCL-test job
+# (Azure/azureml-examples cli/jobs/single-step/gpu_perf/gpu_perf_job.yml) names UCX_TLS=tcp with
+# UCX_NET_DEVICES=eth0 "if you have Error: Failed to resolve UCX endpoint". Those run HPC-X, whose Open MPI
+# goes through UCX; the images here carry Ubuntu's Open MPI, whose ob1 pml and TCP btl do the same without
+# UCX (and work on this machine, tests/launcher/test_interconnect.py), so every GPU size gets MPI_TCP_ENV.
+MPI_IB_ENV = MPI_TCP_ENV
 
 # Where the images put Azure's NCCL topology files: the path Azure's HPC images use
 # (Azure/azhpc-images customizations/ndv4.sh, ndv5.sh), so Azure's guides apply unchanged.

@@ -1,9 +1,10 @@
 """Job definitions: templates in payloads/jobs/, filled from the stack outputs, validated with azure-ai-ml.
 
-A template is an Azure ML v2 command job (what `az ml job create -f` takes) with four tokens the stack
-fills in: <<registry>> (login server), <<data>> and <<logs>> (datastore names), and the compute, node
-count and processes per node, which come from the chosen cluster (GPUs per node from the VM-size
-catalog, never typed in a job file).
+A template is an Azure ML v2 command job (what `az ml job create -f` takes) with tokens the stack fills
+in: <<registry>> (login server), <<data>> and <<logs>> (datastore names), and the compute, node count and
+processes per node, which come from the chosen cluster (GPUs per node from the VM-size catalog, never
+typed in a job file). The command's <<batch_size>> and <<workers>> come from the cluster's size too
+(launcher/sizing.py).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import tempfile
 
 import yaml
 
-from . import interconnect
+from . import interconnect, sizing
 from .errors import JobError
 from .stack import StackOutputs
 
@@ -42,6 +43,7 @@ def read_template(path: pathlib.Path) -> dict:
         if name not in declared[kind]:
             raise JobError(f"{path}: the command uses ${{{{{kind}.{name}}}}} but the job declares no {kind[:-1]} "
                            f"{name!r} (declared: {', '.join(sorted(declared[kind])) or 'none'})")
+    sizing.check_template(job["command"], path)
     return job
 
 
@@ -114,6 +116,14 @@ def fill(template: dict, outputs: StackOutputs, cluster_name: str, nodes: int, p
     env.update(job.get("environment_variables") or {})     # the job file may override
     interconnect.check_under_mpi(env, "environment_variables of the job file")
     job["environment_variables"] = {k: str(v) for k, v in env.items()}
+    if sizing.uses_placeholders(job["command"]):
+        args = job["command"].split() + list(extra_args)
+        fit = sizing.for_cluster(cluster, ppn, args)
+        shm = (job.get("resources") or {}).get("shm_size")
+        if shm:
+            fit = sizing.within_shm(fit, shm, ppn, nodes * ppn, args)
+        job["command"] = sizing.apply(job["command"], fit, extra_args)
+        job.setdefault("tags", {})["sizing"] = fit.basis      # in the studio, and in --dry-run's output
     if extra_args:
         job["command"] = job["command"].rstrip() + " " + shlex.join(extra_args)
     tags = job.setdefault("tags", {})

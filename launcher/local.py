@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from . import sizing
 from .errors import JobError
 from .interconnect import MPI_CPU_ENV, check_under_mpi
 from .jobspec import REFERENCE, ROOT
@@ -76,6 +77,8 @@ def plan(job: dict, source: pathlib.Path, inputs: dict[str, str], output_root: p
         return shlex.quote(str(local_in[name] if kind == "inputs" else local_out[name]))
 
     command = REFERENCE.sub(substitute, job["command"])
+    if sizing.uses_placeholders(command):
+        command = sizing.apply(command, sizing.for_local(processes), extra_args)
     if extra_args:
         command += " " + shlex.join(extra_args)
     horovodrun = str(pathlib.Path(sys.executable).with_name("horovodrun"))

@@ -27,3 +27,51 @@ def test_planner_command_rejects_a_cpu_size():
     proc = subprocess.run([sys.executable, "-m", "benchmarks.planner", "--vm-size", "Standard_D4s_v5",
                            "--gpu-images-per-sec", "100"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and "not a GPU size" in proc.stderr
+
+
+# NVIDIA/DeepLearningExamples PyTorch ResNet-50 v1.5 README, "Training performance: NVIDIA DGX A100 (8x A100
+# 80GB)": mixed precision 2470 img/s on 1 GPU, 16621 on 8, "Mixed Precision Strong Scaling 6.72 x".
+def test_the_fitted_overhead_reproduces_nvidias_8_gpu_amp_speedup_within_1_percent():
+    assert abs(planner.speedup_8("A100 80GB AMP") - 6.72) / 6.72 < 0.01
+    assert planner.speedup_8("A100 80GB AMP", sync=0.0) == 8.0      # what the planner predicted before the term
+
+
+def test_the_overhead_term_holds_on_the_published_rows_it_was_not_fitted_on():
+    """V100 16/32 GB (AMP and FP32) and A100 TF32 from the same README: within 6% (the fit misses AMP on V100
+    by +5.7%, FP32 by -3.4%); without the term the AMP rows were 15-19% too optimistic."""
+    for name, (_batch, r1, r8) in planner.DLE_8GPU.items():
+        measured = r8 / r1
+        assert abs(planner.speedup_8(name) - measured) / measured < 0.06, name
+        if "AMP" in name:
+            assert abs(planner.speedup_8(name) - measured) < abs(planner.speedup_8(name, 0.0) - measured) / 2, name
+
+
+def test_efficiency_now_falls_below_100_percent_from_8_to_64_gpus():
+    h100 = planner.nccl_transport(planner.vm_sizes.CATALOG["Standard_ND96isr_H100_v5"])
+    flat = planner.replace(h100, sync=0.0)
+    for n in (8, 16, 32, 64):
+        for hierarchical in (False, True):
+            with_term = planner.efficiency(n, 8, 256, 3000, planner.RESNET50_BYTES, h100, hierarchical)
+            assert planner.efficiency(n, 8, 256, 3000, planner.RESNET50_BYTES, flat, hierarchical) == 1.0
+            assert 0.5 < with_term < 0.95, (n, hierarchical, with_term)
+    effs = [planner.efficiency(n, 8, 256, 3000, planner.RESNET50_BYTES, h100, True) for n in (8, 16, 32, 64)]
+    assert effs == sorted(effs, reverse=True)
+
+
+def test_this_machines_measurements_are_within_their_noise_of_the_term():
+    """benchmarks/results: at 2 processes the Horovod step exceeds 2 independent processes' step by its
+    measured allreduce, within about 16 ms on the two configurations measured over 8+ steps (the 224 px
+    ResNet-50 run has 4 steps of 18 s: its +0.37 s is 2% of a step, inside its noise). The fitted term adds
+    6.5 ms at 2 processes: no more than that noise, so this machine neither confirms nor contradicts it."""
+    residuals = planner.local_residuals()
+    for name in ("scaling-local.json", "frameworks-pytorch.json"):
+        assert abs(residuals[name]) < 0.02, (name, residuals[name])
+        assert abs(residuals[name] - planner.SYNC_SECONDS) < 0.025
+    assert 0.002 < planner.SYNC_SECONDS < 0.02
+
+
+def test_overhead_command_prints_the_fit():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.planner", "--check-overhead"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "A100 80GB AMP" in proc.stdout and "6.73x" in proc.stdout and "fit" in proc.stdout

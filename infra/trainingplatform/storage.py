@@ -45,6 +45,40 @@ def secure_account(name: str, account_name: pulumi.Input[str], resource_group, l
         tags=tags, opts=opts, **extra)
 
 
+# Jobs write their outputs to runs/<job>/<job name>/ in the logs container (payloads/jobs/*.yaml), checkpoints
+# under checkpoints/ there. With versioning on, every checkpoint the payload overwrites or rotates out (it
+# keeps the newest --keep-checkpoints) stays as a previous version: about 200 MB per ResNet-50 epoch, tens of
+# GB for one 90-epoch run, kept forever. The rule below deletes previous versions under runs/ once they are
+# older than this many days; current versions (the blobs a job resumes from and a user reads) are never
+# touched. Previous versions are aged from the time that version was first written, not from when it was
+# replaced (Azure "lifecycle management policy structure", action run conditions), and a deleted version
+# is soft-deleted for the container's softDeleteDays first ("lifecycle management policies that delete
+# blobs": soft delete applies), so an overwritten file can be brought back for this long plus that.
+RUN_VERSION_DAYS = 7
+RUNS_PREFIX = "runs/"
+
+
+def run_versions_rule(logs_container: str) -> storage.ManagementPolicyRuleArgs:
+    """Delete previous versions of the blobs under runs/ of the logs container after RUN_VERSION_DAYS.
+
+    Why all of runs/ and not only its checkpoints/ folders: a prefixMatch must start with the container name
+    and matches literally ("Prefix strings don't support wildcard matching": Azure "lifecycle management
+    policy structure"), so runs/*/*/checkpoints/ cannot be written, and each job's run folder has a name
+    only known at submission. Blob index tags could mark checkpoints, but the payloads write through Azure
+    ML's rw_mount, which sets no tags; and moving checkpoints to a prefix of their own would split each run
+    over two folders and break resuming, which reads OUTPUT/checkpoints. The rest of runs/ (metrics.json,
+    TensorBoard events, rewritten as a run goes) has nothing in its previous versions worth more than the
+    checkpoints' do: the current version of every blob stays."""
+    return storage.ManagementPolicyRuleArgs(
+        name="delete-old-run-versions", enabled=True, type="Lifecycle",
+        definition=storage.ManagementPolicyDefinitionArgs(
+            filters=storage.ManagementPolicyFilterArgs(blob_types=["blockBlob"],
+                                                       prefix_match=[f"{logs_container}/{RUNS_PREFIX}"]),
+            actions=storage.ManagementPolicyActionArgs(
+                version=storage.ManagementPolicyVersionArgs(
+                    delete=storage.DateAfterCreationArgs(days_after_creation_greater_than=RUN_VERSION_DAYS)))))
+
+
 class TrainingStorage(pulumi.ComponentResource):
     """The data stack's blob storage. Outputs: data_account, data_container, logs_account, logs_container.
 
@@ -69,6 +103,11 @@ class TrainingStorage(pulumi.ComponentResource):
         self.data_container = self._container(f"{name}-data", self.data_account, resource_group, cfg.data_container, cfg)
         self.logs_container = self._container(f"{name}-logs", self.logs_account, resource_group, cfg.logs_container, cfg,
                                               versioning=True)
+        # An account has one management policy, named "default" (Microsoft.Storage managementPolicies).
+        self.logs_lifecycle = storage.ManagementPolicy(
+            f"{name}-logs-lifecycle", account_name=self.logs_account.name, resource_group_name=resource_group,
+            management_policy_name="default",
+            policy=storage.ManagementPolicySchemaArgs(rules=[run_versions_rule(cfg.logs_container)]), opts=keep)
         self.register_outputs({"data_account": self.data_account.name, "logs_account": self.logs_account.name})
 
     def _container(self, name, account, resource_group, container, cfg: Storage, versioning=False):

@@ -53,10 +53,55 @@ def test_every_current_size_resolves_to_its_kind(size):
         assert "NCCL_TOPO_FILE" not in env and not any(k.startswith("UCX_") for k in env)
     else:
         assert s.infiniband
-        assert env["OMPI_MCA_pml"] == "ucx" and env["NCCL_IB_DISABLE"] == "0"
+        assert env["NCCL_IB_DISABLE"] == "0" and env["NCCL_SOCKET_IFNAME"] == "eth0"
         # one home per fact: the topology file is the catalog's, in the folder the images fill
         assert env["NCCL_TOPO_FILE"] == f"{interconnect.TOPOLOGY_DIR}/{s.nccl_topology}"
         assert env[interconnect.MIN_BUSBW] == f"{s.min_busbw_gbytes_per_sec:g}"
+
+
+# What each GPU size resolves to: MPI (Horovod's coordination) over TCP on eth0 everywhere, InfiniBand for NCCL
+# only. Azure's NCCL tests run MPI so on the IB sizes and leave IB to NCCL (Azure/azhpc-images
+# tests/health_checks/NDv4/test-nccl.sh: UCX_TLS=tcp, UCX_NET_DEVICES=eth0, NCCL_SOCKET_IFNAME=eth0,
+# NCCL_TOPO_FILE=/opt/microsoft/ndv4-topo.xml, CUDA_DEVICE_ORDER=PCI_BUS_ID); Azure ML's NCCL-test job names
+# eth0 as the cure for "Failed to resolve UCX endpoint" (Azure/azureml-examples
+# cli/jobs/single-step/gpu_perf/gpu_perf_job.yml).
+MPI_OVER_ETH0 = {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,vader,tcp", "OMPI_MCA_btl_tcp_if_include": "eth0"}
+NCCL_BY_SIZE = {
+    # size: (NCCL over IB?, topology file, extra /etc/nccl.conf settings of Azure's HPC images)
+    "Standard_NC4as_T4_v3": (False, None, {}),
+    "Standard_NC64as_T4_v3": (False, None, {}),
+    "Standard_NC24ads_A100_v4": (False, None, {}),
+    "Standard_NC96ads_A100_v4": (False, None, {}),
+    "Standard_NC40ads_H100_v5": (False, None, {}),
+    "Standard_ND96asr_v4": (True, "ndv4-topo.xml", {"NCCL_IB_PCI_RELAXED_ORDERING": "1"}),
+    "Standard_ND96amsr_A100_v4": (True, "ndv4-topo.xml", {"NCCL_IB_PCI_RELAXED_ORDERING": "1"}),
+    "Standard_ND96isr_H100_v5": (True, "ndv5-topo.xml", {"NCCL_IB_PCI_RELAXED_ORDERING": "1",
+                                                          "NCCL_IGNORE_CPU_AFFINITY": "1"}),
+    "Standard_ND96isr_H200_v5": (True, "ndv5-topo.xml", {"NCCL_IB_PCI_RELAXED_ORDERING": "1",
+                                                          "NCCL_IGNORE_CPU_AFFINITY": "1"}),
+}
+
+
+def test_every_current_gpu_size_is_in_the_table():
+    assert sorted(NCCL_BY_SIZE) == sorted(n for n in CURRENT if vm_sizes.CATALOG[n].gpus)
+
+
+@pytest.mark.parametrize("size", sorted(NCCL_BY_SIZE))
+def test_resolved_environment_per_gpu_size(size):
+    """MPI over TCP on eth0 on every GPU size, no UCX setting at all (nothing left for UCX to guess); NCCL on
+    InfiniBand with the size's topology file where the size has IB, on TCP sockets over eth0 elsewhere."""
+    ib, topology, conf = NCCL_BY_SIZE[size]
+    env = interconnect.environment(cluster(size), vm_sizes.CATALOG[size].gpus)
+    assert {k: env[k] for k in MPI_OVER_ETH0} == MPI_OVER_ETH0
+    assert not [k for k in env if k.startswith("UCX_")]
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0"
+    if ib:
+        assert env["NCCL_IB_DISABLE"] == "0" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert env["NCCL_TOPO_FILE"] == f"/opt/microsoft/{topology}"
+        assert {k: env[k] for k in conf} == conf
+    else:
+        assert env["NCCL_IB_DISABLE"] == "1" and "NCCL_TOPO_FILE" not in env
+        assert "NCCL_IB_PCI_RELAXED_ORDERING" not in env and "CUDA_DEVICE_ORDER" not in env
 
 
 def test_every_current_infiniband_size_has_a_topology_file_and_a_bandwidth_floor():
@@ -125,12 +170,12 @@ def test_the_old_image_setting_fails_without_infiniband():
 
 
 @needs_mpi
-@pytest.mark.parametrize("size", ["Standard_NC24ads_A100_v4", "Standard_NC64as_T4_v3"])
-def test_gpu_tcp_settings_select_a_working_pml(size):
-    """The MPI half of a GPU-over-TCP job (Horovod's coordination runs over MPI) works without InfiniBand, even
-    under an image that still forces the UCX pml. Rank sums 1 + 2 = 3 on both ranks."""
+@pytest.mark.parametrize("size", ["Standard_NC24ads_A100_v4", "Standard_NC64as_T4_v3", "Standard_ND96isr_H100_v5"])
+def test_gpu_settings_select_a_working_pml(size):
+    """The MPI half of a GPU job (Horovod's coordination runs over MPI), IB sizes included, works over TCP
+    without InfiniBand, even under an image that still forces the UCX pml. Rank sums 1 + 2 = 3 on both ranks."""
     env = interconnect.environment(cluster(size), 1)
-    assert interconnect.kind(cluster(size)) == "gpu-tcp"
+    assert interconnect.kind(cluster(size)) in ("gpu-tcp", "infiniband")
     proc = mpirun(env, [sys.executable, "-c", ALLREDUCE])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "rank 0 of 2 sum 3.0" in proc.stdout and "rank 1 of 2 sum 3.0" in proc.stdout, proc.stdout

@@ -36,7 +36,7 @@ def test_every_job_renders_and_validates_for_the_dev_stack(dev_outputs, job, clu
         assert inp.path.startswith(f"azureml://datastores/{outs['datastores']['data']['name']}/")
     env = sdk_job.environment_variables
     if cluster == "gpu-ib":
-        assert env["NCCL_IB_DISABLE"] == "0" and env["OMPI_MCA_pml"] == "ucx"
+        assert env["NCCL_IB_DISABLE"] == "0" and env["OMPI_MCA_pml"] == "ob1" and "UCX_TLS" not in env
     else:
         assert env["HOROVOD_CPU_OPERATIONS"] == "mpi" and env["OMP_NUM_THREADS"] == "4"
         assert env["OMPI_MCA_mpi_yield_when_idle"] == "1"

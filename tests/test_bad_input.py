@@ -32,6 +32,7 @@ def test_unknown_model_lists_the_choices():
     (["--adasum", "--fp16-allreduce"], "cannot be combined"),
     (["--base-lr", "-1"], "must be positive"),
     (["--startup-steps", "-1"], "--startup-steps must not be negative"),
+    (["--loss-scale-init", "0"], "--loss-scale-init must be positive"),
 ])
 def test_config_errors(args, message):
     with pytest.raises(ConfigError, match=message):

@@ -106,17 +106,18 @@ def test_bf16_autocast_on_the_cpu_averages_and_records_its_precision(tmp_path):
 
 
 def test_fp16_loss_scaler_state_is_restored_on_every_rank(tmp_path):
-    """fp16 with GradScaler (the T4/V100 path), on a CPU. The scale falls from its default on the first overflows,
-    so after a resume a rank left at the default scale would unscale the averaged gradient by another factor.
-    Resumed equals straight, bitwise, and the ranks agree."""
+    """fp16 with GradScaler (the T4/V100 path), on a CPU. Started at 2^24 the scale backs off on the first
+    overflowing steps, so after a resume a rank restarted at 2^24 would overflow where the others do not, and
+    then unscale the averaged gradient by another factor. Resumed equals straight, bitwise, and ranks agree."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    args = TINY + ["--batch-size", "8", "--warmup-epochs", "1", "--amp", "--amp-dtype", "fp16"]
+    init = 2.0 ** 24
+    args = TINY + ["--batch-size", "8", "--warmup-epochs", "1", "--amp", "--amp-dtype", "fp16",
+                   "--loss-scale-init", str(init)]
     train(2, args + ["--epochs", "3", "--output-dir", str(straight)])
     train(2, args + ["--epochs", "1", "--output-dir", str(resumed)])
     saved = torch.load(resumed / "checkpoints" / "checkpoint-epoch-0001.pt", map_location="cpu", weights_only=False)
-    default = torch.amp.GradScaler("cpu").get_scale()
-    assert saved["scaler"] and saved["scaler"]["scale"] != default, \
-        f"the scale never left its default {default}: this test could not tell a restored scaler from a fresh one"
+    assert saved["scaler"] and saved["scaler"]["scale"] < init, \
+        f"the scale never left {init}: this test could not tell a restored scaler from a fresh one"
     proc = train(2, args + ["--epochs", "3", "--output-dir", str(resumed)])
     assert "resuming from" in proc.stdout
     m = metrics(resumed)

@@ -60,6 +60,7 @@ class TrainConfig:
     threads: int = 0                          # torch intra-op threads per process; 0 = cores / local processes
     amp: bool | None = None                   # None = on when a GPU is used
     amp_dtype: str = "auto"                   # PyTorch: auto = bf16 on compute capability 8.0+ and CPUs, else fp16
+    loss_scale_init: float = 2.0 ** 16        # PyTorch fp16: the loss scaler's first scale (GradScaler's default)
     compile: bool = False                     # PyTorch: torch.compile the model
     channels_last: bool | None = None         # None = on when a GPU is used (PyTorch; TensorFlow is NHWC)
     xla: bool = False                         # TensorFlow/Keras: compile the step with XLA
@@ -107,6 +108,8 @@ class TrainConfig:
                       "warmup_epochs", "momentum")
         if self.base_lr is not None and self.base_lr <= 0:
             raise ConfigError(f"--base-lr must be positive, got {self.base_lr}")
+        if self.loss_scale_init <= 0:
+            raise ConfigError(f"--loss-scale-init must be positive, got {self.loss_scale_init}")
         if self.amp_dtype not in ("auto", "bf16", "fp16"):
             raise ConfigError(f"--amp-dtype {self.amp_dtype!r}: choose auto, bf16 or fp16")
         if self.num_classes < 2:
@@ -262,6 +265,9 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     g.add_argument("--amp-dtype", default=d.amp_dtype, choices=("auto", "bf16", "fp16"),
                    help="PyTorch: auto = bfloat16 without loss scaling on GPUs of compute capability 8.0+ (A100, "
                         "H100, H200) and on CPUs, float16 with a loss scaler on older GPUs (T4, V100)")
+    g.add_argument("--loss-scale-init", type=float, default=d.loss_scale_init,
+                   help="PyTorch fp16: the dynamic loss scale to start from; it halves on every overflowing step and "
+                        "doubles after 2000 clean ones (GradScaler)")
     g.add_argument("--compile", action="store_true", help="PyTorch: torch.compile the model (off by default)")
     g.add_argument("--channels-last", dest="channels_last", action="store_true", default=None,
                    help="NHWC memory format (default: on with a GPU)")

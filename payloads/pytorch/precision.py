@@ -40,8 +40,8 @@ class Precision:
             return nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
 
-    def grad_scaler(self) -> torch.amp.GradScaler | None:
-        return torch.amp.GradScaler(self.device_type) if self.needs_scaler else None
+    def grad_scaler(self, init_scale: float = 2.0 ** 16) -> torch.amp.GradScaler | None:
+        return torch.amp.GradScaler(self.device_type, init_scale=init_scale) if self.needs_scaler else None
 
 
 def native_dtype(device: torch.device) -> str:

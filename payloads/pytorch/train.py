@@ -172,7 +172,7 @@ def run(cfg: config.TrainConfig) -> dict:
         # gradients add up in p.grad, so train_epoch weights each micro-batch's loss by its share of the step.
         backward_passes_per_step=cfg.backward_passes_per_step,
         op=hvd.Adasum if cfg.adasum else hvd.Average)
-    scaler = prec.grad_scaler()
+    scaler = prec.grad_scaler(cfg.loss_scale_init)
     start_epoch = runtime.restore(cfg, hvd, model, optimizer, scaler)
     # Compiled after the weights are final: the compiled module shares them, and checkpoints keep the plain names.
     step_model = torch.compile(model) if cfg.compile else model

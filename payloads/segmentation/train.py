@@ -244,7 +244,7 @@ def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
     lr_scale = hvd.size()         # Goyal et al.: the LR grows with the global batch
     optimizer = hvd.DistributedOptimizer(runtime.optimizer(cfg, model, cfg.base_lr * lr_scale, device),
                                          named_parameters=model.named_parameters(), op=hvd.Average)
-    scaler = prec.grad_scaler()
+    scaler = prec.grad_scaler(cfg.loss_scale_init)
     start_epoch = runtime.restore(cfg, hvd, model, optimizer, scaler)
 
     metrics_file = writer = None

@@ -141,14 +141,12 @@ class Transform:
         return (height - h) // 2, (width - w) // 2, h, w
 
     def eval_params(self, height: int, width: int) -> tuple[int, int, int, int]:
-        """Resize's shorter side to size*256/224 then CenterCrop(size), as one crop of the original image."""
-        short = int(self.size * 256 / 224)
-        scale = short / min(height, width)
-        # The crop in resized pixels, mapped back to the original: (top, left, height, width).
-        h = w = self.size / scale
-        return (height - h) / 2, (width - w) / 2, h, w
+        """Resize's shorter side to size*256/224 then CenterCrop(size), as one crop of the original image:
+        the central square of side min(height, width) * 224/256, resized to size."""
+        side = max(1, min(height, width, int(round(min(height, width) * self.size / int(self.size * 256 / 224)))))
+        return (height - side) // 2, (width - side) // 2, side, side
 
-    def params(self, height: int, width: int, rng: np.random.Generator) -> tuple[float, float, float, float, bool]:
+    def params(self, height: int, width: int, rng: np.random.Generator) -> tuple[int, int, int, int, bool]:
         """(top, left, height, width, flip) of the region of the decoded image that becomes the output."""
         if self.train:
             i, j, h, w = self.crop_params(height, width, rng)
@@ -157,9 +155,8 @@ class Transform:
 
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         i, j, h, w, flip = self.params(image.shape[0], image.shape[1], rng)
-        img = Image.fromarray(image)
-        # Pillow's resize of a box: crop and antialiased bilinear resize in one pass (torchvision resized_crop).
-        out = img.resize((self.size, self.size), Image.BILINEAR, box=(j, i, j + w, i + h))
+        # Crop, then Pillow's antialiased bilinear resize: torchvision's resized_crop on a PIL image.
+        out = Image.fromarray(image[i:i + h, j:j + w]).resize((self.size, self.size), Image.BILINEAR)
         if flip:
             out = out.transpose(Image.FLIP_LEFT_RIGHT)
         return np.asarray(out)

@@ -462,7 +462,6 @@ class GpuDecoded:
         out = [None] * len(items)
         for i, image in zip(jpegs, decoded):
             top, left, h, w, flip = items[i][1]
-            top, left, h, w = (int(round(v)) for v in (top, left, h, w))
             x = F.resized_crop(image, top, left, h, w, [self.size, self.size], antialias=True)
             out[i] = (x.flip(-1) if flip else x).permute(1, 2, 0)
         for i, item in enumerate(items):

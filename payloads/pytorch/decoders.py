@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image
 
 # Fastest first, as measured by benchmarks/input_pipeline.py (docs/input-pipeline.md).
-PREFERENCE = ("simplejpeg", "turbojpeg", "pillow", "torchvision")
+PREFERENCE = ("simplejpeg", "turbojpeg", "torchvision", "pillow")
 CHOICES = ("auto",) + tuple(sorted(PREFERENCE))
 JPEG_MAGIC = b"\xff\xd8"
 

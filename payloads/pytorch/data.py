@@ -5,6 +5,7 @@ device and normalises them there with `normalize`, the one definition of the mod
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 
@@ -37,9 +38,15 @@ def normalize(images: torch.Tensor, channels_last: bool = False) -> torch.Tensor
     x = images.permute(0, 3, 1, 2)
     if not channels_last:
         x = x.contiguous()
-    mean = torch.tensor(MEAN, dtype=torch.float32, device=images.device).view(1, 3, 1, 1)
-    std = torch.tensor(STD, dtype=torch.float32, device=images.device).view(1, 3, 1, 1)
+    mean, std = _stats(images.device)
     return x.float().div_(255).sub_(mean).div_(std)
+
+
+@functools.lru_cache(maxsize=None)
+def _stats(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    # Made once per device: a step copies nothing from the host for them.
+    return (torch.tensor(MEAN, dtype=torch.float32, device=device).view(1, 3, 1, 1),
+            torch.tensor(STD, dtype=torch.float32, device=device).view(1, 3, 1, 1))
 
 
 # -------------------------------------------------------------------------------------------- synthetic

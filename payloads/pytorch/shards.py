@@ -176,7 +176,7 @@ class Task:
 
 @dataclass
 class Result:
-    items: list                  # per kept sample: uint8 HxWx3 pixels, or (encoded uint8 tensor, crop params)
+    items: list                  # one uint8 NxHxWx3 tensor, or per sample (JPEG bytes, crop) or HxWx3 pixels
     labels: list[int]
     skipped: list[tuple[str, str]]   # (key, reason) of undecodable samples
     kept: list[tuple[Sample, np.ndarray]] | None
@@ -233,7 +233,8 @@ def decode_batch(task: Task) -> Result:
             except Exception:  # noqa: BLE001 - not a plain JPEG (PNG, CMYK, damaged): decoded here instead
                 pass
             else:
-                items.append((torch.frombuffer(bytearray(s.data), dtype=torch.uint8), task.transform.params(h, w, rng)))
+                # The bytes, pickled by value: a tensor per sample would cost a shared-memory handle each.
+                items.append((s.data, task.transform.params(h, w, rng)))
                 labels.append(s.label)
                 continue
         try:
@@ -458,7 +459,8 @@ class GpuDecoded:
         from torchvision.transforms.v2 import functional as F
 
         jpegs = [i for i, item in enumerate(items) if isinstance(item, tuple)]
-        decoded = decode_jpeg([items[i][0] for i in jpegs], mode=ImageReadMode.RGB, device=self.device) if jpegs else []
+        encoded = [torch.frombuffer(bytearray(items[i][0]), dtype=torch.uint8) for i in jpegs]
+        decoded = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device) if jpegs else []
         out = [None] * len(items)
         for i, image in zip(jpegs, decoded):
             top, left, h, w, flip = items[i][1]

@@ -232,7 +232,7 @@ def main(argv=None) -> int:
     sizes = [f.stat().st_size for f in tree_dir.rglob("*.JPEG")]
     print(f"{len(sizes)} generated JPEGs (ImageNet-like, not ImageNet) in {tree_dir}: mean {np.mean(sizes) / 1e3:.0f} KB "
           f"({time.perf_counter() - t:.0f} s)")
-    print(f"\nJPEG decoders, 1 process x 1 thread (images/sec per core):")
+    print("\nJPEG decoders, 1 process x 1 thread (images/sec per core):")
     decoder_table(args, tree_dir)
     if args.decoders_only:
         if args.work_dir is None:

@@ -26,7 +26,6 @@ import collections
 import logging
 import math
 import multiprocessing
-import os
 import pathlib
 import queue
 import threading

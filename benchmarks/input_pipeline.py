@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.input_pipeline                       # 2,000 images, ResNet-18 at 112 px
     .venv/bin/python -m benchmarks.input_pipeline --tiny                # a quick check that it runs
     .venv/bin/python -m benchmarks.input_pipeline --images 20000 --workers 8 --train-model resnet50 --train-image-size 224
+    .venv/bin/python -m benchmarks.input_pipeline --decoders-only --images 300   # the JPEG decoder table alone
 
 No real ImageNet is at hand here, so the images are generated: JPEG (quality 90) of ImageNet's typical
 sizes (about 470 x 390 px, 80-130 KB each), smooth colour fields with noise so that they compress like
@@ -17,7 +18,13 @@ photographs, in class folders. Then:
    --drop-page-cache, which needs root and slows every other process on the machine for a while) and
    epoch 2; for shards also epoch 2 with --cache-decoded (decoded images served from memory). Rates count
    from the first batch on; the time to the first batch (worker start-up) is printed beside them.
-2. training, images/sec of the payload in one process (no Horovod launcher), the same model, batch and
+2. JPEG decoders: images per CPU-second (one process, one thread: images/sec per core) of every CPU decoder that loads here
+   (payloads/pytorch/decoders.py: Pillow, torchvision.io.decode_jpeg, simplejpeg, PyTurboJPEG), decoding
+   alone and decoding plus the training crop (RandomResizedCrop to --image-size, flip: the work of one
+   shard worker per image), on the full-size JPEGs and on copies pre-resized as prepare --resize 256 and
+   --resize 160 write them. The fastest one is the payloads' `--decoder auto`. simplejpeg and PyTurboJPEG are
+   not payload requirements: put them on PYTHONPATH to measure them (docs/input-pipeline.md shows how).
+3. training, images/sec of the payload in one process (no Horovod launcher), the same model, batch and
    settings on synthetic data, on class folders, and on shards with --cache-decoded.
 On a 2-core machine the data loader and the model share the cores; on a GPU node the loader has the CPUs
 to itself, so the training ratios here are a lower bound for what a GPU sees.
@@ -90,18 +97,62 @@ def folder_loader(tree_dir: pathlib.Path, image_size: int, batch: int, workers: 
     from payloads.pytorch import data
 
     ds = data.ImageFiles(imagefolder.scan(tree_dir), image_size, train=True, skip_corrupt=False)
-    sampler = data.ShardedBatchSampler(len(ds), 0, 1, batch, seed=0)
+    sampler = data.ShardedBatchSampler(len(ds), 0, 1, batch, seed=0, tag_epoch=True)
     kwargs = dict(multiprocessing_context="forkserver", persistent_workers=True, prefetch_factor=4) if workers else {}
     return DataLoader(ds, batch_sampler=sampler, num_workers=workers, collate_fn=data.collate,
                       generator=torch.Generator(), **kwargs), sampler
 
 
-def shard_loader(shard_dir: pathlib.Path, image_size: int, batch: int, workers: int, cache: bool):
+def shard_loader(shard_dir: pathlib.Path, image_size: int, batch: int, workers: int, cache: bool,
+                 decoder: str = "auto"):
     from payloads.pytorch import shards
 
     train, _, _ = shards.open_set(shard_dir)
     return shards.ShardLoader(train, 0, 1, batch, seed=0, transform=shards.Transform(image_size, train=True),
-                              workers=workers, cache=cache)
+                              workers=workers, cache=cache, decoder=decoder)
+
+
+def decoder_table(args, tree_dir: pathlib.Path) -> list[tuple[str, str, float, float]]:
+    """(decoder, image set, decode images/sec, decode+crop images/sec) on one core, best of --repeats."""
+    import torch
+
+    from payloads.data import prepare
+    from payloads.pytorch import data, decoders
+
+    torch.set_num_threads(1)
+    paths = sorted(str(p) for p in tree_dir.rglob("*.JPEG"))[: args.decode_images]
+    sets = {"full size": [pathlib.Path(p).read_bytes() for p in paths]}
+    for side in (256, 160):
+        sets[f"pre-resized {side}"] = [prepare.encode(p, side)[0] for p in paths]
+    for name, blobs in sets.items():
+        shapes = np.array([decoders.pillow(b).shape[:2] for b in blobs[:50]])
+        print(f"  {name:18} {len(blobs)} JPEGs, mean {np.mean([len(b) for b in blobs]) / 1e3:.0f} KB, "
+              f"about {shapes[:, 1].mean():.0f} x {shapes[:, 0].mean():.0f} px")
+    names = decoders.available()
+    missing = [n for n in decoders.PREFERENCE if n not in names]
+    transform = data.Transform(args.image_size, train=True)
+    rows = []
+    print(f"\n  {'decoder':12} {'images':18} {'decode img/s/core':>18} {'+ crop ' + str(args.image_size) + ' img/s/core':>24}")
+    for name in names:
+        decode = decoders.make(name)
+        for label, blobs in sets.items():
+            best_d = best_c = 0.0
+            for _ in range(args.repeats):
+                # CPU seconds of this process, not wall time: per core, and not skewed by whatever else runs.
+                t = time.process_time()
+                for b in blobs:
+                    decode(b)
+                best_d = max(best_d, len(blobs) / (time.process_time() - t))
+                t = time.process_time()
+                for i, b in enumerate(blobs):
+                    transform(decode(b), np.random.default_rng(i))
+                best_c = max(best_c, len(blobs) / (time.process_time() - t))
+            rows.append((name, label, best_d, best_c))
+            print(f"  {name:12} {label:18} {best_d:18.1f} {best_c:24.1f}", flush=True)
+    if missing:
+        print(f"  not installed here: {', '.join(missing)}")
+    print(f"  --decoder auto picks: {decoders.resolve('auto')}")
+    return rows
 
 
 def pipeline(args, tree_dir: pathlib.Path, shard_dirs: dict[str, pathlib.Path]) -> list[tuple[str, str, float]]:
@@ -164,10 +215,14 @@ def main(argv=None) -> int:
     p.add_argument("--skip-training", action="store_true")
     p.add_argument("--drop-page-cache", action="store_true", help="epoch 1 from disk (root; disturbs the whole machine)")
     p.add_argument("--tiny", action="store_true", help="seconds-long check: 64 small images, tiny model")
+    p.add_argument("--decoders-only", action="store_true", help="only the JPEG decoder table")
+    p.add_argument("--decode-images", type=int, default=300, help="JPEGs per set in the decoder table")
+    p.add_argument("--repeats", type=int, default=3, help="decoder table: best of this many passes")
     args = p.parse_args(argv)
     if args.tiny:
         args.images, args.classes, args.shards, args.image_size, args.batch = 64, 4, 4, 32, 8
         args.train_model, args.train_image_size, args.train_epochs = "tiny_cnn", 16, 2
+        args.decode_images, args.repeats = 16, 1
 
     from payloads.data import prepare
 
@@ -177,6 +232,12 @@ def main(argv=None) -> int:
     sizes = [f.stat().st_size for f in tree_dir.rglob("*.JPEG")]
     print(f"{len(sizes)} generated JPEGs (ImageNet-like, not ImageNet) in {tree_dir}: mean {np.mean(sizes) / 1e3:.0f} KB "
           f"({time.perf_counter() - t:.0f} s)")
+    print("\nJPEG decoders, 1 process x 1 thread (images/sec per core):")
+    decoder_table(args, tree_dir)
+    if args.decoders_only:
+        if args.work_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
     shard_dirs = {}
     for label, resize in (("", None), (", pre-resized to 256", 256)):
         out = work / f"shards-{resize or 'full'}"

@@ -1,74 +1,201 @@
-"""Interim: today's loaders behind the inputs API the training loop uses (replaced by the device input path)."""
+"""The training loop's one source of batches: `build(cfg, ...)` -> Inputs(train, val, num_classes).
+
+Every Batches object has `len()` steps per epoch (equal on every rank), `set_epoch(epoch)` (all
+shuffling and augmentation depend on (seed, epoch, rank/sample) only, so a resumed run repeats a
+straight one) and yields (images, labels, skipped): images float32 Nx3xHxW on the device, normalised
+there with ImageNet's mean/std (channels_last when asked), labels int64 on the device, skipped the
+undecodable images dropped from the step (--skip-corrupt-images).
+
+- synthetic: a pool of uint8 images made once on the device (data.SyntheticImages), indexed per step
+  there: no host work and no host-to-device copy per step, the GPU's ceiling (as Horovod's benchmark).
+- imagefolder: a DataLoader with worker processes (forkserver) yielding uint8 batches;
+- shards: shards.ShardLoader, decoding in worker processes with one intra-op thread each.
+Real data goes through `Prefetched`: pinned uint8 host batches copied on a side CUDA stream while the
+previous step runs, normalised there, handed over with record_stream (NVIDIA DeepLearningExamples'
+PrefetchedWrapper); on a CPU the same steps run without streams.
+"""
 from __future__ import annotations
 
-from typing import NamedTuple
+import logging
+from dataclasses import dataclass
+from typing import Iterator, Protocol
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ..common import imagefolder
+from ..common import imagefolder, sharding
 from ..common.errors import ConfigError
-from . import data, shards
+from . import data, decoders, shards
+
+log = logging.getLogger(__name__)
+Batch = tuple[torch.Tensor, torch.Tensor, int]
 
 
-class Batches:
-    def __init__(self, loader, device, channels_last, seed, rank):
-        self.loader, self.device, self.channels_last, self.seed, self.rank = loader, device, channels_last, seed, rank
-
-    def __len__(self):
-        return len(self.loader)
-
-    def set_epoch(self, epoch):
-        s = (self.seed * 1_000_003 + epoch) * 4099 + self.rank
-        torch.manual_seed(s)
-        if isinstance(self.loader, shards.ShardLoader):
-            self.loader.set_epoch(epoch)
-            return
-        self.loader.generator.manual_seed(s)
-        self.loader.batch_sampler.set_epoch(epoch)
-
-    def __iter__(self):
-        for images, labels, skipped in self.loader:
-            images = images.to(self.device, non_blocking=True)
-            if self.channels_last:
-                images = images.contiguous(memory_format=torch.channels_last)
-            yield images, labels.to(self.device, non_blocking=True), skipped
+class Batches(Protocol):
+    def __len__(self) -> int: ...
+    def set_epoch(self, epoch: int) -> None: ...
+    def __iter__(self) -> Iterator[Batch]: ...
 
 
-class Inputs(NamedTuple):
+@dataclass
+class Inputs:
     train: Batches
     val: Batches | None
     num_classes: int
 
 
-def build(cfg, rank, size, batch, device, broadcast_object=None) -> Inputs:
-    if cfg.data == "synthetic":
-        train_set, val_set, n = data.SyntheticImages(cfg.synthetic_samples, cfg.num_classes, cfg.image_size, cfg.seed), None, cfg.num_classes
-    elif cfg.data == "shards":
-        train_set, val_set, n = shards.datasets(cfg.data_dir)
-    else:
-        train_dir, val_dir = imagefolder.split_dirs(cfg.data_dir)
-        tree = imagefolder.scan(train_dir)
-        val_set = None
-        if val_dir is not None:
-            val_tree = imagefolder.scan(val_dir, "validation directory")
-            val_set = data.ImageFiles(val_tree, cfg.image_size, train=False, skip_corrupt=cfg.skip_corrupt_images)
-        train_set, n = data.ImageFiles(tree, cfg.image_size, train=True, skip_corrupt=cfg.skip_corrupt_images), len(tree.classes)
+class Prefetched:
+    """Moves a host loader's uint8 batches to the device and normalises them there. On CUDA: the copy and
+    the normalisation of batch k+1 are queued on a side stream before batch k is handed to the training
+    loop, and the compute stream waits for the side stream only when it takes batch k+1."""
 
-    def loader(dataset, b, shuffle):
-        if isinstance(dataset, shards.ShardSplit):
-            return shards.loader(dataset, cfg, rank, size, b, shuffle, device)
+    def __init__(self, host, device: torch.device, channels_last: bool):
+        self.host, self.device, self.channels_last = host, device, channels_last
+
+    def __len__(self) -> int:
+        return len(self.host)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.host.set_epoch(epoch)
+
+    def _to_device(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if images.dtype != torch.uint8:
+            raise TypeError(f"the host loader yielded {images.dtype} images: uint8 is what crosses to the device")
+        images = images.to(self.device, non_blocking=True)
+        return data.normalize(images, self.channels_last), labels.to(self.device, non_blocking=True)
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self.device.type != "cuda":
+            for images, labels, skipped in self.host:
+                yield (*self._to_device(images, labels), skipped)
+            return
+        stream = torch.cuda.Stream(self.device)
+        ready = None
+        for images, labels, skipped in self.host:
+            with torch.cuda.stream(stream):
+                nxt = self._to_device(images, labels)
+            if ready is not None:
+                yield ready
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_stream(stream)
+            for t in nxt:   # made on the side stream, used on the compute stream: keep the allocator off them
+                t.record_stream(compute)
+            ready = (*nxt, skipped)
+        if ready is not None:
+            yield ready
+
+
+class SyntheticBatches:
+    """This rank's steps over SyntheticImages held on the device: each epoch's sample indices (sharded
+    as common/sharding.py does) go to the device once; a step is a gather and the normalisation."""
+
+    def __init__(self, images: data.SyntheticImages, rank: int, size: int, batch: int, seed: int,
+                 max_steps: int, channels_last: bool):
         try:
-            sampler = data.ShardedBatchSampler(len(dataset), rank, size, b, cfg.seed, shuffle=shuffle,
-                                               max_steps=cfg.max_steps_per_epoch if shuffle else 0)
+            sharding.batches(len(images), rank, size, batch, seed, epoch=0)   # fail now, not mid-epoch
+        except ValueError as e:
+            raise ConfigError(f"{e} (data set of {len(images)} samples)") from None
+        self.images, self.args, self.channels_last = images, (len(images), rank, size, batch, seed), channels_last
+        steps = sharding.steps_per_epoch(len(images), size, batch)
+        self.steps = min(steps, max_steps) if max_steps else steps
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[Batch]:
+        parts = sharding.batches(*self.args, epoch=self.epoch)[: self.steps]
+        ends = np.cumsum([len(p) for p in parts]).tolist()
+        flat = torch.from_numpy(np.concatenate(parts)).to(self.images.images.device)
+        start = 0
+        for end in ends:
+            images, labels = self.images.batch(flat[start:end])
+            start = end
+            yield data.normalize(images, self.channels_last), labels, 0
+
+
+class FolderLoader:
+    """DataLoader over class folders yielding uint8 batches; the epoch travels with each index."""
+
+    def __init__(self, dataset: data.ImageFiles, cfg, rank: int, size: int, batch: int, shuffle: bool,
+                 device: torch.device):
+        try:
+            self.sampler = data.ShardedBatchSampler(len(dataset), rank, size, batch, cfg.seed, shuffle=shuffle,
+                                                    max_steps=cfg.max_steps_per_epoch if shuffle else 0,
+                                                    tag_epoch=True)
         except ValueError as e:
             raise ConfigError(f"{e} (data set of {len(dataset)} samples)") from None
         kwargs = {}
         if cfg.workers > 0:
+            # forkserver: fork after Horovod's background thread and Gloo sockets exist is unsafe.
             kwargs = dict(multiprocessing_context="forkserver", persistent_workers=True, prefetch_factor=4)
-        return DataLoader(dataset, batch_sampler=sampler, num_workers=cfg.workers, collate_fn=data.collate,
-                          pin_memory=device.type == "cuda", generator=torch.Generator(), **kwargs)
+        self.loader = DataLoader(dataset, batch_sampler=self.sampler, num_workers=cfg.workers,
+                                 collate_fn=data.collate, pin_memory=device.type == "cuda", **kwargs)
 
-    wrap = lambda dl: Batches(dl, device, cfg.channels_last, cfg.seed, rank)  # noqa: E731
-    return Inputs(wrap(loader(train_set, batch, True)),
-                  wrap(loader(val_set, batch // max(1, cfg.backward_passes_per_step), False)) if val_set is not None else None, n)
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        return iter(self.loader)
+
+
+def decoder_of(cfg) -> str:
+    """The CPU decoder for cfg (`decoder`, default auto = fastest installed), as a clear error if unusable."""
+    try:
+        return decoders.resolve(getattr(cfg, "decoder", "auto") or "auto")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _scan(directory, what: str, rank: int, broadcast_object):
+    scan_shared = getattr(imagefolder, "scan_shared", None)
+    if scan_shared is not None and broadcast_object is not None:
+        return scan_shared(directory, what, rank, broadcast_object)
+    return imagefolder.scan(directory, what)
+
+
+def build(cfg, rank: int, size: int, batch: int, device: torch.device, broadcast_object=None) -> Inputs:
+    """The train (and validation, when the data has it) batches of this rank; every input problem is
+    raised here as a ConfigError, before training. `batch` is the per-process batch of one step."""
+    channels_last = bool(cfg.channels_last)
+    gpu_decode = bool(getattr(cfg, "gpu_decode", False))
+    if gpu_decode and cfg.data != "shards":
+        raise ConfigError(f"--gpu-decode applies to --data shards (JPEGs decoded by nvJPEG on the GPU); with "
+                          f"--data {cfg.data} drop --gpu-decode")
+    if cfg.data == "synthetic":
+        images = data.SyntheticImages(cfg.synthetic_samples, cfg.num_classes, cfg.image_size, cfg.seed, device=device)
+        return Inputs(SyntheticBatches(images, rank, size, batch, cfg.seed, cfg.max_steps_per_epoch, channels_last),
+                      None, cfg.num_classes)
+    decoder = decoder_of(cfg)
+    if cfg.data == "shards":
+        train_split, val_split, num_classes = shards.datasets(cfg.data_dir)
+        make = shards.gpu_loader if gpu_decode else shards.loader
+
+        def wrap(split, b, shuffle):
+            host = make(split, cfg, rank, size, b, shuffle, device, decoder=decoder)
+            return host.on_device(device, channels_last) if gpu_decode else Prefetched(host, device, channels_last)
+        train = wrap(train_split, batch, True)
+        val = wrap(val_split, batch, False) if val_split is not None else None
+        return Inputs(train, val, num_classes)
+    if cfg.data != "imagefolder":
+        raise ConfigError(f"--data {cfg.data} is not read by the PyTorch payload: choose synthetic, imagefolder or shards")
+    train_dir, val_dir = imagefolder.split_dirs(cfg.data_dir)
+    tree = _scan(train_dir, "data directory", rank, broadcast_object)
+    val = None
+    if val_dir is not None:
+        val_tree = _scan(val_dir, "validation directory", rank, broadcast_object)
+        if val_tree.classes != tree.classes:
+            raise ConfigError(f"{val_dir} has classes {val_tree.classes[:5]}... that differ from {train_dir}'s: "
+                              "train and val need the same class folders")
+        ds = data.ImageFiles(val_tree, cfg.image_size, False, cfg.skip_corrupt_images, cfg.seed, decoder)
+        val = Prefetched(FolderLoader(ds, cfg, rank, size, batch, False, device), device, channels_last)
+    ds = data.ImageFiles(tree, cfg.image_size, True, cfg.skip_corrupt_images, cfg.seed, decoder)
+    train = Prefetched(FolderLoader(ds, cfg, rank, size, batch, True, device), device, channels_last)
+    return Inputs(train, val, len(tree.classes))

@@ -10,42 +10,48 @@ the largest part), its part split into that many near-equal batches, as common/s
 class folders; so the last allreduce never waits for a rank that has finished.
 
 Order: files in a new order every epoch (file split), then a shuffle buffer; with --cache-decoded, the
-first epoch keeps every decoded image of the rank in memory and later epochs shuffle that fully and
-decode nothing. Decoding and augmentation run in a thread pool (Pillow and torch release the GIL) fed by
-a reader thread, a few batches ahead of training. Augmentation draws from a generator seeded by (seed,
-epoch, sample), so a resumed run and a straight one see the same crops.
+first epoch keeps every decoded image of the rank in shared memory and later epochs shuffle that fully
+and decode nothing. A reader thread (file reads release the GIL) cuts the stream into batches and hands
+each batch to a pool of worker processes (forkserver, one intra-op thread each, shared by every loader of
+the process), which decode and augment it and return one uint8 NxHxWx3 tensor through shared memory:
+the training process's Python thread only launches GPU work. Augmentation draws from a generator seeded
+by (seed, epoch, sample), so a resumed run and a straight one see the same crops, whatever the worker count.
+With --gpu-decode the workers only read JPEG headers and pick the crops; nvJPEG decodes on the device
+(`GpuDecoded`), or torchvision's CPU decoder where no GPU is present.
 """
 from __future__ import annotations
 
-import io
+import atexit
+import collections
 import logging
 import math
+import multiprocessing
 import pathlib
 import queue
 import threading
+import weakref
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from multiprocessing import shared_memory
 from typing import Iterator, Sequence
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
 
 from ..common.errors import ConfigError
 from ..data import manifest
 from ..data.manifest import TRAIN, VALIDATION, WEBDATASET
-from .data import MEAN, STD, collate
+from . import decoders
+from .data import Transform, collate, normalize  # noqa: F401 - Transform: the augmentation shards use
 
 log = logging.getLogger(__name__)
-SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)   # torchvision RandomResizedCrop's defaults
 
 
 @dataclass(frozen=True)
 class Sample:
     key: str
     label: int
-    data: bytes | np.ndarray      # encoded bytes from a shard, or decoded HxWx3 uint8 from the cache
+    data: bytes | tuple           # encoded bytes from a shard, or (offset, shape) in the decoded cache
 
 
 @dataclass(frozen=True)
@@ -150,65 +156,182 @@ def shuffled(stream: Iterator[Sample], buffer: int, rng: np.random.Generator) ->
         yield buf[i]
 
 
-class Transform:
-    """The torchvision reference augmentation (RandomResizedCrop + flip; Resize + CenterCrop for eval),
-    with the random draws taken from a per-sample generator instead of torch's global one, so threads
-    and resumes give the same crops."""
 
-    def __init__(self, image_size: int, train: bool):
-        self.size, self.train = image_size, train
-        self.mean = torch.tensor(MEAN).view(3, 1, 1)
-        self.std = torch.tensor(STD).view(3, 1, 1)
 
-    def crop_params(self, height: int, width: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
-        # torchvision.transforms.RandomResizedCrop.get_params, with numpy draws.
-        area = height * width
-        log_ratio = np.log(RATIO)
-        for _ in range(10):
-            target = area * rng.uniform(*SCALE)
-            aspect = math.exp(rng.uniform(*log_ratio))
-            w, h = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
-            if 0 < w <= width and 0 < h <= height:
-                return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
-        in_ratio = width / height
-        if in_ratio < min(RATIO):
-            w, h = width, int(round(width / min(RATIO)))
-        elif in_ratio > max(RATIO):
-            w, h = int(round(height * max(RATIO))), height
-        else:
-            w, h = width, height
-        return (height - h) // 2, (width - w) // 2, h, w
+# ------------------------------------------------------------------------------------------ decode workers
 
-    def __call__(self, img: Image.Image, rng: np.random.Generator) -> torch.Tensor:
-        from torchvision.transforms import functional as F
+@dataclass(frozen=True)
+class Task:
+    """One batch for a worker: the samples and how to turn them into pixels."""
+    samples: list[Sample]
+    transform: object            # called as transform(HxWx3 uint8, rng) -> HxWx3 uint8
+    seed: int
+    epoch: int
+    decoder: str
+    cache: str | None            # shared-memory name of the decoded cache the samples point into
+    keep: bool                   # return the decoded images too (the first epoch fills the cache)
+    encoded: bool                # --gpu-decode: JPEGs stay encoded, only their crops are chosen here
 
-        if self.train:
-            i, j, h, w = self.crop_params(img.height, img.width, rng)
-            img = F.resized_crop(img, i, j, h, w, [self.size, self.size], antialias=True)
-            if rng.random() < 0.5:
-                img = F.hflip(img)
-        else:
-            img = F.center_crop(F.resize(img, int(self.size * 256 / 224), antialias=True), self.size)
-        x = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1).float().div_(255)
-        return (x - self.mean) / self.std
 
+@dataclass
+class Result:
+    items: list                  # one uint8 NxHxWx3 tensor, or per sample (JPEG bytes, crop) or HxWx3 pixels
+    labels: list[int]
+    skipped: list[tuple[str, str]]   # (key, reason) of undecodable samples
+    kept: list[tuple[Sample, np.ndarray]] | None
+
+
+_decode_fns: dict[str, object] = {}
+_shm: dict[str, shared_memory.SharedMemory] = {}   # caches attached in this process, by name
+
+
+def _init_worker() -> None:
+    # One intra-op thread per worker: the worker count is the parallelism (DataLoader workers do the same).
+    torch.set_num_threads(1)
+
+
+def _sample_rng(seed: int, epoch: int, key: str) -> np.random.Generator:
+    # The key, not Python's hash(), which differs between processes: the same sample gets the same crop anywhere.
+    return np.random.default_rng([seed, epoch, int(key) if key.isdigit() else zlib.crc32(key.encode())])
+
+
+def _cached(name: str, ref: tuple) -> np.ndarray:
+    shm = _shm.get(name)
+    if shm is None:
+        # Workers share the training process's resource tracker (forkserver passes it on): attaching registers
+        # the name again in the same set, and the owner's unlink() unregisters it once.
+        shm = _shm[name] = shared_memory.SharedMemory(name)
+    offset, shape = ref
+    return np.ndarray(shape, np.uint8, buffer=shm.buf, offset=offset)
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int]:
+    """(height, width) from a JPEG's header, without decoding it."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        if img.format != "JPEG" or img.mode not in ("RGB", "L"):
+            raise decoders.DecodeError(f"{img.format} {img.mode}")
+        return img.height, img.width
+
+
+def decode_batch(task: Task) -> Result:
+    """Runs in a worker process (or inline with --workers 0): decode and augment one batch."""
+    decode = _decode_fns.get(task.decoder)
+    if decode is None:
+        decode = _decode_fns[task.decoder] = decoders.make(task.decoder)
+    items, labels, skipped = [], [], []
+    kept = [] if task.keep else None
+    for s in task.samples:
+        rng = _sample_rng(task.seed, task.epoch, s.key)
+        if task.encoded:
+            try:
+                h, w = _jpeg_size(s.data)
+            except Exception:  # noqa: BLE001 - not a plain JPEG (PNG, CMYK, damaged): decoded here instead
+                pass
+            else:
+                # The bytes, pickled by value: a tensor per sample would cost a shared-memory handle each.
+                items.append((s.data, task.transform.params(h, w, rng)))
+                labels.append(s.label)
+                continue
+        try:
+            image = _cached(task.cache, s.data) if task.cache else decode(s.data)
+        except decoders.DecodeError as e:
+            skipped.append((s.key, str(e)))
+            continue
+        if kept is not None:
+            kept.append((Sample(s.key, s.label, b""), image))
+        items.append(np.asarray(task.transform(image, rng)))
+        labels.append(s.label)
+    if not task.encoded and items:
+        items = [torch.from_numpy(np.stack(items))]   # one tensor: one shared-memory handle back, not N
+    return Result(items, labels, skipped, kept)
+
+
+_pools: dict[int, multiprocessing.pool.Pool] = {}
+
+
+def pool(workers: int):
+    """The process's decode pool of `workers` processes, started once and shared by its loaders."""
+    p = _pools.get(workers)
+    if p is None:
+        # forkserver: forking after Horovod's background thread and Gloo sockets exist is unsafe.
+        p = _pools[workers] = multiprocessing.get_context("forkserver").Pool(workers, initializer=_init_worker)
+    return p
+
+
+@atexit.register
+def _close_pools() -> None:
+    for p in _pools.values():
+        p.terminate()
+    _pools.clear()
+
+
+class _Now:
+    """A finished result (--workers 0 decodes in the reader thread)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def get(self):
+        return self.value
+
+
+class DecodedCache:
+    """A rank's decoded images in one shared-memory block that every worker reads by offset."""
+
+    def __init__(self, kept: list[tuple[Sample, np.ndarray]]):
+        kept = sorted(kept, key=lambda k: k[0].key)   # key order: later epochs do not depend on the filling one
+        total = max(1, sum(a.nbytes for _, a in kept))
+        self.shm = shared_memory.SharedMemory(create=True, size=total)
+        _shm[self.shm.name] = self.shm
+        self.samples, offset = [], 0
+        for s, a in kept:
+            np.ndarray(a.shape, np.uint8, buffer=self.shm.buf, offset=offset)[...] = a
+            self.samples.append(Sample(s.key, s.label, (offset, a.shape)))
+            offset += a.nbytes
+        self.nbytes = offset
+        weakref.finalize(self, DecodedCache._release, self.shm)
+
+    @staticmethod
+    def _release(shm: shared_memory.SharedMemory) -> None:
+        _shm.pop(shm.name, None)
+        shm.close()
+        shm.unlink()
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> Sample:
+        return self.samples[i]
+
+
+# ------------------------------------------------------------------------------------------------ loader
 
 class ShardLoader:
-    """This rank's batches of one split: (images, labels, skipped) per step, `len()` steps per epoch."""
+    """This rank's batches of one split: (uint8 NxHxWx3 images, int64 labels, skipped) per step, `len()`
+    steps per epoch. `workers` decode processes (0: decode in the reader thread of this process)."""
 
     def __init__(self, split: ShardSplit, rank: int, size: int, batch: int, seed: int, transform,
                  shuffle: bool = True, shuffle_buffer: int = 5000, cache: bool = False, workers: int = 2,
-                 max_steps: int = 0, skip_corrupt: bool = False, prefetch: int = 4, pin_memory: bool = False):
+                 max_steps: int = 0, skip_corrupt: bool = False, prefetch: int = 4, pin_memory: bool = False,
+                 decoder: str = "auto", encoded: bool = False):
         self.split, self.rank, self.size, self.seed = split, rank, size, seed
         self.plan = plan(split.counts, rank, size, batch)
         self.transform, self.shuffle, self.buffer = transform, shuffle, shuffle_buffer
-        self.workers, self.skip_corrupt, self.prefetch, self.pin = max(1, workers), skip_corrupt, prefetch, pin_memory
+        self.workers, self.skip_corrupt, self.pin, self.encoded = workers, skip_corrupt, pin_memory, encoded
+        self.inflight = max(prefetch, workers + 1)
+        self.decoder = decoders.resolve(decoder)
         self.sizes = self.plan.batch_sizes[:max_steps] if max_steps else self.plan.batch_sizes
         # A truncated epoch never reads the whole part, so there is nothing complete to keep.
         self.cache_wanted = cache and len(self.sizes) == len(self.plan.batch_sizes)
         if cache and not self.cache_wanted:
             log.warning("--cache-decoded is off: --max-steps-per-epoch stops epochs before the data is read whole")
-        self.cache: list[Sample] | None = None
+        if cache and encoded:
+            raise ConfigError("--cache-decoded keeps CPU-decoded images, --gpu-decode decodes on the GPU: choose one")
+        self.cache: DecodedCache | None = None
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -236,50 +359,30 @@ class ShardLoader:
             return (self.cache[i] for i in order)
         return shuffled(self._records(), self.buffer, rng) if self.shuffle else self._records()
 
-    def _decode(self, s: Sample) -> tuple[Image.Image | None, str | None]:
-        if isinstance(s.data, np.ndarray):
-            return Image.fromarray(s.data), None
-        try:
-            with Image.open(io.BytesIO(s.data)) as img:
-                return img.convert("RGB"), None
-        except (UnidentifiedImageError, OSError, SyntaxError) as e:
-            return None, f"{type(e).__name__}: {e}"
-
-    def _one(self, s: Sample):
-        img, err = self._decode(s)
-        if img is None:
-            if not self.skip_corrupt:
-                raise ConfigError(f"cannot decode sample {s.key} of the shards in {self.split.folder} ({err}): prepare "
-                                  "the set again, or pass --skip-corrupt-images to skip and count such samples")
-            log.warning("skipping undecodable sample %s in %s: %s", s.key, self.split.folder, err)
-            return None, None
-        # The key, not Python's hash(), which differs between processes: the same sample gets the same crop anywhere.
-        rng = np.random.default_rng([self.seed, self.epoch, int(s.key) if s.key.isdigit() else zlib.crc32(s.key.encode())])
-        kept = Sample(s.key, s.label, np.asarray(img)) if self.cache_wanted and self.cache is None else None
-        return (self.transform(img, rng), s.label), kept
-
     def _produce(self, out: queue.Queue, stop: threading.Event) -> None:
         try:
             filling = [] if self.cache_wanted and self.cache is None else None
+            cache_name = self.cache.shm.name if self.cache is not None else None
             stream = self._samples()
-            with ThreadPoolExecutor(self.workers, thread_name_prefix="shard-decode") as pool:
-                pending = []
-                for n in self.sizes:
-                    batch = [next(stream) for _ in range(n)]
-                    pending.append(pool.map(self._one, batch))
-                    if len(pending) > 1:   # keep one batch decoding while the previous one is assembled
-                        self._emit(pending.pop(0), out, filling, stop)
-                    if stop.is_set():
+            workers = pool(self.workers) if self.workers > 0 else None
+            pending: collections.deque = collections.deque()
+            for n in self.sizes:
+                task = Task([next(stream) for _ in range(n)], self.transform, self.seed, self.epoch, self.decoder,
+                            cache_name, filling is not None, self.encoded)
+                pending.append(workers.apply_async(decode_batch, (task,)) if workers else _Now(decode_batch(task)))
+                while len(pending) > (self.inflight if workers else 0):
+                    if not self._emit(pending.popleft().get(), out, filling, stop):
                         return
-                for p in pending:
-                    self._emit(p, out, filling, stop)
+            while pending:
+                if not self._emit(pending.popleft().get(), out, filling, stop):
+                    return
             if filling is not None:
                 rest = list(stream)
                 if rest:   # never the case: the plan sized the batches from the manifest's counts
                     raise ConfigError(f"{len(rest)} more samples than the manifest of {self.split.folder} lists")
-                # In key order: later epochs' permutations then do not depend on which epoch filled it.
-                self.cache = sorted(filling, key=lambda s: s.key)
-                log.info("kept %d decoded images of rank %d in memory", len(filling), self.rank)
+                self.cache = DecodedCache(filling)
+                log.info("kept %d decoded images of rank %d in memory (%.0f MB)", len(self.cache), self.rank,
+                         self.cache.nbytes / 1e6)
             out.put(None)
         except StopIteration:
             out.put(ConfigError(f"the shards in {self.split.folder} hold fewer samples than their manifest says: "
@@ -287,22 +390,34 @@ class ShardLoader:
         except BaseException as e:  # noqa: BLE001 - handed to the training thread, which raises it
             out.put(e)
 
-    def _emit(self, results, out: queue.Queue, filling, stop) -> None:
-        results = list(results)
+    def _emit(self, result: Result, out: queue.Queue, filling, stop) -> bool:
+        for key, reason in result.skipped:
+            if not self.skip_corrupt:
+                raise ConfigError(f"cannot decode sample {key} of the shards in {self.split.folder} ({reason}): "
+                                  "prepare the set again, or pass --skip-corrupt-images to skip and count such samples")
+            log.warning("skipping undecodable sample %s in %s: %s", key, self.split.folder, reason)
         if filling is not None:
-            filling.extend(k for _, k in results if k is not None)
-        batch = collate([r for r, _ in results])
-        if self.pin:
-            batch = (batch[0].pin_memory(), batch[1].pin_memory(), batch[2])
+            filling.extend(result.kept)
+        n = len(result.labels) + len(result.skipped)
+        if not result.labels:
+            collate([None] * n)   # raises: every image of the batch was undecodable
+        labels = torch.tensor(result.labels, dtype=torch.int64)
+        if self.encoded:
+            batch = (result.items, labels, len(result.skipped))
+        else:
+            images = result.items[0]
+            batch = (images.pin_memory() if self.pin else images, labels.pin_memory() if self.pin else labels,
+                     len(result.skipped))
         while not stop.is_set():
             try:
                 out.put(batch, timeout=0.5)
-                return
+                return True
             except queue.Full:
                 continue
+        return False
 
     def __iter__(self):
-        out: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        out: queue.Queue = queue.Queue(maxsize=2)
         stop = threading.Event()
         t = threading.Thread(target=self._produce, args=(out, stop), daemon=True, name="shard-reader")
         t.start()
@@ -318,6 +433,47 @@ class ShardLoader:
             stop.set()
             t.join(timeout=5)
 
+    def on_device(self, device: torch.device, channels_last: bool) -> "GpuDecoded":
+        return GpuDecoded(self, device, channels_last)
+
+
+class GpuDecoded:
+    """--gpu-decode: the loader's JPEGs decoded by nvJPEG (torchvision.io.decode_jpeg on the device), cropped,
+    resized and flipped there, then normalised; samples the workers decoded (PNG, CMYK) join as pixels.
+    Without a GPU the same code runs torchvision's CPU decoder: the fallback the tests check."""
+
+    def __init__(self, loader: ShardLoader, device: torch.device, channels_last: bool):
+        self.loader, self.device, self.channels_last = loader, device, channels_last
+        self.size = loader.transform.size
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def pixels(self, items: list) -> torch.Tensor:
+        """uint8 NxHxWx3 on the device from a batch's items."""
+        from torchvision.io import ImageReadMode, decode_jpeg
+        from torchvision.transforms.v2 import functional as F
+
+        jpegs = [i for i, item in enumerate(items) if isinstance(item, tuple)]
+        encoded = [torch.frombuffer(bytearray(items[i][0]), dtype=torch.uint8) for i in jpegs]
+        decoded = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device) if jpegs else []
+        out = [None] * len(items)
+        for i, image in zip(jpegs, decoded):
+            top, left, h, w, flip = items[i][1]
+            x = F.resized_crop(image, top, left, h, w, [self.size, self.size], antialias=True)
+            out[i] = (x.flip(-1) if flip else x).permute(1, 2, 0)
+        for i, item in enumerate(items):
+            if out[i] is None:
+                out[i] = torch.from_numpy(np.ascontiguousarray(item)).to(self.device)
+        return torch.stack(out)
+
+    def __iter__(self):
+        for items, labels, skipped in self.loader:
+            yield normalize(self.pixels(items), self.channels_last), labels.to(self.device), skipped
+
 
 def datasets(data_dir: pathlib.Path):
     """(train, validation or None, number of classes) for the training payload."""
@@ -325,8 +481,16 @@ def datasets(data_dir: pathlib.Path):
     return train, val, len(classes)
 
 
-def loader(split: ShardSplit, cfg, rank: int, size: int, batch: int, shuffle: bool, device) -> ShardLoader:
+def loader(split: ShardSplit, cfg, rank: int, size: int, batch: int, shuffle: bool, device,
+           decoder: str = "auto", encoded: bool = False) -> ShardLoader:
     return ShardLoader(split, rank, size, batch, cfg.seed, Transform(cfg.image_size, train=shuffle), shuffle=shuffle,
                        shuffle_buffer=cfg.shuffle_buffer, cache=cfg.cache_decoded, workers=cfg.workers,
                        max_steps=cfg.max_steps_per_epoch if shuffle else 0, skip_corrupt=cfg.skip_corrupt_images,
-                       pin_memory=device.type == "cuda")
+                       pin_memory=device.type == "cuda" and not encoded, decoder=decoder, encoded=encoded)
+
+
+def gpu_loader(split: ShardSplit, cfg, rank: int, size: int, batch: int, shuffle: bool, device,
+               decoder: str = "auto") -> ShardLoader:
+    if device.type != "cuda":
+        log.warning("--gpu-decode without a GPU: torchvision's CPU JPEG decoder runs in the training process")
+    return loader(split, cfg, rank, size, batch, shuffle, device, decoder, encoded=True)

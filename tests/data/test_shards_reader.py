@@ -12,12 +12,13 @@ from payloads.data import manifest, prepare
 from payloads.pytorch import shards
 
 
+# Transforms called in the loader's own reader thread (workers=0): they need not be importable by a worker.
 def pixels(img, rng):
-    return torch.from_numpy(np.asarray(img).copy())
+    return img   # the decoded HxWx3 uint8 array, as decoded
 
 
 def label_only(img, rng):
-    return torch.zeros(1)
+    return np.zeros((1, 1, 3), np.uint8)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,8 @@ def test_round_trip_gives_the_pixels_labels_and_counts_of_the_images(tree, tmp_p
     assert classes == m.classes and len(train) == m.splits["train"].samples == 18 and len(val) == 6
     inputs = prepare.scan(tree)
     want = sorted((label, np.asarray(Image.open(p).convert("RGB")).tobytes()) for p, label in inputs.splits["train"])
-    loader = shards.ShardLoader(train, 0, 1, 1, seed=0, transform=pixels, shuffle=False)
+    loader = shards.ShardLoader(train, 0, 1, 1, seed=0, transform=pixels, shuffle=False, workers=0,
+                                 decoder="pillow")
     got = sorted((int(y), x[0].numpy().tobytes()) for x, y, skipped in loader)
     assert len(loader) == 18 and got == want
 
@@ -51,7 +53,8 @@ def test_ranks_read_disjoint_parts_that_cover_the_set_with_equal_steps(one_per_c
     for epoch in (0, 1):
         parts, steps = [], set()
         for rank in range(size):
-            loader = shards.ShardLoader(train, rank, size, 4, seed=7, transform=label_only, shuffle_buffer=3)
+            loader = shards.ShardLoader(train, rank, size, 4, seed=7, transform=label_only, shuffle_buffer=3,
+                                        workers=0)
             loader.set_epoch(epoch)
             batches = _labels(loader)
             steps.add(len(batches))
@@ -68,17 +71,17 @@ def test_shuffle_changes_order_per_epoch_and_repeats_for_the_same_seed(one_per_c
     train, _, _ = shards.open_set(one_per_class)
 
     def order(epoch, seed=3):
-        loader = shards.ShardLoader(train, 0, 1, 5, seed=seed, transform=label_only, shuffle_buffer=8)
+        loader = shards.ShardLoader(train, 0, 1, 5, seed=seed, transform=label_only, shuffle_buffer=8, workers=0)
         loader.set_epoch(epoch)
         return [x for b in _labels(loader) for x in b]
 
     assert order(0) == order(0)
     assert order(0) != order(1) and sorted(order(0)) == sorted(order(1))
-    unshuffled = shards.ShardLoader(train, 0, 1, 5, seed=3, transform=label_only, shuffle=False)
+    unshuffled = shards.ShardLoader(train, 0, 1, 5, seed=3, transform=label_only, shuffle=False, workers=0)
     assert [x for b in _labels(unshuffled) for x in b] != order(0)
 
 
-def test_augmentation_is_fixed_by_seed_epoch_and_sample_not_by_thread(one_per_class):
+def test_augmentation_is_fixed_by_seed_epoch_and_sample_not_by_worker(one_per_class):
     train, _, _ = shards.open_set(one_per_class)
 
     def run(epoch, workers):
@@ -87,9 +90,10 @@ def test_augmentation_is_fixed_by_seed_epoch_and_sample_not_by_thread(one_per_cl
         loader.set_epoch(epoch)
         return [(x, y) for x, y, _ in loader]
 
-    a, b, c = run(0, 1), run(0, 3), run(1, 2)
+    a, b, c, inline = run(0, 1), run(0, 3), run(1, 2), run(0, 0)   # worker processes, or none
     assert all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
-    assert a[0][0].shape == (6, 3, 16, 16)
+    assert all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, inline))
+    assert a[0][0].shape == (6, 16, 16, 3) and a[0][0].dtype == torch.uint8
     assert not all(torch.equal(x1, x2) for (x1, _), (x2, _) in zip(a, c))
 
 
@@ -98,9 +102,13 @@ def test_cache_keeps_decoded_images_so_later_epochs_read_no_files(tmp_path):
     prepare.run(root, tmp_path / "out", shards=2, formats=["webdataset"], progress=False)
     folder = tmp_path / "out" / "webdataset"
     train, _, _ = shards.open_set(folder)
-    cached = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=label_only, shuffle_buffer=2, cache=True)
-    plain = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=label_only, shuffle_buffer=2)
-    pix = shards.ShardLoader(train, 0, 1, 1, seed=0, transform=pixels, cache=True)
+    cached = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=label_only, shuffle_buffer=2, cache=True, workers=0)
+    plain = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=label_only, shuffle_buffer=2, workers=0)
+    pix = shards.ShardLoader(train, 0, 1, 1, seed=0, transform=pixels, cache=True, workers=0)
+    # The same through worker processes, which read the cache from shared memory (eval crops: no randomness).
+    crops = shards.ShardLoader(train, 0, 1, 2, seed=0, transform=shards.Transform(8, train=False), cache=True,
+                               shuffle=False, workers=2)
+    crops0 = sorted((int(y), x.numpy().tobytes()) for xs, ys, _ in crops for x, y in zip(xs, ys))
     epoch0 = sorted((int(y), x[0].numpy().tobytes()) for x, y, _ in pix)
     assert len(_labels(cached)) == 2 and len(cached.cache) == 8 and len(pix.cache) == 8
     assert len(_labels(plain)) == 2 and plain.cache is None
@@ -111,6 +119,9 @@ def test_cache_keeps_decoded_images_so_later_epochs_read_no_files(tmp_path):
     assert sorted(x for b in _labels(cached) for x in b) == list(range(8))
     # The cache holds the decoded images themselves: epoch 2's pixels equal those read from the files.
     assert sorted((int(y), x[0].numpy().tobytes()) for x, y, _ in pix) == epoch0
+    crops.set_epoch(1)
+    assert len(crops.cache) == 8
+    assert sorted((int(y), x.numpy().tobytes()) for xs, ys, _ in crops for x, y in zip(xs, ys)) == crops0
     with pytest.raises(ConfigError, match="cannot open shard .*check the data input"):
         _labels(plain)
 
@@ -123,7 +134,7 @@ def test_truncated_shard_and_unfinished_set_fail_with_the_fix(tree, tmp_path):
     train.files[1].write_bytes(data[: len(data) // 2])
     with pytest.raises(ConfigError, match="missing or not .* bytes"):
         shards.open_set(folder)
-    loader = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=label_only)
+    loader = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=label_only, workers=0)
     with pytest.raises(ConfigError, match=r"(damaged|fewer samples).*(again)"):
         _labels(loader)
     m = manifest.read(folder)

@@ -112,6 +112,17 @@ def shard_loader(shard_dir: pathlib.Path, image_size: int, batch: int, workers: 
                               workers=workers, cache=cache, decoder=decoder)
 
 
+def shard_rate(shard_dir: pathlib.Path, image_size: int, batch: int, workers: int, decoder: str, epochs: int) -> float:
+    """Images/sec of the shard reader alone (decode, crop, uint8 batches), the best epoch after the first."""
+    loader = shard_loader(shard_dir, image_size, batch, workers, cache=False, decoder=decoder)
+    rates = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        images, seconds, _ = _rate(loader)
+        rates.append(images / seconds)
+    return max(rates[1:] or rates)
+
+
 def decoder_table(args, tree_dir: pathlib.Path) -> list[tuple[str, str, float, float]]:
     """(decoder, image set, decode images/sec, decode+crop images/sec) on one core, best of --repeats."""
     import torch

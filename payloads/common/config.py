@@ -25,6 +25,7 @@ DEVICE_DEPENDENT: dict[str, tuple[tuple[str, ...], ...]] = {
     "amp_dtype": (("--amp-dtype", "bf16"), ("--amp-dtype", "fp16")),
     "channels_last": (("--channels-last",), ("--no-channels-last",)),
     "compile": (("--compile",), ()),            # off by default on every device until a GPU figure says otherwise
+    "gpu_decode": (("--gpu-decode",), ()),      # off by default; without a GPU it runs its CPU fallback
 }
 
 # Goyal et al., "Accurate, Large Minibatch SGD" (2017): LR 0.1 for every 256 images of the global batch.
@@ -66,6 +67,8 @@ class TrainConfig:
     xla: bool = False                         # TensorFlow/Keras: compile the step with XLA
     skip_corrupt_images: bool = False
     shuffle_buffer: int = 5000                # shards: samples held for shuffling per process
+    decoder: str = "auto"                     # PyTorch: the CPU JPEG decoder (payloads/pytorch/decoders.py)
+    gpu_decode: bool = False                  # PyTorch shards: decode JPEGs on the GPU (nvJPEG through torchvision)
     cache_decoded: bool = False               # shards: keep the decoded images in memory after epoch 1
     progress: bool = True
     mlflow: bool = True                       # log to MLflow when MLFLOW_TRACKING_URI is set (Azure ML sets it)
@@ -223,6 +226,12 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     g.add_argument("--skip-corrupt-images", action="store_true",
                    help="skip and count undecodable images instead of failing on the first one")
     g.add_argument("--shuffle-buffer", type=int, default=d.shuffle_buffer, help="shards: samples shuffled in memory per process")
+    g.add_argument("--decoder", default=d.decoder,
+                   help="PyTorch: the CPU JPEG decoder: auto (the fastest installed: simplejpeg, PyTurboJPEG, "
+                        "torchvision, Pillow, as measured in docs/input-pipeline.md) or one of those names")
+    g.add_argument("--gpu-decode", action="store_true",
+                   help="PyTorch, --data shards: decode JPEGs on the GPU (nvJPEG through torchvision); without a "
+                        "GPU, torchvision's CPU decoder runs the same path")
     g.add_argument("--cache-decoded", action="store_true",
                    help="shards: keep each process's decoded images in memory after the first epoch (size the RAM for it)")
     g = p.add_argument_group("schedule")

@@ -1,7 +1,9 @@
 """tf.data input for the TensorFlow and Keras payloads: synthetic images and TFRecord shards, sharded by rank.
 
-Both give one stream of batches that runs through every remaining epoch (Keras' fit and our loop take
-`steps` batches per epoch from it), with the same step count on every rank.
+Both give one stream of batches (x, labels) that runs through every remaining epoch (Keras' fit and our loop
+take `steps` batches per epoch from it), with the same step count on every rank. x is decoded images for
+TFRecords; for synthetic data it is positions in a pool of images on the device, which Input.prepare turns
+into images inside the training step.
 """
 from __future__ import annotations
 

@@ -31,8 +31,8 @@ def max_diff(a, b) -> float:
 # un-averaged control must still exceed the weight tolerance 100-fold.
 FLAGS = {
     "": (1e-5, 1e-4, "float32"),
-    "--amp": (1.0, 1.0, "mixed_bfloat16"),   # on a GPU --amp is mixed_float16 with loss scaling
-    "--xla": (1.0, 1.0, "float32"),
+    "--amp": (0.05, 5e-3, "mixed_bfloat16"),   # on a GPU --amp is mixed_float16 with loss scaling
+    "--xla": (1e-3, 1.0, "float32"),
 }
 
 
@@ -59,15 +59,18 @@ def test_two_processes_average_gradients_exactly(tmp_path, monkeypatch, payload,
 
     # Same global batch in one process with the same effective LR: equal within float error.
     train(1, common + ["--batch-size", "32", "--base-lr", "0.1", "--output-dir", str(one)], payload=payload)
-    # Every payload reports the cross-entropy alone as train_loss (Keras' own "loss" adds weight decay).
-    assert losses == pytest.approx([e["train_loss"] for e in metrics(one)["epochs"]], rel=loss_rel)
+    one_losses = [e["train_loss"] for e in metrics(one)["epochs"]]
     diff = max_diff(weights(two), weights(one))
     # Control: each process stepping on its own half-batch, as un-averaged gradients would.
     train(1, common + ["--batch-size", "16", "--base-lr", "0.1", "--output-dir", str(unaveraged)], payload=payload)
     control = max_diff(weights(unaveraged), weights(one))
-    print(f"{payload} {flag or 'float32'}: max |2-process - 1-process| = {diff:.3g}; unaveraged control = {control:.3g}")
+    loss_diff = max(abs(a / b - 1) for a, b in zip(losses, one_losses))
+    print(f"{payload} {flag or 'float32'}: max |2-process - 1-process| = {diff:.3g} (losses {loss_diff:.3g} "
+          f"relative); unaveraged control = {control:.3g}")
+    # Every payload reports the cross-entropy alone as train_loss (Keras' own "loss" adds weight decay).
+    assert losses == pytest.approx(one_losses, rel=loss_rel)
     assert diff < tolerance, f"2-process weights differ from the 1-process run by {diff}"
-    assert control > 100 * max(diff, tolerance / 100, 1e-7), (control, diff)
+    assert control > 4 * tolerance, (control, diff)
 
 
 @pytest.mark.parametrize("payload", PAYLOADS)

@@ -45,6 +45,7 @@ def run(cfg: config.TrainConfig) -> dict:
         raise ConfigError("--adasum is not available in the Keras payload: Horovod's Keras DistributedOptimizer "
                           "reduces with Average or Sum only. Use the TensorFlow payload (python -m "
                           "payloads.tensorflow.train --adasum) or the PyTorch one, or drop --adasum")
+    tf_train.xla_on_cpu(cfg)
     import horovod.tensorflow as hvd_tf
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
@@ -91,8 +92,8 @@ def run(cfg: config.TrainConfig) -> dict:
     try:
         if start_epoch < cfg.epochs:
             trained.fit(inputs.train, steps_per_epoch=inputs.steps, epochs=cfg.epochs, initial_epoch=start_epoch,
-                      validation_data=inputs.validation, callbacks=callbacks,
-                      verbose=(1 if cfg.progress else 2) if root else 0)
+                        validation_data=inputs.validation, callbacks=callbacks,
+                        verbose=(1 if cfg.progress else 2) if root else 0)
     except tf.errors.InvalidArgumentError as e:
         raise ConfigError(data.input_error(e)) from None
     return finish(cfg, hvd_tf, metrics, models.parameters_digest(model), cfg.epochs - start_epoch, recorder.images,

@@ -93,12 +93,10 @@ def setup(cfg, hvd) -> tuple[str, Threads]:
         cfg.amp = bool(gpus)
     tf.keras.mixed_precision.set_global_policy(precision(cfg.amp, bool(gpus)))
     if cfg.xla:
-        if not gpus:
-            # TensorFlow's XLA guide: auto-clustering compiles CPU ops only with --tf_xla_cpu_global_jit
-            # (without it --xla did nothing here). TensorFlow reads the variable when it first builds a graph.
-            flags = os.environ.get("TF_XLA_FLAGS", "")
-            if "--tf_xla_cpu_global_jit" not in flags:
-                os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_cpu_global_jit".strip()
+        if not gpus and "--tf_xla_cpu_global_jit" not in os.environ.get("TF_XLA_FLAGS", "").split():
+            # Set by train.xla_on_cpu before TensorFlow starts; missing when a GPU node's TensorFlow sees no GPU.
+            log.warning("--xla on a CPU compiles nothing unless TF_XLA_FLAGS has --tf_xla_cpu_global_jit "
+                        "when the process starts")
         # Auto-clustering: XLA compiles the model's ops and leaves Horovod's collectives to TensorFlow.
         tf.config.optimizer.set_jit("autoclustering")
     tf.keras.utils.set_random_seed(cfg.seed)   # same initial weights on every rank

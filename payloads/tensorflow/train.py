@@ -8,16 +8,32 @@ averages the gradients; the options, outputs and metrics are the PyTorch payload
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from typing import Sequence
 
-from ..common import config, schedule
+from ..common import config, devices, schedule
 from ..common.errors import ConfigError
 from ..common.metrics import MetricsFile, finish
 
 DATA_KINDS = ("synthetic", "tfrecord")
 log = logging.getLogger("payloads.tensorflow")
+
+
+XLA_CPU_FLAG = "--tf_xla_cpu_global_jit"
+
+
+def xla_on_cpu(cfg, environ=None) -> None:
+    """--xla on a node without an NVIDIA driver: TensorFlow's XLA guide (auto-clustering) compiles CPU ops
+    only with --tf_xla_cpu_global_jit in TF_XLA_FLAGS; without it --xla ran uncompiled. TensorFlow reads
+    the variable once, and loading Horovod's TensorFlow ops already does: call before importing either."""
+    environ = os.environ if environ is None else environ
+    if not cfg.xla or devices.driver_version() is not None or devices.expected_gpus(environ):
+        return
+    flags = environ.get("TF_XLA_FLAGS", "")
+    if XLA_CPU_FLAG not in flags.split():
+        environ["TF_XLA_FLAGS"] = f"{flags} {XLA_CPU_FLAG}".strip()
 
 
 def make_step(cfg, hvd, tf, model, optimizer, prepare):
@@ -60,6 +76,7 @@ def global_sums(hvd, tf, name: str, *values: float) -> list[float]:
 
 
 def run(cfg: config.TrainConfig) -> dict:
+    xla_on_cpu(cfg)
     import horovod.tensorflow as hvd
     import tensorflow as tf
     from tqdm import tqdm

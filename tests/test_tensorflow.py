@@ -26,17 +26,17 @@ def max_diff(a, b) -> float:
     return max(float(np.abs(x.astype(np.float64) - y).max()) for x, y in zip(a, b))
 
 
-# Per flag: (max weight difference 2 processes vs 1, relative loss tolerance, precision recorded). bfloat16
-# keeps 8 bits of mantissa, so a half batch's activations round differently from a whole batch's; the
-# un-averaged control must still exceed the weight tolerance 100-fold.
+# Per flag: (max weight difference 2 processes vs 1, relative loss tolerance, precision recorded); the
+# un-averaged control must exceed the weight tolerance 4-fold. bfloat16 keeps 8 bits of mantissa, so half a
+# batch's gradients round differently from a whole batch's (measured here: 0.0167, control 0.337, both payloads).
 FLAGS = {
     "": (1e-5, 1e-4, "float32"),
     "--amp": (0.05, 5e-3, "mixed_bfloat16"),   # on a GPU --amp is mixed_float16 with loss scaling
-    "--xla": (1e-3, 1.0, "float32"),
+    "--xla": (1e-5, 1e-4, "float32"),     # measured here: 1.15e-07, control 0.34
 }
 
 
-@pytest.mark.parametrize("flag", list(FLAGS))
+@pytest.mark.parametrize("flag", list(FLAGS), ids=["float32", "amp", "xla"])
 @pytest.mark.parametrize("payload", PAYLOADS)
 def test_two_processes_average_gradients_exactly(tmp_path, monkeypatch, payload, flag):
     tolerance, loss_rel, policy = FLAGS[flag]

@@ -26,30 +26,51 @@ def max_diff(a, b) -> float:
     return max(float(np.abs(x.astype(np.float64) - y).max()) for x, y in zip(a, b))
 
 
+# Per flag: (max weight difference 2 processes vs 1, relative loss tolerance, precision recorded); the
+# un-averaged control must exceed the weight tolerance 4-fold. bfloat16 keeps 8 bits of mantissa, so half a
+# batch's gradients round differently from a whole batch's (measured here: 0.0167, control 0.337, both payloads).
+FLAGS = {
+    "": (1e-5, 1e-4, "float32"),
+    "--amp": (0.05, 5e-3, "mixed_bfloat16"),   # on a GPU --amp is mixed_float16 with loss scaling
+    "--xla": (1e-5, 1e-4, "float32"),     # measured here: 1.15e-07, control 0.34
+}
+
+
+@pytest.mark.parametrize("flag", list(FLAGS), ids=["float32", "amp", "xla"])
 @pytest.mark.parametrize("payload", PAYLOADS)
-def test_two_processes_average_gradients_exactly(tmp_path, payload):
+def test_two_processes_average_gradients_exactly(tmp_path, monkeypatch, payload, flag):
+    tolerance, loss_rel, policy = FLAGS[flag]
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")   # TensorFlow's INFO line says when XLA compiled a cluster
     two, one, unaveraged = tmp_path / "two", tmp_path / "one", tmp_path / "unaveraged"
-    common = TINY + ["--epochs", "3"]
+    common = TINY + ["--epochs", "3"] + ([flag] if flag else [])
     proc = train(2, common + ["--batch-size", "16", "--base-lr", "0.05", "--output-dir", str(two)], payload=payload)
     m = metrics(two)
     losses = [e["train_loss"] for e in m["epochs"]]
     assert losses[-1] < 0.8 * losses[0], losses
-    assert m["run"]["world"]["processes"] == 2 and m["run"]["world"]["keras"].startswith("2.")
-    assert m["run"]["world"]["onednn"] is True   # the payload turns oneDNN on where TensorFlow would not
+    world = m["run"]["world"]
+    assert world["processes"] == 2 and world["keras"].startswith("2.")
+    assert world["onednn"] is True   # the payload turns oneDNN on where TensorFlow would not
+    assert world["precision"] == policy and world["xla"] is (flag == "--xla")
+    # XLA on a CPU compiles only with --tf_xla_cpu_global_jit (TensorFlow's XLA guide, auto-clustering),
+    # which the payload adds: without it --xla would run, uncompiled. TensorFlow logs this once per process.
+    assert ("Compiled cluster using XLA" in proc.stdout + proc.stderr) is (flag == "--xla")
     assert m["summary"]["ranks_identical"] is True
     assert "Total images/sec:" in proc.stdout
 
     # Same global batch in one process with the same effective LR: equal within float error.
     train(1, common + ["--batch-size", "32", "--base-lr", "0.1", "--output-dir", str(one)], payload=payload)
-    # Every payload reports the cross-entropy alone as train_loss (Keras' own "loss" adds weight decay).
-    assert losses == pytest.approx([e["train_loss"] for e in metrics(one)["epochs"]], rel=1e-4)
+    one_losses = [e["train_loss"] for e in metrics(one)["epochs"]]
     diff = max_diff(weights(two), weights(one))
-    assert diff < 1e-5, f"2-process weights differ from the 1-process run by {diff}"
     # Control: each process stepping on its own half-batch, as un-averaged gradients would.
     train(1, common + ["--batch-size", "16", "--base-lr", "0.1", "--output-dir", str(unaveraged)], payload=payload)
     control = max_diff(weights(unaveraged), weights(one))
-    print(f"{payload}: max |2-process - 1-process| = {diff:.3g}; unaveraged control = {control:.3g}")
-    assert control > 100 * max(diff, 1e-7), (control, diff)
+    loss_diff = max(abs(a / b - 1) for a, b in zip(losses, one_losses))
+    print(f"{payload} {flag or 'float32'}: max |2-process - 1-process| = {diff:.3g} (losses {loss_diff:.3g} "
+          f"relative); unaveraged control = {control:.3g}")
+    # Every payload reports the cross-entropy alone as train_loss (Keras' own "loss" adds weight decay).
+    assert losses == pytest.approx(one_losses, rel=loss_rel)
+    assert diff < tolerance, f"2-process weights differ from the 1-process run by {diff}"
+    assert control > 4 * tolerance, (control, diff)
 
 
 @pytest.mark.parametrize("payload", PAYLOADS)
@@ -185,7 +206,6 @@ def test_corrupt_validation_records_are_skipped_and_counted_per_pass(tmp_path, p
     (["--data", "imagefolder", "--data-dir", "x"], "convert class folders to TFRecord shards"),
     (["--backward-passes-per-step", "2"], "PyTorch payload option"),
     (["--no-channels-last"], "TensorFlow always trains NHWC"),
-    (["--amp"], "--amp needs a GPU"),
     (["--model", "resnet18"], "unknown model 'resnet18'"),
 ])
 def test_bad_input_names_the_problem_and_the_fix(tmp_path, args, message):
@@ -264,3 +284,87 @@ def test_tensorflow_adasum_two_processes_follow_adasums_definition(tmp_path):
     print(f"TensorFlow Adasum vs its definition: {diff:.3g}; vs averaged gradients {control:.3g}")
     assert diff < 1e-5, diff
     assert control > 100 * max(diff, 1e-7), (diff, control)
+
+
+def test_synthetic_pool_is_made_once_deterministic_per_index_capped_and_learnable():
+    import tensorflow as tf
+
+    from payloads.tensorflow import data
+
+    a = data.SyntheticImages(128, 4, 16, 42)
+    capped = data.SyntheticImages(128, 4, 16, 42, max_bytes=50 * 16 * 16 * 3 * 4)   # room for 50 images
+    assert (a.distinct, capped.distinct) == (128, 50)
+    # Image i depends on (seed, i) alone: the capped pool is the full one's first 50 images.
+    assert np.array_equal(capped.images.numpy(), a.images.numpy()[:50])
+    assert np.array_equal(capped.labels(np.arange(50)), a.labels(np.arange(50)))
+    assert not np.array_equal(data.SyntheticImages(128, 4, 16, 7).images.numpy(), a.images.numpy())
+    # Past the cap, sample i is pool image i % 50, label included.
+    images, labels = capped.batch(np.array([3, 53, 103]))
+    assert np.array_equal(images[0], images[1]) and np.array_equal(images[0], images[2]) and len(set(labels)) == 1
+    # The pool lives where TensorFlow places new tensors: the process's GPU when it has one, here the CPU.
+    assert a.images.device.endswith("CPU:0") and a.images.dtype == tf.float32
+    # Learnable: each image is its class pattern plus unit noise, so averaging its 2x2 blocks (the 8x8
+    # pattern upsampled to 16 px) and taking the nearest class mean recovers the label.
+    blocks = a.images.numpy().reshape(128, 8, 2, 8, 2, 3).mean(axis=(2, 4)).reshape(128, -1)
+    means = np.stack([blocks[a.labels(np.arange(128)) == c].mean(0) for c in range(4)])
+    nearest = np.argmin(((blocks[:, None] - means[None]) ** 2).sum(-1), axis=1)
+    assert (nearest == a.labels(np.arange(128))).mean() > 0.95
+
+
+def test_synthetic_input_ships_positions_not_images(tmp_path):
+    import types
+
+    from payloads.common import sharding
+    from payloads.tensorflow import data
+
+    cfg = types.SimpleNamespace(synthetic_samples=128, num_classes=4, image_size=16, seed=42, epochs=2,
+                                max_steps_per_epoch=0, data="synthetic")
+    inputs = data.build(cfg, rank=1, size=2, batch=8, start_epoch=0, threads=3)
+    x_spec, y_spec = inputs.train.element_spec
+    assert x_spec.dtype.name == "int32" and tuple(x_spec.shape) == (8,)     # 32 bytes a step, not 8 images
+    assert inputs.private_threads() == 3
+    pool = data.SyntheticImages(128, 4, 16, 42)
+    batches = list(inputs.train.as_numpy_iterator())
+    assert len(batches) == 2 * inputs.steps == 16
+    want = [i for e in range(2) for i in sharding.batches(128, 1, 2, 8, 42, e)]
+    for (x, y), indices in zip(batches, want):
+        assert np.array_equal(x, pool.slots(indices)) and np.array_equal(y, pool.labels(indices))
+        assert np.array_equal(inputs.prepare(x).numpy(), pool.batch(indices)[0].numpy())
+
+
+def test_thread_plan_sizes_pools_from_cores_per_local_process(tmp_path, monkeypatch):
+    from payloads.tensorflow import runtime
+
+    T = runtime.Threads
+    assert runtime.thread_plan(0, 96, 8, 2) == T(12, 12, 12)     # ND96 with 8 GPUs: 12 cores per process
+    assert runtime.thread_plan(0, 96, 8, 16) == T(12, 12, 16)    # tf.data's pool runs every --workers decode
+    assert runtime.thread_plan(0, 2, 4, 0) == T(1, 1, 1)         # more processes than cores: one each
+    assert runtime.thread_plan(3, 96, 8, 2) == T(3, 3, 3)        # --threads overrides the share
+    # Cores: the affinity mask, capped by a cgroup v2 quota (kernel cgroup-v2 docs: cpu.max holds
+    # "$MAX $PERIOD", "max" when unlimited).
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: set(range(64)))
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("max 100000\n")
+    assert runtime.available_cores(cpu_max) == 64
+    cpu_max.write_text("250000 100000\n")                       # 2.5 CPUs: 3 threads may run
+    assert runtime.available_cores(cpu_max) == 3
+    assert runtime.available_cores(tmp_path / "absent") == 64
+
+
+@pytest.mark.parametrize("payload, threads", [("tensorflow", "0"), ("keras", "2")])
+def test_two_process_run_records_the_threads_it_got(tmp_path, payload, threads):
+    from payloads.tensorflow import runtime
+
+    out = tmp_path / "out"
+    i = TINY.index("--threads")
+    args = TINY[:i] + TINY[i + 2:]
+    train(2, args + ["--threads", threads, "--workers", "3", "--epochs", "1", "--max-steps-per-epoch", "2",
+                     "--batch-size", "8", "--output-dir", str(out)], payload=payload)
+    world = metrics(out)["run"]["world"]
+    cores = runtime.available_cores()
+    want = runtime.thread_plan(int(threads), cores, 2, 3)
+    # Read back from TensorFlow and from the training dataset's options by the payload.
+    assert world["threads"] == {"intra_op": want.intra_op, "inter_op": want.inter_op, "tf_data_private": want.data,
+                                "cores_available": cores}
+    assert world["threads_per_process"] == want.intra_op
+    assert world["synthetic"]["distinct_images"] == 128 and world["synthetic"]["device"].endswith("CPU:0")

@@ -45,29 +45,33 @@ def run(cfg: config.TrainConfig) -> dict:
         raise ConfigError("--adasum is not available in the Keras payload: Horovod's Keras DistributedOptimizer "
                           "reduces with Average or Sum only. Use the TensorFlow payload (python -m "
                           "payloads.tensorflow.train --adasum) or the PyTorch one, or drop --adasum")
+    tf_train.xla_on_cpu(cfg)
     import horovod.tensorflow as hvd_tf
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
     from ..tensorflow import data, models, runtime
 
-    root, device, batch, model, scale = runtime.start(cfg, hvd_tf)
+    root, device, batch, model, scale, threads = runtime.start(cfg, hvd_tf)
     scaled_lr = cfg.base_lr * scale
     optimizer = hvd.DistributedOptimizer(
         tf.keras.optimizers.SGD(learning_rate=scaled_lr, momentum=cfg.momentum),
         compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
         op=hvd.Average)
-    if cfg.amp:
+    if runtime.loss_scaling():
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
     if cfg.weight_decay:
         model.add_loss(lambda: runtime.weight_decay_loss(cfg, model))
-    model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  # "ce": the loss without the weight-decay term, which Keras adds to its "loss"; metrics.json
-                  # reports it as train_loss, as the other payloads do.
-                  metrics=[tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
-                           tf.keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="ce")])
     start_epoch = runtime.restore(cfg, hvd_tf, model, optimizer)
-    inputs = data.build(cfg, hvd.rank(), hvd.size(), batch, start_epoch)
+    inputs = data.build(cfg, hvd.rank(), hvd.size(), batch, start_epoch, threads.data)
+    # fit() trains `trained`: the model itself, or (synthetic data) the model behind the step that gathers
+    # each batch's images on the device; both hold the same variables, which the checkpoints save.
+    trained = model if inputs.prepare is data.identity else with_input(model, inputs.prepare)
+    trained.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    # "ce": the loss without the weight-decay term, which Keras adds to its "loss"; metrics.json
+                    # reports it as train_loss, as the other payloads do.
+                    metrics=[tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
+                             tf.keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="ce")])
 
     recorder = Recorder(cfg, hvd_tf, model, optimizer, batch, inputs)
     callbacks = [
@@ -80,20 +84,36 @@ def run(cfg: config.TrainConfig) -> dict:
     ]
     metrics = None
     if root:
-        metrics = MetricsFile(cfg.metrics_path, {"config": cfg.to_json(), "world": runtime.world(cfg, hvd_tf, device, model)})
+        metrics = MetricsFile(cfg.metrics_path, {"config": cfg.to_json(), "world": runtime.world(cfg, hvd_tf, device, model, inputs)})
         recorder.metrics = metrics
         callbacks.append(tf.keras.callbacks.TensorBoard(log_dir=str(cfg.tensorboard_dir), update_freq="epoch"))
         log.info("training %s on %s data, %d process(es) x batch %d, %s, outputs in %s", cfg.model, cfg.data,
                  hvd.size(), batch, device, cfg.output_dir)
     try:
         if start_epoch < cfg.epochs:
-            model.fit(inputs.train, steps_per_epoch=inputs.steps, epochs=cfg.epochs, initial_epoch=start_epoch,
-                      validation_data=inputs.validation, callbacks=callbacks,
-                      verbose=(1 if cfg.progress else 2) if root else 0)
+            trained.fit(inputs.train, steps_per_epoch=inputs.steps, epochs=cfg.epochs, initial_epoch=start_epoch,
+                        validation_data=inputs.validation, callbacks=callbacks,
+                        verbose=(1 if cfg.progress else 2) if root else 0)
     except tf.errors.InvalidArgumentError as e:
         raise ConfigError(data.input_error(e)) from None
     return finish(cfg, hvd_tf, metrics, models.parameters_digest(model), cfg.epochs - start_epoch, recorder.images,
                   recorder.seconds)
+
+
+def with_input(model, prepare):
+    """A Keras model that runs `prepare` on its input, then `model`: fit() then takes pool positions
+    (a few bytes per sample) and the images are gathered inside the compiled step, on its device."""
+    import tensorflow as tf
+
+    class WithInput(tf.keras.Model):
+        def __init__(self):
+            super().__init__(name=f"{model.name}_with_input")
+            self.inner = model   # tracked: its variables (and weight-decay loss) are this model's
+
+        def call(self, x, training=None):
+            return self.inner(prepare(x), training=training)
+
+    return WithInput()
 
 
 def Recorder(cfg, hvd_tf, model, optimizer, batch: int, inputs):

@@ -1,13 +1,16 @@
 """tf.data input for the TensorFlow and Keras payloads: synthetic images and TFRecord shards, sharded by rank.
 
-Both give one stream of batches that runs through every remaining epoch (Keras' fit and our loop take
-`steps` batches per epoch from it), with the same step count on every rank.
+Both give one stream of batches (x, labels) that runs through every remaining epoch (Keras' fit and our loop
+take `steps` batches per epoch from it), with the same step count on every rank. x is decoded images for
+TFRecords; for synthetic data it is positions in a pool of images on the device, which Input.prepare turns
+into images inside the training step.
 """
 from __future__ import annotations
 
 import logging
 import pathlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -66,14 +69,25 @@ class ValidationSkips:
         return self.expected - kept
 
 
+def identity(x):
+    return x
+
+
 @dataclass
 class Input:
-    train: tf.data.Dataset             # batches (images NHWC float32, labels int32) for every remaining epoch
+    train: tf.data.Dataset             # batches (x, labels int32) for every remaining epoch
     steps: int                         # per epoch, equal on every rank
     num_classes: int
     validation: tf.data.Dataset | None = None   # this rank's share, one pass
     skips: SkipCounter | None = None   # training records dropped as corrupt (--skip-corrupt-images)
     val_skips: ValidationSkips | None = None
+    # x -> images NHWC float32, run inside the training step on its device: synthetic x are pool positions
+    prepare: Callable[[tf.Tensor], tf.Tensor] = identity
+    description: dict = field(default_factory=dict)   # for metrics.json's world record
+
+    def private_threads(self) -> int:
+        """tf.data's private threadpool size, as the training dataset carries it (0: TensorFlow's default)."""
+        return int(self.train.options().threading.private_threadpool_size or 0)
 
     def epoch_skipped(self) -> int:
         """Call once after each epoch."""
@@ -84,30 +98,57 @@ class Input:
         return self.val_skips.pass_done() if self.val_skips else 0
 
 
-class SyntheticImages:
-    """A learnable stand-in for ImageNet, as in the PyTorch payload: each class a smooth random pattern,
-    each sample its pattern plus noise, deterministic per (seed, index) on every rank and every resume."""
+# The synthetic pool's cap: 128 MiB of float32 images (222 distinct images at 224 px), small beside a
+# GPU's memory; an epoch of --synthetic-samples cycles through them (sample i is pool image i % size).
+POOL_BYTES = 128 << 20
+# Images drawn per stateless random call: image i's values depend on (seed, i) alone, not on the pool size.
+CHUNK = 64
 
-    def __init__(self, num_samples: int, num_classes: int, image_size: int, seed: int, noise: float = 1.0):
-        rng = np.random.default_rng(seed)
-        self.labels = rng.integers(num_classes, size=num_samples).astype(np.int32)
-        self.patterns = rng.standard_normal((num_classes, 8, 8, 3)).astype(np.float32)
-        self.size, self.seed, self.noise = image_size, seed, noise
+
+class SyntheticImages:
+    """A learnable stand-in for ImageNet, made once on the device with vectorised TensorFlow ops (Horovod's
+    synthetic benchmarks make their one batch there too): each class a smooth random pattern, each image its
+    class pattern plus noise, deterministic per (seed, index) on every rank and every resume. At most
+    `max_bytes` of distinct images are kept; each step gathers its batch from them on the device, so the
+    input costs no host work and no host-to-device copy of images."""
+
+    def __init__(self, num_samples: int, num_classes: int, image_size: int, seed: int, noise: float = 1.0,
+                 max_bytes: int = POOL_BYTES):
+        self.num_samples = num_samples
+        self.distinct = max(1, min(num_samples, max_bytes // (image_size * image_size * 3 * 4)))
+        s, reps = image_size, -(-image_size // 8)
+        patterns = tf.random.stateless_normal((num_classes, 8, 8, 3), seed=(seed, 0))
+        images, labels = [], []
+        for k in range(-(-self.distinct // CHUNK)):
+            label = tf.random.stateless_uniform((CHUNK,), seed=(seed, 2 * k + 1), maxval=num_classes, dtype=tf.int32)
+            coarse = tf.gather(patterns, label)
+            pattern = tf.repeat(tf.repeat(coarse, reps, axis=1), reps, axis=2)[:, :s, :s]
+            images.append(pattern + noise * tf.random.stateless_normal((CHUNK, s, s, 3), seed=(seed, 2 * k + 2)))
+            labels.append(label)
+        self.images = tf.concat(images, 0)[: self.distinct]     # on the GPU when there is one
+        self._labels = tf.concat(labels, 0)[: self.distinct].numpy()
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return self.num_samples
 
-    def image(self, i: int) -> np.ndarray:
-        reps = -(-self.size // 8)
-        pattern = np.repeat(np.repeat(self.patterns[self.labels[i]], reps, 0), reps, 1)[: self.size, : self.size]
-        noise = np.random.default_rng([self.seed, int(i)]).standard_normal((self.size, self.size, 3), np.float32)
-        return pattern + self.noise * noise
+    def slots(self, indices: np.ndarray) -> np.ndarray:
+        """Pool positions of samples `indices`."""
+        return (np.asarray(indices) % self.distinct).astype(np.int32)
 
-    def batch(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return np.stack([self.image(i) for i in indices]), self.labels[indices]
+    def labels(self, indices: np.ndarray) -> np.ndarray:
+        return self._labels[self.slots(indices)]
+
+    def take(self, slots: tf.Tensor) -> tf.Tensor:
+        """The images at pool positions `slots`, gathered where the pool lives (inside the training step)."""
+        return tf.gather(self.images, slots)
+
+    def batch(self, indices: np.ndarray) -> tuple[tf.Tensor, np.ndarray]:
+        return self.take(self.slots(indices)), self.labels(indices)
 
 
 def synthetic(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
+    """Batches of (pool positions, labels): a few bytes per sample through tf.data; the training step
+    turns positions into images on the device (Input.prepare)."""
     data = SyntheticImages(cfg.synthetic_samples, cfg.num_classes, cfg.image_size, cfg.seed)
     try:
         sharding.batches(len(data), rank, size, batch, cfg.seed, epoch=0)   # fail now, not mid-epoch
@@ -117,15 +158,15 @@ def synthetic(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
     if cfg.max_steps_per_epoch:
         steps = min(steps, cfg.max_steps_per_epoch)
 
-    def generate():
+    def epochs():
         for epoch in range(start_epoch, cfg.epochs):
-            for indices in sharding.batches(len(data), rank, size, batch, cfg.seed, epoch)[:steps]:
-                yield data.batch(indices)
+            indices = np.stack(sharding.batches(len(data), rank, size, batch, cfg.seed, epoch)[:steps])
+            yield data.slots(indices), data.labels(indices)
 
-    s = cfg.image_size
-    ds = tf.data.Dataset.from_generator(generate, output_signature=(
-        tf.TensorSpec((None, s, s, 3), tf.float32), tf.TensorSpec((None,), tf.int32)))
-    return Input(ds.prefetch(2), steps, cfg.num_classes)
+    ds = tf.data.Dataset.from_generator(epochs, output_signature=(
+        tf.TensorSpec((None, batch), tf.int32), tf.TensorSpec((None, batch), tf.int32))).unbatch()
+    return Input(ds.prefetch(2), steps, cfg.num_classes, prepare=data.take,
+                 description={"distinct_images": data.distinct, "device": data.images.device})
 
 
 def _decode(record, image_size: int, num_classes: int, train: bool):
@@ -193,9 +234,16 @@ def tfrecord(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
     return Input(ds, steps, cfg.num_classes, val, skips, val_skips)
 
 
-def build(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
-    """Every input problem is raised here, before a step is trained."""
-    return (synthetic if cfg.data == "synthetic" else tfrecord)(cfg, rank, size, batch, start_epoch)
+def build(cfg, rank: int, size: int, batch: int, start_epoch: int, threads: int) -> Input:
+    """Every input problem is raised here, before a step is trained. `threads`: the private threadpool
+    tf.data runs this process's input functions on (else they share TensorFlow's inter-op pool)."""
+    inputs = (synthetic if cfg.data == "synthetic" else tfrecord)(cfg, rank, size, batch, start_epoch)
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = threads
+    inputs.train = inputs.train.with_options(options)
+    if inputs.validation is not None:
+        inputs.validation = inputs.validation.with_options(options)
+    return inputs
 
 
 LABEL_HINT = ("a TFRecord label is not below --num-classes: pass the data's class count as --num-classes "

@@ -50,7 +50,14 @@ MODELS: dict[str, Callable[[int, int], tf.keras.Model]] = {
 
 
 def build(name: str, num_classes: int, image_size: int) -> tf.keras.Model:
-    return MODELS[name](num_classes, image_size)
+    """The model under the current Keras precision policy. Under a mixed policy its logits come out in
+    float32 (Keras' mixed-precision guide: keep the model's last output float32), so that Keras' loss and
+    metrics compute softmax and cross-entropy in float32, as the TensorFlow loop does by casting."""
+    model = MODELS[name](num_classes, image_size)
+    if model.outputs[0].dtype == tf.float32:
+        return model
+    logits = tf.keras.layers.Activation("linear", dtype="float32", name="logits_float32")(model.outputs[0])
+    return tf.keras.Model(model.inputs, logits, name=model.name)
 
 
 def gradient_bytes(model: tf.keras.Model) -> int:

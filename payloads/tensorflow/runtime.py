@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import os
+import pathlib
 from typing import NamedTuple
 
 import numpy as np
@@ -25,6 +26,37 @@ class Start(NamedTuple):
     batch: int          # per process
     model: object       # tf.keras.Model, same initial weights on every rank
     scale: float        # LR multiplier for the global batch (lr_scale)
+    threads: "Threads"  # what this process's thread pools were sized to
+
+
+class Threads(NamedTuple):
+    intra_op: int       # threads one op (a convolution) splits over
+    inter_op: int       # ops run at once; tf.data shares this pool unless it has its own
+    data: int           # tf.data's private threadpool (decode, augmentation)
+
+
+def available_cores(cpu_max: pathlib.Path = pathlib.Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """Cores this process may run on: its CPU affinity (a container's cpuset, mpirun's binding), capped by
+    a cgroup v2 CPU quota (a container limited to N CPUs still sees every core in os.cpu_count())."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:   # not Linux
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def thread_plan(threads: int, cores: int, local_processes: int, workers: int) -> Threads:
+    """Each local process gets an equal share of the node's cores (--threads N: N instead) for its op pools,
+    and tf.data a private pool of the same size, at least --workers (its parallel decode calls), so that
+    decoding neither waits for the step's ops nor is capped below what --workers asks for."""
+    share = threads or max(1, cores // local_processes)
+    return Threads(intra_op=share, inter_op=share, data=max(share, workers))
 
 
 def start(cfg, hvd) -> Start:
@@ -34,22 +66,24 @@ def start(cfg, hvd) -> Start:
 
     hvd.init()
     cfg.check_adasum_world(hvd.size(), hvd.mpi_enabled())
-    device = setup(cfg, hvd)
+    device, threads = setup(cfg, hvd)
     model = models.build(cfg.model, cfg.num_classes, cfg.image_size)
-    return Start(hvd.rank() == 0, device, cfg.per_process_batch(hvd.size()), model, lr_scale(cfg, hvd, device))
+    return Start(hvd.rank() == 0, device, cfg.per_process_batch(hvd.size()), model, lr_scale(cfg, hvd, device),
+                 threads)
 
 
-def setup(cfg, hvd) -> str:
-    """Pin this process's GPU, threads, precision and XLA; returns the device it trains on."""
+def setup(cfg, hvd) -> tuple[str, Threads]:
+    """Pin this process's GPU, threads, precision and XLA; returns the device it trains on and its threads.
+    Runs before TensorFlow's runtime starts: thread pools cannot be resized after."""
     gpus = tf.config.list_physical_devices("GPU")
     devices.require_gpus(len(gpus), hvd.local_size(), "TensorFlow", tf.sysconfig.get_build_info().get("cuda_version"))
     for gpu in gpus:
         tf.config.experimental.set_memory_growth(gpu, True)
     if gpus:
         tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
-    threads = cfg.threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(min(2, threads))
+    threads = thread_plan(cfg.threads, available_cores(), hvd.local_size(), cfg.workers)
+    tf.config.threading.set_intra_op_parallelism_threads(threads.intra_op)
+    tf.config.threading.set_inter_op_parallelism_threads(threads.inter_op)
     if cfg.backward_passes_per_step != 1:
         raise ConfigError("--backward-passes-per-step is a PyTorch payload option: for a larger batch than fits, "
                           "use more processes or the PyTorch payload")
@@ -57,15 +91,29 @@ def setup(cfg, hvd) -> str:
         raise ConfigError("--channels-last/--no-channels-last are PyTorch options: TensorFlow always trains NHWC")
     if cfg.amp is None:
         cfg.amp = bool(gpus)
-    if cfg.amp and not gpus:
-        raise ConfigError("--amp needs a GPU: this process sees none (drop --amp for a CPU run)")
-    if cfg.amp:
-        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    tf.keras.mixed_precision.set_global_policy(precision(cfg.amp, bool(gpus)))
     if cfg.xla:
+        if not gpus and "--tf_xla_cpu_global_jit" not in os.environ.get("TF_XLA_FLAGS", "").split():
+            # Set by train.xla_on_cpu before TensorFlow starts; missing when a GPU node's TensorFlow sees no GPU.
+            log.warning("--xla on a CPU compiles nothing unless TF_XLA_FLAGS has --tf_xla_cpu_global_jit "
+                        "when the process starts")
         # Auto-clustering: XLA compiles the model's ops and leaves Horovod's collectives to TensorFlow.
         tf.config.optimizer.set_jit("autoclustering")
     tf.keras.utils.set_random_seed(cfg.seed)   # same initial weights on every rank
-    return f"GPU:{hvd.local_rank()}" if gpus else "CPU"
+    return (f"GPU:{hvd.local_rank()}" if gpus else "CPU"), threads
+
+
+def precision(amp: bool, gpu: bool) -> str:
+    """The Keras mixed-precision policy: float16 compute on a GPU (tensor cores; needs loss scaling),
+    bfloat16 on a CPU (float32's exponent range, so no loss scaling; TensorFlow has bfloat16 CPU kernels)."""
+    if not amp:
+        return "float32"
+    return "mixed_float16" if gpu else "mixed_bfloat16"
+
+
+def loss_scaling() -> bool:
+    """float16 gradients underflow without loss scaling (Keras' mixed-precision guide); bfloat16 ones do not."""
+    return tf.keras.mixed_precision.global_policy().name == "mixed_float16"
 
 
 def lr_scale(cfg, hvd, device: str) -> float:
@@ -145,15 +193,22 @@ def restore(cfg, hvd_tf, model, optimizer) -> int:
     return start
 
 
-def world(cfg, hvd, device: str, model) -> dict:
+def world(cfg, hvd, device: str, model, inputs) -> dict:
+    """The run record's hardware and software half. Threads and precision are read back from TensorFlow
+    and from the training dataset, so the record shows what the run got, not what was asked for."""
     from . import models
 
+    intra = tf.config.threading.get_intra_op_parallelism_threads()
     return {"processes": hvd.size(), "local_processes": hvd.local_size(), "device": device,
             "tensorflow": tf.__version__, "keras": _keras_version(),
             "horovod_controller": "mpi" if hvd.mpi_enabled() else "gloo",
             "gradient_mbytes": models.gradient_bytes(model) / 1e6,
-            "threads_per_process": tf.config.threading.get_intra_op_parallelism_threads(),
+            "threads_per_process": intra,
+            "threads": {"intra_op": intra, "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+                        "tf_data_private": inputs.private_threads(), "cores_available": available_cores()},
+            "precision": tf.keras.mixed_precision.global_policy().name,
             "mixed_precision": bool(cfg.amp), "xla": cfg.xla,
+            "synthetic": inputs.description or None,
             "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS") != "0"}   # set by payloads/tensorflow/__init__.py
 
 

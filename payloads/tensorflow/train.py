@@ -8,11 +8,12 @@ averages the gradients; the options, outputs and metrics are the PyTorch payload
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from typing import Sequence
 
-from ..common import config, schedule
+from ..common import config, devices, schedule
 from ..common.errors import ConfigError
 from ..common.metrics import MetricsFile, finish
 
@@ -20,30 +21,48 @@ DATA_KINDS = ("synthetic", "tfrecord")
 log = logging.getLogger("payloads.tensorflow")
 
 
-def make_step(cfg, hvd, tf, model, optimizer):
+XLA_CPU_FLAG = "--tf_xla_cpu_global_jit"
+
+
+def xla_on_cpu(cfg, environ=None) -> None:
+    """--xla on a node without an NVIDIA driver: TensorFlow's XLA guide (auto-clustering) compiles CPU ops
+    only with --tf_xla_cpu_global_jit in TF_XLA_FLAGS; without it --xla ran uncompiled. TensorFlow reads
+    the variable once, and loading Horovod's TensorFlow ops already does: call before importing either."""
+    environ = os.environ if environ is None else environ
+    if not cfg.xla or devices.driver_version() is not None or devices.expected_gpus(environ):
+        return
+    flags = environ.get("TF_XLA_FLAGS", "")
+    if XLA_CPU_FLAG not in flags.split():
+        environ["TF_XLA_FLAGS"] = f"{flags} {XLA_CPU_FLAG}".strip()
+
+
+def make_step(cfg, hvd, tf, model, optimizer, prepare):
+    """The training and evaluation steps; `prepare` turns a batch's x into images on the step's device."""
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     compression = hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none
     op = hvd.Adasum if cfg.adasum else hvd.Average
     from . import runtime
 
+    scaling = runtime.loss_scaling()
+
     @tf.function(reduce_retracing=True)
-    def step(images, labels):
+    def step(x, labels):
         with tf.GradientTape() as tape:
-            logits = model(images, training=True)
+            logits = model(prepare(x), training=True)
             loss = loss_fn(labels, tf.cast(logits, tf.float32))
             total = loss + runtime.weight_decay_loss(cfg, model)
-            scaled = optimizer.get_scaled_loss(total) if cfg.amp else total
+            scaled = optimizer.get_scaled_loss(total) if scaling else total
         tape = hvd.DistributedGradientTape(tape, compression=compression, op=op)
         grads = tape.gradient(scaled, model.trainable_variables)
-        if cfg.amp:
+        if scaling:
             grads = optimizer.get_unscaled_gradients(grads)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), labels), tf.float64))
         return loss, correct
 
     @tf.function(reduce_retracing=True)
-    def predict(images, labels):
-        logits = tf.cast(model(images, training=False), tf.float32)
+    def predict(x, labels):
+        logits = tf.cast(model(prepare(x), training=False), tf.float32)
         loss = tf.reduce_sum(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), labels), tf.float64))
         return loss, correct
@@ -57,23 +76,24 @@ def global_sums(hvd, tf, name: str, *values: float) -> list[float]:
 
 
 def run(cfg: config.TrainConfig) -> dict:
+    xla_on_cpu(cfg)
     import horovod.tensorflow as hvd
     import tensorflow as tf
     from tqdm import tqdm
 
     from . import data, models, runtime
 
-    root, device, batch, model, scale = runtime.start(cfg, hvd)
+    root, device, batch, model, scale, threads = runtime.start(cfg, hvd)
     optimizer = tf.keras.optimizers.SGD(learning_rate=cfg.base_lr * scale, momentum=cfg.momentum)
-    if cfg.amp:
+    if runtime.loss_scaling():
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
     start_epoch = runtime.restore(cfg, hvd, model, optimizer)
-    inputs = data.build(cfg, hvd.rank(), hvd.size(), batch, start_epoch)
-    step, predict = make_step(cfg, hvd, tf, model, optimizer)
+    inputs = data.build(cfg, hvd.rank(), hvd.size(), batch, start_epoch, threads.data)
+    step, predict = make_step(cfg, hvd, tf, model, optimizer, inputs.prepare)
 
     metrics = writer = None
     if root:
-        metrics = MetricsFile(cfg.metrics_path, {"config": cfg.to_json(), "world": runtime.world(cfg, hvd, device, model)})
+        metrics = MetricsFile(cfg.metrics_path, {"config": cfg.to_json(), "world": runtime.world(cfg, hvd, device, model, inputs)})
         writer = tf.summary.create_file_writer(str(cfg.tensorboard_dir))
         log.info("training %s on %s data, %d process(es) x batch %d, %s, outputs in %s", cfg.model, cfg.data,
                  hvd.size(), batch, device, cfg.output_dir)
@@ -81,23 +101,26 @@ def run(cfg: config.TrainConfig) -> dict:
     batches = iter(inputs.train)
     total_images, total_seconds = 0, 0.0
     for epoch in range(start_epoch, cfg.epochs):
-        loss_sum = correct = seen = 0.0
+        # Sums stay on the device until the epoch ends: reading a GPU value every step would wait for it.
+        loss_sum, correct, seen = tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64), 0
         bar = tqdm(total=inputs.steps, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not (root and cfg.progress))
         start = time.perf_counter()
         for i in range(inputs.steps):
             lr = schedule.learning_rate(cfg.base_lr, scale, epoch, i, inputs.steps, cfg.warmup_epochs, cfg.lr_decay_epochs)
             optimizer.learning_rate.assign(lr)
             try:
-                images, labels = next(batches)
+                x, labels = next(batches)
             except tf.errors.InvalidArgumentError as e:
                 raise ConfigError(data.input_error(e)) from None
-            loss, n_correct = step(images, labels)
+            loss, n_correct = step(x, labels)
             n = int(labels.shape[0])
-            loss_sum += float(loss) * n
-            correct += float(n_correct)
+            loss_sum += tf.cast(loss, tf.float64) * n
+            correct += n_correct
             seen += n
             bar.update(1)
-            bar.set_postfix(loss=f"{float(loss):.3f}", lr=f"{lr:.4f}")
+            if not bar.disable:
+                bar.set_postfix(loss=f"{float(loss):.3f}", lr=f"{lr:.4f}")
+        loss_sum, correct = float(loss_sum), float(correct)   # waits for the epoch's last step
         seconds = time.perf_counter() - start
         bar.close()
         loss_sum, correct, seen, skipped = global_sums(hvd, tf, f"train_{epoch}", loss_sum, correct, seen,
@@ -107,8 +130,8 @@ def run(cfg: config.TrainConfig) -> dict:
                   "images_per_sec": seen / seconds, "lr": lr}
         if inputs.validation is not None:
             v_loss = v_correct = v_seen = 0.0
-            for images, labels in inputs.validation:
-                l, c = predict(images, labels)
+            for x, labels in inputs.validation:
+                l, c = predict(x, labels)
                 v_loss, v_correct, v_seen = v_loss + float(l), v_correct + float(c), v_seen + int(labels.shape[0])
             v_loss, v_correct, v_seen, v_skipped = global_sums(hvd, tf, f"val_{epoch}", v_loss, v_correct, v_seen,
                                                                inputs.validation_skipped())

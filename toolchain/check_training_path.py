@@ -13,7 +13,8 @@ check, in order:
   3. takes one optimizer step of a small model in two Horovod processes (horovodrun --gloo on localhost)
      and checks that the step applied the gradient averaged over both ranks (TensorFlow: once eagerly,
      once compiled with XLA, once through Keras' fit with Horovod's DistributedOptimizer);
-  4. finds the CUDA data directory XLA needs on a GPU (libdevice, ptxas) where --require-libdevice asks;
+  4. finds the CUDA data directory XLA needs on a GPU (libdevice, ptxas) where --require-libdevice asks, and
+     the CUDA forward-compatibility driver where --cuda-compat names its folder;
   5. `horovodrun --check-build` shows the framework, Gloo and every --require'd controller and op.
 All steps run and all failures are listed; the exit status is 1 when any failed.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import pathlib
 import re
@@ -94,6 +96,34 @@ def check_libdevice(environ=os.environ) -> list[str]:
             problems.append(f"{ptxas} --version exited {out.returncode}: {out.stderr.strip()[-300:]}")
     except OSError as e:
         problems.append(f"{ptxas} does not run ({e}): XLA on a GPU needs ptxas to compile its kernels")
+    return problems
+
+
+# Driver branch each CUDA major needs natively (NVIDIA, "CUDA Compatibility"): the forward-compatibility
+# driver must be of at least this branch to serve the image's CUDA on older hosts.
+CUDA_DRIVER_BRANCH = {13: 580, 12: 525}
+
+
+def check_cuda_compat(compat_dir: str, cuda: str | None) -> list[str]:
+    """The forward-compatibility driver (images/cuda_forward_compat.py) is there, serves the framework's CUDA,
+    and the start-up hook that loads it is installed."""
+    try:
+        names = os.listdir(compat_dir)
+    except OSError as e:
+        return [f"{compat_dir}: {e}: copy cuda-compat from the CUDA build stage"]
+    versions = [m.group(1) for n in names if (m := re.fullmatch(r"libcuda\.so\.(\d+)\.\d+(?:\.\d+)?", n))]
+    problems = []
+    need = CUDA_DRIVER_BRANCH.get(int(str(cuda).split(".")[0])) if cuda and str(cuda)[0].isdigit() else None
+    if not versions:
+        problems.append(f"{compat_dir} has no libcuda.so.<driver version>: no forward-compatibility driver")
+    elif need is None:
+        problems.append(f"the framework reports CUDA {cuda}: no driver branch known for it")
+    elif max(int(v) for v in versions) < need:
+        problems.append(f"{compat_dir} holds driver branch {max(int(v) for v in versions)}, older than CUDA {cuda} "
+                        f"needs ({need})")
+    if importlib.util.find_spec("cuda_forward_compat") is None:
+        problems.append("cuda_forward_compat is not importable: the start-up hook (a .pth in site-packages) that "
+                        "loads the forward-compatibility driver is missing")
     return problems
 
 
@@ -259,6 +289,8 @@ def main(argv=None) -> int:
                     help="another module the image's jobs import (azureml.mlflow)")
     ap.add_argument("--require-libdevice", action="store_true",
                     help="XLA_FLAGS must name a CUDA data dir with libdevice and ptxas (TensorFlow GPU image)")
+    ap.add_argument("--cuda-compat", metavar="DIR",
+                    help="the forward-compatibility driver's folder must serve torch's CUDA (PyTorch GPU image)")
     ap.add_argument("--step-timeout", type=float, default=600)
     ap.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -289,6 +321,15 @@ def main(argv=None) -> int:
         problems = check_libdevice()
         failed += [f"libdevice: {p}" for p in problems]
         print(f"[check] XLA CUDA data dir ({xla_cuda_data_dir()}): {'FAILED' if problems else 'ok'}", flush=True)
+    if args.cuda_compat:
+        cuda = None
+        if not any(f.startswith("imports:") for f in failed):
+            import torch
+            cuda = torch.version.cuda
+        problems = check_cuda_compat(args.cuda_compat, cuda)
+        failed += [f"cuda forward compatibility: {p}" for p in problems]
+        print(f"[check] CUDA forward compatibility ({args.cuda_compat}, CUDA {cuda}): {'FAILED' if problems else 'ok'}",
+              flush=True)
     problems = check_build(args.framework, args.require, horovodrun)
     failed += [f"horovod build: {p}" for p in problems]
     print(f"[check] horovodrun --check-build ({', '.join([CHECK_BUILD_NAME[args.framework], 'Gloo', *args.require])}): "

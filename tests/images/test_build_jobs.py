@@ -31,7 +31,7 @@ def jobs(tmp_path, cores, available_gib, cgroup_v2=None, cgroup_v1=None, **extra
 
 @pytest.mark.parametrize("cores, gib, expected", [
     (4, 15, 4),     # cpu-smoke (Standard_D4s_v3 class: 4 vCPUs, 16 GiB): one per core, not 8
-    (16, 15, 7),    # many cores, little memory: 2 GiB a job
+    (16, 15, 5),    # many cores, little memory: 3 GiB a job
     (2, 64, 2),     # few cores
     (8, 1, 1),      # never below one
 ])
@@ -42,14 +42,14 @@ def test_jobs_are_bounded_by_cores_and_available_memory(tmp_path, cores, gib, ex
 def test_a_container_limit_below_the_hosts_memory_wins(tmp_path):
     """A container build sees the host's /proc/meminfo; its own limit is the cgroup's (v2 memory.max, v1
     memory.limit_in_bytes). "max" and v1's huge number mean no limit."""
-    assert jobs(tmp_path, 16, 120, cgroup_v2=6 * GIB) == 3
-    assert jobs(tmp_path, 16, 120, cgroup_v1=4 * GIB) == 2
+    assert jobs(tmp_path, 16, 120, cgroup_v2=9 * GIB) == 3
+    assert jobs(tmp_path, 16, 120, cgroup_v1=6 * GIB) == 2
     assert jobs(tmp_path, 16, 120, cgroup_v2="max") == 16
     assert jobs(tmp_path, 16, 120, cgroup_v1=9223372036854771712) == 16
 
 
 def test_the_memory_per_job_can_be_changed(tmp_path):
-    assert jobs(tmp_path, 16, 15, HOROVOD_BUILD_GIB_PER_JOB="4") == 3
+    assert jobs(tmp_path, 16, 15, HOROVOD_BUILD_GIB_PER_JOB="5") == 3
 
 
 def test_an_explicit_job_count_still_wins_and_the_images_leave_it_unset():

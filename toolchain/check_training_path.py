@@ -131,10 +131,10 @@ def marked(check_build: str) -> set[str]:
     return set(re.findall(r"\[X\] ([A-Za-z]+)", check_build))
 
 
-def check_build(framework: str, require: list[str], horovodrun: str) -> list[str]:
+def check_build(framework: str, require: list[str], horovodrun: str, timeout: float = 900) -> list[str]:
     try:
-        out = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True, timeout=300)
-    except OSError as e:
+        out = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
         return [f"horovodrun --check-build: {e}"]
     if out.returncode != 0:
         return [f"horovodrun --check-build exited {out.returncode}: {(out.stdout + out.stderr).strip()[-1500:]}"]

@@ -3,7 +3,8 @@
 The launcher sets TRAINING_GPUS_PER_NODE from the VM-size catalog (launcher/interconnect.py). A node whose
 driver is older than the image's CUDA needs shows the framework no GPU at all, and the payloads would
 otherwise train on the CPU, silently and hundreds of times slower. Unset or 0 (CPU clusters, local runs):
-nothing to check.
+nothing to check. report() is the line each payload prints at start-up: the driver, the framework's CUDA,
+whether the image's CUDA forward-compatibility driver is in use, and the mismatch when there is one.
 """
 from __future__ import annotations
 

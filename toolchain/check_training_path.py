@@ -30,7 +30,8 @@ import subprocess
 import sys
 
 MODULES = {
-    "pytorch": ["torch", "torchvision", "torch._dynamo", "torch.optim", "horovod.torch", "mlflow"],
+    # torch._dynamo before torchvision, which imports it too: the first failure names the cause
+    "pytorch": ["torch", "torch._dynamo", "torch.optim", "torchvision", "horovod.torch", "mlflow"],
     "tensorflow": ["tensorflow", "keras", "horovod.tensorflow", "horovod.tensorflow.keras", "mlflow"],
 }
 CHECK_BUILD_NAME = {"pytorch": "PyTorch", "tensorflow": "TensorFlow"}

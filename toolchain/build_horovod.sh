@@ -16,6 +16,29 @@ PYTHON=${PYTHON:-python3}
 CACHE=${HOROVOD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/azure-horovod-training/wheels}
 log() { echo "[build_horovod] $*" >&2; }
 
+# Parallel compile jobs when HOROVOD_BUILD_JOBS is unset: one per core, and no more than the memory the
+# build may use holds at GIB_PER_JOB each: the less of MemAvailable and the cgroup's limit (a container
+# build sees the host's /proc/meminfo; its own limit is in the cgroup). The largest units peak at 2.3 GiB
+# resident (horovod/torch/mpi_ops_v2.cc, C++20; adapter_v2.cc 1.9 GiB; measured with gcc 12, docs/images.md);
+# most stay under 1 GiB, so 3 GiB a job covers the peaks meeting. `build_horovod.sh --jobs` prints the number. HOROVOD_BUILD_MEMINFO, HOROVOD_BUILD_CGROUP_ROOT
+# and HOROVOD_BUILD_NPROC replace /proc/meminfo, /sys/fs/cgroup and nproc (tests, unusual machines).
+GIB_PER_JOB=${HOROVOD_BUILD_GIB_PER_JOB:-3}
+build_jobs() {
+    local cores mem_kib limit root=${HOROVOD_BUILD_CGROUP_ROOT:-/sys/fs/cgroup} jobs
+    cores=${HOROVOD_BUILD_NPROC:-$(nproc)}
+    mem_kib=$(awk '/^MemAvailable:/ {print $2}' "${HOROVOD_BUILD_MEMINFO:-/proc/meminfo}")
+    [[ $mem_kib =~ ^[0-9]+$ ]] || { log "no MemAvailable in ${HOROVOD_BUILD_MEMINFO:-/proc/meminfo}: one job per core"; echo "$cores"; return; }
+    for f in "$root/memory.max" "$root/memory/memory.limit_in_bytes"; do   # cgroup v2, v1 ("max": none)
+        limit=$(cat "$f" 2>/dev/null || true)
+        if [[ $limit =~ ^[0-9]+$ ]] && (( limit / 1024 < mem_kib )); then mem_kib=$(( limit / 1024 )); fi
+    done
+    jobs=$(( mem_kib / (GIB_PER_JOB * 1048576) ))
+    (( jobs > cores )) && jobs=$cores
+    (( jobs < 1 )) && jobs=1
+    echo "$jobs"
+}
+if [ "${1:-}" = "--jobs" ]; then build_jobs; exit 0; fi
+
 has() { "$PYTHON" -c "import $1" >/dev/null 2>&1; }
 ver() { "$PYTHON" -c "import $1; print($1.__version__)" 2>/dev/null || echo none; }
 
@@ -42,7 +65,8 @@ if ls "$OUT"/horovod-*.whl >/dev/null 2>&1; then
     exit 0
 fi
 
-log "building Horovod $HOROVOD_VERSION for torch=$TORCH tf=$TF mpi=$MPI gpu=${GPU_OPS:-off}, C++$CXX (about 3-5 minutes)"
+JOBS=${HOROVOD_BUILD_JOBS:-$(build_jobs)}
+log "building Horovod $HOROVOD_VERSION for torch=$TORCH tf=$TF mpi=$MPI gpu=${GPU_OPS:-off}, C++$CXX, $JOBS parallel jobs (about 3-5 minutes)"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$WORK" 2>&1 | { grep -v "is neither a file nor a directory" || true; } >&2
@@ -57,7 +81,7 @@ BUILD_ENV=(
     "$(flag PYTORCH "$TORCH")" "$(flag TENSORFLOW "$TF")" "$(flag MPI "$MPI")"
     HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_GLOO=1
     CMAKE_POLICY_VERSION_MINIMUM=3.5                # CMake 4 refuses the bundled third_party's old minimums
-    MAKEFLAGS="-j${HOROVOD_BUILD_JOBS:-$(nproc)}"
+    MAKEFLAGS="-j$JOBS"
 )
 if [ -n "$GPU_OPS" ]; then
     # CUDA_HOME too: torch otherwise guesses it from `which nvcc` and hands Horovod a path without cudart.

@@ -3,7 +3,8 @@
 The launcher sets TRAINING_GPUS_PER_NODE from the VM-size catalog (launcher/interconnect.py). A node whose
 driver is older than the image's CUDA needs shows the framework no GPU at all, and the payloads would
 otherwise train on the CPU, silently and hundreds of times slower. Unset or 0 (CPU clusters, local runs):
-nothing to check.
+nothing to check. report() is the line each payload prints at start-up: the driver, the framework's CUDA,
+whether the image's CUDA forward-compatibility driver is in use, and the mismatch when there is one.
 """
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ GPUS_PER_NODE = "TRAINING_GPUS_PER_NODE"
 # Compatibility", minor-version-compatibility table: CUDA 13.x >= 580, CUDA 12.x >= 525; the CUDA 13.0
 # release notes list 580.65.06 as the driver of 13.0 GA). The PyTorch image is CUDA 13, the TensorFlow one 12.
 MIN_DRIVER = {13: "580.65.06", 12: "525.60.13"}
+VERSION_FILE = "/proc/driver/nvidia/version"
+# Set by images/cuda_forward_compat.py (the PyTorch image) when it loaded CUDA's forward-compatibility driver.
+FORWARD_COMPAT = "CUDA_FORWARD_COMPAT"
 
 
 class GpuError(ConfigError):
@@ -41,14 +45,57 @@ def expected_gpus(environ=None) -> int:
     return value
 
 
-def driver_version() -> str | None:
-    """The NVIDIA kernel driver's version, as the host exposes it to the container, or None."""
-    try:
-        text = pathlib.Path("/proc/driver/nvidia/version").read_text()
-    except OSError:
-        return None
+def parse_driver_version(text: str) -> str | None:
+    """The version in /proc/driver/nvidia/version's text (proprietary or open kernel module), or None."""
     m = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", text)
     return m.group(1) if m else None
+
+
+def driver_version(version_file: str = VERSION_FILE) -> str | None:
+    """The NVIDIA kernel driver's version, as the host exposes it to the container, or None."""
+    try:
+        return parse_driver_version(pathlib.Path(version_file).read_text())
+    except OSError:
+        return None
+
+
+def _version(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v))
+
+
+def required_driver(cuda: str | None) -> str | None:
+    """The oldest driver the CUDA version runs on without forward compatibility, or None when unknown."""
+    try:
+        return MIN_DRIVER.get(int(str(cuda).split(".")[0]))
+    except ValueError:
+        return None
+
+
+def mismatch(driver: str | None, cuda: str | None, forward_compat: str | None = None) -> str | None:
+    """Why this driver cannot run this CUDA, or None when it can (or when either is unknown: a CPU node, a
+    CPU build of the framework). forward_compat: what images/cuda_forward_compat.py loaded, if anything."""
+    need = required_driver(cuda)
+    if not driver or not need or _version(driver) >= _version(need):
+        return None
+    text = f"the node's NVIDIA driver ({driver}) is older than CUDA {cuda} in the image needs (driver >= {need})"
+    if forward_compat:
+        return (text + f"; the image's forward-compatibility driver is in use ({forward_compat}), which works on "
+                "data-centre GPUs with a driver branch NVIDIA's forward-compatibility matrix lists; if the "
+                "framework sees no GPU, this combination is not one of them")
+    return text + "; the image has no forward-compatibility driver for it"
+
+
+def report(framework: str, cuda_version: str | None, version_file: str = VERSION_FILE, environ=None) -> str:
+    """One line for the job's log at start-up: the driver, the framework's CUDA, and a mismatch if any."""
+    environ = os.environ if environ is None else environ
+    driver = driver_version(version_file)
+    compat = environ.get(FORWARD_COMPAT) or None
+    line = (f"{framework}: CUDA {cuda_version or 'none (CPU build)'}; NVIDIA driver "
+            f"{driver or f'none ({version_file} absent: no GPU in this container)'}")
+    if compat and driver:
+        line += f"; forward compatibility: {compat}"
+    problem = mismatch(driver, cuda_version, compat)
+    return line + (f"; MISMATCH: {problem}" if problem else "")
 
 
 def require_gpus(visible: int, local_processes: int, framework: str, cuda: str | None = None, environ=None) -> None:
@@ -62,14 +109,14 @@ def require_gpus(visible: int, local_processes: int, framework: str, cuda: str |
             print(f"warning: {framework} sees {visible} of the node's {expected} GPUs ({GPUS_PER_NODE}); "
                   "enough for this job's processes", file=sys.stderr, flush=True)
         return
-    cuda = cuda or (environ if environ is not None else os.environ).get("CUDA_VERSION") or "unknown"
+    env = environ if environ is not None else os.environ
+    cuda = cuda or env.get("CUDA_VERSION") or "unknown"
     driver = driver_version()
-    try:
-        need = MIN_DRIVER.get(int(str(cuda).split(".")[0]))
-    except ValueError:
-        need = None
-    cause = (f"the node's NVIDIA driver ({driver or 'none found in /proc/driver/nvidia/version'}) is older than "
-             f"CUDA {cuda} in the image needs" + (f" (driver >= {need})" if need else ""))
+    cause = mismatch(driver, cuda, env.get(FORWARD_COMPAT))
+    if cause is None:
+        cause = (f"no NVIDIA driver found in {VERSION_FILE} (the node has no GPU, or the container has no GPU access)"
+                 if not driver else f"the node's NVIDIA driver {driver} is new enough for CUDA {cuda}, so the GPUs "
+                 "are likely hidden from the container (NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES)")
     raise GpuError(
         f"this node should have {expected} GPUs ({GPUS_PER_NODE}, set by the launcher from the VM-size catalog) "
         f"for {local_processes} processes, one GPU each, but {framework} sees {visible}. Likely cause: {cause}, "

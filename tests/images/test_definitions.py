@@ -121,3 +121,175 @@ def test_images_carry_the_topology_file_of_every_catalog_size(image):
         fetch = re.search(rf"curl -fsSL -o {re.escape(dest)}\s+\S+/([0-9a-f]{{40}})/topology/{re.escape(name)}\b", text)
         assert fetch, f"{image} image does not fetch {name} at a pinned commit into {dest}"
     assert ("COPY", f"--from=build {interconnect.TOPOLOGY_DIR} {interconnect.TOPOLOGY_DIR}") in _instructions(image)
+
+
+def _stages(image: str) -> list[list[tuple[str, str]]]:
+    """The Dockerfile's instructions split at each FROM (ARGs before the first FROM dropped)."""
+    stages: list[list[tuple[str, str]]] = []
+    for op, args in _instructions(image):
+        if op == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append((op, args))
+    return stages
+
+
+def _runs(stage) -> str:
+    return "\n".join(args for op, args in stage if op == "RUN")
+
+
+def _global_args(image: str) -> dict[str, str]:
+    out = {}
+    for op, args in _instructions(image):
+        if op == "FROM":
+            break
+        if op == "ARG" and "=" in args:
+            key, _, value = args.partition("=")
+            out[key] = value
+    return out
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_python_is_a_pinned_release_not_ubuntus_release_candidate(image):
+    """Issue 19, item 1: jammy's apt python3.11 is 3.11.0~rc1, which lacks sys.get_int_max_str_digits (3.11.0rc2);
+    torch/_dynamo/polyfills/sys.py calls it at import and torch/optim/optimizer.py imports torch._dynamo in every
+    step(). The images take a python-build-standalone build pinned by release tag and sha256 instead."""
+    args = _global_args(image)
+    assert re.fullmatch(r"https://github\.com/astral-sh/python-build-standalone/releases/download/(\d{8})/"
+                        r"cpython-3\.11\.\d+%2B\1-x86_64-unknown-linux-gnu-install_only(_stripped)?\.tar\.gz",
+                        args.get("PYTHON_URL", "")), "a python-build-standalone CPython 3.11 release, pinned by tag"
+    assert re.fullmatch(r"[0-9a-f]{64}", args.get("PYTHON_SHA256", ""))
+    build, runtime = _stages(image)
+    for stage in (build, runtime):
+        installs = " ".join(re.findall(r"apt-get install ([^&]*)", _runs(stage)))
+        assert "apt-get install" in _runs(stage) and not re.search(r"\b(lib)?python3", installs), \
+            f"{image}: an apt Python in a stage: {installs}"
+    assert 'sha256sum -c' in _runs(build) and '"${PYTHON_SHA256}  /tmp/python.tar.gz"' in _runs(build)
+    assert "releaselevel == 'final'" in _runs(build)
+    assert "/opt/python/bin/python3.11 -m venv /opt/venv" in _runs(build)
+    assert ("COPY", "--from=build /opt/python /opt/python") in runtime, "the venv's interpreter reaches the runtime"
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_the_build_ends_by_running_the_training_path_check(image):
+    """Issue 19, item 2: the runtime stage runs toolchain/check_training_path.py, which takes an optimizer step in
+    two Horovod processes (tests/images/test_check_training_path.py runs it here) and requires NCCL and MPI."""
+    check = _check_module()
+    runtime = _stages(image)[-1]
+    assert ("COPY", "toolchain/check_training_path.py /opt/checks/check_training_path.py") in runtime
+    runs = [args for op, args in runtime if op == "RUN" and "check_training_path.py" in args]
+    assert len(runs) == 1, f"{image}: the runtime stage does not run the training path check"
+    argv = runs[0].split()
+    assert argv[:2] == ["python", "/opt/checks/check_training_path.py"], "the venv's python (first on PATH)"
+    parsed = _check_parser(check).parse_args(argv[2:])
+    assert parsed.framework == image and parsed.worker is None
+    assert check.WORKER_STEPS[image], "the check takes optimizer steps for this framework"
+    assert {"MPI", "NCCL"} <= set(parsed.require)
+    assert "azureml.mlflow" in parsed.extra, "the Azure ML MLflow plugin the image installs imports"
+    after = runtime[[a for _, a in runtime].index(runs[0]) + 1:]
+    assert all(op in ("WORKDIR", "LABEL") for op, _ in after), f"{image}: the check is not the build's last step"
+
+
+def _check_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_training_path", ROOT / "toolchain/check_training_path.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _check_parser(check):
+    import argparse
+
+    captured = {}
+    real = argparse.ArgumentParser.parse_args
+
+    def grab(self, args=None, namespace=None):
+        captured["parser"] = self
+        raise SystemExit(0)
+
+    argparse.ArgumentParser.parse_args = grab
+    try:
+        check.main([])
+    except SystemExit:
+        pass
+    finally:
+        argparse.ArgumentParser.parse_args = real
+    return captured["parser"]
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_runtime_stage_is_plain_ubuntu_with_gpu_access_for_the_nvidia_runtime(image):
+    """Issue 19, item 8: the wheels bring CUDA; a CUDA runtime base would be a second copy. The NVIDIA container
+    runtime mounts GPUs only into containers whose image sets NVIDIA_VISIBLE_DEVICES (NVIDIA's CUDA images
+    set it; a plain Ubuntu image must), and mounts libcuda for `compute`, NVML (which NCCL reads) and
+    nvidia-smi for `utility` (NVIDIA Container Toolkit, "Specialized Configurations", driver capabilities)."""
+    froms = [args for op, args in _instructions(image) if op == "FROM"]
+    assert froms[0].startswith("nvidia/cuda:${CUDA_VERSION}-devel-") and froms[0].endswith(" AS build")
+    assert froms[-1] == "ubuntu:${UBUNTU_VERSION}" and _global_args(image)["UBUNTU_VERSION"] == "22.04"
+    env = dict(_env(image))
+    assert env.get("NVIDIA_VISIBLE_DEVICES") == "all"
+    assert {"compute", "utility"} <= set(env.get("NVIDIA_DRIVER_CAPABILITIES", "").split(","))
+    assert "NVIDIA_REQUIRE_CUDA" not in env, "the runtime would refuse older drivers before the payloads name them"
+    paths = _paths(env["LD_LIBRARY_PATH"])
+    assert "/usr/local/nvidia/lib64" in paths, "where older GPU set-ups mount the host driver (NVIDIA's CUDA images)"
+    # InfiniBand/UCX user space and Open MPI stay (issue 12): what NCCL's IB transport and mpirun load
+    apt = _runs(_stages(image)[-1])
+    for package in ("libopenmpi3", "openmpi-bin", "libucx0", "rdma-core", "libibverbs1", "ibverbs-providers",
+                    "librdmacm1", "openssh-client"):
+        assert re.search(rf"\b{re.escape(package)}\b", apt), f"{image}: runtime lacks {package}"
+
+
+SITE = "/opt/venv/lib/python3.11/site-packages"
+
+
+def _paths(value: str) -> list[str]:
+    """LD_LIBRARY_PATH's folders, without the ${LD_LIBRARY_PATH:+:...} tail that extends the base's."""
+    return re.sub(r"\$\{LD_LIBRARY_PATH:\+:\$\{LD_LIBRARY_PATH\}\}$", "", value).split(":")
+
+
+def test_pytorch_runtime_library_path_reaches_the_wheels_nccl_and_cuda_runtime():
+    """Horovod is linked against libnccl.so.2 and libcudart.so.13; in a non-CUDA image only the wheels have them.
+    The folders are the wheels' layout, checked against this machine's .venv (the same pins)."""
+    import torch
+
+    site = pathlib.Path(torch.__file__).parents[1]
+    paths = _paths(dict(_env("pytorch"))["LD_LIBRARY_PATH"])
+    for lib, soname in (("nvidia/nccl/lib", "libnccl.so.2"), ("nvidia/cu13/lib", "libcudart.so.13")):
+        assert f"{SITE}/{lib}" in paths
+        assert (site / lib / soname).exists(), f"the pinned wheels put {soname} elsewhere than {lib}"
+
+
+def test_tensorflow_runtime_library_path_and_xla_data_dir():
+    """tensorflow[and-cuda]==2.15.1 brings nvidia-nccl-cu12 (nvidia/nccl/lib/libnccl.so.2), nvidia-cuda-runtime-cu12
+    (nvidia/cuda_runtime/lib/libcudart.so.12) and nvidia-cuda-nvcc-cu12 (nvidia/cuda_nvcc/nvvm/libdevice/
+    libdevice.10.bc, bin/ptxas), as their wheels list them; XLA takes libdevice and ptxas from
+    --xla_gpu_cuda_data_dir (issue 19, item 9), and the build check requires them there."""
+    assert re.search(r"^tensorflow\[and-cuda\]==", (ROOT / "images/tensorflow/requirements.txt").read_text(), re.M)
+    env = dict(_env("tensorflow"))
+    paths = _paths(env["LD_LIBRARY_PATH"])
+    assert f"{SITE}/nvidia/nccl/lib" in paths and f"{SITE}/nvidia/cuda_runtime/lib" in paths
+    assert env["XLA_FLAGS"] == f"--xla_gpu_cuda_data_dir={SITE}/nvidia/cuda_nvcc"
+    run = next(a for op, a in _stages("tensorflow")[-1] if op == "RUN" and "check_training_path.py" in a)
+    assert "--require-libdevice" in run.split()
+
+
+def test_pytorch_image_carries_the_forward_compatibility_driver_and_its_hook():
+    """Issue 19, item 4: CUDA 13 needs driver branch 580; older hosts get cuda-compat-13-0 from the CUDA build
+    stage, loaded at interpreter start-up by images/cuda_forward_compat.py (tests/images/test_cuda_forward_compat.py)."""
+    build, runtime = _stages("pytorch")
+    assert "cp -a /usr/local/cuda/compat/. /opt/cuda-compat/" in _runs(build)
+    assert ("COPY", "--from=build /opt/cuda-compat /usr/local/cuda/compat") in runtime
+    assert ("COPY", f"images/cuda_forward_compat.py {SITE}/cuda_forward_compat.py") in runtime
+    assert f'"import cuda_forward_compat; cuda_forward_compat.activate()" > {SITE}/cuda_forward_compat.pth' \
+        in " ".join(_runs(runtime).split())
+    run = next(a for op, a in runtime if op == "RUN" and "check_training_path.py" in a)
+    assert "--cuda-compat /usr/local/cuda/compat" in " ".join(run.split())
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_build_and_runtime_share_one_ubuntu_release(image):
+    """Horovod is compiled against the build stage's Open MPI; the runtime's libopenmpi3 must be the same release."""
+    froms = [args for op, args in _instructions(image) if op == "FROM"]
+    assert all("${UBUNTU_VERSION}" in f for f in froms)

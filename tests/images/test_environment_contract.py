@@ -51,6 +51,14 @@ def test_python_is_3_11(host):
     assert out == "(3, 11)"
 
 
+def test_python_is_a_release_with_what_torch_calls(host):
+    """Ubuntu 22.04's apt python3.11 is 3.11.0rc1, which lacks sys.get_int_max_str_digits (3.11.0rc2) that
+    torch._dynamo calls at import; every optimizer step imports torch._dynamo (issue 19, item 1)."""
+    out = host.check_output(f"{PROFILE['python']} -c 'import sys; "
+                            "print(sys.version_info.releaselevel, hasattr(sys, \"get_int_max_str_digits\"))'")
+    assert out == "final True"
+
+
 @pytest.mark.parametrize("module", sorted(PROFILE["modules"]))
 def test_framework_version_matches_the_pins(host, module):
     version = host.check_output(f"{PROFILE['python']} -c 'import {module}; print({module}.__version__)'")

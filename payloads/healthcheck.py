@@ -104,7 +104,10 @@ def node_facts(torch) -> dict:
         v = torch.cuda.nccl.version()
         nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
     ib = pathlib.Path("/sys/class/infiniband")
-    return {"host": socket.gethostname(), "driver": devices.driver_version() or "none",
+    # The CUDA torch was built for, against the host's driver (whether or not torch sees a GPU with it).
+    driver = devices.driver_version()
+    problem = devices.mismatch(driver, torch.version.cuda, os.environ.get(devices.FORWARD_COMPAT) or None)
+    return {"host": socket.gethostname(), "driver": driver or "none", "driver_mismatch": problem,
             "cuda": (torch.version.cuda or "none") if gpu else "none", "nccl": nccl,
             "gpus_visible": torch.cuda.device_count() if gpu else 0,
             "infiniband_devices": sorted(p.name for p in ib.iterdir()) if ib.is_dir() else []}
@@ -323,7 +326,8 @@ def main(argv=None) -> int:
             nodes.setdefault(f["host"], f)
         for f in nodes.values():
             say(f"node {f['host']}: driver {f['driver']}, CUDA {f['cuda']}, NCCL {f['nccl']}, "
-                f"{f['gpus_visible']} GPUs, InfiniBand devices: {', '.join(f['infiniband_devices']) or 'none'}")
+                f"{f['gpus_visible']} GPUs, InfiniBand devices: {', '.join(f['infiniband_devices']) or 'none'}"
+                + (f"; MISMATCH: {f['driver_mismatch']}" if f.get("driver_mismatch") else ""))
         for r in results:
             say(f"allreduce {r['mbytes']:>7.1f} MB: {r['best_seconds'] * 1e3:8.2f} ms, "
                 f"bus bandwidth {r['bus_gbytes_per_sec']:.2f} GB/s, {'ok' if r['correct'] else 'WRONG SUM'}")

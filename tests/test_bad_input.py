@@ -192,3 +192,11 @@ def test_unwritable_output_dir_is_named_before_training(tmp_path, payload):
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert f"--output-dir {out}" in proc.stderr and expected in proc.stderr, proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("flag", [["--compile"], ["--amp-dtype", "fp16"], ["--gpu-decode"], ["--decoder", "pillow"],
+                                  ["--startup-steps", "3"], ["--loss-scale-init", "1024"]])
+def test_pytorch_only_options_are_refused_by_the_tensorflow_payloads(flag):
+    with pytest.raises(ConfigError, match=f"{flag[0]} is an option of the PyTorch payloads"):
+        config.parse(flag, "train", "", MODELS, framework="tensorflow")
+    config.parse(flag, "train", "", MODELS)     # and accepted by the PyTorch payload

@@ -285,13 +285,23 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
+# Options only the PyTorch payloads act on: the TensorFlow and Keras payloads refuse them (an accepted option must
+# do something), as the PyTorch payload refuses --xla.
+PYTORCH_ONLY = ("amp_dtype", "loss_scale_init", "compile", "decoder", "gpu_decode", "startup_steps")
+
+
 def parse(argv: Sequence[str] | None, prog: str, description: str, models: Sequence[str],
-          data_kinds: Sequence[str] = ("synthetic", "imagefolder")) -> TrainConfig:
+          data_kinds: Sequence[str] = ("synthetic", "imagefolder"), framework: str = "pytorch") -> TrainConfig:
     ns = build_parser(prog, description).parse_args(argv)
     values = vars(ns)
     if values["batch_size"] is None and values["global_batch_size"] is None:
         values["batch_size"] = TrainConfig.batch_size
     cfg = TrainConfig(**values)
+    if framework != "pytorch":
+        for name in PYTORCH_ONLY:
+            if getattr(cfg, name) != getattr(TrainConfig, name):
+                raise ConfigError(f"--{name.replace('_', '-')} is an option of the PyTorch payloads; the TensorFlow "
+                                  "and Keras payloads do not use it: drop it")
     cfg.validate(models, data_kinds)
     check_output_dir(cfg.output_dir)
     tracking.check(cfg.mlflow)

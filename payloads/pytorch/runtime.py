@@ -17,6 +17,8 @@ log = logging.getLogger("payloads.pytorch")
 
 def setup(cfg: config.TrainConfig, hvd) -> tuple[torch.device, precision.Precision]:
     """The device of this process and its precision; fills the device-dependent defaults (amp, channels_last)."""
+    if hvd.local_rank() == 0:   # one line per node: the driver, the CUDA torch was built for, any mismatch
+        log.info("%s", devices.report("PyTorch", torch.version.cuda))
     devices.require_gpus(torch.cuda.device_count(), hvd.local_size(), "PyTorch", torch.version.cuda)
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
     torch.set_num_threads(threads)

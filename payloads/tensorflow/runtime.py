@@ -76,7 +76,10 @@ def setup(cfg, hvd) -> tuple[str, Threads]:
     """Pin this process's GPU, threads, precision and XLA; returns the device it trains on and its threads.
     Runs before TensorFlow's runtime starts: thread pools cannot be resized after."""
     gpus = tf.config.list_physical_devices("GPU")
-    devices.require_gpus(len(gpus), hvd.local_size(), "TensorFlow", tf.sysconfig.get_build_info().get("cuda_version"))
+    cuda = tf.sysconfig.get_build_info().get("cuda_version")
+    if hvd.local_rank() == 0:   # one line per node: the driver, the CUDA TensorFlow was built for, any mismatch
+        print(devices.report("TensorFlow", cuda), flush=True)
+    devices.require_gpus(len(gpus), hvd.local_size(), "TensorFlow", cuda)
     for gpu in gpus:
         tf.config.experimental.set_memory_growth(gpu, True)
     if gpus:

@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m payloads.tens
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     try:
         # The model list is static so that --help and config errors need no TensorFlow import.
-        cfg = config.parse(argv, prog, __doc__.splitlines()[0], MODEL_NAMES, DATA_KINDS)
+        cfg = config.parse(argv, prog, __doc__.splitlines()[0], MODEL_NAMES, DATA_KINDS, framework="tensorflow")
         (runner or run)(cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)   # every rank says it: one rank may meet it alone

@@ -78,27 +78,27 @@ def _landcover_tiles() -> pathlib.Path:
 
 
 def plain_loop(args: list[str]) -> float:
-    """The same training step without Horovod: model, SGD, synthetic data, one thread."""
+    """The same training step without Horovod: model, SGD, the payload's own synthetic batches, one thread."""
     import torch
     import torch.nn.functional as F
 
     from payloads.common import config
-    from payloads.pytorch import data, models
+    from payloads.pytorch import inputs, models
 
     cfg = config.parse(COMMON + args, "plain", "", list(models.MODELS))
+    cfg.channels_last = False
     torch.set_num_threads(1)
+    batch = cfg.per_process_batch(1)
+    data = inputs.build(cfg, 0, 1, batch, torch.device("cpu"))
     torch.manual_seed(cfg.seed)
     model = models.build(cfg.model, cfg.num_classes, cfg.image_size)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.base_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    ds = data.SyntheticImages(cfg.synthetic_samples, cfg.num_classes, cfg.image_size, cfg.seed)
-    sampler = data.ShardedBatchSampler(len(ds), 0, 1, cfg.batch_size, cfg.seed, max_steps=cfg.max_steps_per_epoch)
-    loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler, collate_fn=data.collate)
     rate = 0.0
     for epoch in range(cfg.epochs):
-        sampler.set_epoch(epoch)
+        data.train.set_epoch(epoch)
         model.train()
         seen, start = 0, time.perf_counter()
-        for images, labels, _ in loader:
+        for images, labels, _ in data.train:
             opt.zero_grad()
             F.cross_entropy(model(images), labels).backward()
             opt.step()

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import statistics
 import subprocess
 import sys
@@ -53,7 +54,10 @@ def horovod_loop(np: int, iters: int) -> float:
                           capture_output=True, text=True, timeout=1800)
     if proc.returncode:
         raise RuntimeError(proc.stdout[-3000:] + proc.stderr[-3000:])
-    return float(proc.stdout.split()[-1].rsplit(":", 1)[-1])
+    found = re.findall(r"loop images/sec: ([0-9.]+)", proc.stdout)
+    if not found:
+        raise RuntimeError(f"no rate in the loop's output:\n{proc.stdout[-2000:]}")
+    return float(found[-1])
 
 
 def main(argv=None) -> int:

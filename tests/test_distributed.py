@@ -27,6 +27,10 @@ def test_two_processes_average_gradients_exactly(tmp_path):
     losses = [e["train_loss"] for e in m["epochs"]]
     assert losses[-1] < 0.8 * losses[0], losses
     assert m["run"]["world"]["processes"] == 2
+    # Steady-state throughput counts both ranks' images after the first --startup-steps (10) of 12 steps.
+    assert m["summary"]["steady_state"] is True and m["summary"]["all_images"] == 3 * 128
+    assert m["summary"]["images"] == 2 * 16 * (3 * 4 - 10), m["summary"]
+    assert 0 < m["summary"]["startup_seconds"] and m["summary"]["train_seconds"] < m["summary"]["all_train_seconds"]
     # Ranks end bitwise identical (digests gathered from both processes), and rank 0's digest is
     # that of the checkpoint on disk.
     assert m["summary"]["ranks_identical"] is True

@@ -217,12 +217,14 @@ def run(cfg: config.TrainConfig) -> dict:
 
     if root:
         writer.close()
-    steady = clock.steady_seconds > 0 and clock.images > 0
+    # The clock counted this rank's images; the throughput is the job's (ranks' batches may differ by a sample).
+    (steady_images,) = runtime.global_sums(hvd, "steady_images", clock.images)
+    steady = clock.steady_seconds > 0 and steady_images > 0
     if not steady and root and cfg.epochs > start_epoch:
         log.warning("the run had no more than %d steps (--startup-steps): Total images/sec includes start-up",
                     cfg.startup_steps)
     return finish(cfg, hvd, metrics, models.parameters_digest(model), cfg.epochs - start_epoch,
-                  clock.images if steady else total_images, clock.steady_seconds if steady else total_seconds,
+                  int(steady_images) if steady else total_images, clock.steady_seconds if steady else total_seconds,
                   extra={"startup_seconds": clock.startup_seconds, "steady_state": steady,
                          "all_images": total_images, "all_train_seconds": total_seconds})
 

@@ -41,8 +41,8 @@ CPU_BATCH = 32
 MAX_WORKERS = 16
 
 
-# The PyTorch payload's loader keeps prefetch_factor=4 batches per worker in flight (payloads/pytorch/train.py,
-# loader()), each a float32 tensor in /dev/shm: per node, processes x workers x 4 batches must fit the job's
+# The PyTorch payload's loader keeps prefetch_factor=4 batches per worker in flight (payloads/pytorch/inputs.py,
+# FolderLoader), each a uint8 tensor in /dev/shm (normalised to float only on the device): per node, processes x workers x 4 batches must fit the job's
 # shm_size. The share kept back covers pinned-memory staging and the payload's own use.
 PREFETCH = 4
 SHM_SHARE = 0.8
@@ -122,7 +122,7 @@ def within_shm(fit: Sizing, shm_size: str, processes_per_node: int, processes: i
     glob = _last(args, "--global-batch-size")
     per_process = int(batch) if batch else (int(glob) // max(1, processes) if glob else fit.batch_size)
     image = int(_last(args, "--image-size") or DEFAULT_IMAGE_SIZE)
-    per_worker = processes_per_node * PREFETCH * per_process * 3 * image * image * 4
+    per_worker = processes_per_node * PREFETCH * per_process * 3 * image * image     # uint8: a byte a value
     limit = int(shm_bytes(shm_size) * SHM_SHARE // per_worker)
     given = _last(args, "--workers")
     if given is not None and int(given) > limit:

@@ -99,32 +99,32 @@ def _values(args: list[str], flag: str) -> list[str]:
 @pytest.mark.parametrize("cluster_name, batch, workers", [("gpu-ib", "256", "11"), ("cpu-smoke", "32", "3")])
 @pytest.mark.parametrize("job", sorted((ROOT / "payloads/jobs").glob("*resnet50*.yaml")), ids=lambda p: p.stem)
 def test_the_resnet_jobs_get_the_clusters_batch_and_workers(dev_outputs, cluster_name, batch, workers, job):
-    """dev stack: gpu-ib is an ND96asr_v4 (8 A100 40 GB, 96 vCPUs), cpu-smoke a D4s_v5 (4 vCPUs). The synthetic
-    PyTorch job's 32g of /dev/shm holds 5 workers per process at 8 processes of 256 images (8 x 5 x 4 x 154 MB
-    = 25 GB, of 80% of 32 GiB), not 11."""
+    """dev stack: gpu-ib is an ND96asr_v4 (8 A100 40 GB, 96 vCPUs), cpu-smoke a D4s_v5 (4 vCPUs). The jobs'
+    32g of /dev/shm holds 22 workers per process at 8 processes of 256 uint8 images (8 x 22 x 4 x 38.5 MB =
+    27 GB, of 80% of 32 GiB): the vCPUs' 11 bind."""
     args = _payload_args(_render(dev_outputs, job, cluster_name))
     assert _values(args, "--batch-size") == [batch]
     if "<<workers>>" in yaml.safe_load(job.read_text())["command"]:
-        expected = "5" if (job == SYNTHETIC and cluster_name == "gpu-ib") else workers
-        assert _values(args, "--workers") == [expected]
+        assert _values(args, "--workers") == [workers]
 
 
 def test_workers_fit_the_jobs_shared_memory():
     fit = sizing.Sizing(256, 11, "x")
     assert sizing.shm_bytes("32g") == 32 * 2**30 and sizing.shm_bytes("512m") == 512 * 2**20
     assert sizing.within_shm(fit, "64g", 8, 8, []).workers == 11
-    assert sizing.within_shm(fit, "32g", 8, 8, []).workers == 5
-    assert sizing.within_shm(fit, "32g", 8, 8, ["--batch-size", "64"]).workers == 11     # smaller batches
-    assert sizing.within_shm(fit, "32g", 8, 8, ["--image-size", "112"]).workers == 11
-    assert sizing.within_shm(fit, "32g", 8, 16, ["--global-batch-size", "1024"]).workers == 11
+    assert sizing.within_shm(fit, "32g", 8, 8, []).workers == 11
+    assert sizing.within_shm(fit, "8g", 8, 8, []).workers == 5          # 8 x 5 x 4 x 38.5 MB of 80% of 8 GiB
+    assert sizing.within_shm(fit, "8g", 8, 8, ["--batch-size", "64"]).workers == 11     # smaller batches
+    assert sizing.within_shm(fit, "8g", 8, 8, ["--image-size", "112"]).workers == 11
+    assert sizing.within_shm(fit, "8g", 8, 16, ["--global-batch-size", "1024"]).workers == 11
     with pytest.raises(JobError, match="resources.shm_size 'lots'"):
         sizing.within_shm(fit, "lots", 8, 8, [])
 
 
 def test_a_users_workers_beyond_the_shared_memory_are_refused(dev_outputs):
-    with pytest.raises(JobError, match=r"--workers 8: .* need 37 GiB of /dev/shm, the job has shm_size 32g: use "
-                                       r"--workers 5 or fewer"):
-        _render(dev_outputs, SYNTHETIC, "gpu-ib", ["--workers", "8"])
+    with pytest.raises(JobError, match=r"--workers 30: .* need 34 GiB of /dev/shm, the job has shm_size 32g: use "
+                                       r"--workers 22 or fewer"):
+        _render(dev_outputs, SYNTHETIC, "gpu-ib", ["--workers", "30"])
 
 
 @pytest.mark.parametrize("extra, batch_flags, workers", [
@@ -155,14 +155,14 @@ def test_dry_run_shows_the_filled_command(dev_outputs, capsys):
     assert cli.main([str(SYNTHETIC), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--dry-run"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     args = _payload_args(printed["command"])
-    assert _values(args, "--batch-size") == ["256"] and _values(args, "--workers") == ["5"]
+    assert _values(args, "--batch-size") == ["256"] and _values(args, "--workers") == ["11"]
     assert printed["tags"]["sizing"].startswith("Standard_ND96asr_v4: 40 GiB A100, AMP -> batch 256")
-    assert printed["tags"]["sizing"].endswith("5 within shm_size 32g")
+    assert "within shm_size" not in printed["tags"]["sizing"]
 
 
 def test_the_shm_arithmetic_uses_the_payloads_prefetch():
     """One home is the payload's loader: the launcher's copy of its prefetch_factor must match it."""
-    assert f"prefetch_factor={sizing.PREFETCH}" in (ROOT / "payloads/pytorch/train.py").read_text()
+    assert f"prefetch_factor={sizing.PREFETCH}" in (ROOT / "payloads/pytorch/inputs.py").read_text()
 
 
 def test_local_target_fills_from_this_machine_and_keeps_train_locals_own_values(tmp_path, monkeypatch):

@@ -157,7 +157,9 @@ def run(cfg: config.TrainConfig) -> dict:
     batch = cfg.per_process_batch(hvd.size())
     # Each rank loads batch x backward_passes samples per step and splits them into micro-batches.
     data = inputs.build(cfg, hvd.rank(), hvd.size(), batch * cfg.backward_passes_per_step, device,
-                        broadcast_object=lambda obj: hvd.broadcast_object(obj, root_rank=0))
+                        # A fixed name: without one Horovod names the broadcast after the object's type, which
+                        # differs between rank 0 (the listing) and the others (None), and every rank waits forever.
+                        broadcast_object=lambda obj: hvd.broadcast_object(obj, root_rank=0, name="image_listing"))
 
     torch.manual_seed(cfg.seed)
     model = models.build(cfg.model, data.num_classes, cfg.image_size).to(device)

@@ -133,12 +133,14 @@ def test_a_users_workers_beyond_the_shared_memory_are_refused(dev_outputs):
     (["--global-batch-size", "2048"], {"--global-batch-size": ["2048"], "--batch-size": []}, ["11"]),
     (["--workers=5"], {"--batch-size": ["256"]}, ["5"]),
 ])
-def test_the_users_arguments_replace_the_filled_ones(dev_outputs, extra, batch_flags, workers):
+def test_the_users_arguments_replace_the_filled_ones(dev_outputs, extra, batch_flags, workers, tmp_path,
+                                                     monkeypatch):
     """Arguments after `--` win, and the job file's flag goes, so that the payload sees each flag once (it refuses
     --batch-size with --global-batch-size): checked by the payload's own parser."""
     from payloads.common import config
     from payloads.pytorch import models
 
+    monkeypatch.chdir(tmp_path)     # the parser creates --output-dir (the job's literal ${{outputs.run}}) here
     args = _payload_args(_render(dev_outputs, IMAGENET, "gpu-ib", extra))
     for flag, values in batch_flags.items():
         assert _values(args, flag) == values, args

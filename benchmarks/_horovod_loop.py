@@ -24,12 +24,21 @@ def main() -> None:
     ap.add_argument("--warmup-batches", type=int, default=10)
     ap.add_argument("--batches-per-iter", type=int, default=10)
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--optimizer", choices=("plain", "payload"), default="plain",
+                    help="plain: Horovod's benchmark (SGD without momentum); payload: the payload's optimizer "
+                         "(payloads.pytorch.runtime.optimizer: momentum and weight decay, fused or foreach)")
     args = ap.parse_args()
     hvd.init()
     torch.set_num_threads(args.threads)
     model = getattr(torchvision.models, args.model)(weights=None, num_classes=args.num_classes)
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size()),
-                                         named_parameters=model.named_parameters())
+    if args.optimizer == "payload":
+        from payloads.common.config import TrainConfig
+        from payloads.pytorch import runtime
+
+        base = runtime.optimizer(TrainConfig(), model, 0.01 * hvd.size(), torch.device("cpu"))
+    else:
+        base = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
+    optimizer = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)

@@ -229,6 +229,7 @@ def main(argv=None) -> int:
     p.add_argument("--decoders-only", action="store_true", help="only the JPEG decoder table")
     p.add_argument("--decode-images", type=int, default=300, help="JPEGs per set in the decoder table")
     p.add_argument("--repeats", type=int, default=3, help="decoder table: best of this many passes")
+    p.add_argument("--json", type=pathlib.Path, help="also write the decoder table here (benchmarks.plots draws it)")
     args = p.parse_args(argv)
     if args.tiny:
         args.images, args.classes, args.shards, args.image_size, args.batch = 64, 4, 4, 32, 8
@@ -244,7 +245,16 @@ def main(argv=None) -> int:
     print(f"{len(sizes)} generated JPEGs (ImageNet-like, not ImageNet) in {tree_dir}: mean {np.mean(sizes) / 1e3:.0f} KB "
           f"({time.perf_counter() - t:.0f} s)")
     print("\nJPEG decoders, 1 process x 1 thread (images/sec per core):")
-    decoder_table(args, tree_dir)
+    rows = decoder_table(args, tree_dir)
+    if args.json:
+        import platform
+        from .report import _cpu
+        args.json.write_text(json.dumps({
+            "date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "cpu": _cpu(),
+            "command": "python -m benchmarks.input_pipeline " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "python": platform.python_version(), "image_size": args.image_size,
+            "rows": [{"decoder": d, "images": s, "decode_per_core": r1, "decode_crop_per_core": r2}
+                     for d, s, r1, r2 in rows]}, indent=2))
     if args.decoders_only:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)

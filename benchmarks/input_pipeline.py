@@ -23,7 +23,7 @@ photographs, in class folders. Then:
    alone and decoding plus the training crop (RandomResizedCrop to --image-size, flip: the work of one
    shard worker per image), on the full-size JPEGs and on copies pre-resized as prepare --resize 256 and
    --resize 160 write them. The fastest one is the payloads' `--decoder auto`. simplejpeg and PyTurboJPEG are
-   not payload requirements: put them on PYTHONPATH to measure them (docs/input-pipeline.md shows how).
+   not payload requirements: put them on PYTHONPATH to measure them (docs/benchmarks.md#jpeg-decoders shows how).
 3. training, images/sec of the payload in one process (no Horovod launcher), the same model, batch and
    settings on synthetic data, on class folders, and on shards with --cache-decoded.
 On a 2-core machine the data loader and the model share the cores; on a GPU node the loader has the CPUs

@@ -220,3 +220,18 @@ def test_the_readme_folder_map_is_the_repository():
     assert listed == top, f"README's folder map lists {sorted(listed - top)} that git does not have and " \
                           f"misses {sorted(top - listed)}"
     assert len(text.splitlines()) <= 150
+
+
+def test_every_docs_page_is_reachable_from_the_readme():
+    seen, todo = set(), [ROOT / "README.md"]
+    while todo:
+        page = todo.pop()
+        if page in seen or page.suffix != ".md" or not page.is_file():
+            continue
+        seen.add(page)
+        for target in _links(page):
+            path = target.partition("#")[0]
+            if path and not re.match(r"^[a-z][a-z0-9+.-]*:", path):
+                todo.append((page.parent / path).resolve())
+    orphans = [str(p.relative_to(ROOT)) for p in PAGES if p.resolve() not in seen]
+    assert not orphans, f"pages no link leads to from the README: {orphans}"

@@ -1,1 +1,1 @@
-"""Benchmarks that print figures (never timed tests). See README, "Benchmarks"."""
+"""Benchmarks that print figures (never timed tests). See docs/benchmarks.md."""

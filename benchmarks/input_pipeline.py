@@ -23,7 +23,7 @@ photographs, in class folders. Then:
    alone and decoding plus the training crop (RandomResizedCrop to --image-size, flip: the work of one
    shard worker per image), on the full-size JPEGs and on copies pre-resized as prepare --resize 256 and
    --resize 160 write them. The fastest one is the payloads' `--decoder auto`. simplejpeg and PyTurboJPEG are
-   not payload requirements: put them on PYTHONPATH to measure them (docs/input-pipeline.md shows how).
+   not payload requirements: put them on PYTHONPATH to measure them (docs/benchmarks.md#jpeg-decoders shows how).
 3. training, images/sec of the payload in one process (no Horovod launcher), the same model, batch and
    settings on synthetic data, on class folders, and on shards with --cache-decoded.
 On a 2-core machine the data loader and the model share the cores; on a GPU node the loader has the CPUs
@@ -229,6 +229,7 @@ def main(argv=None) -> int:
     p.add_argument("--decoders-only", action="store_true", help="only the JPEG decoder table")
     p.add_argument("--decode-images", type=int, default=300, help="JPEGs per set in the decoder table")
     p.add_argument("--repeats", type=int, default=3, help="decoder table: best of this many passes")
+    p.add_argument("--json", type=pathlib.Path, help="also write the decoder table here (benchmarks.plots draws it)")
     args = p.parse_args(argv)
     if args.tiny:
         args.images, args.classes, args.shards, args.image_size, args.batch = 64, 4, 4, 32, 8
@@ -244,7 +245,16 @@ def main(argv=None) -> int:
     print(f"{len(sizes)} generated JPEGs (ImageNet-like, not ImageNet) in {tree_dir}: mean {np.mean(sizes) / 1e3:.0f} KB "
           f"({time.perf_counter() - t:.0f} s)")
     print("\nJPEG decoders, 1 process x 1 thread (images/sec per core):")
-    decoder_table(args, tree_dir)
+    rows = decoder_table(args, tree_dir)
+    if args.json:
+        import platform
+        from .report import _cpu
+        args.json.write_text(json.dumps({
+            "date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "cpu": _cpu(),
+            "command": "python -m benchmarks.input_pipeline " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "python": platform.python_version(), "image_size": args.image_size,
+            "rows": [{"decoder": d, "images": s, "decode_per_core": r1, "decode_crop_per_core": r2}
+                     for d, s, r1, r2 in rows]}, indent=2))
     if args.decoders_only:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -1,8 +1,9 @@
-"""Regenerate the README's benchmark table: `python -m benchmarks.report --run` (about 20 minutes on 2 cores).
+"""Regenerate the benchmark tables of docs/benchmarks.md: `python -m benchmarks.report --run` (about 20 minutes on 2 cores).
 
 `--run` runs benchmarks.allreduce and benchmarks.scaling (its configs, and every payload) and saves their JSON under
 benchmarks/results/; without it, the table is rebuilt from the saved results. The planner's check against
-the seed figures is recomputed each time (it is arithmetic).
+the seed figures is recomputed each time (it is arithmetic). The figures (PNGs) are `python -m benchmarks.plots`.
+It writes docs/benchmarks.md between its markers, never the README.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from . import planner
 
 HERE = pathlib.Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-README = HERE.parent / "README.md"
+PAGE = HERE.parent / "docs" / "benchmarks.md"
 START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 
 
@@ -67,7 +68,7 @@ def table() -> str:
     lines += ["", "| training (images/sec) | plain PyTorch, 1 process | 2 plain loops at once, no communication "
                   "(ceiling) | Horovod, 1 process | Horovod, 2 processes | scaling efficiency | Horovod overhead at "
                   "1 process |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for config, label in (("local", "README's local job (ResNet-18, 64 px, batch 16)"),
+    for config, label in (("local", "the local job, scripts/train-local (ResNet-18, 64 px, batch 16)"),
                           ("resnet50", "ResNet-50, 224 px, batch 32")):
         path = RESULTS / f"scaling-{config}.json"
         if not path.exists():
@@ -108,12 +109,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.run:
         run_all()
-    text = README.read_text()
+    text = PAGE.read_text()
     if START not in text or END not in text:
-        print(f"error: README.md lacks the {START} ... {END} markers", file=sys.stderr)
+        print(f"error: {PAGE} lacks the {START} ... {END} markers", file=sys.stderr)
         return 2
     new = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: f"{START}\n{table()}\n{END}", text, flags=re.S)
-    README.write_text(new)
+    PAGE.write_text(new)
     print(table())
     return 0
 

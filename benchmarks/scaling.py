@@ -26,7 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
 
 CONFIGS = {
-    # the README's local job
+    # the local job (scripts/train-local)
     "local": ["--model", "resnet18", "--image-size", "64", "--num-classes", "100", "--batch-size", "16",
               "--synthetic-samples", "1024", "--epochs", "2"],
     # the reference: ResNet-50 at 224 px, batch 32 per process (a few steps: it is slow on a CPU)

@@ -96,7 +96,7 @@ def submission_failure(error: BaseException, outputs: StackOutputs, compute: str
                 "outputs again and pick a cluster they list")
     if image and ("image" in mentions or image.split("/")[0].lower() in mentions):
         return (f"Azure ML refused the image {image} ({status} {code}: {message}): build it in the stack's "
-                "registry with `az acr build` (README \"Images\") and check the job file's image tag")
+                "registry with `az acr build` (docs/images.md#building) and check the job file's image tag")
     if status == 404 and ws.lower() in mentions + url.lower():
         return (f"workspace {ws} in resource group {rg} was not found ({message}): the stack outputs belong to "
                 "another stack, subscription or a destroyed stack: `az account show`, then write them again")

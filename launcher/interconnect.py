@@ -3,7 +3,7 @@ none of them, so that one image serves every size).
 
 Three kinds, from the cluster's VM size:
 - cpu: Horovod's MPI operations (faster than Gloo's in shared memory, benchmarks/allreduce.py; a draw with
-  them when both are forced onto TCP, README "Benchmarks") over Open MPI's ob1 pml (shared memory inside a
+  them when both are forced onto TCP, docs/benchmarks.md#what-the-benchmarks-changed) over Open MPI's ob1 pml (shared memory inside a
   node, TCP on eth0 between nodes), Open MPI yielding when idle, one OpenMP thread pool per process.
 - gpu-tcp: GPU sizes without InfiniBand: NCCL over TCP sockets on eth0, MPI (Horovod's coordination only)
   over ob1 as on CPU sizes.
@@ -115,4 +115,4 @@ def check_under_mpi(env: dict, where: str, alternative: str = "") -> None:
     if str(env.get("HOROVOD_CPU_OPERATIONS", "")).lower() == "gloo":
         raise JobError(f"{where}: HOROVOD_CPU_OPERATIONS=gloo crashes Horovod 0.28.1 when mpirun starts the job "
                        "(a segmentation fault in the first allreduce): remove it (mpi is the default and the "
-                       f"faster, see README Benchmarks){alternative}")
+                       f"faster, see docs/benchmarks.md#what-the-benchmarks-changed){alternative}")

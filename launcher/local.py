@@ -21,7 +21,7 @@ CONTROLLERS = ("auto", "mpi", "gloo")
 
 def controller(choice: str = "auto") -> str:
     """The Horovod controller for local runs. auto: MPI when Horovod was built with it and mpirun is on
-    PATH (the faster path here, see README "Benchmarks"), else Gloo, which every build has."""
+    PATH (the faster path here, see docs/benchmarks.md#what-the-benchmarks-changed), else Gloo, which every build has."""
     if choice not in CONTROLLERS:
         raise JobError(f"--controller {choice!r}: choose {', '.join(CONTROLLERS)}")
     if choice != "auto":

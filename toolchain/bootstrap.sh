@@ -47,7 +47,7 @@ if ! command -v mpicxx >/dev/null 2>&1 && [ "${HOROVOD_WITHOUT_MPI:-0}" != 1 ]; 
         { "${SUDO[@]}" apt-get install -y -q --no-install-recommends libopenmpi-dev openmpi-bin ||
           { "${SUDO[@]}" apt-get update -q && "${SUDO[@]}" apt-get install -y -q --no-install-recommends libopenmpi-dev openmpi-bin; }; } >/dev/null
     else
-        log "warning: no mpicxx and no root/apt to install Open MPI: Horovod gets Gloo only (slower allreduce; see README)"
+        log "warning: no mpicxx and no root/apt to install Open MPI: Horovod gets Gloo only (slower allreduce; see docs/benchmarks.md#what-the-benchmarks-changed)"
     fi
 fi
 # A first install needs about 8 GB (torch's CUDA build 5.5 GB, TensorFlow 1.5 GB, the Horovod build): say so

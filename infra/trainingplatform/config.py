@@ -289,7 +289,7 @@ def load(raw: dict, stack: str, location: str | None, today: dt.date | None = No
         if moved in raw:
             r.problems.append(f"{moved} is set in the platform's stack file, but the durable data has a stack of its "
                               f"own now: move the key to infra/data-stack/Pulumi.<stack>.yaml (as "
-                              f"azure-horovod-training-data:{moved}) and remove it here (README, \"Deploy\")")
+                              f"azure-horovod-training-data:{moved}) and remove it here (docs/deploying.md#two-stacks)")
     users = _users(r, raw)
     mount_nfs = r.get(raw, "mountNfs", "", bool, True)
     data_stack = r.get(raw, "dataStack", "", str, None)

@@ -77,7 +77,7 @@ def _retired_retain_key(r: _Reader, d: dict, p: str) -> None:
     # A silently ignored "retainOnDelete: false" would let a user believe `pulumi destroy` removes the data.
     if "retainOnDelete" in d:
         r.bad(p + "retainOnDelete", d["retainOnDelete"], "no longer a setting: the data stack's resources are always "
-              "protected; remove the key (to delete the data for good see README, \"Tear down\")")
+              "protected; remove the key (to delete the data for good see docs/deploying.md#deleting-the-data-for-good)")
 
 
 def load(raw: dict, stack: str, location: str | None) -> DataConfig:

@@ -6,7 +6,7 @@ logs and NFS accounts, their containers and share, every one `protect`ed. Platfo
 outputs through a StackReference and create, each life, what connects their VNet to it (private
 endpoints, DNS, role assignments). So `pulumi destroy` of the platform leaves this state and these
 resources untouched, and the next platform `up` creates nothing that already exists: no import, no
-name juggling. Deleting the data is a deliberate act on this stack (README, "Tear down").
+name juggling. Deleting the data is a deliberate act on this stack (docs/deploying.md#deleting-the-data-for-good).
 
 The outputs are the contract with the platform (program.py reads them by these names).
 """

@@ -180,7 +180,7 @@ def run(raw: dict, stack: str, location: str | None, mocks: RecordingMocks | Non
         if data_outputs is None:
             if not data_stack_file(stack).is_file():
                 raise FileNotFoundError(f"no data stack file {data_stack_file(stack)} for stack {stack}: copy "
-                                        "infra/data-stack/Pulumi.dev.yaml to it (README, \"Deploy\")")
+                                        "infra/data-stack/Pulumi.dev.yaml to it (docs/deploying.md#deploy)")
             data_raw, data_location = read_stack_file(data_stack_file(stack), dataconfig.PROJECT)
             _, data_outputs = run_data(data_raw, stack, data_location, RecordingMocks(subscription=mocks.subscription))
         mocks.stack_outputs[reference] = data_outputs

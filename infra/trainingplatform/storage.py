@@ -83,7 +83,7 @@ class TrainingStorage(pulumi.ComponentResource):
     """The data stack's blob storage. Outputs: data_account, data_container, logs_account, logs_container.
 
     Every resource is protected: Pulumi refuses to delete it, by `destroy` or by a replacement (a changed
-    name), until someone unprotects it on purpose (README, "Tear down")."""
+    name), until someone unprotects it on purpose (docs/deploying.md#deleting-the-data-for-good)."""
 
     def __init__(self, name: str, resource_group, location: str, prefix: str, stack: str,
                  suffix: pulumi.Input[str], cfg: Storage, allowed_client_ips: tuple[str, ...], tags: dict,

@@ -228,7 +228,7 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     g.add_argument("--shuffle-buffer", type=int, default=d.shuffle_buffer, help="shards: samples shuffled in memory per process")
     g.add_argument("--decoder", default=d.decoder,
                    help="PyTorch: the CPU JPEG decoder: auto (the fastest installed: simplejpeg, PyTurboJPEG, "
-                        "torchvision, Pillow, as measured in docs/input-pipeline.md) or one of those names")
+                        "torchvision, Pillow, as measured in docs/benchmarks.md#jpeg-decoders) or one of those names")
     g.add_argument("--gpu-decode", action="store_true",
                    help="PyTorch, --data shards: decode JPEGs on the GPU (nvJPEG through torchvision); without a "
                         "GPU, torchvision's CPU decoder runs the same path")

@@ -2,7 +2,7 @@
 
 Every problem is reported with the path and the fix, on every rank, before any process trains.
 Corrupt image files cannot be found by a scan (that needs a decode of every file); the loaders fail
-on the first one they meet, naming the file, unless skipping is asked for (see the README).
+on the first one they meet, naming the file, unless skipping is asked for (see docs/pytorch.md#bad-input).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """CPU JPEG decoders, one interface: encoded bytes -> HxWx3 uint8 RGB array.
 
-benchmarks/input_pipeline.py measures each one available (docs/input-pipeline.md has the figures);
+benchmarks/input_pipeline.py measures each one available (docs/benchmarks.md#jpeg-decoders has the figures);
 `auto` takes the fastest one installed, in the order those measurements gave. Only Pillow and
 torchvision are payload requirements; simplejpeg and PyTurboJPEG are used when present. Whatever the
 decoder, a file that is not a JPEG (prepare keeps PNGs lossless) or that it refuses (CMYK) goes to
@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
-# Fastest first, as measured by benchmarks/input_pipeline.py (docs/input-pipeline.md).
+# Fastest first, as measured by benchmarks/input_pipeline.py (docs/benchmarks.md#jpeg-decoders).
 PREFERENCE = ("simplejpeg", "turbojpeg", "torchvision", "pillow")
 CHOICES = ("auto",) + tuple(sorted(PREFERENCE))
 JPEG_MAGIC = b"\xff\xd8"

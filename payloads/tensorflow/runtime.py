@@ -216,7 +216,7 @@ def world(cfg, hvd, device: str, model, inputs) -> dict:
 
 
 def _keras_version() -> str:
-    # The Keras tf.keras runs (2.x here); Keras 3 would break Horovod's Keras layer (see README).
+    # The Keras tf.keras runs (2.x here); Keras 3 would break Horovod's Keras layer (see docs/decisions/tf-2-15-keras-2.md).
     from importlib.metadata import version
 
     return version("keras")

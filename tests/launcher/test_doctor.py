@@ -157,7 +157,9 @@ def test_upload_refused_names_role_or_firewall(world, code_, expect):
 
 def test_missing_image_named_with_its_build_command(world):
     world.tags.discard(("training/tensorflow", "tf2.15.1-horovod0.28.1"))
+    world.addresses = ["20.50.2.3"]
     code, out = world.run()
+    print(out)      # on failure pytest shows it; docs/preflight-and-doctor.md quotes it
     block = lines(out, "image training/tensorflow:tf2.15.1-horovod0.28.1")
     registry = world.outputs["registry_login_server"]
     assert code == 1 and block.startswith("[FAIL]") and "keras-resnet50-synthetic.yaml" in block

@@ -105,6 +105,7 @@ def test_healthy_subscription_passes_and_names_every_clusters_numbers(azure):
 
 def test_family_with_zero_quota_fails_naming_family_and_link(azure):
     code, out = run(dev_stack(**{"gpu-ib": {"low_priority": False}}))
+    print(out)      # on failure pytest shows it; docs/preflight-and-doctor.md quotes it
     block = lines(out, "quota gpu-ib")
     assert code == 1 and block.startswith("[FAIL]"), out
     assert "standardNDASv4_A100Family" in block and "One node (96 vCPUs) exceeds" in block
@@ -167,6 +168,7 @@ def test_unregistered_provider_named_with_the_register_command(azure):
 def test_wrong_subscription_refused_before_anything_else(azure):
     other = "99999999-8888-7777-6666-555555555555"
     code, out = run(dev_stack(), current=(other, "`az account show`"))
+    print(out)
     assert code == 1
     assert f"this session is on subscription {other} (`az account show`), the stack deploys to {SUB}" in out
     assert f"az account set --subscription {SUB}" in out

@@ -193,12 +193,22 @@ def check_quota(outputs: StackOutputs, cluster: str, nodes: int, credential=None
         credential = DefaultAzureCredential()
     c, location = outputs.cluster(cluster), outputs.values.get("location") or ""
     need = quota.Need(cluster, c["vm_size"], int(c["max_nodes"]), bool(c.get("low_priority")))
+    from .checks import workspace
+
+    sub = outputs["subscription_id"]
     try:
-        region = quota.read_region(arm.Arm(credential, transport), outputs["subscription_id"], location)
+        client = arm.Arm(credential, transport)
+        region = quota.read_region(client, sub, location)
     except Exception as e:  # noqa: BLE001  advisory: sign-in and any other failure to read is the submission's to name
         print(f"warning: quota not checked ({arm.describe(e, f'reading Azure ML quotas in {location}')}); "
               "submitting anyway", file=sys.stderr, flush=True)
         return
+    try:
+        quota.read_workspace_quotas(client, region, sub, workspace.resource_id(sub, outputs["resource_group"],
+                                                                              outputs["workspace_name"]))
+    except Exception as e:  # noqa: BLE001  the subscription's quota still applies
+        print(f"warning: {arm.describe(e, 'reading the workspace quotas')}; checking the subscription's only",
+              file=sys.stderr, flush=True)
     found = quota.check(region, need, nodes)
     for finding in found:
         if finding.status == f.WARN:

@@ -45,7 +45,7 @@ def findings(outputs: StackOutputs, credential, transport=None, resolver=workspa
         found += images.check(outputs["registry_login_server"], credential,
                               images.job_images() if job_images is None else job_images, transport)
         location = outputs.values.get("location") or ws.get("location")
-        return found + quota_findings(arm, sub, location, needs(outputs))
+        return found + quota_findings(arm, sub, location, needs(outputs), workspace_id=ws_id)
     except ClientAuthenticationError as e:
         return [Finding(FAIL, "sign-in", describe(e, "asking Azure"), SIGN_IN)]
 

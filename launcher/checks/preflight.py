@@ -10,12 +10,13 @@ from infra.trainingplatform import naming
 
 from . import providers, quota, roles, subscription
 from .arm import SIGN_IN, Arm, describe
-from .findings import FAIL, Finding, report
+from .findings import FAIL, WARN, Finding, report
 from .stackfile import StackFile
 
 
 def quota_findings(arm: Arm, subscription_id: str, location: str, needs: list[quota.Need],
-                   nodes: int | None = None) -> list[Finding]:
+                   nodes: int | None = None, workspace_id: str | None = None) -> list[Finding]:
+    """workspace_id: a deployed workspace, whose own per-family quotas count too (doctor)."""
     try:
         region = quota.read_region(arm, subscription_id, location)
     except ClientAuthenticationError:
@@ -23,8 +24,17 @@ def quota_findings(arm: Arm, subscription_id: str, location: str, needs: list[qu
     except AzureError as e:
         return [Finding(FAIL, "quota", describe(e, f"reading Azure ML quotas and VM sizes in {location}"),
                         "needs Reader on the subscription; is Microsoft.MachineLearningServices registered?")]
-    findings = [f for need in needs for f in quota.check(region, need, nodes)]
-    return findings + quota.check_totals(region, needs)
+    found = []
+    if workspace_id:
+        try:
+            quota.read_workspace_quotas(arm, region, subscription_id, workspace_id)
+        except ClientAuthenticationError:
+            raise
+        except AzureError as e:
+            found.append(Finding(WARN, "quota", describe(e, "reading the workspace's own quotas") + "; judged by "
+                                 "the subscription's alone"))
+    found += [f for need in needs for f in quota.check(region, need, nodes)]
+    return found + quota.check_totals(region, needs)
 
 
 def findings(stack: StackFile, credential, transport=None, current=None) -> list[Finding]:

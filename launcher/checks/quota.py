@@ -11,8 +11,11 @@ cannot accomodate for at least 1 requested managed compute nodes which maps to 8
 cluster with min_instances 0 in github.com/ansible-collections/azure/pull/2209). maxNodes above the quota
 only warns: the cluster exists, and jobs that need more nodes than the quota admits wait in the queue.
 
-Rows are read from Usages - List and Virtual Machine Sizes - List (REST, api-version 2024-04-01; the
-documented response shapes are in tests/launcher/test_preflight.py).
+A workspace may have a lower quota of its own per family (how-to-manage-quotas, "Workspace-level quotas";
+Quotas - List): once the workspace exists, that caps its dedicated clusters too.
+
+Rows are read from Usages - List, Quotas - List and Virtual Machine Sizes - List (REST, api-version
+2024-04-01; the documented response shapes are in tests/launcher/test_preflight.py and test_doctor.py).
 """
 from __future__ import annotations
 
@@ -51,6 +54,8 @@ class Region:
     families: dict[str, Pool] = field(default_factory=dict)   # family key -> dedicated pool
     dedicated_total: Pool | None = None
     low_priority: Pool | None = None
+    workspace: dict[str, Pool] = field(default_factory=dict)  # family key -> the workspace's own dedicated quota
+    usage_rows: list[dict] = field(default_factory=list)
 
 
 def family_key(text: str) -> str | None:
@@ -66,6 +71,7 @@ def read_region(arm: Arm, subscription: str, location: str) -> Region:
     for size in arm.list(f"{base}/vmSizes", ML_API):
         region.sizes[str(size.get("name", "")).lower()] = size
     for row in arm.list(f"{base}/usages", ML_API):
+        region.usage_rows.append(row)
         rtype = str(row.get("type", "")).lower()
         name = row.get("name") or {}
         label = name.get("localizedValue") or name.get("value") or ""
@@ -81,6 +87,25 @@ def read_region(arm: Arm, subscription: str, location: str) -> Region:
             if key:
                 region.families[key] = pool
     return region
+
+
+def read_workspace_quotas(arm: Arm, region: Region, subscription: str, workspace_id: str) -> None:
+    """Add the workspace's own per-family limits (rows of type workspaces/quotas under its id; a negative
+    limit: none set, the subscription's applies)."""
+    base = f"/subscriptions/{subscription}/providers/Microsoft.MachineLearningServices/locations/{region.location}"
+    prefix = workspace_id.lower().rstrip("/") + "/"
+    used = {family_key(str(r.get("id", "")).rsplit("/", 1)[-1]): int(r.get("currentValue", 0))
+            for r in region.usage_rows if str(r.get("type", "")).lower().endswith("/workspaces/usages")
+            and str(r.get("id", "")).lower().startswith(prefix)}
+    name = workspace_id.rstrip("/").rsplit("/", 1)[-1]
+    for row in arm.list(f"{base}/quotas", ML_API):
+        if not (str(row.get("type", "")).lower().endswith("/workspaces/quotas")
+                and str(row.get("id", "")).lower().startswith(prefix)):
+            continue
+        label = (row.get("name") or {}).get("localizedValue") or (row.get("name") or {}).get("value") or ""
+        key, limit = family_key(label), int(row.get("limit", -1))
+        if key and limit >= 0 and "lowpriority" not in label.lower().replace(" ", ""):
+            region.workspace[key] = Pool(f"{label} (workspace {name})", limit, used.get(key, 0))
 
 
 def _request(cluster_need: Need, vcpus: int, label: str, location: str) -> str:
@@ -105,13 +130,14 @@ def check(region: Region, need: Need, nodes: int | None = None) -> list[Finding]
         pool, kind = region.low_priority, "low-priority (one regional pool for every family)"
         pools = [pool] if pool else []
     else:
-        pool, kind = region.families.get(family_key(family) or ""), "dedicated"
-        pools = [p for p in (pool, region.dedicated_total) if p]
+        key = family_key(family) or ""
+        pool, kind = region.families.get(key), "dedicated"
+        pools = [p for p in (pool, region.workspace.get(key), region.dedicated_total) if p]
     facts = (f"VM family {family}, {vcpus} vCPUs per node, {need.max_nodes * vcpus} for maxNodes {need.max_nodes}; "
              f"{kind} quota: " + ", ".join(f"'{p.label}' {p.limit if p.limit >= 0 else 'unlimited'} "
                                            f"({p.used} in use)" for p in pools))
     if pool is None:
-        return [Finding(WARN, name, f"{facts or ''}no {kind} quota row for family {family} in {region.location}; "
+        return [Finding(WARN, name, f"{facts}none: no {kind} quota row for family {family} in {region.location}; "
                         "not judged", f"look it up in the studio: {REQUEST_URL}")]
     limited = [p for p in pools if p.limit >= 0]
     if not limited:

@@ -48,6 +48,8 @@ class World:
         ml = rf"{arm}/subscriptions/{sub}/providers/Microsoft\.MachineLearningServices/locations/westeurope"
         fake.on("GET", ml + "/usages", (200, usages(), {}))
         fake.on("GET", ml + "/vmSizes", (200, SIZES, {}))
+        self.ml, self.workspace_quotas = ml, []
+        fake.on("GET", ml + "/quotas", lambda r, m: (200, {"value": self.quota_rows()}, {}))
         blob = rf"{ACCOUNT}\.blob\.core\.windows\.net/{CONTAINER}/azure-horovod-training-doctor/[\w-]+\.txt"
         fake.on("PUT", blob, (201, b"", {"ETag": '"0x8D"', "Last-Modified": "Tue, 24 Nov 2026 02:00:00 GMT",
                                         "x-ms-request-server-encrypted": "true"}))
@@ -56,6 +58,21 @@ class World:
         fake.on("POST", registry + "/oauth2/exchange", (200, {"refresh_token": "acr-refresh"}, {}))
         fake.on("POST", registry + "/oauth2/token", (200, {"access_token": "acr-access"}, {}))
         fake.on("GET", registry + r"/acr/v1/(.+)/_tags/([^/]+)", self.tag)
+
+    def quota_rows(self):
+        """Quotas - List: the subscription's row per family and, where one is set, a workspace's own."""
+        sub, rg = self.outputs["subscription_id"], self.outputs["resource_group"]
+        rows = [{"id": f"/subscriptions/{sub}/quotas/Standard_DSv5_Family_Cluster_Dedicated_vCPUs",
+                 "type": "Microsoft.MachineLearningServices/vmFamily/quotas", "limit": 100, "unit": "Count",
+                 "name": {"value": "Standard DSv5 Family Cluster Dedicated vCPUs",
+                          "localizedValue": "Standard DSv5 Family Cluster Dedicated vCPUs"}}]
+        for workspace, limit in self.workspace_quotas:
+            rows.append({"id": f"/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.MachineLearningServices/"
+                               f"workspaces/{workspace}/quotas/Standard_DSv5_Family_Cluster_Dedicated_vCPUs",
+                         "type": "Microsoft.MachineLearningServices/workspaces/quotas", "limit": limit, "unit": "Count",
+                         "name": {"value": "Standard DSv5 Family Cluster Dedicated vCPUs",
+                                  "localizedValue": "Standard DSv5 Family Cluster Dedicated vCPUs"}})
+        return rows
 
     def tag(self, request, m):
         if request.headers.get("Authorization") != "Bearer acr-access":
@@ -184,6 +201,18 @@ def test_quota_reused_for_the_deployed_clusters(world):
                          r"locations/westeurope/usages", (200, usages(low_priority=40), {}))
     code, out = world.run()
     assert code == 1 and "exceeds 'Total Cluster LowPriority Regional vCPUs' (40)" in lines(out, "quota gpu-ib")
+
+
+def test_workspace_quota_below_the_subscriptions_caps_its_clusters(world):
+    ws = world.outputs["workspace_name"]
+    world.workspace_quotas = [("another-workspace", 0), (ws, 4)]     # another workspace's quota is not ours
+    code, out = world.run()
+    block = lines(out, "quota cpu-smoke")
+    assert code == 0 and block.startswith("[WARN]"), out
+    assert f"above 'Standard DSv5 Family Cluster Dedicated vCPUs (workspace {ws})' (4): at most 1 nodes" in block
+    world.workspace_quotas = [(ws, 0)]
+    code, out = world.run()
+    assert code == 1 and "One node (4 vCPUs) exceeds" in lines(out, "quota cpu-smoke")
 
 
 def test_forbidden_workspace_is_one_readable_failure(world):

@@ -69,6 +69,7 @@ def azure(monkeypatch):
     fake.on("GET", rf"{ARM}/subscriptions/{SUB}/providers/Microsoft\.Authorization/permissions", (200, OWNER, {}))
     fake.on("GET", rf"{ML}/usages", (200, usages(), {}))
     fake.on("GET", rf"{ML}/vmSizes", (200, SIZES, {}))
+    fake.on("GET", rf"{ML}/quotas", (200, {"value": []}, {}))
     return fake
 
 
@@ -304,3 +305,19 @@ def test_cli_routes_preflight(monkeypatch, capsys):
     assert seen["stack"].settings.stack == "dev"
     assert cli.main(["preflight", "--stack", "nope"]) == 2
     assert "Pulumi.nope.yaml not found" in capsys.readouterr().err
+
+
+def test_submission_respects_the_workspaces_own_quota(azure, dev_outputs):
+    from launcher import azureml, stack
+
+    outputs = stack.load_file(dev_outputs)
+    outputs.values["subscription_id"] = SUB
+    ws_id = (f"/subscriptions/{SUB}/resourceGroups/{outputs['resource_group']}/providers/"
+             f"Microsoft.MachineLearningServices/workspaces/{outputs['workspace_name']}")
+    label = "Standard DSv5 Family Cluster Dedicated vCPUs"
+    azure.on("GET", rf"{ML}/quotas", (200, {"value": [
+        {"id": f"{ws_id}/quotas/Standard_DSv5_Family_Cluster_Dedicated_vCPUs", "limit": 4, "unit": "Count",
+         "type": "Microsoft.MachineLearningServices/workspaces/quotas", "name": {"value": label, "localizedValue": label}}]}, {}))
+    with pytest.raises(JobError, match=r"The job needs 2 nodes = 8 vCPUs, above 'Standard DSv5 Family Cluster "
+                                       r"Dedicated vCPUs \(workspace hvd-dev-mlw-\w+\)' \(4\)"):
+        azureml.check_quota(outputs, "cpu-smoke", 2, fake_arm.Credential())

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import pathlib
 
 from .. import stack as stack_outputs
@@ -26,6 +27,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    # azure-identity logs every credential it tried as a WARNING; each finding already says what failed
+    logging.getLogger("azure").setLevel(logging.ERROR)
     if args.command == "preflight":
         from . import preflight, stackfile
         return preflight.run(stackfile.read(args.stack))

@@ -1,4 +1,5 @@
-"""python -m launcher JOB.yaml [--target azureml|local] [--dry-run] ... [-- extra payload arguments]"""
+"""python -m launcher JOB.yaml [--target azureml|local] [--dry-run] ... [-- extra payload arguments]
+python -m launcher preflight --stack STACK | doctor --stack STACK (launcher/checks/)"""
 from __future__ import annotations
 
 import argparse
@@ -10,13 +11,15 @@ import sys
 import yaml
 
 from . import azureml, jobspec, local, prices, stack
+from .checks import cli as checks_cli
 from .errors import JobError
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m launcher", description=(
         "Fill a job definition from the stack outputs, validate it offline with azure-ai-ml, then submit it "
-        "to Azure ML, run it here with horovodrun, or print it with its hourly cost."))
+        "to Azure ML, run it here with horovodrun, or print it with its hourly cost. "
+        "Checks against Azure: python -m launcher preflight|doctor --help (docs/preflight-and-doctor.md)."))
     p.add_argument("job", type=pathlib.Path, help="a job definition, e.g. payloads/jobs/pytorch-resnet50-synthetic.yaml")
     p.add_argument("--target", choices=("azureml", "local"), default="azureml")
     p.add_argument("--dry-run", action="store_true", help="print the resolved job and its hourly cost; submit nothing")
@@ -28,6 +31,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--processes-per-node", type=int, default=None,
                    help="default: the cluster's GPUs per node (1 on CPU clusters)")
     p.add_argument("--no-stream", action="store_true", help="submit and return without following the logs")
+    p.add_argument("--skip-quota-check", action="store_true",
+                   help="submit without first checking the cluster's Azure ML quota for the job's nodes")
     p.add_argument("--input-mode", metavar="ro_mount|download",
                    help="how the job reads its inputs: ro_mount (the job file's default: streamed through a "
                         "block cache on the node's disk) or download (copied to the node's disk before start)")
@@ -43,6 +48,12 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in checks_cli.COMMANDS:
+        try:
+            return checks_cli.main(argv)
+        except JobError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     extra = []
     if "--" in argv:
         i = argv.index("--")
@@ -106,6 +117,8 @@ def run(args, extra: list[str]) -> int:
                   f"path above assumes {args.resume_from} wrote under its own name; if it was itself resumed (a "
                   "chain), the submission takes the folder Azure ML records for it: confirmed only at submission")
         return 0
+    if not args.skip_quota_check:
+        azureml.check_quota(outputs, args.cluster, nodes)
     return azureml.submit(sdk_job, outputs, stream=not args.no_stream, resume_from=args.resume_from)
 
 

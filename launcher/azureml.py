@@ -182,6 +182,43 @@ def follow_earlier_outputs(job, found, earlier: str) -> list[str]:
     return changed
 
 
+def check_quota(outputs: StackOutputs, cluster: str, nodes: int, credential=None, transport=None) -> None:
+    """Before submitting: can the cluster's quota ever hold `nodes` nodes? Refuses (JobError) a job that would
+    wait in the queue for good; prints warnings (quota below maxNodes, busy now, quota unreadable: users with
+    workspace roles only may not read subscription usages, and that must not stop them). launcher/checks/."""
+    from .checks import arm, findings as f, quota
+
+    if credential is None:
+        from azure.identity import DefaultAzureCredential
+        credential = DefaultAzureCredential()
+    c, location = outputs.cluster(cluster), outputs.values.get("location") or ""
+    need = quota.Need(cluster, c["vm_size"], int(c["max_nodes"]), bool(c.get("low_priority")))
+    from .checks import workspace
+
+    sub = outputs["subscription_id"]
+    try:
+        client = arm.Arm(credential, transport)
+        region = quota.read_region(client, sub, location)
+    except Exception as e:  # noqa: BLE001  advisory: sign-in and any other failure to read is the submission's to name
+        print(f"warning: quota not checked ({arm.describe(e, f'reading Azure ML quotas in {location}')}); "
+              "submitting anyway", file=sys.stderr, flush=True)
+        return
+    try:
+        quota.read_workspace_quotas(client, region, sub, workspace.resource_id(sub, outputs["resource_group"],
+                                                                              outputs["workspace_name"]))
+    except Exception as e:  # noqa: BLE001  the subscription's quota still applies
+        print(f"warning: {arm.describe(e, 'reading the workspace quotas')}; checking the subscription's only",
+              file=sys.stderr, flush=True)
+    found = quota.check(region, need, nodes)
+    for finding in found:
+        if finding.status == f.WARN:
+            print(f"warning: {finding.render()}", file=sys.stderr, flush=True)
+    failed = [x for x in found if x.status == f.FAIL]
+    if failed:
+        raise JobError(" ".join(x.message + (f"; fix: {x.fix}" if x.fix else "") for x in failed)
+                       + " (--skip-quota-check submits anyway)")
+
+
 def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None, resume_from: str | None = None) -> int:
     from azure.core.exceptions import AzureError
     from azure.ai.ml.exceptions import JobException

@@ -1,0 +1,88 @@
+"""Azure at the network boundary for the launcher's checks: every azure-core pipeline (ARM, blob storage,
+container registry) sends through requests' HTTPAdapter, which the `fake` fixture replaces with routes
+answering recorded-shaped JSON (the REST reference's documented examples) or Azure's error bodies."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import time
+from typing import Callable
+
+import requests
+import urllib3
+from requests.adapters import HTTPAdapter
+
+
+def jwt(claims: dict) -> str:
+    """An unsigned JWT with these claims (the checks read their own token's claims; they never verify it)."""
+    def part(d):
+        return base64.urlsafe_b64encode(json.dumps(d).encode()).rstrip(b"=").decode()
+    return f"{part({'alg': 'none', 'typ': 'JWT'})}.{part(claims)}.sig"
+
+
+USER = {"oid": "33333333-3333-3333-3333-333333333333", "idtyp": "user", "scp": "user_impersonation",
+        "upn": "someone@example.com"}
+SERVICE_PRINCIPAL = {"oid": "44444444-4444-4444-4444-444444444444", "idtyp": "app", "roles": []}
+
+
+class Credential:
+    """What DefaultAzureCredential hands azure-core: an access token, here for the given claims."""
+
+    def __init__(self, claims: dict | None = None, error: Exception | None = None):
+        self.claims, self.error = claims or USER, error
+
+    def get_token(self, *scopes, **kw):
+        from azure.core.credentials import AccessToken
+        if self.error:
+            raise self.error
+        return AccessToken(jwt(self.claims), int(time.time()) + 3600)
+
+    def get_token_info(self, *scopes, **kw):
+        from azure.core.credentials import AccessTokenInfo
+        if self.error:
+            raise self.error
+        return AccessTokenInfo(jwt(self.claims), int(time.time()) + 3600)
+
+
+def arm_error(status: int, code: str, message: str):
+    return status, {"error": {"code": code, "message": message}}, {}
+
+
+class FakeAzure:
+    def __init__(self):
+        # (method, regex on host+path) -> (status, body, headers) or a callable(request, match) returning it
+        self.routes: list[tuple[str, re.Pattern, object]] = []
+        self.requests: list[requests.PreparedRequest] = []
+
+    def on(self, method: str, pattern: str, answer) -> None:
+        """Later routes win, so a test can replace one answer of a working fake."""
+        self.routes.insert(0, (method, re.compile(pattern), answer))
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.Response:
+        self.requests.append(request)
+        url = urllib3.util.parse_url(request.url)
+        target = f"{url.host}{url.path}"
+        for method, pattern, answer in self.routes:
+            m = pattern.fullmatch(target)
+            if m and method == request.method:
+                status, body, headers = answer(request, m) if callable(answer) else answer
+                return self.response(request, status, body, headers)
+        return self.response(request, 404, {"error": {"code": "NotFound", "message": f"fake Azure has no {target}"}}, {})
+
+    @staticmethod
+    def response(request, status: int, body, headers: dict) -> requests.Response:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else b""
+        headers = {"Content-Length": str(len(data)), "x-ms-request-id": "fake",
+                   **({"Content-Type": "application/json"} if not isinstance(body, bytes) and body is not None else {}),
+                   **headers}
+        raw = urllib3.HTTPResponse(body=io.BytesIO(data), headers=headers, status=status, preload_content=False,
+                                   reason="fake")
+        return HTTPAdapter().build_response(request, raw)
+
+
+def install(monkeypatch) -> FakeAzure:
+    fake = FakeAzure()
+    monkeypatch.setattr(HTTPAdapter, "send", lambda self, request, **kw: fake(request))
+    return fake

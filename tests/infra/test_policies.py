@@ -122,13 +122,15 @@ def test_private_profile_policy(dev, prod):
     dev_mocks, _ = dev
     failing = {r.name: _validate(policy, r.type, r.inputs, on) for r in dev_mocks.resources}
     failing = {k: v for k, v in failing.items() if v}
-    assert sorted(failing) == ["ml-kv", "ml-workspace", "registry-acr"]
+    assert sorted(failing) == ["ml-kv", "ml-storage", "ml-workspace", "registry-acr"]
     assert "publicNetworkAccess 'Enabled' in the private profile: set it to Disabled" in failing["registry-acr"][0]
     # Off by default: the dev stack is not the private profile.
     assert all(_validate(policy, r.type, r.inputs) == [] for r in dev_mocks.resources)
     # The committed policy config turns it on.
     config = json.loads((pathlib.Path(tp.__file__).parent / "private-profile.json").read_text())
     assert config[policy.name] == on
+    # Storage accounts are checked too (issue 20, item 16): the dev workspace storage has public access on.
+    assert "storage account has publicNetworkAccess 'Enabled'" in failing["ml-storage"][0]
 
 
 def test_every_stack_policy_passes_on_dev_and_prod(dev, prod):

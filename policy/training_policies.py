@@ -195,8 +195,9 @@ def _denies_internet_outbound(rule: dict) -> bool:
 
 
 def _allows_internet_outbound(rule: dict) -> bool:
+    destinations = [rule.get("destinationAddressPrefix"), *(rule.get("destinationAddressPrefixes") or [])]
     return (rule.get("direction") == "Outbound" and rule.get("access") == "Allow"
-            and rule.get("destinationAddressPrefix") in ("Internet", "*", "0.0.0.0/0"))
+            and any(d in ("Internet", "*", "0.0.0.0/0") for d in destinations))
 
 
 def check_outbound_deny(resource_type: str, props: dict) -> str | None:

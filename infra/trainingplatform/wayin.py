@@ -157,16 +157,20 @@ class WayIn(pulumi.ComponentResource):
         # https://learn.microsoft.com/azure/virtual-network/virtual-network-peering-overview: a peering is two
         # resources, one on each VNet; gateway transit needs allowGatewayTransit on the hub and
         # useRemoteGateways here (Azure refuses the latter if the hub has no gateway).
-        self.peerings.append(network.VirtualNetworkPeering(
-            f"{self._name}-to-hub", resource_group_name=self._rg, virtual_network_name=self._vnet.name,
-            remote_virtual_network=network.SubResourceArgs(id=cfg.hub_vnet_id), allow_virtual_network_access=True,
-            allow_forwarded_traffic=True, use_remote_gateways=cfg.use_hub_gateway, opts=child))
-        self.peerings.append(network.VirtualNetworkPeering(
+        # The hub's side first: its allowGatewayTransit must be in place before this side asks for the
+        # hub's gateway (useRemoteGateways).
+        from_hub = network.VirtualNetworkPeering(
             f"{self._name}-from-hub", resource_group_name=hub_group, virtual_network_name=hub_name,
             virtual_network_peering_name=pulumi.Output.concat("to-", self._vnet.name),
             remote_virtual_network=network.SubResourceArgs(id=self._vnet.id), allow_virtual_network_access=True,
             allow_forwarded_traffic=True, allow_gateway_transit=cfg.use_hub_gateway,
-            opts=pulumi.ResourceOptions(parent=self, provider=hub_provider)))
+            opts=pulumi.ResourceOptions(parent=self, provider=hub_provider))
+        to_hub = network.VirtualNetworkPeering(
+            f"{self._name}-to-hub", resource_group_name=self._rg, virtual_network_name=self._vnet.name,
+            remote_virtual_network=network.SubResourceArgs(id=cfg.hub_vnet_id), allow_virtual_network_access=True,
+            allow_forwarded_traffic=True, use_remote_gateways=cfg.use_hub_gateway,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[from_hub]))
+        self.peerings = [from_hub, to_hub]
         # Clients in the hub resolve the private endpoints only through zones linked to the hub VNet.
         for zone_name, zone in dns.zones.items():
             self.zone_links[zone_name] = privatedns.VirtualNetworkLink(

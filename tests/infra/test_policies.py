@@ -175,6 +175,10 @@ def test_outbound_deny_policy(dev, prod):
     # The same rule after the deny changes nothing.
     nsg.inputs["securityRules"][-1]["priority"] = 4090
     assert _validate(policy, nsg.type, nsg.inputs, on) == []
+    # A list of destinations that includes the Internet reopens it as well.
+    nsg.inputs["securityRules"][-1].update(priority=3000, destinationAddressPrefix=None,
+                                           destinationAddressPrefixes=["AzureMonitor", "Internet"])
+    assert _validate(policy, nsg.type, nsg.inputs, on)
 
 
 @pytest.mark.parametrize("name,edit,message", [
@@ -202,3 +206,19 @@ def test_client_ips_reach_the_policy_under_the_names_it_reads(dev_data_raw):
     data = one(mocks, "StorageAccount", "storage-data")
     violations = _validate(policy, data.type, data.inputs, {"privateProfile": True})
     assert violations and "52.10.20.30" in violations[0]
+
+
+def test_the_prod_data_stack_passes_the_private_profile_policies():
+    from infra_helpers import DATA_PROD_FILE
+    from trainingplatform import dataconfig
+    raw, location = mocked.read_stack_file(DATA_PROD_FILE, dataconfig.PROJECT)
+    mocks, _ = mocked.run_data(raw, "prod", location)
+    on = {"privateProfile": True}
+    names = ("no-public-network-access-in-private-profile", "outbound-deny-in-private-profile",
+             "no-client-ips-in-private-profile")
+    checked = 0
+    for policy in (p for p in tp.policies() if p.name in names):
+        for r in mocks.resources:
+            assert _validate(policy, r.type, r.inputs, on) == [], (policy.name, r.name)
+            checked += r.type == tp.STORAGE
+    assert checked == 3 * len(mocks.of_type("StorageAccount")) == 9

@@ -160,6 +160,7 @@ def test_hub_mode_peers_both_ways_and_links_every_zone_to_the_hub(hub):
     assert out["remoteVirtualNetwork"]["id"] == HUB and out["useRemoteGateways"] is True
     assert (back["resourceGroupName"], back["virtualNetworkName"]) == ("hub-rg", "hub-vnet")
     assert back["remoteVirtualNetwork"]["id"] == vnet.id and back["allowGatewayTransit"] is True
+    assert "wayin-from-hub" in mocks.depends_on("wayin-to-hub")   # transit offered before it is used
     # The hub side goes through a provider for the hub's subscription.
     provider = mocks.options["wayin-from-hub"].provider
     assert provider is not None

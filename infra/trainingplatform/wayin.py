@@ -134,7 +134,7 @@ class WayIn(pulumi.ComponentResource):
             storage_profile=compute.StorageProfileArgs(
                 image_reference=compute.ImageReferenceArgs(publisher="Canonical", offer="0001-com-ubuntu-server-jammy",
                                                            sku="22_04-lts-gen2", version="latest"),
-                # Docker layers of two CUDA images with Horovod builds: tens of GB.
+                # Room for the Docker layers of both CUDA images and their build stages (docs/images.md, "Size").
                 os_disk=compute.OSDiskArgs(create_option="FromImage", disk_size_gb=256, delete_option="Delete",
                                            managed_disk=compute.ManagedDiskParametersArgs(
                                                storage_account_type="Premium_LRS"))),

@@ -287,3 +287,21 @@ def test_no_storage_egress_policy_without_restrict_outbound(dev):
     mocks, _ = dev
     assert not mocks.of_type("ServiceEndpointPolicy")
     assert not one(mocks, "Subnet", "net-compute").inputs.get("serviceEndpointPolicies")
+
+
+def test_the_entry_point_reads_the_access_setting(prod_raw):
+    # `pulumi up` reads config through config.from_pulumi(): the key must be among those it reads, or the
+    # private profile would be refused for a missing way in that its stack file declares.
+    import json
+
+    import pulumi
+    raw, location = prod_raw
+    cli = {f"{config.PROJECT}:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
+    cli["azure-native:location"] = location
+    pulumi.runtime.set_mocks(mocked.RecordingMocks(), project=config.PROJECT, stack="prod", preview=False)
+    pulumi.runtime.set_all_config(cli)
+    try:
+        cfg = config.from_pulumi()
+    finally:
+        pulumi.runtime.set_all_config({})
+    assert cfg.access == config.AccessConfig("bastion", "10.41.17.0/26", "10.41.17.64/28", "Standard_D4s_v5")

@@ -22,11 +22,13 @@ COMPUTE = "azure-native:machinelearningservices:Compute"
 WORKSPACE = "azure-native:machinelearningservices:Workspace"
 PRIVATE_ENDPOINT = "azure-native:network:PrivateEndpoint"
 PRIVATE_ZONE = "azure-native:privatedns:PrivateZone"
+NSG = "azure-native:network:NetworkSecurityGroup"
 DEFAULT_MAX_GPUS = 64
 # The zones a workspace endpoint registers in (public cloud; Azure ML's how-to-custom-dns).
 AML_ZONES = ("privatelink.api.azureml.ms", "privatelink.notebooks.azure.net")
 # Resources that must have public network access off in the private profile (policy config privateProfile).
-PRIVATE_PROFILE_TYPES = {REGISTRY: "container registry", VAULT: "Key Vault", WORKSPACE: "Azure ML workspace"}
+PRIVATE_PROFILE_TYPES = {REGISTRY: "container registry", VAULT: "Key Vault", WORKSPACE: "Azure ML workspace",
+                         STORAGE: "storage account"}
 
 
 @dataclass(frozen=True)
@@ -174,14 +176,69 @@ def check_workspace_endpoint(resources: Iterable[tuple[str, dict]]) -> str | Non
 
 
 def check_private_profile(resource_type: str, props: dict) -> str | None:
-    """In the private profile, the registry, Key Vault and workspace take no traffic from the internet."""
+    """In the private profile, the registry, Key Vault, workspace and storage accounts take no traffic from the
+    internet."""
     if resource_type not in PRIVATE_PROFILE_TYPES:
         return None
     value = ((props.get("properties") or {}) if resource_type == VAULT else props).get("publicNetworkAccess")
     if value != "Disabled":
         return (f"the {PRIVATE_PROFILE_TYPES[resource_type]} has publicNetworkAccess {value!r} in the private "
                 "profile: set it to Disabled (registryPublicAccess / keyVaultPublicAccess / workspacePublicAccess: "
-                "false in the stack config), which brings its private endpoint")
+                "false in the stack config, which brings its private endpoint; for the data stack's accounts: no "
+                "allowedClientIps)")
+
+
+def _denies_internet_outbound(rule: dict) -> bool:
+    return (rule.get("direction") == "Outbound" and rule.get("access") == "Deny"
+            and rule.get("destinationAddressPrefix") in ("Internet", "*", "0.0.0.0/0")
+            and rule.get("destinationPortRange") == "*" and rule.get("protocol") == "*")
+
+
+def _allows_internet_outbound(rule: dict) -> bool:
+    destinations = [rule.get("destinationAddressPrefix"), *(rule.get("destinationAddressPrefixes") or [])]
+    return (rule.get("direction") == "Outbound" and rule.get("access") == "Allow"
+            and any(d in ("Internet", "*", "0.0.0.0/0") for d in destinations))
+
+
+def check_outbound_deny(resource_type: str, props: dict) -> str | None:
+    """In the private profile every NSG ends its outbound rules with a deny of the internet (restrictOutbound),
+    and no allow rule before it reopens the internet as a whole.
+
+    NSG rules are processed in priority order, lowest number first, and processing stops at the first match
+    (https://learn.microsoft.com/azure/virtual-network/network-security-groups-overview#security-rules); the
+    default AllowInternetOutBound (65001) admits everything that no rule of ours denies first."""
+    if resource_type != NSG:
+        return None
+    rules = props.get("securityRules") or []
+    denies = [r for r in rules if _denies_internet_outbound(r)]
+    if not denies:
+        return ("the network security group has no outbound rule denying the Internet in the private profile: set "
+                "network.restrictOutbound: true, which adds it after Azure ML's documented service tags")
+    first_deny = min(int(r.get("priority", 65000)) for r in denies)
+    reopen = sorted(r.get("name", "?") for r in rules
+                    if _allows_internet_outbound(r) and int(r.get("priority", 65000)) < first_deny)
+    if reopen:
+        return (f"outbound rule(s) {', '.join(reopen)} allow the whole Internet before the deny "
+                f"(priority {first_deny}): allow service tags, not Internet")
+
+
+def check_no_client_ips(resource_type: str, props: dict) -> str | None:
+    """In the private profile no firewall admits a public client address: people come through the VNet."""
+    if resource_type == STORAGE:
+        ips = (props.get("networkRuleSet") or {}).get("ipRules") or []
+        where = "the storage account's networkRuleSet.ipRules"
+    elif resource_type == VAULT:
+        ips = ((props.get("properties") or {}).get("networkAcls") or {}).get("ipRules") or []
+        where = "the Key Vault's networkAcls.ipRules"
+    elif resource_type == REGISTRY:
+        ips = (props.get("networkRuleSet") or {}).get("ipRules") or []
+        where = "the registry's networkRuleSet.ipRules"
+    else:
+        return None
+    if ips:
+        values = [i.get("iPAddressOrRange") or i.get("value") for i in ips]
+        return (f"{where} admit {values} in the private profile: empty network.allowedClientIps (and the data "
+                "stack's) and come in through the way in (docs/private-access.md)")
 
 
 def policies() -> list:
@@ -225,8 +282,25 @@ def policies() -> list:
 
     private = ResourceValidationPolicy(
         name="no-public-network-access-in-private-profile",
-        description="In the private profile (policy config privateProfile: true), registry, Key Vault and workspace "
-                    "have public network access disabled",
+        description="In the private profile (policy config privateProfile: true), registry, Key Vault, workspace "
+                    "and storage accounts have public network access disabled",
         validate=private_profile, enforcement_level=EnforcementLevel.MANDATORY,
         config_schema=PolicyConfigSchema(properties={"privateProfile": {"type": "boolean", "default": False}}))
-    return [*(resource_policy(r) for r in RULES), budget, endpoint, private]
+    def private_profile_policy(name: str, description: str, check) -> ResourceValidationPolicy:
+        def validate(args, report_violation):
+            if (args.get_config() or {}).get("privateProfile") and (message := check(args.resource_type, args.props)):
+                report_violation(message)
+
+        return ResourceValidationPolicy(
+            name=name, description=description, validate=validate, enforcement_level=EnforcementLevel.MANDATORY,
+            config_schema=PolicyConfigSchema(properties={"privateProfile": {"type": "boolean", "default": False}}))
+
+    outbound = private_profile_policy(
+        "outbound-deny-in-private-profile",
+        "In the private profile (policy config privateProfile: true), every NSG denies outbound Internet",
+        check_outbound_deny)
+    client_ips = private_profile_policy(
+        "no-client-ips-in-private-profile",
+        "In the private profile, storage, Key Vault and registry firewalls admit no client IP addresses",
+        check_no_client_ips)
+    return [*(resource_policy(r) for r in RULES), budget, endpoint, private, outbound, client_ips]

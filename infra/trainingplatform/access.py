@@ -29,6 +29,9 @@ ROLES = {
     "Storage File Data Privileged Contributor": "69566ab7-960f-475b-8e7c-b3118f30c6bd",
     "AzureML Data Scientist": "f6c7c914-8db3-469d-8ca1-694a8f32e121",
     "AcrPull": "7f951dda-4ed3-4680-a7ca-43fe172d538d",
+    "AcrPush": "8311e382-0749-4cb8-b61a-304f252e45ec",
+    "Reader": "acdd72a7-3385-48ef-bd42-f606fba81ae7",
+    "Virtual Machine Administrator Login": "1c0163c0-47e6-4577-8991-ea5c82e47dfa",
 }
 
 # Fixed namespace for the assignment-name GUIDs: the same inputs give the same name on every machine.

@@ -77,6 +77,8 @@ class PlatformConfig:
     users: tuple[Principal, ...] | None = None
     # Reach the data stack's NFS share from this platform's VNet (a private endpoint per platform life).
     mount_nfs: bool = True
+    # How people reach a private platform from outside its VNet (config `access`; wayin.py).
+    access: AccessConfig | None = None
 
     @property
     def total_max_gpus(self) -> int:
@@ -325,11 +327,12 @@ def load(raw: dict, stack: str, location: str | None, today: dt.date | None = No
     acr_public = r.get(raw, "registryPublicAccess", "", bool, True)
     kv_public = r.get(raw, "keyVaultPublicAccess", "", bool, True)
     tags = r.get(raw, "tags", "", dict, {})
+    access = _access(r, raw, network, ws_public)
     if r.problems:
         raise ConfigError(r.problems)
     return PlatformConfig(stack, prefix, location, network, clusters, ws_public, acr_public, build,
                           max_gpus, max_nodes, {"project": PROJECT, "stack": stack, **{str(k): str(v) for k, v in tags.items()}},
-                          kv_public, data_stack, users, mount_nfs)
+                          kv_public, data_stack, users, mount_nfs, access=access)
 
 
 def pulumi_settings(keys: tuple[str, ...]) -> tuple[dict, str, str | None]:
@@ -356,4 +359,110 @@ def from_pulumi() -> PlatformConfig:
     """Read the current stack's config through Pulumi (the program's entry point)."""
     return load(*pulumi_settings(("prefix", "network", "storage", "nfs", "clusters", "imageBuildCluster",
                                   "maxTotalGpus", "maxTotalNodes", "workspacePublicAccess", "registryPublicAccess",
-                                  "keyVaultPublicAccess", "tags", "users", "dataStack", "mountNfs")))
+                                  "keyVaultPublicAccess", "tags", "users", "dataStack", "mountNfs",
+                                  "access")))
+
+
+# ---- The way in (config `access`): how people outside the VNet reach a private platform (wayin.py) ----
+
+ACCESS_MODES = ("bastion", "hub", "none")
+_ACCESS_KEYS = {
+    "bastion": {"mode", "bastionSubnetCidr", "jumpHostSubnetCidr", "jumpHostVmSize"},
+    "hub": {"mode", "hubVnetId", "useHubGateway", "resolverSubnetCidr"},
+    "none": {"mode"},
+}
+_VNET_ID = re.compile(r"^/subscriptions/([0-9a-fA-F-]{36})/resourceGroups/([^/]+)/providers/Microsoft\.Network/"
+                      r"virtualNetworks/([^/]+)$", re.IGNORECASE)
+_VM_SIZE = re.compile(r"^Standard_[A-Za-z0-9_]+$")
+
+
+@dataclass(frozen=True)
+class AccessConfig:
+    """`bastion`: Azure Bastion plus a Linux jump host in the VNet (Microsoft's machine-learning-end-to-end-secure
+    template deploys the same pair by default). `hub`: peering with an existing hub VNet (VPN or ExpressRoute
+    gateway, its own jump hosts) and the private DNS zones linked to it too; optionally a DNS private resolver
+    inbound endpoint for clients whose DNS is not Azure's. `none`: nobody outside the VNet (public profile)."""
+    mode: str = "none"
+    bastion_subnet_cidr: str | None = None
+    jump_host_subnet_cidr: str | None = None
+    jump_host_vm_size: str = "Standard_D4s_v5"
+    hub_vnet_id: str | None = None
+    use_hub_gateway: bool = False
+    resolver_subnet_cidr: str | None = None
+
+    @property
+    def hub(self) -> tuple[str, str, str] | None:
+        """(subscription, resource group, VNet name) of the hub VNet."""
+        m = _VNET_ID.match(self.hub_vnet_id or "")
+        return (m.group(1).lower(), m.group(2), m.group(3)) if m else None
+
+
+def _access(r: _Reader, raw: dict, network: Network | None, workspace_public: bool) -> AccessConfig | None:
+    a = r.get(raw, "access", "", dict, None, "a mapping {mode: bastion|hub|none, ...}")
+    p = "access."
+    if a is None:
+        if workspace_public is False:
+            r.problems.append("access is missing while workspacePublicAccess is false: with public access off on the "
+                              "workspace, nobody outside the VNet can submit jobs, upload data or open the studio; "
+                              "declare the way in, e.g. access: {mode: bastion, bastionSubnetCidr: <a /26 in the VNet>, "
+                              "jumpHostSubnetCidr: <a /29 or larger>} or access: {mode: hub, hubVnetId: <resource id>} "
+                              "(docs/private-access.md)")
+        return None
+    mode = r.choice(a, "mode", p, "none", ACCESS_MODES, "bastion, hub or none")
+    if mode not in ACCESS_MODES:
+        return None
+    for k in sorted(set(a) - _ACCESS_KEYS[mode]):
+        r.bad(p + k, a[k], f"not a setting of mode {mode} (its settings: {', '.join(sorted(_ACCESS_KEYS[mode]))}); "
+              "remove it")
+    if mode == "none" and workspace_public is False:
+        r.bad(p + "mode", mode, "workspacePublicAccess is false, so nobody could reach the workspace: choose bastion "
+              "(a jump host behind Azure Bastion) or hub (peering with your hub VNet)")
+    taken = [] if network is None else [ipaddress.IPv4Network(network.compute_subnet_cidr),
+                                        ipaddress.IPv4Network(network.private_endpoint_subnet_cidr)]
+
+    def subnet(key: str, min_addresses: int, rule: str, required: bool) -> str | None:
+        text = r.get(a, key, p, str, ... if required else None, f"an IPv4 CIDR inside network.vnetCidr ({rule})")
+        if text is None:
+            return None
+        try:
+            net = ipaddress.IPv4Network(text, strict=True)
+        except ValueError as e:
+            r.bad(p + key, text, f"not a valid IPv4 CIDR ({e}); use the network address, e.g. 10.41.17.0/26")
+            return None
+        if net.num_addresses < min_addresses:
+            r.bad(p + key, text, rule)
+        if network is not None:
+            if not net.subnet_of(ipaddress.IPv4Network(network.vnet_cidr)):
+                r.bad(p + key, text, f"must lie inside network.vnetCidr {network.vnet_cidr}")
+            for other in taken:
+                if net.overlaps(other):
+                    r.bad(p + key, text, f"overlaps {other}, another subnet of the VNet; subnets must not overlap")
+            taken.append(net)
+        return text
+
+    if mode == "bastion":
+        # https://learn.microsoft.com/azure/bastion/configuration-settings#subnet: "The subnet must be /26 or
+        # larger" and be named AzureBastionSubnet (wayin.py names it).
+        bastion = subnet("bastionSubnetCidr", 64, "Azure Bastion needs a subnet of /26 or larger "
+                         "(learn.microsoft.com/azure/bastion/configuration-settings)", True)
+        # Azure's smallest subnet is /29 (https://learn.microsoft.com/azure/virtual-network/virtual-networks-faq).
+        jump = subnet("jumpHostSubnetCidr", 8, "Azure's smallest subnet is a /29", True)
+        size = r.get(a, "jumpHostVmSize", p, str, "Standard_D4s_v5")
+        if size is not None and not _VM_SIZE.match(size):
+            r.bad(p + "jumpHostVmSize", size, "an Azure VM size such as Standard_D4s_v5 (it builds the images: "
+                  "4 vCPUs or more)")
+        return AccessConfig("bastion", bastion, jump, size or "Standard_D4s_v5")
+    if mode == "hub":
+        hub = r.get(a, "hubVnetId", p, str, allowed="the hub VNet's resource id: `az network vnet show -g RG -n NAME "
+                    "--query id -o tsv`")
+        if hub is not None and not _VNET_ID.match(hub):
+            r.bad(p + "hubVnetId", hub, "a VNet resource id /subscriptions/<id>/resourceGroups/<rg>/providers/"
+                  "Microsoft.Network/virtualNetworks/<name> (`az network vnet show ... --query id -o tsv`)")
+        gateway = r.get(a, "useHubGateway", p, bool, False)
+        # DNS private resolver: inbound endpoints need a dedicated subnet of /28 to /24
+        # (https://learn.microsoft.com/azure/dns/dns-private-resolver-overview#subnet-restrictions).
+        resolver = subnet("resolverSubnetCidr", 16, "a DNS private resolver's inbound subnet is /28 to /24", False)
+        if resolver is not None and ipaddress.IPv4Network(resolver).prefixlen < 24:
+            r.bad(p + "resolverSubnetCidr", resolver, "a DNS private resolver's inbound subnet is /28 to /24")
+        return AccessConfig("hub", hub_vnet_id=hub, use_hub_gateway=bool(gateway), resolver_subnet_cidr=resolver)
+    return AccessConfig("none")

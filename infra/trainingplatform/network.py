@@ -16,6 +16,7 @@ explicit deny below only says so. Outbound, two profiles (`network.restrictOutbo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import pulumi
 from pulumi_azure_native import network
@@ -91,7 +92,9 @@ class PlatformNetwork(pulumi.ComponentResource):
     """Outputs: vnet_id, compute_subnet_id, private_endpoint_subnet_id, nat_public_ip."""
 
     def __init__(self, name: str, resource_group: pulumi.Input[str], location: str, cfg: Network,
-                 tags: dict, opts: pulumi.ResourceOptions | None = None):
+                 tags: dict, opts: pulumi.ResourceOptions | None = None,
+                 service_endpoint_policies: Sequence[pulumi.Input[str]] = ()):
+        """service_endpoint_policies: ids of service endpoint policies for the compute subnet (egress.py)."""
         super().__init__("trainingplatform:network:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.nsg = network.NetworkSecurityGroup(f"{name}-compute-nsg", resource_group_name=resource_group,
@@ -122,11 +125,17 @@ class PlatformNetwork(pulumi.ComponentResource):
             # "No public IP ... Troubleshooting"); Microsoft's machine-learning-end-to-end-secure template turns
             # both off on its training subnet. Azure Batch puts a private link service in it for node management.
             private_endpoint_network_policies="Disabled", private_link_service_network_policies="Disabled",
+            service_endpoint_policies=[network.ServiceEndpointPolicyArgs(id=i) for i in service_endpoint_policies]
+            or None,
             opts=child)
         self.private_endpoint_subnet = network.Subnet(
             f"{name}-endpoints", resource_group_name=resource_group, virtual_network_name=self.vnet.name,
             address_prefix=cfg.private_endpoint_subnet_cidr, default_outbound_access=False,
             private_endpoint_network_policies="Enabled",
+            # Studio in a VNet: "If the storage account uses a service endpoint, the workspace private endpoint and
+            # storage service endpoint must be in the same subnet" (learn.microsoft.com/azure/machine-learning/
+            # how-to-enable-studio-virtual-network, "Limitations"); the workspace storage admits this subnet too.
+            service_endpoints=[network.ServiceEndpointPropertiesFormatArgs(service="Microsoft.Storage")],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.compute_subnet]))  # Azure: one subnet at a time
         self.register_outputs({"vnet_id": self.vnet.id, "compute_subnet_id": self.compute_subnet.id,
                                "private_endpoint_subnet_id": self.private_endpoint_subnet.id,

@@ -10,7 +10,7 @@ import pulumi
 import pulumi_random as random
 from pulumi_azure_native import authorization, resources
 
-from . import naming
+from . import naming, private
 from .access import AccessGrants, Grant, container_scope
 from .compute import ComputeClusters, compute_identity, describe
 from .config import PlatformConfig
@@ -33,7 +33,9 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
 
     group = resources.ResourceGroup("platform", resource_group_name=naming.dashed(cfg.prefix, cfg.stack, "rg"),
                                     location=cfg.location, tags=tags)
-    net = PlatformNetwork("net", group.name, cfg.location, cfg.network, tags)
+    egress = private.egress_policy(cfg, client.subscription_id, group.name, suffix, data)
+    net = PlatformNetwork("net", group.name, cfg.location, cfg.network, tags,
+                          service_endpoint_policies=[egress.policy.id] if egress else ())
     # Every private endpoint registers in these zones (one per zone name, linked to the VNet).
     dns = PrivateDnsZones("dns", group.name, net.vnet.id, tags)
     endpoints = net.private_endpoint_subnet.id
@@ -51,6 +53,7 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
                    net.compute_subnet.id, data, tags, endpoints, dns,
                    depends_on=registry.link.ready if registry.link else ())
     identity = compute_identity("compute", group.name, cfg.location, tags)
+    way_in = private.way_in(cfg, group.name, net, dns, tags, ssh_public_key)   # after every private endpoint
 
     job_identity = identity.principal_id
     workspace_identity = ws.workspace.identity.apply(lambda i: i.principal_id)
@@ -76,6 +79,9 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
             Grant(f"{label}-reads-logs", "Storage Blob Data Reader", principal, logs_scope, kind),
             Grant(f"{label}-submits-jobs", "AzureML Data Scientist", principal, ws.workspace.id, kind),
         ]
+    # The studio reads the datastores' accounts and the workspace storage (not the NFS share: no datastore).
+    studio_links = [links[0], links[1], *(l for k, l in ws.links.items() if k.startswith("storage"))]
+    grants += private.grants(cfg, _users(cfg), workspace_identity, registry, way_in, studio_links)
     access = AccessGrants("access", client.subscription_id, grants)
     # Clusters come last: no-public-IP nodes need the workspace endpoint, and the first job's image pull the grant.
     compute = ComputeClusters("compute", group.name, cfg.location, ws.workspace.name, net.compute_subnet.id,
@@ -106,6 +112,7 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
         },
         "nfs": nfs,
         "nat_public_ip": net.nat_ip.ip_address,
+        "way_in": way_in.describe() if way_in else {"mode": "none"},
     }
 
 

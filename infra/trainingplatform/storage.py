@@ -17,13 +17,16 @@ from .config import Network
 from .dataconfig import Storage
 
 
-def network_rules(net: Network, compute_subnet_id: pulumi.Input[str]) -> storage.NetworkRuleSetArgs:
-    """Deny by default; admit the compute subnet (service endpoint), listed client IPs, trusted Azure services.
+def network_rules(net: Network, compute_subnet_id: pulumi.Input[str],
+                  *other_subnet_ids: pulumi.Input[str]) -> storage.NetworkRuleSetArgs:
+    """Deny by default; admit the compute subnet (service endpoint), any other subnets given (the private
+    endpoints' subnet, for the studio), listed client IPs, trusted Azure services.
 
     For accounts of the platform's own lifecycle (the workspace storage)."""
     return storage.NetworkRuleSetArgs(
         default_action="Deny", bypass="AzureServices",
-        virtual_network_rules=[storage.VirtualNetworkRuleArgs(virtual_network_resource_id=compute_subnet_id, action="Allow")],
+        virtual_network_rules=[storage.VirtualNetworkRuleArgs(virtual_network_resource_id=s, action="Allow")
+                               for s in (compute_subnet_id, *other_subnet_ids)],
         ip_rules=[storage.IPRuleArgs(i_p_address_or_range=ip, action="Allow") for ip in net.allowed_client_ips])
 
 

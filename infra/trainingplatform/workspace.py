@@ -65,7 +65,7 @@ class Workspace(pulumi.ComponentResource):
             opts=child)
         self.storage = secure_account(
             f"{name}-storage", naming.storage_account(cfg.prefix, cfg.stack, "mlws", stable_suffix), resource_group,
-            location, "StorageV2", "Standard_LRS", network_rules(cfg.network, compute_subnet_id), tags, child,
+            location, "StorageV2", "Standard_LRS", network_rules(cfg.network, compute_subnet_id, endpoint_subnet_id), tags, child,
             public_network_access="Enabled" if cfg.workspace_public_access else "Disabled")
         if not cfg.workspace_public_access:
             # Azure ML reaches its storage's blob (snapshots, outputs) and file (code share) endpoints.
@@ -104,4 +104,10 @@ class Workspace(pulumi.ComponentResource):
                 credentials=ml.NoneDatastoreCredentialsArgs(credentials_type="None"), description=description,
                 service_data_access_auth_identity="WorkspaceSystemAssignedIdentity", protocol="https",
                 endpoint="core.windows.net"),
+            # Azure ML validates a new datastore by reaching the account from its service, which the data
+            # accounts' firewalls never admit (public access off; reached through private endpoints only): the
+            # `up` would fail. Datastores - Create Or Update takes `skipValidation`
+            # (learn.microsoft.com/rest/api/azureml/datastores/create-or-update); whether the datastore works is
+            # checked after deployment from inside the VNet.
+            skip_validation=True,
             opts=pulumi.ResourceOptions(parent=self))

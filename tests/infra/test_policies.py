@@ -7,6 +7,9 @@ import pytest
 from pulumi_policy.policy import PolicyResourceOptions, ResourceValidationArgs, StackValidationArgs, PolicyResource
 
 import training_policies as tp
+from infra_helpers import one
+
+from trainingplatform import mocked
 
 
 def _validate(policy, resource_type, props, config=None):
@@ -122,13 +125,15 @@ def test_private_profile_policy(dev, prod):
     dev_mocks, _ = dev
     failing = {r.name: _validate(policy, r.type, r.inputs, on) for r in dev_mocks.resources}
     failing = {k: v for k, v in failing.items() if v}
-    assert sorted(failing) == ["ml-kv", "ml-workspace", "registry-acr"]
+    assert sorted(failing) == ["ml-kv", "ml-storage", "ml-workspace", "registry-acr"]
     assert "publicNetworkAccess 'Enabled' in the private profile: set it to Disabled" in failing["registry-acr"][0]
     # Off by default: the dev stack is not the private profile.
     assert all(_validate(policy, r.type, r.inputs) == [] for r in dev_mocks.resources)
     # The committed policy config turns it on.
     config = json.loads((pathlib.Path(tp.__file__).parent / "private-profile.json").read_text())
     assert config[policy.name] == on
+    # Storage accounts are checked too (issue 20, item 16): the dev workspace storage has public access on.
+    assert "storage account has publicNetworkAccess 'Enabled'" in failing["ml-storage"][0]
 
 
 def test_every_stack_policy_passes_on_dev_and_prod(dev, prod):
@@ -136,3 +141,84 @@ def test_every_stack_policy_passes_on_dev_and_prod(dev, prod):
         resources = _stack(mocks)
         assert _stack_violations("workspace-endpoint-for-private-nodes", resources) == []
         assert _stack_violations("gpu-budget", resources, {"maxGpus": 64}) == []
+
+
+@pytest.mark.parametrize("policy_name", ["outbound-deny-in-private-profile", "no-client-ips-in-private-profile"])
+def test_private_profile_policies_pass_on_prod_and_are_off_by_default(dev, prod, policy_name):
+    policy = next(p for p in tp.policies() if p.name == policy_name)
+    on = {"privateProfile": True}
+    prod_mocks, _ = prod
+    assert [r.name for r in prod_mocks.resources if _validate(policy, r.type, r.inputs, on)] == []
+    dev_mocks, _ = dev
+    assert all(_validate(policy, r.type, r.inputs) == [] for r in dev_mocks.resources)
+    config = json.loads((pathlib.Path(tp.__file__).parent / "private-profile.json").read_text())
+    assert config[policy_name] == on
+
+
+def test_outbound_deny_policy(dev, prod):
+    # NSG rules are evaluated lowest priority number first and stop at the first match; the default
+    # AllowInternetOutBound (65001) lets out whatever no rule denies first
+    # (https://learn.microsoft.com/azure/virtual-network/network-security-groups-overview#security-rules).
+    policy = next(p for p in tp.policies() if p.name == "outbound-deny-in-private-profile")
+    on = {"privateProfile": True}
+    dev_nsg = copy.deepcopy(one(dev[0], "NetworkSecurityGroup", "net-compute-nsg"))
+    violations = _validate(policy, dev_nsg.type, dev_nsg.inputs, on)   # dev: restrictOutbound false
+    assert violations and "no outbound rule denying the Internet" in violations[0]
+    nsg = copy.deepcopy(one(prod[0], "NetworkSecurityGroup", "net-compute-nsg"))
+    assert _validate(policy, nsg.type, nsg.inputs, on) == []
+    # An allow of the whole Internet ahead of the deny reopens it.
+    nsg.inputs["securityRules"].append({"name": "out-anything", "direction": "Outbound", "access": "Allow",
+                                        "priority": 3000, "protocol": "*", "destinationAddressPrefix": "Internet",
+                                        "destinationPortRange": "*"})
+    violations = _validate(policy, nsg.type, nsg.inputs, on)
+    assert violations and "out-anything allow the whole Internet before the deny" in violations[0]
+    # The same rule after the deny changes nothing.
+    nsg.inputs["securityRules"][-1]["priority"] = 4090
+    assert _validate(policy, nsg.type, nsg.inputs, on) == []
+    # A list of destinations that includes the Internet reopens it as well.
+    nsg.inputs["securityRules"][-1].update(priority=3000, destinationAddressPrefix=None,
+                                           destinationAddressPrefixes=["AzureMonitor", "Internet"])
+    assert _validate(policy, nsg.type, nsg.inputs, on)
+
+
+@pytest.mark.parametrize("name,edit,message", [
+    ("ml-storage", lambda p: p["networkRuleSet"]["ipRules"].append({"iPAddressOrRange": "52.10.20.30", "action": "Allow"}),
+     "storage account's networkRuleSet.ipRules admit ['52.10.20.30']"),
+    ("ml-kv", lambda p: p["properties"]["networkAcls"]["ipRules"].append({"value": "52.10.20.30"}),
+     "Key Vault's networkAcls.ipRules admit ['52.10.20.30']"),
+])
+def test_client_ip_policy(prod, name, edit, message):
+    policy = next(p for p in tp.policies() if p.name == "no-client-ips-in-private-profile")
+    r = copy.deepcopy(one(prod[0], "", name))
+    assert _validate(policy, r.type, r.inputs, {"privateProfile": True}) == []
+    edit(r.inputs)
+    violations = _validate(policy, r.type, r.inputs, {"privateProfile": True})
+    assert violations and message in violations[0], violations
+    assert _validate(policy, r.type, r.inputs) == []   # off outside the private profile
+
+
+def test_client_ips_reach_the_policy_under_the_names_it_reads(dev_data_raw):
+    # The policy reads the engine's property names; a data stack with a client IP must trip it.
+    raw, location = copy.deepcopy(dev_data_raw)
+    raw["allowedClientIps"] = ["52.10.20.30"]
+    mocks, _ = mocked.run_data(raw, "dev", location)
+    policy = next(p for p in tp.policies() if p.name == "no-client-ips-in-private-profile")
+    data = one(mocks, "StorageAccount", "storage-data")
+    violations = _validate(policy, data.type, data.inputs, {"privateProfile": True})
+    assert violations and "52.10.20.30" in violations[0]
+
+
+def test_the_prod_data_stack_passes_the_private_profile_policies():
+    from infra_helpers import DATA_PROD_FILE
+    from trainingplatform import dataconfig
+    raw, location = mocked.read_stack_file(DATA_PROD_FILE, dataconfig.PROJECT)
+    mocks, _ = mocked.run_data(raw, "prod", location)
+    on = {"privateProfile": True}
+    names = ("no-public-network-access-in-private-profile", "outbound-deny-in-private-profile",
+             "no-client-ips-in-private-profile")
+    checked = 0
+    for policy in (p for p in tp.policies() if p.name in names):
+        for r in mocks.resources:
+            assert _validate(policy, r.type, r.inputs, on) == [], (policy.name, r.name)
+            checked += r.type == tp.STORAGE
+    assert checked == 3 * len(mocks.of_type("StorageAccount")) == 9

@@ -212,6 +212,8 @@ def test_each_private_setting_brings_its_endpoint(dev, dev_raw, setting, target_
     assert _endpoints_to(public_mocks, one(public_mocks, target_type, target_name).id) == []
     raw, location = copy.deepcopy(dev_raw)
     raw[setting] = False
+    if setting == "workspacePublicAccess":   # a private workspace needs a way in (config.py, test_wayin.py)
+        raw["access"] = {"mode": "bastion", "bastionSubnetCidr": "10.40.17.0/26", "jumpHostSubnetCidr": "10.40.17.64/28"}
     mocks, _ = mocked.run(raw, "dev", location)
     _private_link_of(mocks, one(mocks, target_type, target_name), group_id)
 

@@ -45,7 +45,11 @@ def test_storage_accounts(dev, dev_data):
         assert acct["networkRuleSet"]["virtualNetworkRules"] == [] and acct["networkRuleSet"]["ipRules"] == []
         assert acct["publicNetworkAccess"] == "Disabled"
     compute_subnet = one(dev[0], "Subnet", "net-compute").id
-    assert [v["virtualNetworkResourceId"] for v in workspace_storage["networkRuleSet"]["virtualNetworkRules"]] == [compute_subnet]
+    # The endpoints' subnet too: the studio needs the storage service endpoint in the workspace endpoint's subnet
+    # (how-to-enable-studio-virtual-network, "Limitations"; test_wayin.py).
+    endpoint_subnet = one(dev[0], "Subnet", "net-endpoints").id
+    assert [v["virtualNetworkResourceId"] for v in workspace_storage["networkRuleSet"]["virtualNetworkRules"]] == [
+        compute_subnet, endpoint_subnet]
     svc = one(data_mocks, "BlobServiceProperties", "storage-data-blob-service").inputs
     assert svc["deleteRetentionPolicy"] == {"enabled": True, "days": 14}
     assert svc["containerDeleteRetentionPolicy"]["enabled"] is True
@@ -189,6 +193,9 @@ def test_compute_identity_gets_exactly_read_data_write_logs_pull_images(dev, dev
     assert workspace == {
         (access.ROLES["Storage Blob Data Reader"], f"{data}/blobServices/default/containers/training-data"),
         (access.ROLES["Storage Blob Data Reader"], f"{logs}/blobServices/default/containers/logs"),
+        # Studio data preview through the storage private endpoints (test_wayin.py)
+        (access.ROLES["Reader"], one(mocks, "PrivateEndpoint", "data-blob-endpoint").id),
+        (access.ROLES["Reader"], one(mocks, "PrivateEndpoint", "logs-blob-endpoint").id),
     }
     for r in mocks.of_type("RoleAssignment"):
         if r.inputs["principalId"] in (principal, "principal-ml-workspace"):

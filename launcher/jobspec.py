@@ -109,7 +109,9 @@ def fill(template: dict, outputs: StackOutputs, cluster_name: str, nodes: int, p
     for token, value in zip(TOKENS, (outputs["registry_login_server"], outputs.datastore("data"), outputs.datastore("logs"))):
         text = text.replace(token, value)
     job = yaml.safe_load(text)
-    job["compute"] = f"azureml:{cluster_name}"
+    # The Azure ML name (it carries a hash of the VM size: infra/trainingplatform/naming.py); older stacks
+    # named the cluster as the config did.
+    job["compute"] = f"azureml:{cluster.get('compute_name') or cluster_name}"
     job.setdefault("resources", {})["instance_count"] = nodes
     job["distribution"]["process_count_per_instance"] = ppn
     env = {**data_env, **interconnect.environment(cluster, ppn)}

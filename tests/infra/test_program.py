@@ -21,7 +21,7 @@ def test_declares_every_part_of_the_platform(dev, dev_data):
     data_types = {r.type.split(":", 1)[1] for r in dev_data[0].resources if r.type.startswith("azure-native:")}
     assert data_types == {"resources:ResourceGroup", "storage:StorageAccount", "storage:BlobServiceProperties",
                           "storage:BlobContainer", "storage:FileServiceProperties", "storage:FileShare",
-                          "storage:ManagementPolicy"}
+                          "storage:ManagementPolicy", "authorization:RoleAssignment"}   # users' data access
     # The durable data is the data stack's alone: the platform declares none of it.
     assert not {"storage:BlobContainer", "storage:FileShare"} & types
 

@@ -149,7 +149,7 @@ def test_registry_and_workspace(dev):
     kv = one(mocks, "Vault", "ml-kv").inputs["properties"]
     assert kv["enablePurgeProtection"] and kv["enableRbacAuthorization"]
     # Soft-deleted names: the random suffix is part of both.
-    assert ws["workspaceName"].endswith("x7k2q") and one(mocks, "Vault", "ml-kv").inputs["vaultName"].endswith("x7k2q")
+    assert "x7k2q" in ws["workspaceName"] and one(mocks, "Vault", "ml-kv").inputs["vaultName"].endswith("x7k2q")
     stores = {r.inputs["name"]: r.inputs["properties"] for r in mocks.of_type("Datastore")}
     assert stores["training_data"]["credentials"]["credentialsType"] == "None"   # identity-based
     assert stores["training_data"]["containerName"] == "training-data"

@@ -76,7 +76,7 @@ def test_dry_run_prints_the_job_and_its_hourly_cost(dev_outputs, capsys):
     assert cli.main([str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--nodes", "2", "--dry-run"]) == 0
     out = capsys.readouterr().out
     resolved = yaml.safe_load(out)
-    assert resolved["distribution"]["process_count_per_instance"] == 8 and resolved["compute"] == "azureml:gpu-ib"
+    assert resolved["distribution"]["process_count_per_instance"] == 8 and resolved["compute"] == "azureml:gpu-ib-c764"   # the Azure ML name (stack output compute_name)
     assert "# cost of one hour: $10.88 (2 x Standard_ND96asr_v4 (low priority) at $5.439/node-hour" in out
 
 

@@ -455,7 +455,7 @@ def test_completed_job_end_to_end(azure, dev_outputs, capsys):
     name = next(iter(azure.jobs))
     assert code == 0 and f"job {name} ended: Completed" in out
     sent = azure.jobs[name]["properties"]
-    assert sent["computeId"].endswith("/computes/gpu-ib") and sent["resources"]["instanceCount"] == 2
+    assert sent["computeId"].endswith("/computes/gpu-ib-c764") and sent["resources"]["instanceCount"] == 2
 
 
 def test_failed_job_exits_1_with_its_cause(azure, dev_outputs, small_job, capsys):

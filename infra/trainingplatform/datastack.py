@@ -43,8 +43,9 @@ def build(cfg: DataConfig) -> dict[str, pulumi.Input]:
     group = resources.ResourceGroup(
         "data", resource_group_name=cfg.resource_group_name or naming.dashed(cfg.prefix, cfg.stack, "data-rg"),
         location=cfg.location, tags=cfg.tags, opts=protect)
-    store = TrainingStorage("storage", group.name, cfg.location, cfg.prefix, cfg.stack, suffix, cfg.storage,
-                            cfg.allowed_client_ips, cfg.tags, cfg.allowed_subnet_ids, opts=protect)
+    store = TrainingStorage("storage", resource_group=group.name, location=cfg.location, prefix=cfg.prefix,
+                            stack=cfg.stack, suffix=suffix, cfg=cfg.storage, allowed_client_ips=cfg.allowed_client_ips,
+                            allowed_subnet_ids=cfg.allowed_subnet_ids, tags=cfg.tags, opts=protect)
     data_scope = container_scope(store.data_account.id, store.data_container.name)
     logs_scope = container_scope(store.logs_account.id, store.logs_container.name)
     grants = []
@@ -56,7 +57,8 @@ def build(cfg: DataConfig) -> dict[str, pulumi.Input]:
     AccessGrants("access", cfg.subscription_id, cfg.stack, grants)
     nfs = None
     if cfg.nfs.enabled:
-        nfs = NfsShare("nfs", group.name, cfg.location, cfg.prefix, cfg.stack, suffix, cfg.nfs, cfg.tags, opts=protect)
+        nfs = NfsShare("nfs", resource_group=group.name, location=cfg.location, prefix=cfg.prefix, stack=cfg.stack,
+                       suffix=suffix, cfg=cfg.nfs, tags=cfg.tags, opts=protect)
     return {
         "subscription_id": cfg.subscription_id,
         "location": cfg.location,

@@ -36,8 +36,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--input-mode", metavar="ro_mount|download",
                    help="how the job reads its inputs: ro_mount (the job file's default: streamed through a "
                         "block cache on the node's disk) or download (copied to the node's disk before start)")
-    p.add_argument("--resume-from", metavar="JOB_NAME",
-                   help="a new job that writes to this earlier job's outputs and resumes from its newest checkpoint")
+    p.add_argument("--resume-from", metavar="JOB_NAME|FOLDER",
+                   help="a new job that writes to this earlier job's outputs and resumes from its newest checkpoint; "
+                        "or a run folder of the logs container (runs/<job>/<name>/), e.g. of a workspace since "
+                        "destroyed")
     p.add_argument("--np", type=int, default=2, help="local: Horovod processes on this machine")
     p.add_argument("--input", action="append", default=[], metavar="NAME=PATH", help="local: a job input's local path")
     p.add_argument("--output-dir", type=pathlib.Path, default=None, help="local: where the job's outputs go")
@@ -112,7 +114,10 @@ def run(args, extra: list[str]) -> int:
         cost, how = prices.hourly(cluster["vm_size"], nodes, cluster.get("low_priority", False),
                                   outputs.values.get("location"))
         print(f"# cost of one hour: {'$%.2f' % cost if cost is not None else 'unknown'} ({how})")
-        if args.resume_from:
+        if args.resume_from and jobspec.is_folder(args.resume_from):
+            print(f"# --resume-from {args.resume_from}: its checkpoints are not checked (dry run); the submission "
+                  "refuses a folder without any")
+        elif args.resume_from:
             print(f"# --resume-from {args.resume_from}: not checked against the workspace (dry run). The output "
                   f"path above assumes {args.resume_from} wrote under its own name; if it was itself resumed (a "
                   "chain), the submission takes the folder Azure ML records for it: confirmed only at submission")

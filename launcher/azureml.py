@@ -224,7 +224,13 @@ def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None, resu
     from azure.ai.ml.exceptions import JobException
 
     ml = ml_client or client(outputs)
-    if resume_from:
+    if resume_from and "/" in resume_from:   # a folder of the logs container (jobspec.is_folder)
+        from .checkpoints import check_folder
+        from .jobspec import run_folder
+
+        first = check_folder(outputs, run_folder(resume_from, outputs.datastore("logs")))
+        print(f"--resume-from {resume_from}: resuming from {first} and what follows it", flush=True)
+    elif resume_from:
         earlier = check_resumable(ml, resume_from, job, outputs)
         for line in follow_earlier_outputs(job, earlier, resume_from):
             print(f"--resume-from {resume_from}: {line}", flush=True)

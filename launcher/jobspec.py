@@ -109,7 +109,9 @@ def fill(template: dict, outputs: StackOutputs, cluster_name: str, nodes: int, p
     for token, value in zip(TOKENS, (outputs["registry_login_server"], outputs.datastore("data"), outputs.datastore("logs"))):
         text = text.replace(token, value)
     job = yaml.safe_load(text)
-    job["compute"] = f"azureml:{cluster_name}"
+    # The Azure ML name (it carries a hash of the VM size: infra/trainingplatform/naming.py); older stacks
+    # named the cluster as the config did.
+    job["compute"] = f"azureml:{cluster.get('compute_name') or cluster_name}"
     job.setdefault("resources", {})["instance_count"] = nodes
     job["distribution"]["process_count_per_instance"] = ppn
     env = {**data_env, **interconnect.environment(cluster, ppn)}
@@ -138,16 +140,48 @@ JOB_NAME = re.compile(r"^[a-zA-Z0-9][\w-]{0,255}$")
 NAME_TOKEN = re.compile(r"\$\{\{\s*name\s*\}\}")
 
 
+def is_folder(earlier: str) -> bool:
+    """--resume-from takes a job name or a folder of the logs container (job names have no slash)."""
+    return "/" in earlier
+
+
+def run_folder(earlier: str, logs_datastore: str) -> str:
+    """The run folder (OUTPUT, ending in /) a --resume-from folder names, inside the logs container.
+
+    Taken as written in the logs container (runs/<job>/<name>/), as its checkpoints/ folder, or as the
+    azureml:// path of the logs datastore. A folder outlives the workspace: after a platform's destroy and
+    up, the new workspace knows no earlier job, but the data stack kept the logs container."""
+    folder = earlier.strip()
+    head = f"azureml://datastores/{logs_datastore}/paths/"
+    if folder.startswith("azureml://"):
+        if not folder.startswith(head):
+            raise JobError(f"--resume-from {earlier}: not a folder of the logs datastore ({head}...): checkpoints are "
+                           "written to the logs container only")
+        folder = folder[len(head):]
+    folder = folder.strip("/") + "/"
+    if folder.endswith("/checkpoints/"):
+        folder = folder[:-len("checkpoints/")]
+    parts = folder.rstrip("/").split("/")
+    if not folder.strip("/") or any(p in ("", ".", "..") for p in parts) or NAME_TOKEN.search(folder):
+        raise JobError(f"--resume-from {earlier!r}: not a folder of the logs container; write it as the run folder, "
+                       "e.g. runs/pytorch-resnet50-synthetic/witty_jackal_3d4kq79d3v/")
+    return folder
+
+
 def resume(job: dict, earlier: str, source: pathlib.Path) -> dict:
     """The job writing to `earlier`'s output folders, so that the payload resumes from the newest checkpoint
     there (the payloads resume from OUTPUT/checkpoints). Outputs are per job name (`${{name}}`).
 
-    The paths here assume `earlier` wrote under its own name. A job that was itself resumed wrote under the
-    name it resumed from, so the submission replaces them with the paths Azure ML records for `earlier`
+    `earlier` is a job name of this workspace, or a run folder in the logs container (is_folder): the
+    output under the job name is pointed at that folder (azureml.submit checks it holds checkpoints).
+    The paths here assume a job `earlier` wrote under its own name. A job that was itself resumed wrote under
+    the name it resumed from, so the submission replaces them with the paths Azure ML records for `earlier`
     (azureml.follow_earlier_outputs); only a dry run, which asks no workspace, shows this guess."""
-    if not JOB_NAME.match(earlier):
+    folder = is_folder(earlier)
+    if not folder and not JOB_NAME.match(earlier):
         raise JobError(f"--resume-from {earlier!r} is not an Azure ML job name (letters, digits, _ and -, e.g. "
-                       "witty_jackal_3d4kq79d3v): copy it from the studio or `az ml job list`")
+                       "witty_jackal_3d4kq79d3v): copy it from the studio or `az ml job list`, or give the run's "
+                       "folder in the logs container (runs/<job>/<name>/)")
     outputs = job.get("outputs") or {}
     named = [name for name, out in outputs.items() if NAME_TOKEN.search(str((out or {}).get("path", "")))]
     if not named:
@@ -155,7 +189,15 @@ def resume(job: dict, earlier: str, source: pathlib.Path) -> dict:
                        "so there is nothing of an earlier run to resume from")
     job = copy.deepcopy(job)
     for name in named:
-        job["outputs"][name]["path"] = NAME_TOKEN.sub(earlier, job["outputs"][name]["path"])
+        path = job["outputs"][name]["path"]
+        if folder:
+            m = re.match(r"^azureml://datastores/([^/]+)/paths/", path)
+            if len(named) > 1 or not m:
+                raise JobError(f"--resume-from {earlier}: {source.name} has {len(named)} outputs under its job name; "
+                               "a folder can stand for one: resume from the earlier job's name instead")
+            job["outputs"][name]["path"] = m[0] + run_folder(earlier, m[1])
+        else:
+            job["outputs"][name]["path"] = NAME_TOKEN.sub(earlier, path)
     job.setdefault("tags", {})["resumed_from"] = earlier
     return job
 

@@ -9,18 +9,31 @@
   "Storage Blob Data Contributor" and "Storage File Data Privileged Contributor"); Azure subscription
   Owner grants no data-plane access.
 
-Assignment names are GUIDs derived from (scope, principal, role definition), like Azure's own templates
-(`guid(scope, principalId, roleDefinitionId)`): Azure refuses to change the principal of an existing
-assignment (RoleAssignmentUpdateNotPermitted), so a new principal must mean a new name, which Pulumi
-then creates before deleting the old one.
+Assignment names are GUIDs derived from (scope, principal, role definition, stack), like Azure's own
+templates (`guid(scope, principalId, roleDefinitionId)`): Azure refuses to change the principal of an
+existing assignment (RoleAssignmentUpdateNotPermitted), so a new principal must mean a new name.
+
+Azure holds one assignment per (scope, principal, role): a second one under another name is refused
+(RoleAssignmentExists), and deleting either stack's copy would revoke the access for both. So each grant
+has exactly one owning stack: user access to the data and logs containers is the data stack's (its own
+`users`), a platform stack grants only its own identities, and users only on its own resources. The stack
+in the name keeps two stacks' names apart even so. Replacements delete first (`delete_before_replace`):
+a renamed assignment of the same triple could not be created while the old one exists.
+
+Who "users" are by default: whoever runs `pulumi up`, as a User. A service principal (CI) must list
+`users` instead: Azure refuses an assignment whose principalType does not match (UnmatchedPrincipalType),
+and the deployer's type cannot be read from getClientConfig (`deployer_users`).
 """
 from __future__ import annotations
 
+import os
 import uuid
 from dataclasses import dataclass
 
 import pulumi
 from pulumi_azure_native import authorization
+
+from .config import ConfigError, Principal
 
 # Azure built-in role definition IDs (the same in every tenant; learn.microsoft.com/azure/role-based-access-control/built-in-roles).
 ROLES = {
@@ -58,15 +71,48 @@ def role_definition_id(subscription_id: pulumi.Input[str], role: str) -> pulumi.
                                 "/providers/Microsoft.Authorization/roleDefinitions/", ROLES[role])
 
 
-def assignment_name(scope: str, principal_id: str, role_definition: str) -> str:
-    """guid(scope, principal, role): a changed principal, role or scope gives a new assignment name."""
-    return str(uuid.uuid5(_NAMESPACE, "|".join((scope.lower(), principal_id.lower(), role_definition.lower()))))
+def assignment_name(scope: str, principal_id: str, role_definition: str, stack: str) -> str:
+    """guid(scope, principal, role, stack): a changed principal, role or scope gives a new assignment name."""
+    return str(uuid.uuid5(_NAMESPACE, "|".join((scope.lower(), principal_id.lower(), role_definition.lower(), stack))))
+
+
+# The azure-native provider's settings and environment variables that sign it in as a service principal or
+# managed identity rather than through the Azure CLI's user login
+# (https://www.pulumi.com/registry/packages/azure-native/installation-configuration/).
+_SP_SETTINGS = ("clientId", "clientSecret", "clientCertificatePath", "useMsi", "useOidc", "oidcToken")
+_SP_ENVIRONMENT = ("ARM_CLIENT_ID", "ARM_CLIENT_SECRET", "ARM_CLIENT_CERTIFICATE_PATH", "ARM_USE_MSI", "ARM_USE_OIDC",
+                   "ARM_OIDC_TOKEN")
+
+
+def signed_in_as_service_principal() -> list[str]:
+    """The provider settings that sign the deployment in as a service principal (empty: a user login)."""
+    provider = pulumi.Config("azure-native")
+    found = [f"azure-native:{k}" for k in _SP_SETTINGS if provider.get(k) not in (None, "", "false")]
+    return found + [k for k in _SP_ENVIRONMENT if os.environ.get(k) not in (None, "", "false")]
+
+
+def deployer_users(users: tuple[Principal, ...] | None, project: str) -> tuple[Principal, ...]:
+    """The principals that get user roles. Call before declaring anything: refuses a service principal
+    deployment without `users` (its assignments would be sent as principalType User and fail mid-`up`)."""
+    if users is not None:
+        return users
+    service = signed_in_as_service_principal()
+    if service:
+        raise ConfigError([
+            f"users is not set, so the user roles would go to whoever runs `pulumi up`, as a User; this deployment "
+            f"signs in as a service principal ({', '.join(service)}), and Azure refuses a role assignment whose "
+            "principalType does not match (UnmatchedPrincipalType): list the people explicitly, e.g. "
+            f"`pulumi config set --path '{project}:users[0].objectId' <object id>` and "
+            f"`pulumi config set --path '{project}:users[0].type' User` (Group for a group; add the service "
+            "principal itself with type ServicePrincipal if it needs the roles)"])
+    deployer = authorization.get_client_config().object_id.lower()   # as config.py writes listed ids
+    return (Principal(object_id=deployer, type="User"),)
 
 
 class AccessGrants(pulumi.ComponentResource):
     """`assignments`: {label: RoleAssignment}, so that other resources can depend on a grant."""
 
-    def __init__(self, name: str, subscription_id: pulumi.Input[str], grants: list[Grant],
+    def __init__(self, name: str, subscription_id: pulumi.Input[str], stack: str, grants: list[Grant],
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainingplatform:access:AccessGrants", name, None, opts)
         labels = [g.label for g in grants]
@@ -79,8 +125,8 @@ class AccessGrants(pulumi.ComponentResource):
             self.assignments[g.label] = authorization.RoleAssignment(
                 f"{name}-{g.label}",
                 role_assignment_name=pulumi.Output.all(g.scope, g.principal_id, definition).apply(
-                    lambda a: assignment_name(*a)),
+                    lambda a: assignment_name(*a, stack)),
                 principal_id=g.principal_id, principal_type=g.principal_type, scope=g.scope,
                 role_definition_id=definition, description=f"{g.role}: {g.label}",
-                opts=pulumi.ResourceOptions(parent=self))
+                opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))
         self.register_outputs({})

@@ -12,19 +12,24 @@ from typing import Sequence
 import pulumi
 from pulumi_azure_native import machinelearningservices as ml, managedidentity
 
+from . import naming
 from .config import Cluster
 
 # What Azure ML cannot change on an existing cluster. Its update call carries scale settings only
 # (REST "Compute - Update": ClusterUpdateParameters.properties.properties.scaleSettings; `az ml compute
 # update` and Update-AzMLWorkspaceCompute offer min/max nodes and idle time), so a PUT with a new VM size,
-# priority, subnet, node public IP or identity is answered with success and the cluster keeps the old one.
-# Replacing is the only way; the cluster name is fixed, so the old one must go first.
+# priority, subnet or node public IP is answered with success and the cluster keeps the old one. Replacing
+# is the only way, and under a new name (naming.cluster hashes these into it): the new cluster is created
+# beside the old one, which is deleted after. With the same name, delete-then-create raced Azure ML's
+# asynchronous delete and could leave the old size in place. The identity is not here: Azure ML updates a
+# cluster's identity in place (`az ml compute update --identity-type/--user-assigned-identities`), so an
+# identity change must not delete the cluster and the jobs running on it.
 REPLACE_ON_CHANGES = (
+    "computeName",
     "properties.properties.vmSize",
     "properties.properties.vmPriority",
     "properties.properties.subnet",
     "properties.properties.enableNodePublicIp",
-    "identity",
 )
 
 
@@ -43,7 +48,7 @@ class ComputeClusters(pulumi.ComponentResource):
     first job pulls its image with it).
     """
 
-    def __init__(self, name: str, resource_group, location: str, workspace_name, subnet_id,
+    def __init__(self, name: str, *, resource_group, location: str, workspace_name, subnet_id,
                  clusters: tuple[Cluster, ...], tags: dict, identity: managedidentity.UserAssignedIdentity,
                  ssh_public_key: pulumi.Input[str] | None = None, depends_on: Sequence[pulumi.Resource] = (),
                  opts: pulumi.ResourceOptions | None = None):
@@ -57,8 +62,10 @@ class ComputeClusters(pulumi.ComponentResource):
                     raise ValueError(f"cluster {c.name} has sshEnabled but no sshPublicKey secret is set: "
                                      "pulumi config set --secret sshPublicKey \"$(cat ~/.ssh/id_rsa.pub)\"")
                 ssh = ml.UserAccountCredentialsArgs(admin_user_name="azureuser", admin_user_ssh_public_key=ssh_public_key)
+            priority = "LowPriority" if c.low_priority else "Dedicated"
             self.clusters[c.name] = ml.Compute(
-                f"{name}-{c.name}", compute_name=c.name, resource_group_name=resource_group, workspace_name=workspace_name,
+                f"{name}-{c.name}", compute_name=naming.cluster(c.name, c.vm_size, priority, subnet_id),
+                resource_group_name=resource_group, workspace_name=workspace_name,
                 location=location,
                 identity=ml.ManagedServiceIdentityArgs(type="UserAssigned", user_assigned_identities=[identity.id]),
                 properties=ml.AmlComputeArgs(
@@ -66,7 +73,7 @@ class ComputeClusters(pulumi.ComponentResource):
                     description=f"{c.size.gpus}x {c.size.gpu_model or 'CPU'}"
                                 f"{', InfiniBand ' + c.size.infiniband if c.size.infiniband else ''}",
                     properties=ml.AmlComputePropertiesArgs(
-                        vm_size=c.vm_size, vm_priority="LowPriority" if c.low_priority else "Dedicated",
+                        vm_size=c.vm_size, vm_priority=priority,
                         os_type="Linux", enable_node_public_ip=False, isolated_network=False,
                         # Nodes have no public IP, so there is no public SSH port to open; with sshEnabled
                         # the key below admits SSH from inside the VNet.
@@ -78,14 +85,15 @@ class ComputeClusters(pulumi.ComponentResource):
                             node_idle_time_before_scale_down=f"PT{c.idle_seconds_before_scale_down}S"))),
                 tags=tags,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends_on),
-                                            replace_on_changes=list(REPLACE_ON_CHANGES), delete_before_replace=True))
+                                            replace_on_changes=list(REPLACE_ON_CHANGES)))
         self.register_outputs({"identity": identity.principal_id})
 
 
-def describe(c: Cluster) -> dict:
-    """What job submission needs to know about a cluster (a plain dict: it becomes a stack output)."""
+def describe(c: Cluster, compute_name: pulumi.Input[str]) -> dict:
+    """What job submission needs to know about a cluster (it becomes a stack output). `compute_name` is the
+    cluster's Azure ML name, which jobs are submitted to; `name` is the config's (the launcher's --cluster)."""
     s = c.size
-    return {"name": c.name, "vm_size": c.vm_size, "gpus_per_node": s.gpus, "gpu_model": s.gpu_model,
+    return {"name": c.name, "compute_name": compute_name, "vm_size": c.vm_size, "gpus_per_node": s.gpus, "gpu_model": s.gpu_model,
             "infiniband": bool(s.infiniband), "infiniband_generation": s.infiniband, "intra_node": s.intra_node,
             "min_nodes": c.min_nodes, "max_nodes": c.max_nodes, "low_priority": c.low_priority,
             "vcpus_per_node": s.vcpus}

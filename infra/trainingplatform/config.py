@@ -7,6 +7,7 @@ is allowed. It runs before any resource is declared.
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import ipaddress
 import re
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ class ConfigError(ValueError):
         super().__init__("invalid stack configuration:\n  - " + "\n  - ".join(problems))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Network:
     vnet_cidr: str
     compute_subnet_cidr: str
@@ -32,16 +33,19 @@ class Network:
     # True: outbound only to the service tags Azure ML documents (plus the VNet), the internet denied.
     # False: the NSG filters inbound only; outbound goes anywhere through the NAT gateway.
     restrict_outbound: bool = False
+    # Subnets (full resource ids) admitted by the workspace storage and Key Vault firewalls: the way in for
+    # machines in the same Azure region, which IP rules do not admit (see _client_ips).
+    allowed_subnet_ids: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Principal:
     """An Entra user, group or service principal that uses the platform (config `users`)."""
     object_id: str
     type: str                     # User | Group | ServicePrincipal (Azure's principalType)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Cluster:
     name: str
     vm_size: str
@@ -56,9 +60,13 @@ class Cluster:
         return vm_sizes.CATALOG[self.vm_size]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PlatformConfig:
     stack: str
+    # azure-native:subscriptionId: required, because the globally unique names hash it (naming.py): a
+    # stack that followed whatever subscription `az account show` prints would plan replacing every
+    # globally named resource the day another subscription is the default.
+    subscription_id: str
     prefix: str
     location: str
     network: Network
@@ -79,6 +87,8 @@ class PlatformConfig:
     mount_nfs: bool = True
     # How people reach a private platform from outside its VNet (config `access`; wayin.py).
     access: AccessConfig | None = None
+    # Settings that are valid but probably not what the user wants; the program logs them (pulumi.log.warn).
+    warnings: tuple[str, ...] = ()
 
     @property
     def total_max_gpus(self) -> int:
@@ -92,7 +102,32 @@ _CONTAINER = re.compile(r"^[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]$")
 _SHARE = _CONTAINER
 _GUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _STACK_REF = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+# A subnet's ARM id. Resource group: 1-90 letters, digits, _ - . ( ) not ending in a period; VNet 2-64 and
+# subnet 1-80 letters, digits, _ - . (resource-name-rules, Microsoft.Network).
+_SUBNET_ID = re.compile(r"^/subscriptions/[0-9a-fA-F-]{36}/resourceGroups/[-\w.()]{0,89}[-\w()]"
+                        r"/providers/Microsoft\.Network/virtualNetworks/[-\w.]{2,64}/subnets/[-\w.]{1,80}$",
+                        re.IGNORECASE)
 PRINCIPAL_TYPES = ("User", "Group", "ServicePrincipal")
+# Docker's default bridge network on Azure ML compute nodes (the jobs run in containers there): a VNet that
+# overlaps it makes the nodes route part of the VNet into the bridge, so the node cannot reach those
+# addresses (https://learn.microsoft.com/azure/machine-learning/how-to-secure-training-vnet: don't use
+# 172.17.0.0/16 for the compute's VNet, the range Docker uses inside the nodes).
+DOCKER_BRIDGE = ipaddress.IPv4Network("172.17.0.0/16")
+SAME_REGION_NOTE = ("IP rules have no effect on requests from the same Azure region as the storage account "
+                    "(https://learn.microsoft.com/azure/storage/common/storage-network-security, \"IP network "
+                    "rules\"): a VM, Bastion host or CI runner in that region gets in only through a VNet rule "
+                    "(allowedSubnetIds, a subnet with the Microsoft.Storage service endpoint) or a private endpoint")
+
+# Every setting each level knows; anything else is refused (with the closest name), never ignored.
+PLATFORM_KEYS = ("prefix", "network", "clusters", "imageBuildCluster", "maxTotalGpus", "maxTotalNodes",
+                 "workspacePublicAccess", "registryPublicAccess", "keyVaultPublicAccess", "tags", "users",
+                 "dataStack", "mountNfs", "sshPublicKey", "access")
+NETWORK_KEYS = ("vnetCidr", "computeSubnetCidr", "privateEndpointSubnetCidr", "allowedClientIps", "allowedSubnetIds",
+                "restrictOutbound")
+CLUSTER_KEYS = ("name", "vmSize", "minNodes", "maxNodes", "priority", "idleSecondsBeforeScaleDown", "sshEnabled")
+PRINCIPAL_KEYS = ("objectId", "type")
+# Keys refused with a message of their own (moved to the data stack) rather than as unknown.
+_MOVED = ("storage", "nfs")
 
 
 class _Reader:
@@ -100,9 +135,21 @@ class _Reader:
 
     def __init__(self):
         self.problems: list[str] = []
+        self.warnings: list[str] = []
 
     def bad(self, key: str, value: Any, allowed: str) -> None:
         self.problems.append(f"{key} = {value!r}: {allowed}")
+
+    def known(self, d: dict, path: str, keys: tuple[str, ...], also: tuple[str, ...] = ()) -> None:
+        """Refuse keys of `d` that are no setting at this level: a misspelt key would otherwise deploy
+        silently with the default (`keyVaultPublicAcess: false` leaving the vault public)."""
+        for key in d:
+            if key in keys or key in also:
+                continue
+            close = difflib.get_close_matches(str(key), keys, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}?" if close else f"the settings here are {', '.join(keys)}"
+            self.problems.append(f"{path}{key} is not a setting: {hint} (an unknown key is refused rather than "
+                                 "ignored, which would deploy the default)")
 
     def get(self, d: dict, key: str, path: str, kind: type, default: Any = ..., allowed: str = "") -> Any:
         full = f"{path}{key}"
@@ -139,6 +186,7 @@ def _network(r: _Reader, raw: dict, key: str) -> Network | None:
     if n is None:
         return None
     p = f"{key}."
+    r.known(n, p, NETWORK_KEYS)
     nets = {}
     for k in ("vnetCidr", "computeSubnetCidr", "privateEndpointSubnetCidr"):
         text = r.get(n, k, p, str, allowed="an IPv4 CIDR such as 10.40.0.0/16")
@@ -148,6 +196,10 @@ def _network(r: _Reader, raw: dict, key: str) -> Network | None:
             nets[k] = ipaddress.IPv4Network(text, strict=True)
         except ValueError as e:
             r.bad(p + k, text, f"not a valid IPv4 CIDR ({e}); use the network address, e.g. 10.40.0.0/16")
+    if "vnetCidr" in nets and nets["vnetCidr"].overlaps(DOCKER_BRIDGE):
+        r.bad(p + "vnetCidr", str(nets["vnetCidr"]), f"overlaps {DOCKER_BRIDGE}, the Docker bridge network inside "
+              "Azure ML compute nodes: the nodes could not reach those VNet addresses and jobs fail "
+              "(how-to-secure-training-vnet); use a range outside it, e.g. 10.40.0.0/16")
     if len(nets) == 3:
         vnet = nets["vnetCidr"]
         for k in ("computeSubnetCidr", "privateEndpointSubnetCidr"):
@@ -159,11 +211,13 @@ def _network(r: _Reader, raw: dict, key: str) -> Network | None:
         if nets["privateEndpointSubnetCidr"].num_addresses < 16:
             r.bad(p + "privateEndpointSubnetCidr", str(nets["privateEndpointSubnetCidr"]), "needs /28 or larger")
     ips = _client_ips(r, n, p)
+    subnets = _subnet_ids(r, n, p)
     restrict = r.get(n, "restrictOutbound", p, bool, False)
     if len(nets) < 3:
         return None
-    return Network(str(nets["vnetCidr"]), str(nets["computeSubnetCidr"]), str(nets["privateEndpointSubnetCidr"]),
-                   ips, restrict)
+    return Network(vnet_cidr=str(nets["vnetCidr"]), compute_subnet_cidr=str(nets["computeSubnetCidr"]),
+                   private_endpoint_subnet_cidr=str(nets["privateEndpointSubnetCidr"]), allowed_client_ips=ips,
+                   restrict_outbound=restrict, allowed_subnet_ids=subnets)
 
 
 def _client_ips(r: _Reader, n: dict, p: str) -> tuple[str, ...]:
@@ -172,7 +226,8 @@ def _client_ips(r: _Reader, n: dict, p: str) -> tuple[str, ...]:
     Azure Storage's rules (https://learn.microsoft.com/azure/storage/common/storage-network-security,
     "Restrictions for IP network rules"): public internet addresses only (no RFC 1918 ranges), IPv4 only,
     and no /31 or /32 prefixes (a single address is written without a prefix). Azure would reject such a
-    rule only at deploy time, after other resources exist.
+    rule only at deploy time, after other resources exist. And they admit nothing from the account's own
+    region (SAME_REGION_NOTE): that is what allowedSubnetIds is for.
     """
     key = p + "allowedClientIps"
     ips = r.get(n, "allowedClientIps", p, list, [], "a list of public IPv4 addresses or CIDRs allowed to reach storage")
@@ -191,7 +246,8 @@ def _client_ips(r: _Reader, n: dict, p: str) -> tuple[str, ...]:
             continue
         if net.is_private or not net.is_global:
             r.bad(key, ip, "storage firewall rules take public internet addresses only (not 10.x, 172.16-31.x, "
-                  "192.168.x or other reserved ranges); machines inside the VNet get in through it")
+                  "192.168.x or other reserved ranges); machines inside a VNet get in through a VNet rule: list "
+                  "their subnet in allowedSubnetIds")
             continue
         if "/" in text and net.prefixlen >= 31:
             fix = " and ".join(str(a) for a in (net if net.prefixlen == 31 else [net.network_address]))
@@ -201,6 +257,32 @@ def _client_ips(r: _Reader, n: dict, p: str) -> tuple[str, ...]:
             r.bad(key, ip, f"host bits set; write the network address {net} instead")
             continue
         out.append(text)
+    return tuple(out)
+
+
+def _subnet_ids(r: _Reader, n: dict, p: str) -> tuple[str, ...]:
+    """Subnets admitted by VNet rules (service endpoints): the way in from the storage account's own region.
+
+    Azure takes a subnet's full resource id; the subnet needs the Microsoft.Storage service endpoint
+    (storage-network-security, "Grant access from a virtual network"), which Azure checks only at deploy
+    time. Without one, `allowedClientIps` alone: warn that same-region clients stay out (SAME_REGION_NOTE)."""
+    key = p + "allowedSubnetIds"
+    items = r.get(n, "allowedSubnetIds", p, list, [], "a list of subnet resource ids")
+    out = []
+    for item in items or []:
+        text = str(item).strip()
+        if not _SUBNET_ID.match(text):
+            r.bad(key, item, "a subnet's full resource id: /subscriptions/<id>/resourceGroups/<group>/providers/"
+                  "Microsoft.Network/virtualNetworks/<vnet>/subnets/<subnet> (`az network vnet subnet show -g <group> "
+                  "--vnet-name <vnet> -n <subnet> --query id -o tsv`)")
+            continue
+        if text.lower() in (o.lower() for o in out):
+            r.bad(key, item, "listed twice; list each subnet once")
+            continue
+        out.append(text)
+    ips = n.get("allowedClientIps") or []
+    if ips and not out:
+        r.warnings.append(f"{p}allowedClientIps lists addresses but {key} is empty: {SAME_REGION_NOTE}")
     return tuple(out)
 
 
@@ -214,6 +296,7 @@ def _users(r: _Reader, raw: dict) -> tuple[Principal, ...] | None:
         if not isinstance(u, dict):
             r.bad(f"users[{i}]", u, "expected {objectId: <guid>, type: User|Group|ServicePrincipal}")
             continue
+        r.known(u, p, PRINCIPAL_KEYS)
         oid = r.get(u, "objectId", p, str, allowed="the Entra object id: `az ad user show --id you@example.com "
                     "--query id -o tsv` or `az ad group show --group NAME --query id -o tsv`")
         if oid is not None and not _GUID.match(oid):
@@ -225,7 +308,7 @@ def _users(r: _Reader, raw: dict) -> tuple[Principal, ...] | None:
             if oid.lower() in seen:
                 r.bad(p + "objectId", oid, "listed twice; list each principal once")
             seen.add(oid.lower())
-            out.append(Principal(oid.lower(), kind))
+            out.append(Principal(object_id=oid.lower(), type=kind))
     return tuple(out)
 
 
@@ -241,6 +324,7 @@ def _clusters(r: _Reader, raw: dict, today: dt.date) -> tuple[Cluster, ...]:
         if not isinstance(c, dict):
             r.bad(f"clusters[{i}]", c, "expected a mapping with name, vmSize, minNodes, maxNodes")
             continue
+        r.known(c, p, CLUSTER_KEYS)
         name = r.get(c, "name", p, str)
         if name is not None:
             if not _CLUSTER.match(name):
@@ -268,26 +352,43 @@ def _clusters(r: _Reader, raw: dict, today: dt.date) -> tuple[Cluster, ...]:
         idle = r.within(c, "idleSecondsBeforeScaleDown", p, 600, 60, 86400, "60 to 86400 seconds")
         ssh = r.get(c, "sshEnabled", p, bool, False)
         if None not in (name, size, hi, lo, idle) and not (size.retired and size.retired <= today):
-            out.append(Cluster(name, size.name, lo, hi, priority == "LowPriority", idle, ssh))
+            out.append(Cluster(name=name, vm_size=size.name, min_nodes=lo, max_nodes=hi,
+                               low_priority=priority == "LowPriority", idle_seconds_before_scale_down=idle,
+                               ssh_enabled=ssh))
     return tuple(out)
 
 
-def load(raw: dict, stack: str, location: str | None, today: dt.date | None = None) -> PlatformConfig:
-    """Validate the project's config dict (keys without the project prefix) for `stack`."""
-    today = today or dt.date.today()
-    r = _Reader()
+def location_and_subscription(r: _Reader, location: str | None, subscription_id: str | None, where: str = "") -> None:
+    """The two azure-native settings a stack must set: the region, and the subscription its names hash."""
     if not location:
         r.problems.append("azure-native:location is missing: set the Azure region, e.g. "
-                          "`pulumi config set azure-native:location westeurope`")
+                          f"`pulumi config set azure-native:location westeurope`{where}")
     elif not _LOCATION.match(location):
         r.bad("azure-native:location", location, "an Azure region's short name such as westeurope or eastus2 "
               "(lowercase, no spaces)")
+    if not subscription_id:
+        r.problems.append("azure-native:subscriptionId is missing: resource names hash the subscription, so the "
+                          "stack must name it rather than follow whichever subscription is the CLI's default (another "
+                          "default would plan replacing every globally named resource): `pulumi config set "
+                          f"azure-native:subscriptionId <id>`{where} (`az account show --query id -o tsv`)")
+    elif not _GUID.match(subscription_id):
+        r.bad("azure-native:subscriptionId", subscription_id, "a subscription id (a GUID), not its name: "
+              "`az account show --subscription <name> --query id -o tsv`")
+
+
+def load(raw: dict, stack: str, location: str | None, subscription_id: str | None = None,
+         today: dt.date | None = None) -> PlatformConfig:
+    """Validate the project's config dict (keys without the project prefix) for `stack`."""
+    today = today or dt.date.today()
+    r = _Reader()
+    location_and_subscription(r, location, subscription_id)
+    r.known(raw, "", PLATFORM_KEYS, also=_MOVED)
     prefix = r.get(raw, "prefix", "", str, allowed="2-8 lowercase letters and digits, starting with a letter")
     if prefix is not None and not _PREFIX.match(prefix):
         r.bad("prefix", prefix, "2-8 lowercase letters and digits, starting with a letter (it goes into "
               "storage account names)")
     network = _network(r, raw, "network")
-    for moved in ("storage", "nfs"):
+    for moved in _MOVED:
         if moved in raw:
             r.problems.append(f"{moved} is set in the platform's stack file, but the durable data has a stack of its "
                               f"own now: move the key to infra/data-stack/Pulumi.<stack>.yaml (as "
@@ -317,12 +418,7 @@ def load(raw: dict, stack: str, location: str | None, today: dt.date | None = No
             if nodes > usable:
                 r.bad("network.computeSubnetCidr", network.compute_subnet_cidr,
                       f"has {usable} usable addresses for up to {nodes} nodes; use a larger subnet")
-    build = r.get(raw, "imageBuildCluster", "", str, None)
-    if build is not None and clusters and build not in {c.name for c in clusters}:
-        r.bad("imageBuildCluster", build, f"not a declared cluster; one of {', '.join(c.name for c in clusters)}")
-    if build is None and clusters:
-        cpu = [c.name for c in clusters if c.size.gpus == 0]
-        build = cpu[0] if cpu else clusters[0].name
+    build = _image_build_cluster(r, raw, clusters)
     ws_public = r.get(raw, "workspacePublicAccess", "", bool, True)
     acr_public = r.get(raw, "registryPublicAccess", "", bool, True)
     kv_public = r.get(raw, "keyVaultPublicAccess", "", bool, True)
@@ -330,37 +426,70 @@ def load(raw: dict, stack: str, location: str | None, today: dt.date | None = No
     access = _access(r, raw, network, ws_public)
     if r.problems:
         raise ConfigError(r.problems)
-    return PlatformConfig(stack, prefix, location, network, clusters, ws_public, acr_public, build,
-                          max_gpus, max_nodes, {"project": PROJECT, "stack": stack, **{str(k): str(v) for k, v in tags.items()}},
-                          kv_public, data_stack, users, mount_nfs, access=access)
+    return PlatformConfig(
+        stack=stack, subscription_id=subscription_id.lower(), prefix=prefix, location=location, network=network,
+        clusters=clusters, workspace_public_access=ws_public, registry_public_access=acr_public,
+        image_build_cluster=build, max_total_gpus=max_gpus, max_total_nodes=max_nodes,
+        tags={"project": PROJECT, "stack": stack, **{str(k): str(v) for k, v in tags.items()}},
+        key_vault_public_access=kv_public, data_stack=data_stack, users=users, mount_nfs=mount_nfs,
+        warnings=tuple(r.warnings), access=access)
 
 
-def pulumi_settings(keys: tuple[str, ...]) -> tuple[dict, str, str | None]:
-    """The given keys of the current stack's config (structured values parsed from the JSON Pulumi hands
-    over), the stack's name and its azure-native location: what `load` takes."""
+def _image_build_cluster(r: _Reader, raw: dict, clusters: tuple[Cluster, ...]) -> str | None:
+    """The cluster Azure ML builds images on. Azure ML builds on a CPU cluster only ("Only a CPU SKU is
+    supported": https://learn.microsoft.com/azure/machine-learning/how-to-secure-workspace-vnet, "Enable Azure
+    Container Registry (ACR)"); a GPU cluster here would fail the first image build, after deployment."""
+    build = r.get(raw, "imageBuildCluster", "", str, None)
+    cpu = [c.name for c in clusters if c.size.gpus == 0]
+    if build is not None and clusters:
+        chosen = next((c for c in clusters if c.name == build), None)
+        if chosen is None:
+            r.bad("imageBuildCluster", build, f"not a declared cluster; one of {', '.join(c.name for c in clusters)}")
+        elif chosen.size.gpus:
+            r.bad("imageBuildCluster", build, f"is a GPU cluster ({chosen.vm_size}); Azure ML builds images on CPU "
+                  f"compute only: name a CPU cluster ({', '.join(cpu) if cpu else 'declare one, e.g. Standard_D4s_v5'})")
+    if build is None and clusters:
+        if not cpu:
+            r.bad("clusters", [c.name for c in clusters], "no CPU cluster to build images on (Azure ML builds images "
+                  "on CPU compute only): add one, e.g. {name: cpu-build, vmSize: Standard_D4s_v5, maxNodes: 1}")
+        build = cpu[0] if cpu else None
+    return build
+
+
+def all_settings(project: str) -> dict[str, Any]:
+    """Every key the stack sets for `project` (without the prefix), as Pulumi hands them to the program,
+    with structured values parsed from their JSON: unknown ones included, so they can be refused."""
     import json
 
+    from pulumi.runtime import config as runtime_config
+
+    every = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    raw = {}
+    for key, text in every.items():
+        if not key.startswith(project + ":"):
+            continue
+        name = key.split(":", 1)[1]
+        try:
+            raw[name] = json.loads(text) if isinstance(text, str) else text
+        except ValueError:
+            raw[name] = text
+    return raw
+
+
+def pulumi_settings(project: str) -> tuple[dict, str, str | None, str | None]:
+    """The current stack's settings for `project`, its name, and its azure-native location and subscription:
+    what `load` takes."""
     import pulumi
 
-    cfg = pulumi.Config()
-    raw = {}
-    for k in keys:
-        text = cfg.get(k)
-        if text is None:
-            continue
-        try:
-            raw[k] = json.loads(text)
-        except ValueError:
-            raw[k] = text
-    return raw, pulumi.get_stack(), pulumi.Config("azure-native").get("location")
+    provider = pulumi.Config("azure-native")
+    return all_settings(project), pulumi.get_stack(), provider.get("location"), provider.get("subscriptionId")
 
 
 def from_pulumi() -> PlatformConfig:
     """Read the current stack's config through Pulumi (the program's entry point)."""
-    return load(*pulumi_settings(("prefix", "network", "storage", "nfs", "clusters", "imageBuildCluster",
-                                  "maxTotalGpus", "maxTotalNodes", "workspacePublicAccess", "registryPublicAccess",
-                                  "keyVaultPublicAccess", "tags", "users", "dataStack", "mountNfs",
-                                  "access")))
+    raw, stack, location, subscription = pulumi_settings(PROJECT)
+    raw.pop("sshPublicKey", None)   # a secret, read by the entry point itself
+    return load(raw, stack, location, subscription)
 
 
 # ---- The way in (config `access`): how people outside the VNet reach a private platform (wayin.py) ----

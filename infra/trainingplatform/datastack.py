@@ -2,9 +2,10 @@
 
 Pulumi's answer to resources with different lifecycles is separate stacks. This one (project
 `azure-horovod-training-data`, `infra/data-stack/`) holds the data resource group, the training-data,
-logs and NFS accounts, their containers and share, every one `protect`ed. Platform stacks read its
-outputs through a StackReference and create, each life, what connects their VNet to it (private
-endpoints, DNS, role assignments). So `pulumi destroy` of the platform leaves this state and these
+logs and NFS accounts, their containers and share, every one `protect`ed, and its users' access to the
+containers (config `users`; access.py says why the data stack, not the platforms, grants it). Platform
+stacks read its outputs through a StackReference and create, each life, what connects their VNet and
+identities to it (private endpoints, DNS, the role assignments of their own identities). So `pulumi destroy` of the platform leaves this state and these
 resources untouched, and the next platform `up` creates nothing that already exists: no import, no
 name juggling. Deleting the data is a deliberate act on this stack (docs/deploying.md#deleting-the-data-for-good).
 
@@ -15,10 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pulumi
-from pulumi_azure_native import authorization, resources
+from pulumi_azure_native import resources
 
 from . import naming
-from .dataconfig import DataConfig
+from .access import AccessGrants, Grant, container_scope, deployer_users
+from .dataconfig import PROJECT, DataConfig
 from .nfs import MOUNT_OPTIONS, NfsShare
 from .storage import TrainingStorage
 
@@ -33,18 +35,32 @@ def default_reference(organization: str, platform_stack: str) -> str:
 
 
 def build(cfg: DataConfig) -> dict[str, pulumi.Input]:
-    client = authorization.get_client_config_output()
-    suffix = naming.global_suffix(client.subscription_id, cfg.prefix, cfg.stack, cfg.location)
+    users = deployer_users(cfg.users, PROJECT)   # before anything is declared: it may refuse
+    for warning in cfg.warnings:
+        pulumi.log.warn(warning)
+    suffix = naming.global_suffix(cfg.subscription_id, cfg.prefix, cfg.stack, cfg.location)
     protect = pulumi.ResourceOptions(protect=True)
-    group = resources.ResourceGroup("data", resource_group_name=naming.dashed(cfg.prefix, cfg.stack, "data-rg"),
-                                    location=cfg.location, tags=cfg.tags, opts=protect)
-    store = TrainingStorage("storage", group.name, cfg.location, cfg.prefix, cfg.stack, suffix, cfg.storage,
-                            cfg.allowed_client_ips, cfg.tags, opts=protect)
+    group = resources.ResourceGroup(
+        "data", resource_group_name=cfg.resource_group_name or naming.dashed(cfg.prefix, cfg.stack, "data-rg"),
+        location=cfg.location, tags=cfg.tags, opts=protect)
+    store = TrainingStorage("storage", resource_group=group.name, location=cfg.location, prefix=cfg.prefix,
+                            stack=cfg.stack, suffix=suffix, cfg=cfg.storage, allowed_client_ips=cfg.allowed_client_ips,
+                            allowed_subnet_ids=cfg.allowed_subnet_ids, tags=cfg.tags, opts=protect)
+    data_scope = container_scope(store.data_account.id, store.data_container.name)
+    logs_scope = container_scope(store.logs_account.id, store.logs_container.name)
+    grants = []
+    for u in users:
+        grants += [Grant(f"user-{u.object_id}-uploads-data", "Storage Blob Data Contributor", u.object_id, data_scope,
+                         u.type),
+                   Grant(f"user-{u.object_id}-reads-logs", "Storage Blob Data Reader", u.object_id, logs_scope, u.type)]
+    # Not protected: access is no data, and a changed users list must be able to revoke.
+    AccessGrants("access", cfg.subscription_id, cfg.stack, grants)
     nfs = None
     if cfg.nfs.enabled:
-        nfs = NfsShare("nfs", group.name, cfg.location, cfg.prefix, cfg.stack, suffix, cfg.nfs, cfg.tags, opts=protect)
+        nfs = NfsShare("nfs", resource_group=group.name, location=cfg.location, prefix=cfg.prefix, stack=cfg.stack,
+                       suffix=suffix, cfg=cfg.nfs, tags=cfg.tags, opts=protect)
     return {
-        "subscription_id": client.subscription_id,
+        "subscription_id": cfg.subscription_id,
         "location": cfg.location,
         "resource_group": group.name,
         "data_account_name": store.data_account.name,

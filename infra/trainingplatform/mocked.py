@@ -162,7 +162,8 @@ def run_data(raw: dict, stack: str, location: str | None,
              mocks: RecordingMocks | None = None) -> tuple[RecordingMocks, dict[str, Any]]:
     """Validate and declare the data stack (project azure-horovod-training-data) under mocks."""
     mocks = mocks or RecordingMocks()
-    cfg = dataconfig.load(raw, stack, location)
+    # The stack's azure-native:subscriptionId (required): here, the mocked subscription.
+    cfg = dataconfig.load(raw, stack, location, mocks.subscription)
     return mocks, _declare(mocks, dataconfig.PROJECT, stack, lambda: datastack.build(cfg))
 
 
@@ -174,7 +175,7 @@ def run(raw: dict, stack: str, location: str | None, mocks: RecordingMocks | Non
     file of the same stack name (infra/data-stack/Pulumi.<stack>.yaml), declared first under mocks of the
     same subscription."""
     mocks = mocks or RecordingMocks()
-    cfg = config.load(raw, stack, location)
+    cfg = config.load(raw, stack, location, mocks.subscription)
     reference = cfg.data_stack or datastack.default_reference(ORGANIZATION, stack)
     if reference not in mocks.stack_outputs:
         if data_outputs is None:

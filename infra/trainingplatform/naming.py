@@ -1,12 +1,20 @@
-"""Resource names.
+"""Resource names: valid for every stack name Pulumi accepts, and distinct for every two stacks.
 
-Storage accounts and the registry need globally unique DNS names, so they carry a short hash of
-subscription/prefix/stack/location (`global_suffix`): two teams deploying the same committed stack file
-into different subscriptions get different names (no `StorageAccountAlreadyTaken`), and one stack gets the
-same names on every `pulumi up`, which is what lets the data stack's accounts outlive platform stacks.
-Key Vaults and Azure ML workspaces are soft-deleted by Azure (name held for 7-90 days), so they carry a
-random suffix made once per stack lifetime (pulumi_random): a recreated stack never collides with its
-soft-deleted predecessor.
+- Storage accounts and the registry need globally unique DNS names, so they carry a short hash of
+  subscription/prefix/stack/location (`global_suffix`): two teams deploying the same committed stack file
+  into different subscriptions get different names (no `StorageAccountAlreadyTaken`), and one stack gets the
+  same names on every `pulumi up`, which is what lets the data stack's accounts outlive platform stacks.
+  The subscription is the stack's `azure-native:subscriptionId` (required: config.py).
+- Names unique within a subscription (resource groups, and the Key Vault and workspace bases) carry
+  `stack_id`: a few letters of the stack name for people, plus a hash of the WHOLE stack name. Cut text
+  alone made `staging1` and `staging2` both `hvd-stagin-rg`, and a stack called `-_-` an empty part (a Key
+  Vault name with two hyphens in a row, which Azure refuses).
+- Key Vaults and Azure ML workspaces are soft-deleted by Azure (name held for 7-90 days), so they also
+  carry a random suffix made once per stack lifetime (pulumi_random): a recreated stack never collides with
+  its soft-deleted predecessor.
+
+Azure's rules (learn.microsoft.com/azure/azure-resource-manager/management/resource-name-rules) are
+checked for each name in tests/infra/test_naming.py.
 """
 from __future__ import annotations
 
@@ -16,6 +24,8 @@ import re
 import pulumi
 
 SUFFIX_LENGTH = 8   # 32 bits of hash: the storage name still fits 24 characters with an 8-letter prefix
+STACK_HASH_LENGTH = 4
+STACK_TEXT_LENGTH = 3   # with the hash: 7 characters, so a Key Vault name fits 24 (vault_name)
 
 
 def _clean(text: str) -> str:
@@ -24,6 +34,11 @@ def _clean(text: str) -> str:
 
 def stable_suffix(*parts: str, length: int = SUFFIX_LENGTH) -> str:
     return hashlib.sha256("/".join(parts).encode()).hexdigest()[:length]
+
+
+def stack_id(stack: str) -> str:
+    """Letters and digits only, never empty, different for every two stack names (up to the hash)."""
+    return _clean(stack)[:STACK_TEXT_LENGTH] + stable_suffix("stack", stack, length=STACK_HASH_LENGTH)
 
 
 def global_suffix(subscription_id: pulumi.Input[str] | str, prefix: str, stack: str,
@@ -35,7 +50,8 @@ def global_suffix(subscription_id: pulumi.Input[str] | str, prefix: str, stack: 
 
 
 def storage_account(prefix: str, stack: str, role: str, suffix):
-    """3-24 lowercase letters and digits (Azure's rule for storage account names)."""
+    """3-24 lowercase letters and digits (Azure's rule for storage account names). The suffix hashes the
+    whole stack name already."""
     if not isinstance(suffix, str):
         return pulumi.Output.from_input(suffix).apply(lambda s: storage_account(prefix, stack, role, s))
     return (_clean(prefix) + _clean(stack)[:4] + _clean(role)[:4] + suffix)[:24]
@@ -49,4 +65,36 @@ def registry(prefix: str, stack: str, suffix):
 
 
 def dashed(prefix: str, stack: str, role: str) -> str:
-    return f"{_clean(prefix)}-{_clean(stack)[:6]}-{role}"
+    """`<prefix>-<stack id>-<role>`: resource groups (1-90 characters) and the bases below."""
+    return f"{_clean(prefix)}-{stack_id(stack)}-{role}"
+
+
+def vault_name(prefix: str, stack: str, random_suffix):
+    """Key Vault: 3-24 letters, digits and hyphens, starting with a letter, ending with a letter or digit,
+    no two hyphens in a row. At most 8 + 1 + 7 + 3 + 5 = 24."""
+    return pulumi.Output.concat(f"{_clean(prefix)}-{stack_id(stack)}-kv", random_suffix)
+
+
+def workspace_name(prefix: str, stack: str, random_suffix, *dependencies):
+    """Azure ML workspace: 3-33 letters, digits, hyphens and underscores, starting with a letter or digit.
+
+    `dependencies` (the Azure names of its storage account and Key Vault) go into a hash in the name:
+    Azure ML cannot move a workspace to another storage account or vault ("Storage Account update is not
+    supported yet"), so a new one must be a new workspace, and under a new name (the old one's is held while
+    soft-deleted). At most 8 + 1 + 7 + 1 + 3 + 5 + 4 = 29."""
+    def name(values):
+        rand, *deps = values
+        return f"{_clean(prefix)}-{stack_id(stack)}-mlw{rand}{stable_suffix(*(str(d).lower() for d in deps), length=4)}"
+    return pulumi.Output.all(random_suffix, *dependencies).apply(name)
+
+
+def cluster(name: str, vm_size: str, priority: str, subnet_id):
+    """Azure ML compute name: 2-16 letters, digits and hyphens, starting with a letter, ending with a letter
+    or digit. What Azure ML cannot change on a cluster (VM size, priority, subnet: compute.py) is hashed into
+    the name, so a change creates a new cluster beside the old one instead of a PUT to the old one, which
+    Azure answers with success while keeping the old size. At most 11 + 1 + 4 = 16."""
+    def make(subnet):
+        return f"{name[:11].rstrip('-')}-{stable_suffix(name, vm_size, priority, str(subnet).lower(), length=4)}"
+    if isinstance(subnet_id, str):
+        return make(subnet_id)
+    return pulumi.Output.from_input(subnet_id).apply(make)

@@ -11,9 +11,9 @@ import pulumi_random as random
 from pulumi_azure_native import authorization, resources
 
 from . import naming, private
-from .access import AccessGrants, Grant, container_scope
+from .access import AccessGrants, Grant, container_scope, deployer_users
 from .compute import ComputeClusters, compute_identity, describe
-from .config import PlatformConfig
+from .config import PROJECT, PlatformConfig
 from .datastack import DataStackReference, default_reference
 from .network import PlatformNetwork
 from .privatelink import PrivateDnsZones, PrivateLink
@@ -22,10 +22,13 @@ from .workspace import Workspace
 
 
 def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) -> dict[str, pulumi.Input]:
+    users = deployer_users(cfg.users, PROJECT)   # before anything is declared: it may refuse
+    for warning in cfg.warnings:
+        pulumi.log.warn(warning)
     client = authorization.get_client_config_output()
     tags = cfg.tags
     # Global names (workspace storage, registry): unique per subscription, stable per stack.
-    suffix = naming.global_suffix(client.subscription_id, cfg.prefix, cfg.stack, cfg.location)
+    suffix = naming.global_suffix(cfg.subscription_id, cfg.prefix, cfg.stack, cfg.location)
     # New each time the stack is created: soft-deleted vaults and workspaces keep their names for days.
     rand = random.RandomString("name-suffix", length=5, special=False, upper=False, numeric=True)
     data = DataStackReference(cfg.data_stack or default_reference(pulumi.get_organization(), cfg.stack),
@@ -49,9 +52,10 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
 
     registry = Registry("registry", group.name, cfg.location, cfg.prefix, cfg.stack, suffix,
                         cfg.registry_public_access, tags, endpoints, dns)
-    ws = Workspace("ml", group.name, cfg.location, cfg, client.tenant_id, rand.result, suffix, registry.registry.id,
-                   net.compute_subnet.id, data, tags, endpoints, dns,
-                   depends_on=registry.link.ready if registry.link else ())
+    ws = Workspace("ml", resource_group=group.name, location=cfg.location, cfg=cfg, tenant_id=client.tenant_id,
+                   random_suffix=rand.result, stable_suffix=suffix, registry_id=registry.registry.id,
+                   compute_subnet_id=net.compute_subnet.id, data_storage=data, tags=tags,
+                   endpoint_subnet_id=endpoints, dns=dns, depends_on=registry.link.ready if registry.link else ())
     identity = compute_identity("compute", group.name, cfg.location, tags)
     way_in = private.way_in(cfg, group.name, net, dns, tags, ssh_public_key)   # after every private endpoint
 
@@ -69,23 +73,28 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
         Grant("workspace-reads-data", "Storage Blob Data Reader", workspace_identity, data_scope),
         Grant("workspace-reads-logs", "Storage Blob Data Reader", workspace_identity, logs_scope),
     ]
-    for label, principal, kind in _users(cfg):
+    # Users' roles on this stack's own resources only. Their access to the data and logs containers is the
+    # data stack's grant (its `users`): two platforms on one data stack would otherwise both claim the same
+    # (scope, principal, role), which Azure holds once (access.py).
+    for u in users:
+        label = f"user-{u.object_id}"   # from the object id alone: listing the deployer keeps the same resources
         grants += [
             # Submitting a job uploads its code snapshot to the workspace storage with the user's token
             # (blob), and the studio's file views need the file share (how-to-disable-local-auth-storage).
-            Grant(f"{label}-workspace-blob", "Storage Blob Data Contributor", principal, ws.storage.id, kind),
-            Grant(f"{label}-workspace-files", "Storage File Data Privileged Contributor", principal, ws.storage.id, kind),
-            Grant(f"{label}-uploads-data", "Storage Blob Data Contributor", principal, data_scope, kind),
-            Grant(f"{label}-reads-logs", "Storage Blob Data Reader", principal, logs_scope, kind),
-            Grant(f"{label}-submits-jobs", "AzureML Data Scientist", principal, ws.workspace.id, kind),
+            Grant(f"{label}-workspace-blob", "Storage Blob Data Contributor", u.object_id, ws.storage.id, u.type),
+            Grant(f"{label}-workspace-files", "Storage File Data Privileged Contributor", u.object_id, ws.storage.id,
+                  u.type),
+            Grant(f"{label}-submits-jobs", "AzureML Data Scientist", u.object_id, ws.workspace.id, u.type),
         ]
     # The studio reads the datastores' accounts and the workspace storage (not the NFS share: no datastore).
     studio_links = [links[0], links[1], *(l for k, l in ws.links.items() if k.startswith("storage"))]
-    grants += private.grants(cfg, _users(cfg), workspace_identity, registry, way_in, studio_links)
-    access = AccessGrants("access", client.subscription_id, grants)
+    grants += private.grants(cfg, [(f"user-{u.object_id}", u.object_id, u.type) for u in users],
+                             workspace_identity, registry, way_in, studio_links)
+    access = AccessGrants("access", cfg.subscription_id, cfg.stack, grants)
     # Clusters come last: no-public-IP nodes need the workspace endpoint, and the first job's image pull the grant.
-    compute = ComputeClusters("compute", group.name, cfg.location, ws.workspace.name, net.compute_subnet.id,
-                              cfg.clusters, tags, identity, ssh_public_key,
+    compute = ComputeClusters("compute", resource_group=group.name, location=cfg.location,
+                              workspace_name=ws.workspace.name, subnet_id=net.compute_subnet.id, clusters=cfg.clusters,
+                              tags=tags, identity=identity, ssh_public_key=ssh_public_key,
                               depends_on=[*ws.endpoint.ready, access.assignments["compute-pulls-images"]])
 
     nfs = None
@@ -103,7 +112,7 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
         "registry_login_server": registry.login_server,
         "compute_identity_client_id": compute.identity.client_id,
         "compute_identity_id": compute.identity.id,
-        "clusters": {c.name: describe(c) for c in cfg.clusters},
+        "clusters": {c.name: describe(c, compute.clusters[c.name].name) for c in cfg.clusters},
         "datastores": {
             "data": {"name": ws.datastores["data"].name, "account": data.data_account.name,
                      "container": data.data_container.name},
@@ -114,17 +123,3 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
         "nat_public_ip": net.nat_ip.ip_address,
         "way_in": way_in.describe() if way_in else {"mode": "none"},
     }
-
-
-def _users(cfg: PlatformConfig) -> list[tuple[str, str, str]]:
-    """(label, object id, principalType) of everyone who gets the user roles. The label is made from the
-    object id alone, so a deployer who later lists themselves in `users` keeps the same resources: a label
-    of its own for the default would plan a create of an assignment that exists (Azure refuses it) and the
-    delete of the one it replaces."""
-    if cfg.users is None:
-        # A person running `pulumi up` after `az login`. The type cannot be left out (the SDK then sends
-        # "User" anyway) and Azure refuses a wrong one (UnmatchedPrincipalType): deployments run as a
-        # service principal (CI) list their users instead, which replaces this default.
-        deployer = authorization.get_client_config().object_id.lower()   # as config.py writes listed ids
-        return [(f"user-{deployer}", deployer, "User")]
-    return [(f"user-{u.object_id}", u.object_id, u.type) for u in cfg.users]

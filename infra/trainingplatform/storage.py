@@ -4,8 +4,14 @@
 Shared keys are off: jobs and datastores use Entra ID (managed identities), users `az login`.
 The data accounts outlive platform stacks, so their network rules name nothing of a platform's
 lifecycle (a VNet whose name changes with each life would leave a dangling rule): they are closed to
-every public network but `allowedClientIps`, and compute reaches them through private endpoints that
-each platform life creates in its own VNet (program.py).
+every public network but `allowedClientIps` and `allowedSubnetIds` (subnets the user names, of their own
+lifecycle), and compute reaches them through private endpoints that each platform life creates in its own
+VNet (program.py).
+
+IP rules admit nothing from the account's own Azure region ("IP network rules have no effect on requests
+originating from the same Azure region as the storage account":
+https://learn.microsoft.com/azure/storage/common/storage-network-security): a VM or CI runner in the region
+gets in through a VNet rule (a subnet with the Microsoft.Storage service endpoint) or a private endpoint.
 """
 from __future__ import annotations
 
@@ -20,20 +26,22 @@ from .dataconfig import Storage
 def network_rules(net: Network, compute_subnet_id: pulumi.Input[str],
                   *other_subnet_ids: pulumi.Input[str]) -> storage.NetworkRuleSetArgs:
     """Deny by default; admit the compute subnet (service endpoint), any other subnets given (the private
-    endpoints' subnet, for the studio), listed client IPs, trusted Azure services.
+    endpoints' subnet, for the studio), the listed subnets and client IPs, and trusted Azure services.
 
     For accounts of the platform's own lifecycle (the workspace storage)."""
     return storage.NetworkRuleSetArgs(
         default_action="Deny", bypass="AzureServices",
         virtual_network_rules=[storage.VirtualNetworkRuleArgs(virtual_network_resource_id=s, action="Allow")
-                               for s in (compute_subnet_id, *other_subnet_ids)],
+                               for s in (compute_subnet_id, *other_subnet_ids, *net.allowed_subnet_ids)],
         ip_rules=[storage.IPRuleArgs(i_p_address_or_range=ip, action="Allow") for ip in net.allowed_client_ips])
 
 
-def closed_rules(allowed_client_ips: tuple[str, ...]) -> storage.NetworkRuleSetArgs:
-    """Deny by default; admit only the listed client IPs (and trusted Azure services). No VNet rules."""
+def closed_rules(allowed_client_ips: tuple[str, ...], allowed_subnet_ids: tuple[str, ...] = ()) -> storage.NetworkRuleSetArgs:
+    """Deny by default; admit only the listed subnets and client IPs (and trusted Azure services)."""
     return storage.NetworkRuleSetArgs(
-        default_action="Deny", bypass="AzureServices", virtual_network_rules=[],
+        default_action="Deny", bypass="AzureServices",
+        virtual_network_rules=[storage.VirtualNetworkRuleArgs(virtual_network_resource_id=s, action="Allow")
+                               for s in allowed_subnet_ids],
         ip_rules=[storage.IPRuleArgs(i_p_address_or_range=ip, action="Allow") for ip in allowed_client_ips])
 
 
@@ -90,12 +98,13 @@ class TrainingStorage(pulumi.ComponentResource):
 
     def __init__(self, name: str, resource_group, location: str, prefix: str, stack: str,
                  suffix: pulumi.Input[str], cfg: Storage, allowed_client_ips: tuple[str, ...], tags: dict,
-                 opts: pulumi.ResourceOptions | None = None):
+                 allowed_subnet_ids: tuple[str, ...] = (), opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainingplatform:storage:TrainingStorage", name, None, opts)
         keep = pulumi.ResourceOptions(parent=self, protect=True)
-        rules = closed_rules(allowed_client_ips)
-        # Public network access on only to admit the listed client IPs; without any, it is off altogether.
-        public = "Enabled" if allowed_client_ips else "Disabled"
+        rules = closed_rules(allowed_client_ips, allowed_subnet_ids)
+        # Public network access on only to admit the listed client IPs and subnets (VNet rules act on the
+        # public endpoint too); without any, it is off altogether.
+        public = "Enabled" if allowed_client_ips or allowed_subnet_ids else "Disabled"
         self.data_account = secure_account(
             f"{name}-data", naming.storage_account(prefix, stack, "data", suffix), resource_group,
             location, "BlockBlobStorage", f"Premium_{cfg.replication}", rules, tags, keep,

@@ -11,6 +11,13 @@ instance/cluster or serverless compute with no public IP": "You must use a works
 Private settings bring their endpoints: `keyVaultPublicAccess: false` gives the vault one (`vault`), and a
 private workspace keeps its own storage private too (`blob` and `file` endpoints), as Microsoft's secure
 templates (machine-learning-end-to-end-secure, 201-machine-learning-moderately-secure) do.
+
+A workspace's storage account and Key Vault are fixed at creation: Azure ML answers a change with "Storage
+Account update is not supported yet" (and likewise for the vault), in the middle of an `up` whose earlier
+steps already replaced the account. So the workspace is declared to be replaced when either changes
+(`replace_on_changes`), and its name hashes their names (naming.workspace_name): the replacement is a new
+workspace under a new name, created before the old one is deleted (the old name stays held while
+soft-deleted), instead of a failing update.
 """
 from __future__ import annotations
 
@@ -24,10 +31,14 @@ from .privatelink import PrivateDnsZones, PrivateLink
 from .storage import network_rules, secure_account
 
 
+# The workspace inputs Azure ML cannot update (see the module docstring).
+REPLACE_ON_CHANGES = ("storageAccount", "keyVault")
+
+
 class Workspace(pulumi.ComponentResource):
     """Outputs: workspace_name, datastores {data, logs}."""
 
-    def __init__(self, name: str, resource_group, location: str, cfg, tenant_id, random_suffix, stable_suffix: str,
+    def __init__(self, name: str, *, resource_group, location: str, cfg, tenant_id, random_suffix, stable_suffix: str,
                  registry_id, compute_subnet_id, data_storage, tags: dict, endpoint_subnet_id, dns: PrivateDnsZones,
                  depends_on: Sequence[pulumi.Resource] = (), opts: pulumi.ResourceOptions | None = None):
         """depends_on: private endpoints of the workspace's dependencies declared elsewhere (the registry's)."""
@@ -39,9 +50,8 @@ class Workspace(pulumi.ComponentResource):
             return PrivateLink(f"{name}-{label}-link", resource_group, location, target_id, group_id, endpoint_subnet_id,
                                dns, tags, opts=child)
 
-        base = naming.dashed(cfg.prefix, cfg.stack, "")
         self.vault = keyvault.Vault(
-            f"{name}-kv", vault_name=pulumi.Output.concat(base, "kv-", random_suffix),
+            f"{name}-kv", vault_name=naming.vault_name(cfg.prefix, cfg.stack, random_suffix),
             resource_group_name=resource_group, location=location,
             properties=keyvault.VaultPropertiesArgs(
                 tenant_id=tenant_id, sku=keyvault.SkuArgs(family="A", name="standard"),
@@ -50,7 +60,8 @@ class Workspace(pulumi.ComponentResource):
                 public_network_access="Enabled" if cfg.key_vault_public_access else "Disabled",
                 network_acls=keyvault.NetworkRuleSetArgs(
                     default_action="Deny", bypass="AzureServices",
-                    virtual_network_rules=[keyvault.VirtualNetworkRuleArgs(id=compute_subnet_id)],
+                    virtual_network_rules=[keyvault.VirtualNetworkRuleArgs(id=s) for s in
+                                           (compute_subnet_id, *cfg.network.allowed_subnet_ids)],
                     ip_rules=[keyvault.IPRuleArgs(value=ip) for ip in cfg.network.allowed_client_ips])),
             tags=tags, opts=child)
         self.links: dict[str, PrivateLink] = {}
@@ -74,7 +85,8 @@ class Workspace(pulumi.ComponentResource):
         for l in self.links.values():
             ready.extend(l.ready)
         self.workspace = ml.Workspace(
-            f"{name}-workspace", workspace_name=pulumi.Output.concat(base, "mlw-", random_suffix),
+            f"{name}-workspace",
+            workspace_name=naming.workspace_name(cfg.prefix, cfg.stack, random_suffix, self.storage.name, self.vault.name),
             resource_group_name=resource_group, location=location, kind="Default",
             identity=ml.ManagedServiceIdentityArgs(type="SystemAssigned"),
             sku=ml.SkuArgs(name="Basic", tier="Basic"),
@@ -83,7 +95,7 @@ class Workspace(pulumi.ComponentResource):
             public_network_access="Enabled" if cfg.workspace_public_access else "Disabled",
             system_datastores_auth_mode="identity",   # the workspace storage has shared keys off
             v1_legacy_mode=False, hbi_workspace=False, tags=tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=ready))
+            opts=pulumi.ResourceOptions(parent=self, depends_on=ready, replace_on_changes=list(REPLACE_ON_CHANGES)))
         # Always: no-public-IP clusters need it (module docstring). Clusters depend on `self.endpoint.ready`.
         self.endpoint = link("workspace", self.workspace.id, "amlworkspace")
         self.datastores = {

@@ -10,6 +10,9 @@ Azure's rules these tests hold the program to:
   role-assignments-template#new-service-principal) and must match the principal (UnmatchedPrincipalType).
 - An assignment's principal cannot change (RoleAssignmentUpdateNotPermitted): names must be derived from
   scope, principal and role, as Azure's templates do with guid(scope, principalId, roleDefinitionId).
+- Azure holds one assignment per (scope, principal, role): a second one, whatever its name, is refused with
+  RoleAssignmentExists (learn.microsoft.com/azure/role-based-access-control/troubleshooting, "Role
+  assignment already exists"), so no two stacks may declare the same triple.
 """
 import copy
 import re
@@ -32,17 +35,28 @@ def _run(dev_raw, dev_data, users=None):
     return mocked.run(raw, "dev", dev_raw[1], data_outputs=dev_data[1])[0]
 
 
-def _expected(mocks, data_mocks):
-    data = one(data_mocks, "StorageAccount", "storage-data").id
-    logs = one(data_mocks, "StorageAccount", "storage-logs").id
+def _expected(mocks):
+    """A user's roles on the platform's own resources."""
     ws_storage = one(mocks, "StorageAccount", "ml-storage").id
     return {
         (access.ROLES["Storage Blob Data Contributor"], ws_storage),
         (access.ROLES["Storage File Data Privileged Contributor"], ws_storage),
-        (access.ROLES["Storage Blob Data Contributor"], f"{data}/blobServices/default/containers/training-data"),
-        (access.ROLES["Storage Blob Data Reader"], f"{logs}/blobServices/default/containers/logs"),
         (access.ROLES["AzureML Data Scientist"], one(mocks, "machinelearningservices:Workspace", "ml-workspace").id),
     }
+
+
+def _expected_data(data_mocks):
+    """A user's roles on the data stack's containers (granted by the data stack)."""
+    data = one(data_mocks, "StorageAccount", "storage-data").id
+    logs = one(data_mocks, "StorageAccount", "storage-logs").id
+    return {
+        (access.ROLES["Storage Blob Data Contributor"], f"{data}/blobServices/default/containers/training-data"),
+        (access.ROLES["Storage Blob Data Reader"], f"{logs}/blobServices/default/containers/logs"),
+    }
+
+
+def _roles(grants):
+    return {(r.inputs["roleDefinitionId"].rsplit("/", 1)[1], r.inputs["scope"]) for r in grants}
 
 
 def _grants_of(mocks, principal):
@@ -52,8 +66,10 @@ def _grants_of(mocks, principal):
 def test_the_deployer_gets_the_user_roles_by_default(dev, dev_data):
     mocks, _ = dev
     grants = _grants_of(mocks, mocked.DEPLOYER)   # getClientConfig's objectId: whoever runs `pulumi up`
-    assert {(r.inputs["roleDefinitionId"].rsplit("/", 1)[1], r.inputs["scope"]) for r in grants} == _expected(mocks, dev_data[0])
-    assert len(grants) == 5
+    assert _roles(grants) == _expected(mocks) and len(grants) == 3
+    data_grants = _grants_of(dev_data[0], mocked.DEPLOYER)
+    assert _roles(data_grants) == _expected_data(dev_data[0]) and len(data_grants) == 2
+    grants += data_grants
     # A person after `az login`; CI deployers (service principals) list `users` instead, since Azure
     # refuses a principalType that does not match (UnmatchedPrincipalType).
     assert {r.inputs["principalType"] for r in grants} == {"User"}
@@ -66,16 +82,16 @@ def test_a_deployer_who_lists_themselves_keeps_the_same_assignments(dev, dev_raw
     default = {(r.name, r.inputs["principalId"], r.inputs["principalType"]) for r in _grants_of(dev[0], mocked.DEPLOYER)}
     listed = _run(dev_raw, dev_data, [{"objectId": mocked.DEPLOYER.upper(), "type": "User"}])
     assert {(r.name, r.inputs["principalId"], r.inputs["principalType"]) for r in _grants_of(listed, mocked.DEPLOYER)} == default
-    assert len(default) == 5
+    assert len(default) == 3
 
 
 def test_listed_users_and_groups_get_exactly_the_user_roles_with_their_principal_type(dev_raw, dev_data):
     mocks = _run(dev_raw, dev_data, [{"objectId": ALICE, "type": "User"}, {"objectId": TEAM.upper(), "type": "Group"}])
-    expected = _expected(mocks, dev_data[0])
+    expected = _expected(mocks)
     for principal, kind in ((ALICE, "User"), (TEAM, "Group")):
         grants = _grants_of(mocks, principal)
-        assert {(r.inputs["roleDefinitionId"].rsplit("/", 1)[1], r.inputs["scope"]) for r in grants} == expected
-        assert len(grants) == 5 and {r.inputs["principalType"] for r in grants} == {kind}
+        assert _roles(grants) == expected
+        assert len(grants) == 3 and {r.inputs["principalType"] for r in grants} == {kind}
     assert _grants_of(mocks, mocked.DEPLOYER) == [], "a listed set replaces the default"
     identities = {"principal-compute-identity", "principal-ml-workspace", ALICE, TEAM}
     assert {r.inputs["principalId"] for r in mocks.of_type("RoleAssignment")} == identities, "nobody else"
@@ -98,7 +114,7 @@ def test_assignment_names_change_with_the_principal_and_stay_put_otherwise(dev_r
 
     assert names(first, ALICE) == names(again, ALICE), "the same grant keeps its name (no churn on every up)"
     alice, bob = names(first, ALICE), names(swapped, BOB)
-    assert alice.keys() == bob.keys() and len(alice) == 5
+    assert alice.keys() == bob.keys() and len(alice) == 3
     for key in alice:   # same scope and role, another principal: another assignment, never an update
         assert alice[key] != bob[key], key
     every = [r.inputs["roleAssignmentName"] for r in first.of_type("RoleAssignment")]
@@ -106,11 +122,74 @@ def test_assignment_names_change_with_the_principal_and_stay_put_otherwise(dev_r
     assert all(str(uuid.UUID(n)) == n for n in every), "Azure wants a GUID as the assignment name"
 
 
-def test_assignment_name_is_a_function_of_scope_principal_and_role():
-    base = access.assignment_name("/s/a", "p1", "/r/1")
-    assert base == access.assignment_name("/S/A", "P1", "/R/1")   # ARM ids compare case-insensitively
-    assert len({base, access.assignment_name("/s/b", "p1", "/r/1"), access.assignment_name("/s/a", "p2", "/r/1"),
-                access.assignment_name("/s/a", "p1", "/r/2")}) == 4
+def test_assignment_name_is_a_function_of_scope_principal_role_and_stack():
+    base = access.assignment_name("/s/a", "p1", "/r/1", "dev")
+    assert base == access.assignment_name("/S/A", "P1", "/R/1", "dev")   # ARM ids compare case-insensitively
+    assert len({base, access.assignment_name("/s/b", "p1", "/r/1", "dev"), access.assignment_name("/s/a", "p2", "/r/1", "dev"),
+                access.assignment_name("/s/a", "p1", "/r/2", "dev"), access.assignment_name("/s/a", "p1", "/r/1", "dev2")}) == 5
+
+
+def _triples(mocks, stack):
+    # The mocks name a managed identity's principal after its logical name; in Azure each stack's identities
+    # are principals of their own, so those are told apart by stack here.
+    def principal(p):
+        return f"{stack}/{p}" if p.startswith("principal-") else p.lower()
+    return [(r.inputs["scope"].lower(), principal(r.inputs["principalId"]), r.inputs["roleDefinitionId"].lower())
+            for r in mocks.of_type("RoleAssignment")]
+
+
+def test_two_platform_stacks_on_one_data_stack_never_claim_the_same_assignment(dev_raw, dev_data_raw):
+    # Team A and team B, each a platform stack, both on the data stack `shared`, with the same users.
+    shared = "organization/azure-horovod-training-data/shared"
+    users = [{"objectId": ALICE, "type": "User"}, {"objectId": TEAM, "type": "Group"}]
+    data_mocks, data_out = mocked.run_data(dict(copy.deepcopy(dev_data_raw[0]), users=users), "shared", dev_data_raw[1])
+    stacks = {"data": data_mocks}
+    for team in ("team-a", "team-b"):
+        raw = dict(copy.deepcopy(dev_raw[0]), users=users, dataStack=shared)
+        stacks[team] = mocked.run(raw, team, dev_raw[1], data_outputs=data_out)[0]
+    owner = {}
+    for stack, mocks in stacks.items():
+        for triple in _triples(mocks, stack):
+            # Azure keeps one per triple: the second `up` would fail, and either destroy revoke both.
+            assert triple not in owner, f"{stack} and {owner.get(triple)} both grant {triple}"
+            owner[triple] = stack
+    # Data access is the data stack's grant; each platform grants its users on its own resources only.
+    for user in (ALICE, TEAM):
+        assert _roles(_grants_of(data_mocks, user)) == _expected_data(data_mocks)
+        for team in ("team-a", "team-b"):
+            assert _roles(_grants_of(stacks[team], user)) == _expected(stacks[team])
+    names = [r.inputs["roleAssignmentName"] for m in stacks.values() for r in m.of_type("RoleAssignment")]
+    assert len(set(names)) == len(names)
+
+
+def test_role_assignments_are_deleted_before_they_are_replaced(dev):
+    # A replaced assignment of the same triple (a renamed one) cannot be created while the old one exists.
+    mocks, _ = dev
+    for r in mocks.of_type("RoleAssignment"):
+        assert mocks.options[r.name].delete_before_replace is True, r.name
+
+
+@pytest.mark.parametrize("how", ["ARM_CLIENT_ID", "ARM_USE_OIDC", "azure-native:clientId"])
+def test_a_service_principal_deployment_without_users_is_refused_with_the_fix(dev_raw, dev_data_raw, monkeypatch, how):
+    # Without `users` the deployer gets the user roles as principalType User; for a service principal Azure
+    # refuses that (UnmatchedPrincipalType) in the middle of `up`. The provider signs in as a service
+    # principal when these are set (pulumi.com/registry/packages/azure-native/installation-configuration).
+    if how.startswith("ARM_"):
+        monkeypatch.setenv(how, "true" if how == "ARM_USE_OIDC" else "44444444-4444-4444-4444-444444444444")
+    else:
+        monkeypatch.setenv("PULUMI_CONFIG", '{"azure-native:clientId": "44444444-4444-4444-4444-444444444444"}')
+    for run, raw in ((mocked.run, dev_raw), (mocked.run_data, dev_data_raw)):
+        mocks = mocked.RecordingMocks()
+        with pytest.raises(config.ConfigError) as e:
+            kwargs = {"data_outputs": {}} if run is mocked.run else {}
+            run(copy.deepcopy(raw[0]), "dev", raw[1], mocks=mocks, **kwargs)
+        assert "signs in as a service principal" in str(e.value) and how in str(e.value)
+        assert "UnmatchedPrincipalType" in str(e.value) and "users[0].objectId" in str(e.value)
+        assert mocks.resources == [], "refused before anything is declared"
+    # Listing the users is the fix.
+    raw = dict(copy.deepcopy(dev_data_raw[0]), users=[{"objectId": ALICE, "type": "User"}])
+    mocks, _ = mocked.run_data(raw, "dev", dev_data_raw[1])
+    assert {r.inputs["principalId"] for r in mocks.of_type("RoleAssignment")} == {ALICE}
 
 
 @pytest.mark.parametrize("users,message", [

@@ -18,6 +18,7 @@ def _cli_config(stack_file, project):
     raw, location = mocked.read_stack_file(stack_file, project)
     cfg = {f"{project}:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
     cfg["azure-native:location"] = location
+    cfg["azure-native:subscriptionId"] = mocked.SUBSCRIPTION   # `pulumi config set azure-native:subscriptionId`
     return cfg
 
 

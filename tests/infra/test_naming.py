@@ -58,3 +58,43 @@ def test_suffix_depends_on_each_part():
                   naming.global_suffix(SUB_A, "hvd", "prod", "westeurope"),
                   naming.global_suffix(SUB_A, "hvd", "dev", "northeurope")):
         assert other != base
+
+
+# Azure's naming rules, per resource type (resource-name-rules, cited above; Azure ML compute: "Compute name
+# ... 2 to 16 characters ... letters, digits and hyphens, starting with a letter", az ml compute create).
+RULES = {
+    "azure-native:resources:ResourceGroup": ("resourceGroupName", re.compile(r"^[-\w.()]{0,89}[-\w()]$")),
+    "azure-native:storage:StorageAccount": ("accountName", STORAGE),
+    "azure-native:containerregistry:Registry": ("registryName", REGISTRY),
+    "azure-native:keyvault:Vault": ("vaultName", re.compile(r"^(?!.*--)[a-zA-Z][a-zA-Z0-9-]{1,22}[a-zA-Z0-9]$")),
+    "azure-native:machinelearningservices:Workspace": ("workspaceName", re.compile(r"^[a-zA-Z0-9][\w-]{2,32}$")),
+    "azure-native:machinelearningservices:Compute": ("computeName", re.compile(r"^[a-zA-Z][a-zA-Z0-9-]{0,14}[a-zA-Z0-9]$")),
+}
+# Stack names Pulumi accepts: letters, digits, hyphens, underscores and periods, up to 100 characters.
+STACKS = ("a", "-_-", "staging1", "staging2", "Team-B_prod.westeurope", "x" * 99 + "1", "x" * 99 + "2")
+
+
+def _names(stack, dev_raw, dev_data_raw):
+    data_mocks, data_out = mocked.run_data(copy.deepcopy(dev_data_raw[0]), stack, dev_data_raw[1])
+    mocks, _ = mocked.run(copy.deepcopy(dev_raw[0]), stack, dev_raw[1], data_outputs=data_out)
+    return {(r.type, r.name): r.inputs[RULES[r.type][0]] for m in (data_mocks, mocks) for r in m.resources
+            if r.type in RULES}
+
+
+def test_every_name_is_valid_for_every_stack_name_and_no_two_stacks_share_one(dev_raw, dev_data_raw):
+    # `staging1` and `staging2` were both hvd-stagin-rg; `-_-` made a Key Vault name with consecutive hyphens.
+    seen = {}
+    for stack in STACKS:
+        for (typ, logical), name in _names(stack, dev_raw, dev_data_raw).items():
+            key, rule = RULES[typ]
+            assert rule.match(name), (stack, typ, key, name)
+            if typ.endswith("Compute"):
+                continue   # cluster names live inside one workspace, which is the stack's own
+            assert (typ, name.lower()) not in seen, f"{stack} and {seen[(typ, name.lower())]} both get {typ} {name}"
+            seen[(typ, name.lower())] = stack
+
+
+def test_stack_id_keeps_a_readable_part_and_hashes_the_whole_name():
+    assert naming.stack_id("staging1") != naming.stack_id("staging2")
+    assert naming.stack_id("staging1").startswith("sta") and naming.stack_id("-_-").isalnum()
+    assert len({naming.stack_id(s) for s in STACKS}) == len(STACKS)

@@ -147,15 +147,16 @@ def test_clusters_are_replaced_when_azure_ml_would_ignore_the_change(dev):
     mocks, _ = dev
     for c in mocks.of_type("machinelearningservices:Compute"):
         opts = mocks.options[c.name]
-        assert opts.delete_before_replace is True     # compute names are fixed: the old one must go first
+        assert not opts.delete_before_replace   # a new name: the new cluster is created beside the old one
         assert sorted(opts.replace_on_changes) == sorted(compute_module.REPLACE_ON_CHANGES)
         for path in opts.replace_on_changes:
             value = c.inputs
             for key in path.split("."):
                 assert isinstance(value, dict) and key in value, (c.name, path)
                 value = value[key]
+    # The identity is updated in place (tests/infra/test_replacements.py).
     assert {p.rsplit(".", 1)[-1] for p in compute_module.REPLACE_ON_CHANGES} == {
-        "vmSize", "vmPriority", "subnet", "enableNodePublicIp", "identity"}
+        "computeName", "vmSize", "vmPriority", "subnet", "enableNodePublicIp"}
 
 
 def test_ssh_is_never_a_public_port(dev_raw):

@@ -21,7 +21,7 @@ def test_declares_every_part_of_the_platform(dev, dev_data):
     data_types = {r.type.split(":", 1)[1] for r in dev_data[0].resources if r.type.startswith("azure-native:")}
     assert data_types == {"resources:ResourceGroup", "storage:StorageAccount", "storage:BlobServiceProperties",
                           "storage:BlobContainer", "storage:FileServiceProperties", "storage:FileShare",
-                          "storage:ManagementPolicy"}
+                          "storage:ManagementPolicy", "authorization:RoleAssignment"}   # users' data access
     # The durable data is the data stack's alone: the platform declares none of it.
     assert not {"storage:BlobContainer", "storage:FileShare"} & types
 
@@ -153,7 +153,7 @@ def test_registry_and_workspace(dev):
     kv = one(mocks, "Vault", "ml-kv").inputs["properties"]
     assert kv["enablePurgeProtection"] and kv["enableRbacAuthorization"]
     # Soft-deleted names: the random suffix is part of both.
-    assert ws["workspaceName"].endswith("x7k2q") and one(mocks, "Vault", "ml-kv").inputs["vaultName"].endswith("x7k2q")
+    assert "x7k2q" in ws["workspaceName"] and one(mocks, "Vault", "ml-kv").inputs["vaultName"].endswith("x7k2q")
     stores = {r.inputs["name"]: r.inputs["properties"] for r in mocks.of_type("Datastore")}
     assert stores["training_data"]["credentials"]["credentialsType"] == "None"   # identity-based
     assert stores["training_data"]["containerName"] == "training-data"

@@ -28,7 +28,7 @@ def test_every_job_renders_and_validates_for_the_dev_stack(dev_outputs, job, clu
     filled, sdk_job = render(dev_outputs, job, cluster)
     gpus = outs["clusters"][cluster]["gpus_per_node"]
     assert sdk_job.distribution.process_count_per_instance == (gpus or 1)
-    assert sdk_job.compute == cluster
+    assert sdk_job.compute == outs["clusters"][cluster]["compute_name"]   # the Azure ML name
     assert sdk_job.environment.image.startswith(outs["registry_login_server"] + "/")
     for out in (sdk_job.outputs or {}).values():
         assert out.path.startswith(f"azureml://datastores/{outs['datastores']['logs']['name']}/")
@@ -62,7 +62,7 @@ def test_azure_target_sends_the_job_it_built(dev_outputs, monkeypatch):
     j = sent["job"]
     assert (j.distribution.type, j.distribution.process_count_per_instance) == ("mpi", 8)
     assert j.resources.instance_count == 2 and j.resources.shm_size == "64g"
-    assert j.compute == "gpu-ib"
+    assert j.compute == json.loads(dev_outputs.read_text())["clusters"]["gpu-ib"]["compute_name"]
     assert j.inputs["imagenet"].path == "azureml://datastores/training_data/paths/imagenet/"
     assert j.inputs["imagenet"].mode == "ro_mount"
     assert j.outputs["run"].path.startswith("azureml://datastores/training_logs/paths/runs/pytorch-resnet50-imagenet/")
@@ -76,7 +76,7 @@ def test_dry_run_prints_the_job_and_its_hourly_cost(dev_outputs, capsys):
     assert cli.main([str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--nodes", "2", "--dry-run"]) == 0
     out = capsys.readouterr().out
     resolved = yaml.safe_load(out)
-    assert resolved["distribution"]["process_count_per_instance"] == 8 and resolved["compute"] == "azureml:gpu-ib"
+    assert resolved["distribution"]["process_count_per_instance"] == 8 and resolved["compute"] == "azureml:gpu-ib-c764"   # the Azure ML name (stack output compute_name)
     assert "# cost of one hour: $10.88 (2 x Standard_ND96asr_v4 (low priority) at $5.439/node-hour" in out
 
 

@@ -314,8 +314,8 @@ def test_stack_outputs_files_are_not_committed():
 # the workspace's run history and its storage would. The exceptions are the ones the SDK itself raises
 # from those answers (HttpResponseError, ClientAuthenticationError, ResourceNotFoundError, JobException).
 
-WS = ("/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/hvd-dev-rg/providers/"
-      "Microsoft.MachineLearningServices/workspaces/hvd-dev-mlw-x7k2q")
+WS = ("/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/hvd-dev475c-rg/providers/"
+      "Microsoft.MachineLearningServices/workspaces/hvd-dev475c-mlwx7k2q5b8e")
 API = "https://westeurope.api.azureml.ms"
 
 
@@ -387,7 +387,7 @@ class FakeAzure:
             body["properties"]["status"] = self.job_status
             return self.response(request, 200, body)
         if path == WS:
-            return self.response(request, 200, {"id": WS, "name": "hvd-dev-mlw-x7k2q", "location": "westeurope",
+            return self.response(request, 200, {"id": WS, "name": "hvd-dev475c-mlwx7k2q5b8e", "location": "westeurope",
                                                  "properties": {"discoveryUrl": f"{API}/discovery"}})
         if url.startswith(f"{API}/discovery"):
             return self.response(request, 200, {"api": API, "history": API})
@@ -455,7 +455,7 @@ def test_completed_job_end_to_end(azure, dev_outputs, capsys):
     name = next(iter(azure.jobs))
     assert code == 0 and f"job {name} ended: Completed" in out
     sent = azure.jobs[name]["properties"]
-    assert sent["computeId"].endswith("/computes/gpu-ib") and sent["resources"]["instanceCount"] == 2
+    assert sent["computeId"].endswith("/computes/gpu-ib-c764") and sent["resources"]["instanceCount"] == 2
 
 
 def test_failed_job_exits_1_with_its_cause(azure, dev_outputs, small_job, capsys):
@@ -486,7 +486,7 @@ def test_ctrl_c_while_following_leaves_the_job_running(azure, dev_outputs, small
     err = capsys.readouterr().err
     name = next(iter(azure.jobs))
     assert f"job {name} is still running on Azure ML" in err
-    assert f"az ml job cancel -n {name} -g hvd-dev-rg -w hvd-dev-mlw-x7k2q" in err
+    assert f"az ml job cancel -n {name} -g hvd-dev475c-rg -w hvd-dev475c-mlwx7k2q5b8e" in err
     assert not any(method == "POST" and "cancel" in path for method, path in azure.calls)
 
 
@@ -520,7 +520,7 @@ def storage_error(code, message):
     (arm, 403, {"error": {"code": "AuthorizationFailed", "message": "The client 'me@contoso.com' with object id "
                 "'x' does not have authorization to perform action 'Microsoft.MachineLearningServices/workspaces/"
                 "codes/versions/read'"}}, None,
-     ["403 AuthorizationFailed", "'AzureML Data Scientist'", "workspace hvd-dev-mlw-x7k2q", "az role assignment create"]),
+     ["403 AuthorizationFailed", "'AzureML Data Scientist'", "workspace hvd-dev475c-mlwx7k2q5b8e", "az role assignment create"]),
     # ARM: a token from the wrong tenant (azure-core raises ClientAuthenticationError for 401)
     (arm, 401, {"error": {"code": "InvalidAuthenticationTokenTenant", "message": "The access token is from the "
                 "wrong issuer."}}, None,
@@ -533,8 +533,8 @@ def storage_error(code, message):
      ["refused the code upload (403 AuthorizationPermissionMismatch)", "'Storage Blob Data Contributor'"]),
     # the workspace does not exist (outputs of a destroyed stack, another subscription)
     (arm, 404, {"error": {"code": "ResourceNotFound", "message": "The Resource 'Microsoft.MachineLearningServices/"
-                "workspaces/hvd-dev-mlw-x7k2q' under resource group 'hvd-dev-rg' was not found."}}, None,
-     ["workspace hvd-dev-mlw-x7k2q in resource group hvd-dev-rg was not found"]),
+                "workspaces/hvd-dev475c-mlwx7k2q5b8e' under resource group 'hvd-dev475c-rg' was not found."}}, None,
+     ["workspace hvd-dev475c-mlwx7k2q5b8e in resource group hvd-dev475c-rg was not found"]),
 ])
 def test_refused_submissions_name_the_fix(azure, dev_outputs, small_job, where, status, body, headers, expected):
     azure.upload_code = True
@@ -547,8 +547,8 @@ def test_refused_submissions_name_the_fix(azure, dev_outputs, small_job, where, 
 
 
 @pytest.mark.parametrize("body,expected", [
-    ({"error": {"code": "UserError", "message": "Compute gpu-ib not found in workspace."}},
-     "Azure ML has no usable compute 'gpu-ib' in workspace hvd-dev-mlw-x7k2q"),
+    ({"error": {"code": "UserError", "message": "Compute gpu-ib-c764 not found in workspace."}},
+     "Azure ML has no usable compute 'gpu-ib-c764' in workspace hvd-dev475c-mlwx7k2q5b8e"),
     ({"error": {"code": "UserError", "message": "Invalid image name {registry}/training/pytorch:x"}},
      "Azure ML refused the image {registry}/training/pytorch:torch2.14.1-horovod0.28.1"),
     ({"error": {"code": "UserError", "message": "Something else."}}, "Azure ML refused the job (400 UserError): Something else."),
@@ -617,7 +617,7 @@ def test_resumed_job_writes_where_the_earlier_job_wrote(azure, dev_outputs, smal
     assert sent["tags"]["resumed_from"] == earlier
 
 
-@pytest.mark.parametrize("name", ["bad name", "-leading-dash", "x" * 300, "a/b"])
+@pytest.mark.parametrize("name", ["bad name", "-leading-dash", "x" * 300, "a.b"])
 def test_resume_from_an_ill_formed_name(dev_outputs, capsys, name):
     code = cli.main([str(SYNTHETIC), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--dry-run",
                      f"--resume-from={name}"])
@@ -695,7 +695,7 @@ def test_resume_from_a_job_with_no_recorded_output_folder(azure, dev_outputs, sm
 
 def test_resume_from_an_unknown_job(azure, dev_outputs, small_job):
     message = resubmit(dev_outputs, small_job, "no_such_job_123")
-    assert "--resume-from no_such_job_123: workspace hvd-dev-mlw-x7k2q has no such job" in message
+    assert "--resume-from no_such_job_123: workspace hvd-dev475c-mlwx7k2q5b8e has no such job" in message
     assert not any(method == "PUT" for method, _ in azure.calls)
 
 

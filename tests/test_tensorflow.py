@@ -195,10 +195,9 @@ def test_corrupt_record_fails_with_the_fix_then_skips_when_asked(tmp_path):
         assert m["summary"]["ranks_identical"] is True
         assert [e["images"] for e in m["epochs"]] == [24, 24, 24]        # batches stay full: the stream repeats
         skipped = [e["skipped_images"] for e in m["epochs"]]
-        # Rank 0 trains on 12 records an epoch from a share of 13 (12 good): its first epoch reads the share
-        # whole, so it meets the bad record; an epoch that reads parts of two passes may meet it twice, and
-        # counts it once.
-        assert skipped[0] == 1 and all(n <= 1 for n in skipped), skipped
+        # Rank 0 trains on 12 records an epoch from a share of 13 (12 good): each pass's bad record falls in the
+        # epoch of that pass or the next, so an epoch may meet it twice (counted once) or not at all.
+        assert all(n <= 1 for n in skipped) and sum(skipped) >= 1, skipped
 
 
 def test_a_corrupt_record_counts_once_per_epoch_however_often_the_stream_meets_it():

@@ -228,6 +228,7 @@ REFUSALS = [
     ("segmentation", ["--startup-steps", "3"], "--startup-steps is an option of the PyTorch payloads"),
     ("segmentation", ["--workers", "2"], "--workers is not an option of the segmentation payload"),
     ("segmentation", ["--xla"], "--xla is an option of the TensorFlow and Keras payloads"),
+    ("segmentation", ["--data", "tiles"], "--data is an option of the image-classification payloads"),
 ]
 
 

@@ -246,8 +246,6 @@ DATA_DIR_HELP = {
 def _model_and_data(g, c: Declared) -> None:
     d = c.defaults
     g.add_argument("--model", default=d.model, help=f"one of {', '.join(c.models)}" if c.models else "the model")
-    if len(c.data_kinds) > 1:   # a payload with one kind of data has nothing to choose
-        g.add_argument("--data", default=d.data, help=" | ".join(c.data_kinds))
     g.add_argument("--data-dir", type=pathlib.Path, default=None,
                    help="; ".join(DATA_DIR_HELP[k] for k in c.data_kinds if k in DATA_DIR_HELP))
     g.add_argument("--image-size", type=int, default=d.image_size, help="side of the square images trained on, pixels")
@@ -255,6 +253,7 @@ def _model_and_data(g, c: Declared) -> None:
 
 def _classification_input(g, c: Declared) -> None:
     d = c.defaults
+    g.add_argument("--data", default=d.data, help=" | ".join(c.data_kinds))
     g.add_argument("--num-classes", type=int, default=d.num_classes,
                    help="synthetic: the classes generated; imagefolder counts its class folders; shards and "
                         "tfrecord: labels must be below it")

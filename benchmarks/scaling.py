@@ -49,7 +49,8 @@ def payload(np: int, args: list[str], name: str = "pytorch", controller: str = "
         from launcher.local import horovodrun_options
 
         flags, fast_env = horovodrun_options(controller)   # what the launcher's local target runs
-        common = COMMON[2:] + ["--data-dir", str(_landcover_tiles())] if name == "segmentation" else COMMON
+        # land cover declares neither --data (tiles only) nor --workers (it cuts patches in the training process)
+        common = COMMON[4:] + ["--data-dir", str(_landcover_tiles())] if name == "segmentation" else COMMON
         cmd = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", *flags, sys.executable, "-m",
                f"payloads.{name}.train", *common, *args, "--output-dir", out]
         env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", **fast_env)

@@ -195,8 +195,13 @@ def test_unwritable_output_dir_is_named_before_training(tmp_path, payload):
 
 
 @pytest.mark.parametrize("flag", [["--compile"], ["--amp-dtype", "fp16"], ["--gpu-decode"], ["--decoder", "pillow"],
-                                  ["--startup-steps", "3"], ["--loss-scale-init", "1024"]])
-def test_pytorch_only_options_are_refused_by_the_tensorflow_payloads(flag):
+                                  ["--startup-steps", "3"], ["--loss-scale-init", "1024"], ["--shuffle-buffer", "9"],
+                                  ["--cache-decoded"]])
+def test_pytorch_only_options_are_refused_by_the_tensorflow_payloads(flag, tmp_path):
+    from payloads.tensorflow import launch
+    from payloads.tensorflow.train import GROUPS
+
+    out = ["--output-dir", str(tmp_path)]
     with pytest.raises(ConfigError, match=f"{flag[0]} is an option of the PyTorch payloads"):
-        config.parse(flag, "train", "", MODELS, framework="tensorflow")
-    config.parse(flag, "train", "", MODELS)     # and accepted by the PyTorch payload
+        launch.parse(flag + out, "train", "", GROUPS)
+    config.parse(flag + out, "train", "", MODELS)     # and accepted by the PyTorch payload

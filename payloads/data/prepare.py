@@ -179,7 +179,7 @@ def write_shard(job: Job) -> tuple[dict[str, Shard], list[dict]]:
     if TFRECORD in tmps:
         import tensorflow as tf
 
-        from ..tensorflow.tfrecords import _features
+        from ..tensorflow.tfrecords import example
 
         tfw = tf.io.TFRecordWriter(str(tmps[TFRECORD]))
     skipped, written = [], 0
@@ -194,7 +194,7 @@ def write_shard(job: Job) -> tuple[dict[str, Shard], list[dict]]:
             if tar is not None:
                 tar.write({"__key__": f"{index:09d}", ext: data, "cls": str(label).encode()})
             if tfw is not None:
-                tfw.write(_features(data, label))
+                tfw.write(example(data, label))
             written += 1
     finally:
         if tar is not None:

@@ -18,9 +18,11 @@ from typing import Sequence
 from ..common import config, schedule
 from ..common.errors import ConfigError
 from ..common.metrics import MetricsFile, finish
-from ..tensorflow import train as tf_train
+from ..tensorflow import launch
 
 log = logging.getLogger("payloads.keras")
+# The options this payload declares (payloads/common/config.py): the TensorFlow payload's less --adasum.
+GROUPS = (*config.COMMON, config.CLASSIFICATION_INPUT, config.HOROVOD, config.TENSORFLOW)
 
 
 def lr_callback(cfg, hvd, scale: float, steps: int):
@@ -40,12 +42,6 @@ def lr_callback(cfg, hvd, scale: float, steps: int):
 
 
 def run(cfg: config.TrainConfig) -> dict:
-    if cfg.adasum:
-        # horovod/tensorflow/keras/__init__.py, DistributedOptimizer: "op currently only supports Average and Sum".
-        raise ConfigError("--adasum is not available in the Keras payload: Horovod's Keras DistributedOptimizer "
-                          "reduces with Average or Sum only. Use the TensorFlow payload (python -m "
-                          "payloads.tensorflow.train --adasum) or the PyTorch one, or drop --adasum")
-    tf_train.xla_on_cpu(cfg)
     import horovod.tensorflow as hvd_tf
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
@@ -157,8 +153,15 @@ def Recorder(cfg, hvd_tf, model, optimizer, batch: int, inputs):
     return _Recorder()
 
 
+# horovod/tensorflow/keras/__init__.py, DistributedOptimizer: "op currently only supports Average and Sum".
+REFUSED = {**launch.REFUSED,
+           "adasum": "--adasum is not available in the Keras payload: Horovod's Keras DistributedOptimizer reduces "
+                     "with Average or Sum only. Use the TensorFlow payload (python -m payloads.tensorflow.train "
+                     "--adasum) or the PyTorch one, or drop --adasum"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return tf_train.main(argv, prog="python -m payloads.keras.train", runner=run)
+    return launch.main(argv, "python -m payloads.keras.train", __doc__.splitlines()[0], GROUPS, run, REFUSED)
 
 
 if __name__ == "__main__":

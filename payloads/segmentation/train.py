@@ -54,27 +54,27 @@ class SegmentationOptions:
 
 
 def parse(argv: Sequence[str] | None) -> tuple[config.TrainConfig, SegmentationOptions]:
-    p = config.build_parser(PROG, __doc__.splitlines()[0])
-    # base LR: this payload's own (0.0125 per process of 8 patches); Goyal's rule is the ImageNet payload's.
-    p.set_defaults(model="unet_resnet34", data="tiles", image_size=256, num_classes=0, workers=0, base_lr=0.0125)
+    # The options this payload declares (payloads/common/config.py), with its own defaults. Base LR: its own
+    # (0.0125 per process of 8 patches); Goyal's rule is the ImageNet payloads'.
+    defaults = config.payload_defaults(model="unet_resnet34", data="tiles", image_size=256, batch_size=8,
+                                       base_lr=0.0125)
+    p = config.build_parser(PROG, __doc__.splitlines()[0], (*config.COMMON, config.PYTORCH), defaults,
+                            list(models.MODELS), data_kinds=("tiles",))
     g = p.add_argument_group("segmentation")
+    g.add_argument("--num-classes", dest="num_classes_given", type=int, default=0, metavar="NUM_CLASSES",
+                   help="the classes of the data; 0 = the count in its manifest.json, which a given count must match")
     g.add_argument("--patches-per-epoch", type=int, default=0,
                    help="training patches per epoch, whole job; 0 = the training blocks' area / patch area")
     g.add_argument("--cache", choices=("memory", "none"), default="memory",
                    help="memory: each process reads its blocks once and keeps them; none: reads a block per use")
     g.add_argument("--norm", choices=models.NORMS, default="batch",
                    help="group: GroupNorm instead of BatchNorm (independent of how the batch is split)")
-    defaults = vars(p.parse_args([]))
-    values = vars(p.parse_args(argv))
-    for name, why in UNUSED.items():
-        if values[name] != defaults[name]:
-            raise ConfigError(f"--{name.replace('_', '-')} is not an option of the segmentation payload: {why}")
+    refused = {name: f"--{name.replace('_', '-')} is not an option of the segmentation payload: {why}"
+               for name, why in UNUSED.items()}
+    values = config.parse_known(p, argv, refused)
     seg = SegmentationOptions(values.pop("patches_per_epoch"), values.pop("cache"), values.pop("norm"),
-                              values["num_classes"])
-    if values["batch_size"] is None and values["global_batch_size"] is None:
-        values["batch_size"] = 8
-    values["num_classes"] = values["num_classes"] or 6     # the manifest's count replaces it (run)
-    cfg = config.TrainConfig(**values)
+                              values.pop("num_classes_given"))
+    cfg = config.configure(values, defaults)
     cfg.validate(list(models.MODELS), data_kinds=("tiles",))
     config.check_output_dir(cfg.output_dir)
     if cfg.data_dir is None:

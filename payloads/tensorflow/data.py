@@ -28,24 +28,36 @@ STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
 
 class SkipCounter:
-    """Counts the records --skip-corrupt-images drops on this rank (tf.data's ignore_errors keeps no count).
-    Each record carries its position in the rank's record stream and the map that reads it is ordered, so
-    position of the last record kept + 1 - records kept = records dropped so far. Counted as the pipeline
-    reads, which is a few batches ahead of training."""
+    """The records --skip-corrupt-images drops on this rank, per epoch, each counted once per epoch: a rank whose
+    share holds fewer good records than an epoch trains on reads its share again within the epoch (the stream
+    repeats), and meets the same bad record again. Every record of the stream carries its position in the
+    rank's share (`record`) and whether it decoded; an epoch is `per_epoch` good records, so the epoch of any
+    record read is the good records before it // per_epoch, whatever the pipeline reads ahead."""
 
-    def __init__(self):
-        self.last = tf.Variable(-1, dtype=tf.int64, trainable=False)
+    def __init__(self, records: int, per_epoch: int, epochs: int):
+        self.per_epoch = tf.constant(per_epoch, tf.int64)
+        self.last = tf.constant(epochs, tf.int64)   # slot for what is read ahead past the run's last epoch
         self.kept = tf.Variable(0, dtype=tf.int64, trainable=False)
-        self._before = 0
+        self.counted_in = tf.Variable(tf.fill([records], tf.constant(-1, tf.int64)), trainable=False)
+        self.counts = tf.Variable(tf.zeros([epochs + 1], tf.int64), trainable=False)
+        self._epoch = 0
 
-    def keep(self, image, label, position):
-        with tf.control_dependencies([self.last.assign(position), self.kept.assign_add(1)]):
-            return tf.identity(image), tf.identity(label)
+    def see(self, image, label, record, ok):
+        """Runs on every record in stream order (a sequential map): counts a bad record once per epoch."""
+        epoch = tf.minimum(self.kept.read_value() // self.per_epoch, self.last)
+        before = self.counted_in.sparse_read(record)   # the epoch this record was last counted in
+        fresh = tf.logical_and(tf.logical_not(ok), tf.not_equal(before, epoch))
+        with tf.control_dependencies([epoch, before]):
+            updates = [self.counts.scatter_nd_add([[epoch]], [tf.cast(fresh, tf.int64)]),
+                       self.counted_in.scatter_nd_update([[record]], [tf.where(fresh, epoch, before)]),
+                       self.kept.assign_add(tf.cast(ok, tf.int64))]
+        with tf.control_dependencies(updates):
+            return tf.identity(image), tf.identity(label), tf.identity(ok)
 
-    def since_last_call(self) -> int:
-        """Records dropped since the previous call (the epoch that just ended)."""
-        now = int(self.last.numpy()) + 1 - int(self.kept.numpy())
-        dropped, self._before = now - self._before, now
+    def epoch_done(self) -> int:
+        """Records dropped in the epoch that just ended (call once after each epoch)."""
+        dropped = int(self.counts[min(self._epoch, int(self.last))].numpy())
+        self._epoch += 1
         return dropped
 
 
@@ -91,7 +103,7 @@ class Input:
 
     def epoch_skipped(self) -> int:
         """Call once after each epoch."""
-        return self.skips.since_last_call() if self.skips else 0
+        return self.skips.epoch_done() if self.skips else 0
 
     def validation_skipped(self) -> int:
         """Call once after each validation pass."""
@@ -170,9 +182,19 @@ def synthetic(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
 
 
 def _decode(record, image_size: int, num_classes: int, train: bool):
+    image, label = _decode_image(record, image_size, train)
+    return image, _checked(label, num_classes)
+
+
+def _checked(label, num_classes: int):
+    tf.debugging.assert_less(label, num_classes, message=LABEL_HINT)
+    return label
+
+
+def _decode_image(record, image_size: int, train: bool):
+    """(image, label) of one record; raises on a record that does not parse or an image that does not decode."""
     ex = tf.io.parse_single_example(record, tfrecords.feature_spec())
     label = tf.cast(ex["image/class/label"], tf.int32)
-    tf.debugging.assert_less(label, num_classes, message=LABEL_HINT)
     image = tf.io.decode_image(ex["image/encoded"], channels=3, expand_animations=False)
     if train:
         # Inception-style random resized crop and flip, as torchvision's RandomResizedCrop.
@@ -191,10 +213,26 @@ def _decode(record, image_size: int, num_classes: int, train: bool):
     return image, label
 
 
+def _decoded_or_flagged(image_size: int):
+    """record -> a one-element dataset: (image, label, record position, True), or placeholders and False when the
+    record does not decode. tf.data's ignore_errors drops a bad element without a trace; inside this one-element
+    dataset it lets the stream keep the bad record's position, so it can be counted once (SkipCounter)."""
+    def attempt(position, record):
+        good = tf.data.Dataset.from_tensors(record).map(lambda r: _decode_image(r, image_size, True)).ignore_errors(
+            log_warning=True).map(lambda image, label: (image, label, position, True))
+        bad = tf.data.Dataset.from_tensors((tf.zeros([image_size, image_size, 3], tf.float32), tf.constant(-1, tf.int32),
+                                            position, False))
+        return good.concatenate(bad).take(1)
+
+    return attempt
+
+
 def _records(files, record_shard: bool, rank: int, size: int, parallel) -> tf.data.Dataset:
     ds = tf.data.Dataset.from_tensor_slices([str(f) for f in files])
-    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(8, len(files)), num_parallel_calls=parallel,
-                       deterministic=True)
+    cycle = min(8, len(files))
+    # tf.data refuses more parallel calls than files in the cycle (a rank reading one file with --workers 2)
+    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=cycle,
+                       num_parallel_calls=min(parallel, cycle) if parallel else None, deterministic=True)
     return ds.shard(size, rank) if record_shard else ds
 
 
@@ -209,16 +247,19 @@ def tfrecord(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
     steps = min(p.steps, cfg.max_steps_per_epoch) if cfg.max_steps_per_epoch else p.steps
     parallel = cfg.workers if cfg.workers > 0 else None   # None: one decode at a time (reproducible order)
     ds = _records(p.files, p.record_shard, rank, size, parallel)
+    if cfg.skip_corrupt_images:
+        ds = ds.enumerate()   # each record's position in this rank's share, the same in every pass
     # Shuffle within a buffer (a shard does not fit in memory), reshuffled each epoch; every rank's stream
     # repeats, so skipped corrupt records never leave a rank short of batches.
     ds = ds.shuffle(min(10_000, p.samples), seed=cfg.seed * 1_000_003 + start_epoch * 4099 + rank,
                     reshuffle_each_iteration=True).repeat()
     skips = None
     if cfg.skip_corrupt_images:
-        skips = SkipCounter()
-        ds = ds.enumerate().map(lambda i, r: (*_decode(r, cfg.image_size, cfg.num_classes, True), i),
-                                num_parallel_calls=parallel, deterministic=True)
-        ds = ds.ignore_errors(log_warning=True).map(skips.keep)   # sequential: counts in stream order
+        skips = SkipCounter(p.samples, steps * batch, cfg.epochs - start_epoch)
+        ds = ds.interleave(_decoded_or_flagged(cfg.image_size), cycle_length=parallel or 1, block_length=1,
+                           num_parallel_calls=parallel, deterministic=True)   # in stream order
+        ds = ds.map(lambda image, label, position, ok: skips.see(image, label, position, ok))   # sequential
+        ds = ds.filter(lambda image, label, ok: ok).map(lambda image, label, ok: (image, _checked(label, cfg.num_classes)))
     else:
         ds = ds.map(lambda r: _decode(r, cfg.image_size, cfg.num_classes, True), num_parallel_calls=parallel)
     ds = ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

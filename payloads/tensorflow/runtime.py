@@ -87,17 +87,12 @@ def setup(cfg, hvd) -> tuple[str, Threads]:
     threads = thread_plan(cfg.threads, available_cores(), hvd.local_size(), cfg.workers)
     tf.config.threading.set_intra_op_parallelism_threads(threads.intra_op)
     tf.config.threading.set_inter_op_parallelism_threads(threads.inter_op)
-    if cfg.backward_passes_per_step != 1:
-        raise ConfigError("--backward-passes-per-step is a PyTorch payload option: for a larger batch than fits, "
-                          "use more processes or the PyTorch payload")
-    if cfg.channels_last is not None:
-        raise ConfigError("--channels-last/--no-channels-last are PyTorch options: TensorFlow always trains NHWC")
     if cfg.amp is None:
         cfg.amp = bool(gpus)
     tf.keras.mixed_precision.set_global_policy(precision(cfg.amp, bool(gpus)))
     if cfg.xla:
         if not gpus and "--tf_xla_cpu_global_jit" not in os.environ.get("TF_XLA_FLAGS", "").split():
-            # Set by train.xla_on_cpu before TensorFlow starts; missing when a GPU node's TensorFlow sees no GPU.
+            # Set by launch.xla_on_cpu before TensorFlow starts; missing when a GPU node's TensorFlow sees no GPU.
             log.warning("--xla on a CPU compiles nothing unless TF_XLA_FLAGS has --tf_xla_cpu_global_jit "
                         "when the process starts")
         # Auto-clustering: XLA compiles the model's ops and leaves Horovod's collectives to TensorFlow.

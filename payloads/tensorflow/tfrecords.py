@@ -1,12 +1,13 @@
-"""TFRecord shards of images: write them from class folders, count and check them, plan who reads what.
+"""TFRecord shards of images: their record format, and finding, counting, checking and planning who reads what.
 
-    python -m payloads.tensorflow.tfrecords --image-dir IMAGES --output-dir SHARDS [--shards 64]
     python -m payloads.tensorflow.tfrecords --check SHARDS
 
-Format: the one TensorFlow's ImageNet scripts write (`image/encoded`: JPEG/PNG bytes, `image/class/label`:
-int64), in files named `train-00000-of-00064` (and `validation-*` from IMAGES/val). Our writer numbers
-classes from 0 in sorted folder order, as the PyTorch payload does; shards from TF's ImageNet scripts
-number them from 1, so train those with --num-classes 1001.
+The shards are written by the data line (python -m payloads.data.prepare --formats tfrecord: SHARDS/tfrecord/),
+which reports and skips an image that does not decode, with this module's example(). Format: the one
+TensorFlow's ImageNet scripts write (`image/encoded`: JPEG/PNG bytes, `image/class/label`: int64), in files
+named `train-00000-of-00064` (and `validation-*`). prepare numbers classes from 0 in sorted folder order, as
+the PyTorch payload does; shards from TF's ImageNet scripts number them from 1, so train those with
+--num-classes 1001.
 
 Sharding by rank: when the file count is a multiple of the process count, each rank reads whole files
 (files[rank::size]: no rank reads another's bytes); otherwise every rank reads every file and keeps every
@@ -40,7 +41,8 @@ def find(data_dir: pathlib.Path) -> tuple[list[pathlib.Path], list[pathlib.Path]
     train = shard_files(data_dir, TRAIN)
     if not train:
         raise ConfigError(f"no TFRecord shards named {TRAIN}-* in {data_dir}: write them from class folders with "
-                          f"python -m payloads.tensorflow.tfrecords --image-dir IMAGES --output-dir {data_dir}")
+                          f"python -m payloads.data.prepare --image-dir IMAGES --output-dir OUT --formats tfrecord, "
+                          "then pass --data-dir OUT/tfrecord")
     return train, shard_files(data_dir, VALIDATION)
 
 
@@ -89,33 +91,14 @@ def plan(files: Sequence[pathlib.Path], counts: Sequence[int], rank: int, size: 
     return Plan(mine, record_shard, per_rank[rank], steps)
 
 
-def _features(image: bytes, label: int):
+def example(image: bytes, label: int) -> bytes:
+    """One serialized record: the encoded image and its class number."""
     import tensorflow as tf
 
     return tf.train.Example(features=tf.train.Features(feature={
         "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image])),
         "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
     })).SerializeToString()
-
-
-def write(image_dir: pathlib.Path, output_dir: pathlib.Path, shards: int, split: str = TRAIN) -> int:
-    """Write the class-folder tree `image_dir` as `shards` files; returns the record count."""
-    import tensorflow as tf
-
-    from ..common import imagefolder
-
-    tree = imagefolder.scan(image_dir)
-    shards = max(1, min(shards, len(tree.samples)))
-    output_dir.mkdir(parents=True, exist_ok=True)
-    writers = [tf.io.TFRecordWriter(str(output_dir / f".{split}-{i:05d}-of-{shards:05d}.tmp")) for i in range(shards)]
-    for i, (path, label) in enumerate(tree.samples):
-        writers[i % shards].write(_features(pathlib.Path(path).read_bytes(), label))
-    for i, w in enumerate(writers):
-        w.close()
-        tmp = output_dir / f".{split}-{i:05d}-of-{shards:05d}.tmp"
-        tmp.rename(output_dir / f"{split}-{i:05d}-of-{shards:05d}")   # whole files only, never half-written
-    (output_dir / f"{split}-classes.txt").write_text("".join(f"{c}\n" for c in tree.classes))
-    return len(tree.samples)
 
 
 def check(data_dir: pathlib.Path) -> list[str]:
@@ -142,30 +125,15 @@ def feature_spec() -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m payloads.tensorflow.tfrecords", description=__doc__.splitlines()[0])
-    p.add_argument("--image-dir", type=pathlib.Path, help="root/<class>/<image>, or root/train and root/val so")
-    p.add_argument("--output-dir", type=pathlib.Path)
-    p.add_argument("--shards", type=int, default=64, help="files per split (at least the process count)")
-    p.add_argument("--check", type=pathlib.Path, metavar="SHARDS", help="decode every record and list bad ones")
+    p.add_argument("--check", type=pathlib.Path, metavar="SHARDS", required=True,
+                   help="decode every record of the train-* and validation-* shards in SHARDS and list bad ones")
     a = p.parse_args(argv)
-    try:
-        if a.check:
-            bad = check(a.check)
-            print("\n".join(bad) if bad else f"every record in {a.check} decodes")
-            return 1 if bad else 0
-        if not (a.image_dir and a.output_dir):
-            p.error("give --image-dir and --output-dir (or --check SHARDS)")
-        if a.shards < 1:
-            p.error(f"--shards must be at least 1, got {a.shards}")
-        from ..common import imagefolder
-
-        train_dir, val_dir = imagefolder.split_dirs(a.image_dir)
-        print(f"{write(train_dir, a.output_dir, a.shards, TRAIN)} training records in {a.output_dir}")
-        if val_dir is not None:
-            print(f"{write(val_dir, a.output_dir, a.shards, VALIDATION)} validation records in {a.output_dir}")
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    if not a.check.is_dir():
+        print(f"error: {a.check} is not a folder: pass the folder of TFRecord shards", file=sys.stderr)
         return 2
-    return 0
+    bad = check(a.check)
+    print("\n".join(bad) if bad else f"every record in {a.check} decodes")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

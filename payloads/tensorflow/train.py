@@ -8,32 +8,18 @@ averages the gradients; the options, outputs and metrics are the PyTorch payload
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from typing import Sequence
 
-from ..common import config, devices, schedule
+from ..common import config, schedule
 from ..common.errors import ConfigError
 from ..common.metrics import MetricsFile, finish
+from . import launch
 
-DATA_KINDS = ("synthetic", "tfrecord")
 log = logging.getLogger("payloads.tensorflow")
-
-
-XLA_CPU_FLAG = "--tf_xla_cpu_global_jit"
-
-
-def xla_on_cpu(cfg, environ=None) -> None:
-    """--xla on a node without an NVIDIA driver: TensorFlow's XLA guide (auto-clustering) compiles CPU ops
-    only with --tf_xla_cpu_global_jit in TF_XLA_FLAGS; without it --xla ran uncompiled. TensorFlow reads
-    the variable once, and loading Horovod's TensorFlow ops already does: call before importing either."""
-    environ = os.environ if environ is None else environ
-    if not cfg.xla or devices.driver_version() is not None or devices.expected_gpus(environ):
-        return
-    flags = environ.get("TF_XLA_FLAGS", "")
-    if XLA_CPU_FLAG not in flags.split():
-        environ["TF_XLA_FLAGS"] = f"{flags} {XLA_CPU_FLAG}".strip()
+# The options this payload declares (payloads/common/config.py).
+GROUPS = (*config.COMMON, config.CLASSIFICATION_INPUT, config.HOROVOD, config.ADASUM, config.TENSORFLOW)
 
 
 def make_step(cfg, hvd, tf, model, optimizer, prepare):
@@ -76,7 +62,6 @@ def global_sums(hvd, tf, name: str, *values: float) -> list[float]:
 
 
 def run(cfg: config.TrainConfig) -> dict:
-    xla_on_cpu(cfg)
     import horovod.tensorflow as hvd
     import tensorflow as tf
     from tqdm import tqdm
@@ -154,19 +139,9 @@ def run(cfg: config.TrainConfig) -> dict:
                   total_seconds)
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m payloads.tensorflow.train", runner=None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
-    try:
-        # The model list is static so that --help and config errors need no TensorFlow import.
-        cfg = config.parse(argv, prog, __doc__.splitlines()[0], MODEL_NAMES, DATA_KINDS, framework="tensorflow")
-        (runner or run)(cfg)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)   # every rank says it: one rank may meet it alone
-        return 2
-    return 0
+def main(argv: Sequence[str] | None = None) -> int:
+    return launch.main(argv, "python -m payloads.tensorflow.train", __doc__.splitlines()[0], GROUPS, run)
 
-
-MODEL_NAMES = ("resnet50", "resnet101", "resnet152", "mobilenet_v2", "tiny_cnn", "mlp")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,96 @@
+"""Code homes: a payload's entry point is what a job runs, not a library. What two payloads share lives in a module
+of its own (payloads/tensorflow/launch.py, runtime.py, data.py; payloads/pytorch/runtime.py, models.py), so no
+module imports a payload's entry point, and none reaches into another module's private (_underscore) names.
+Read from the source (AST): nothing is imported or run."""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PAYLOADS = ROOT / "payloads"
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+ENTRY_POINTS = {module_name(p) for p in [*PAYLOADS.glob("*/train.py"), PAYLOADS / "healthcheck.py"]}
+
+
+def imports(name: str, is_package: bool, tree: ast.AST):
+    """(line, imported module, names taken from it) for every import of a payloads module, at any depth."""
+    package = name if is_package else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("payloads"):
+                    yield node.lineno, alias.name, alias.asname or alias.name, ()
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if not source.startswith("payloads"):
+                continue
+            for alias in node.names:
+                sub = f"{source}.{alias.name}"
+                if is_module(sub):   # `from . import runtime`: the module itself
+                    yield node.lineno, sub, alias.asname or alias.name, ()
+                else:                # `from .x import name`: a name of module x
+                    yield node.lineno, source, None, (alias.name,)
+
+
+def violations(name: str, source: str, is_package: bool = False) -> list[str]:
+    tree = ast.parse(source)
+    found, modules = [], {}
+    for line, imported, bound, names in imports(name, is_package, tree):
+        if imported in ENTRY_POINTS and imported != name:
+            found.append(f"{name}:{line} imports the entry point {imported}")
+        for n in names:
+            if n.startswith("_") and not n.startswith("__"):
+                found.append(f"{name}:{line} imports {imported}'s private {n}")
+        if bound:
+            modules[bound] = imported
+    for node in ast.walk(tree):   # module._private, where module is a payloads module bound by an import
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append(f"{name}:{node.lineno} uses {modules[node.value.id]}'s private {node.attr}")
+    return found
+
+
+SOURCES = sorted(PAYLOADS.rglob("*.py"))
+
+
+def test_entry_points_are_found():
+    assert {"payloads.pytorch.train", "payloads.tensorflow.train", "payloads.keras.train",
+            "payloads.segmentation.train", "payloads.healthcheck"} <= ENTRY_POINTS
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=[module_name(p) for p in SOURCES])
+def test_no_module_imports_an_entry_point_or_private_names(path):
+    assert violations(module_name(path), path.read_text(), path.name == "__init__.py") == []
+
+
+@pytest.mark.parametrize("source, expected", [
+    # What the Keras payload did before payloads/tensorflow/launch.py held the shared part.
+    ("from ..tensorflow import train as tf_train\ntf_train.main([])\n", "imports the entry point payloads.tensorflow.train"),
+    ("import payloads.pytorch.train\n", "imports the entry point payloads.pytorch.train"),
+    ("from ..pytorch.train import StepClock\n", "imports the entry point payloads.pytorch.train"),
+    # What payloads/data/prepare.py did with the TFRecord example encoder.
+    ("from ..tensorflow.tfrecords import _features\n", "payloads.tensorflow.tfrecords's private _features"),
+    ("from ..tensorflow import tfrecords\ntfrecords._features(b'', 0)\n", "uses payloads.tensorflow.tfrecords's private"),
+])
+def test_the_check_catches_what_it_names(source, expected):
+    found = violations("payloads.keras.train", source)
+    assert any(expected in v for v in found), found
+    assert violations("payloads.keras.train", "from ..tensorflow import launch, runtime\nlaunch.main\n") == []

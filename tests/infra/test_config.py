@@ -208,8 +208,9 @@ def test_allowed_subnets_become_vnet_rules_of_the_workspace_storage_and_vault(de
     raw["network"]["allowedSubnetIds"] = [SUBNET]
     mocks, _ = mocked.run(raw, "dev", loc)
     compute = one(mocks, "Subnet", "net-compute").id
+    endpoints = one(mocks, "Subnet", "net-endpoints").id    # the studio's data preview (docs/private-access.md)
     rules = one(mocks, "StorageAccount", "ml-storage").inputs["networkRuleSet"]["virtualNetworkRules"]
-    assert [r["virtualNetworkResourceId"] for r in rules] == [compute, SUBNET]
+    assert [r["virtualNetworkResourceId"] for r in rules] == [compute, endpoints, SUBNET]
     vault = one(mocks, "Vault", "ml-kv").inputs["properties"]["networkAcls"]["virtualNetworkRules"]
     assert [r["id"] for r in vault] == [compute, SUBNET]
 

@@ -23,7 +23,7 @@ class StackFile:
 def read(stack: str, root: pathlib.Path = ROOT) -> StackFile:
     path = root / f"Pulumi.{stack}.yaml"
     if not path.is_file():
-        raise JobError(f"{path} not found: copy Pulumi.dev.yaml to it and edit it (README, \"Deploy\")")
+        raise JobError(f"{path} not found: copy Pulumi.dev.yaml to it and edit it (docs/deploying.md#deploy)")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:

@@ -23,6 +23,7 @@ NAMESPACES = {
     "applicationinsights": "Microsoft.Insights",
     "operationalinsights": "Microsoft.OperationalInsights",
     "managedidentity": "Microsoft.ManagedIdentity",
+    "compute": "Microsoft.Compute",     # the jump host of access.mode bastion (wayin.py)
     # Registered in every subscription (learn.microsoft.com/azure/azure-resource-manager/management/
     # resource-providers-and-types, "registered by default"): nothing to check.
     "resources": None,

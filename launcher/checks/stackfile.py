@@ -20,8 +20,8 @@ class StackFile:
     subscription: str | None            # azure-native:subscriptionId
 
 
-def read(stack: str, root: pathlib.Path = ROOT) -> StackFile:
-    path = root / f"Pulumi.{stack}.yaml"
+def read(stack: str, root: pathlib.Path | None = None) -> StackFile:
+    path = (root or ROOT) / f"Pulumi.{stack}.yaml"
     if not path.is_file():
         raise JobError(f"{path} not found: copy Pulumi.dev.yaml to it and edit it (docs/deploying.md#deploy)")
     try:
@@ -35,9 +35,11 @@ def read(stack: str, root: pathlib.Path = ROOT) -> StackFile:
             raw[name] = value
         elif namespace == "azure-native":
             native[name] = value
+    subscription = native.get("subscriptionId")
+    subscription = str(subscription).strip() if subscription else None
     try:
-        settings = config.load(raw, stack, native.get("location"))
+        # The program refuses a stack that pins no subscription (its names hash it), with the fix.
+        settings = config.load(raw, stack, native.get("location"), subscription)
     except config.ConfigError as e:
         raise JobError(f"{path}: {e}") from None
-    subscription = native.get("subscriptionId")
-    return StackFile(settings, str(subscription).strip() if subscription else None)
+    return StackFile(settings, subscription)

@@ -36,7 +36,7 @@ def hub(prod_raw, prod_data_out):
 
 
 def _load(raw, location="westeurope"):
-    return config.load(raw, "prod", location)
+    return config.load(raw, "prod", location, mocked.SUBSCRIPTION)
 
 
 def _problems(raw):

@@ -8,12 +8,14 @@ import dataclasses
 import io
 import pathlib
 import re
+import tempfile
 
 import pytest
+import yaml
 from azure.core.exceptions import ClientAuthenticationError
 
 import fake_arm
-from infra.trainingplatform import config
+from infra.trainingplatform import config, naming
 from launcher.checks import findings, preflight, providers, quota, roles, stackfile, subscription
 from launcher.errors import JobError
 
@@ -73,9 +75,24 @@ def azure(monkeypatch):
     return fake
 
 
+def _pinned_root() -> pathlib.Path:
+    """A folder holding Pulumi.dev.yaml as committed plus `azure-native:subscriptionId: SUB` (which each user
+    sets with `pulumi config set`: the committed file pins none)."""
+    global _PINNED
+    if _PINNED is None:
+        _PINNED = pathlib.Path(tempfile.mkdtemp(prefix="pinned-stack-"))
+        data = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())
+        data["config"]["azure-native:subscriptionId"] = SUB
+        (_PINNED / "Pulumi.dev.yaml").write_text(yaml.safe_dump(data))
+    return _PINNED
+
+
+_PINNED = None
+
+
 def dev_stack(**cluster_changes) -> stackfile.StackFile:
     """Pulumi.dev.yaml as committed, pinned to SUB; cluster_changes: name -> dict of Cluster fields."""
-    stack = stackfile.read("dev", ROOT)
+    stack = stackfile.read("dev", _pinned_root())
     clusters = tuple(dataclasses.replace(c, **cluster_changes.get(c.name, {})) for c in stack.settings.clusters)
     return stackfile.StackFile(dataclasses.replace(stack.settings, clusters=clusters), SUB)
 
@@ -199,10 +216,11 @@ def test_no_role_assignment_permission_named(azure):
 
 
 def test_permissions_read_at_the_resource_group_once_it_exists(azure):
-    rg = rf"{ARM}/subscriptions/{SUB}/resourceGroups/hvd-dev-rg/providers/Microsoft\.Authorization/permissions"
+    group = naming.dashed("hvd", "dev", "rg")     # the program's name for the dev stack's group
+    rg = rf"{ARM}/subscriptions/{SUB}/resourceGroups/{group}/providers/Microsoft\.Authorization/permissions"
     azure.on("GET", rg, (200, CONTRIBUTOR, {}))
     code, out = run(dev_stack())
-    assert f"roleAssignments/write on /subscriptions/{SUB}/resourceGroups/hvd-dev-rg" in out
+    assert f"roleAssignments/write on /subscriptions/{SUB}/resourceGroups/{group}" in out
 
 
 def test_service_principal_without_users_fails_with_both_fixes(azure):
@@ -210,7 +228,7 @@ def test_service_principal_without_users_fails_with_both_fixes(azure):
     block = lines(out, "users")
     assert code == 1 and "UnmatchedPrincipalType" in block
     assert "type: ServicePrincipal" in block and fake_arm.SERVICE_PRINCIPAL["oid"] in block
-    listed = (config.Principal("55555555-5555-5555-5555-555555555555", "Group"),)
+    listed = (config.Principal(object_id="55555555-5555-5555-5555-555555555555", type="Group"),)
     stack = dev_stack()
     stack = stackfile.StackFile(dataclasses.replace(stack.settings, users=listed), SUB)
     code, out = run(stack, fake_arm.Credential(fake_arm.SERVICE_PRINCIPAL))
@@ -301,6 +319,7 @@ def test_cli_routes_preflight(monkeypatch, capsys):
 
     seen = {}
     monkeypatch.setattr(preflight, "run", lambda stack, **kw: seen.setdefault("stack", stack) and 0)
+    monkeypatch.setattr(stackfile, "ROOT", _pinned_root())
     assert cli.main(["preflight", "--stack", "dev"]) == 0
     assert seen["stack"].settings.stack == "dev"
     assert cli.main(["preflight", "--stack", "nope"]) == 2
@@ -319,5 +338,5 @@ def test_submission_respects_the_workspaces_own_quota(azure, dev_outputs):
         {"id": f"{ws_id}/quotas/Standard_DSv5_Family_Cluster_Dedicated_vCPUs", "limit": 4, "unit": "Count",
          "type": "Microsoft.MachineLearningServices/workspaces/quotas", "name": {"value": label, "localizedValue": label}}]}, {}))
     with pytest.raises(JobError, match=r"The job needs 2 nodes = 8 vCPUs, above 'Standard DSv5 Family Cluster "
-                                       r"Dedicated vCPUs \(workspace hvd-dev-mlw-\w+\)' \(4\)"):
+                                       rf"Dedicated vCPUs \(workspace {outputs['workspace_name']}\)' \(4\)"):
         azureml.check_quota(outputs, "cpu-smoke", 2, fake_arm.Credential())

@@ -12,7 +12,8 @@ batches untimed, images/sec the mean of the timed iterations x workers):
   ps       one parameter-server process plus N workers over torch.distributed.rpc (benchmarks/_ps_rpc.py):
            synchronous, the PS averages the N gradients of a step and applies SGD; N + 1 processes
 plus a 1-process Horovod loop (no communication) as the reference for efficiency = rate / (N x 1-process rate).
-Backends alternate within each repeat, so drift on a shared machine hits all alike; medians are reported.
+The reference and the backends alternate within each repeat, so drift on a shared machine hits all alike;
+medians are reported.
 Every process prints its parameters' sha256 and distance moved: ranks_agree and moved are in the JSON.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ import sys
 
 from benchmarks.horovod_reference import LOCAL, ROOT, _horovodrun
 from benchmarks._backend_common import MARK
+from launcher.local import controller
 
 BIN = pathlib.Path(sys.executable).parent
 BACKENDS = ("horovod", "ddp", "ps")
@@ -76,19 +78,21 @@ def uptime() -> str:
 
 
 def measure(counts: list[int], repeats: int, config: dict, timeout: float) -> dict:
-    single = [run("single", 1, config, timeout) for _ in range(repeats)]
+    """Each repeat runs the 1-process reference and every backend at every count once, in that order."""
+    single, runs = [], {(np, b): [] for np in counts for b in BACKENDS}
+    for _ in range(repeats):
+        single.append(run("single", 1, config, timeout))
+        for np in counts:
+            for b in BACKENDS:
+                runs[np, b].append(run(b, np, config, timeout))
     rate1 = statistics.median(r["images_per_sec"] for r in single)
     results = {"1": {"single": {"median": rate1, "runs": single, "processes": 1}}}
     for np in counts:
-        runs = {b: [] for b in BACKENDS}
-        for _ in range(repeats):
-            for b in BACKENDS:
-                runs[b].append(run(b, np, config, timeout))
         results[str(np)] = {}
         for b in BACKENDS:
-            median = statistics.median(r["images_per_sec"] for r in runs[b])
-            results[str(np)][b] = {"median": median, "efficiency": median / (np * rate1), "runs": runs[b],
-                                   "processes": runs[b][0]["processes"], "workers": np}
+            median = statistics.median(r["images_per_sec"] for r in runs[np, b])
+            results[str(np)][b] = {"median": median, "efficiency": median / (np * rate1), "runs": runs[np, b],
+                                   "processes": runs[np, b][0]["processes"], "workers": np}
     return results
 
 
@@ -134,6 +138,7 @@ def main(argv=None) -> int:
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "command": "python -m benchmarks.backends " + " ".join(argv if argv is not None else sys.argv[1:]),
             "machine": {"cores": os.cpu_count(), "load_before": load_before, "load_after": load_after},
+            "horovod_controller": controller("auto"),
             "quick": args.quick, "repeats": repeats, "config": config, "results": results}, indent=2) + "\n")
     return 0
 

@@ -27,6 +27,7 @@ def main() -> None:
     ap.add_argument("--optimizer", choices=("plain", "payload"), default="plain",
                     help="plain: Horovod's benchmark (SGD without momentum); payload: the payload's optimizer "
                          "(payloads.pytorch.runtime.optimizer: momentum and weight decay, fused or foreach)")
+    ap.add_argument("--fingerprint", action="store_true", help="per-rank batches; print each rank's parameter digest")
     args = ap.parse_args()
     hvd.init()
     torch.set_num_threads(args.threads)
@@ -43,6 +44,11 @@ def main() -> None:
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
     target = torch.randint(0, args.num_classes, (args.batch_size,))
+    if args.fingerprint:
+        from benchmarks import _backend_common as common
+
+        data, target = common.batch(args, hvd.rank())
+        initial = common.snapshot(model.parameters())
 
     def step():
         optimizer.zero_grad()
@@ -56,6 +62,9 @@ def main() -> None:
         # One write: under mpirun, print()'s separate newline gets its own "[1,0]<stdout>:" tag.
         sys.stdout.write(f"loop images/sec: {hvd.size() * sum(rates) / len(rates):.2f}\n")
         sys.stdout.flush()
+    if args.fingerprint:
+        common.emit({"backend": "horovod", "rank": hvd.rank(), "size": hvd.size(),
+                     **common.fingerprint(model.parameters(), initial)})
 
 
 if __name__ == "__main__":

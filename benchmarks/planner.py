@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.planner --vm-size Standard_ND96isr_H100_v5 --gpu-images-per-sec 3000
     .venv/bin/python -m benchmarks.planner --check-seed [--plot efficiency.png]
     .venv/bin/python -m benchmarks.planner --check-overhead
+    .venv/bin/python -m benchmarks.planner --compare-ps [--plot docs/figures/backends-scaling.png]
 
 Model (per step, per-GPU batch b, gradient bytes S, N GPUs on M = N/g nodes of g GPUs):
   compute      T_c = b / (single-GPU images/sec); the backward pass is 2/3 of it
@@ -18,6 +19,8 @@ Bandwidths come from the VM-size catalog (infra/trainingplatform/vm_sizes.py): N
 10 GB/s, InfiniBand aggregate per node; `--transport host-mpi` models a CPU-staged MPI allreduce (the seed
 benchmarks' Intel MPI without NCCL) whose effective bandwidth B_host and overlap are calibrated on two GPU
 types and checked on the other two (see --check-seed).
+--compare-ps sets a synchronous parameter-server model beside the allreduce (see ps_step_time) and the source
+documents' points (docs/backends-comparison.md).
 """
 from __future__ import annotations
 
@@ -274,12 +277,138 @@ def landcover_seed(vm_size: str = "Standard_ND96isr_H100_v5") -> list[dict]:
     return rows
 
 
+# ---- synchronous parameter servers (issue 22) --------------------------------------------------------------
+# Model: P parameter-server shards, each on its own node with one NIC of B GB/s per direction, holding 1/P of
+# the parameters (perfect balance); every GPU is a worker that pushes its S gradient bytes and pulls S parameter
+# bytes each step. Synchronous: the pulls start only after the PS has all N pushes and has applied the update, so
+# the push phase (N*S/P bytes into each shard) and the pull phase (N*S/P out) do not overlap:
+#   PS side      2 * N * S / (P * B)
+#   worker side  2 * g * S / B          (a node's g workers share its NIC)
+#   ps comm      max(PS side, worker side) + 2 * alpha (one round trip per step)
+# and the step is the allreduce's: T_c + max(0, comm - overlap * backward) + T_o, with the same overlap and
+# per-step overhead term, so the two models differ only in their communication term. The allreduce's bandwidth
+# term 2(N-1)/N * S / B is flat in N; the PS side grows linearly in N for a fixed P.
+# The source documents' setup: Uber's benchmark (the Horovod README: 4 Pascal GPUs per server, 25 Gbit/s RoCE,
+# Inception V3 and ResNet-101), whose standard-distributed-TensorFlow figure is the seed's "at 128 GPUs ...
+# only ... 50% capacity" (seed 003, Land O'Lakes). No source gives a single-GPU rate for those models, so the
+# planner uses the seed benchmarks' ResNet-50 on a P100 at batch 64 (SEED["P100"]) on that network.
+SOURCE_SETUP = {"gpu": "P100", "per_node": 4, "batch": 64, "rate1": SEED["P100"][1], "grad_bytes": RESNET50_BYTES,
+                "nic_gbps": 25 / 8}
+SOURCE_TRANSPORT = Transport("nccl", 25 / 8, INTRA_GBPS["pcie"], 50e-6, 0.8, SYNC_SECONDS)
+PS_SHARDS = (1, 4, 16, 64)
+PS_COUNTS = [8, 16, 32, 64, 128, 256, 512]
+# Efficiency points the source documents state (GPUs, efficiency, label): seed 003 for the parameter servers;
+# the allreduce's from the Horovod README's benchmark section (the figure seed 003 shows as "Figure 5" has no
+# number in the seed's text), Inception V3 and ResNet-101 on 25 Gbit/s RoCE.
+SOURCE_POINTS = {
+    "ps": [(128, 0.50, "seed 003: standard distributed TensorFlow (parameter servers), 128 GPUs, ~50%")],
+    "allreduce": [(128, 0.90, "Horovod README: Inception V3 / ResNet-101, 32 servers x 4 Pascal, 90%"),
+                  (512, 0.90, "Horovod README: Inception V3 / ResNet-101, 128 servers x 4 Pascal, 90%")],
+}
+
+
+def ring_bandwidth_seconds(n: int, grad_bytes: float, gbps: float) -> float:
+    """The ring allreduce's bandwidth term: every process sends and receives 2(n-1)/n of the gradients."""
+    return 2 * (n - 1) / n * grad_bytes / (gbps * 1e9)
+
+
+def ps_bandwidth_seconds(n: int, g: int, grad_bytes: float, shards: int, gbps: float) -> float:
+    """The parameter servers' bandwidth term: max(PS side 2nS/(PB), worker side 2gS/B), see the model above."""
+    return max(2 * n * grad_bytes / (shards * gbps * 1e9), 2 * min(g, n) * grad_bytes / (gbps * 1e9))
+
+
+def ps_step_time(n: int, g: int, batch: int, rate1: float, grad_bytes: float, t: Transport, shards: int) -> float:
+    if shards < 1:
+        raise ValueError(f"shards={shards}: a parameter-server model needs at least 1 PS shard")
+    compute = batch / rate1
+    comm = ps_bandwidth_seconds(n, g, grad_bytes, shards, t.inter_gbps) + 2 * t.alpha
+    return compute + max(0.0, comm - t.overlap * compute * 2 / 3) + overhead(n, t)
+
+
+def ps_efficiency(n, g, batch, rate1, grad_bytes, t, shards) -> float:
+    return (batch / rate1) / ps_step_time(n, g, batch, rate1, grad_bytes, t, shards)
+
+
+def compare_ps(counts=PS_COUNTS, shards=PS_SHARDS) -> dict:
+    """Predicted efficiency of ring and hierarchical allreduce and of P parameter servers in SOURCE_SETUP."""
+    c, t = SOURCE_SETUP, SOURCE_TRANSPORT
+    args = (c["per_node"], c["batch"], c["rate1"], c["grad_bytes"], t)
+    out = {"ring": {n: efficiency(n, *args, False) for n in counts},
+           "hierarchical": {n: efficiency(n, *args, True) for n in counts}}
+    for p in shards:
+        out[f"ps{p}"] = {n: ps_efficiency(n, *args, p) for n in counts}
+    return out
+
+
+def shards_for(n: int, target: float, most: int = 4096) -> int | None:
+    """The fewest PS shards at which the model reaches `target` efficiency at n GPUs in SOURCE_SETUP; None when
+    no count up to `most` does (the worker side's NIC caps it)."""
+    c = SOURCE_SETUP
+    for p in range(1, most + 1):
+        if ps_efficiency(n, c["per_node"], c["batch"], c["rate1"], c["grad_bytes"], SOURCE_TRANSPORT, p) >= target:
+            return p
+    return None
+
+
+def print_compare_ps(plot: pathlib.Path | None) -> int:
+    c = SOURCE_SETUP
+    table = compare_ps()
+    print(f"setup: ResNet-50 ({c['grad_bytes'] / 1e6:.0f} MB fp32 gradients), {c['gpu']} at {c['rate1']} img/s, batch "
+          f"{c['batch']}/GPU, {c['per_node']} GPUs per node, {c['nic_gbps'] * 8:.0f} Gbit/s per node (PS nodes too), "
+          f"overlap {SOURCE_TRANSPORT.overlap}, overhead {SYNC_SECONDS * 1e3:.2f} ms x log2(GPUs)")
+    print("GPUs  " + "  ".join(f"{k:>12}" for k in table))
+    for n in PS_COUNTS:
+        print(f"{n:4}  " + "  ".join(f"{table[k][n] * 100:11.1f}%" for k in table))
+    for kind, points in SOURCE_POINTS.items():
+        for n, e, label in points:
+            print(f"source point ({kind}): {n} GPUs {e:.0%}  [{label}]")
+    cap = ps_efficiency(128, c["per_node"], c["batch"], c["rate1"], c["grad_bytes"], SOURCE_TRANSPORT, 10**9)
+    print(f"at 128 GPUs the model's parameter servers reach 50% with {shards_for(128, 0.5)} shards or more; "
+          f"90% with {shards_for(128, 0.9) or 'no count'} (the workers' NICs cap it at {cap:.1%})")
+    if plot:
+        _plot_compare_ps(plot, table)
+    return 0
+
+
+def _plot_compare_ps(path: pathlib.Path, table: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 6))
+    for key, row in table.items():
+        style = "-" if key in ("ring", "hierarchical") else "--"
+        label = f"allreduce, {key}" if not key.startswith("ps") else f"parameter servers, {key[2:]} shard(s)"
+        wide = {"linewidth": 5, "alpha": 0.4} if key == "ring" else {}     # hierarchical may lie on top of it
+        ax.plot(list(row), [v * 100 for v in row.values()], style, marker=".", label=label, **wide)
+    for kind, marker in (("ps", "s"), ("allreduce", "o")):
+        points = SOURCE_POINTS[kind]
+        label = points[0][2] if len(points) == 1 else "Horovod README: Inception V3 / ResNet-101, 4 Pascal per server, 90%"
+        ax.plot([n for n, _, _ in points], [e * 100 for _, e, _ in points], marker, color="black", markersize=9,
+                markerfacecolor="none" if kind == "ps" else "black", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("scaling efficiency (%)")
+    ax.set_ylim(0, 105)
+    c = SOURCE_SETUP
+    ax.set_title(f"Planner: synchronous allreduce vs parameter servers (ResNet-50, {c['gpu']} {c['rate1']} img/s, "
+                 f"batch {c['batch']}, {c['nic_gbps'] * 8:.0f} Gbit/s)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--check-seed", action="store_true", help="compare with the seed benchmarks' 32-GPU figures")
     ap.add_argument("--check-overhead", action="store_true",
                     help="the per-step overhead term: its fit to NVIDIA's 8-GPU figures and this machine's residuals")
+    ap.add_argument("--compare-ps", action="store_true",
+                    help="parameter servers vs allreduce at 8-512 GPUs in the source documents' setup")
     ap.add_argument("--plot", type=pathlib.Path)
     ap.add_argument("--vm-size", default="Standard_ND96isr_H100_v5")
     ap.add_argument("--gpu-images-per-sec", type=float, help="measured single-GPU throughput")
@@ -300,6 +429,8 @@ def main(argv=None) -> int:
                   f"{'hierarchical' if r['hierarchical'] else 'ring':12}: efficiency {r['efficiency'] * 100:5.1f}%, "
                   f"{r['patches_per_sec']:,.0f} patches/s")
         return 0
+    if args.compare_ps:
+        return print_compare_ps(args.plot)
     if args.check_seed:
         return check_seed(args.plot)
     if args.check_overhead:

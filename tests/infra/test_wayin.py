@@ -298,6 +298,7 @@ def test_the_entry_point_reads_the_access_setting(prod_raw):
     raw, location = prod_raw
     cli = {f"{config.PROJECT}:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
     cli["azure-native:location"] = location
+    cli["azure-native:subscriptionId"] = mocked.SUBSCRIPTION   # each user pins it (required)
     pulumi.runtime.set_mocks(mocked.RecordingMocks(), project=config.PROJECT, stack="prod", preview=False)
     pulumi.runtime.set_all_config(cli)
     try:

@@ -28,6 +28,9 @@ DEVICE_DEPENDENT: dict[str, tuple[tuple[str, ...], ...]] = {
     "gpu_decode": (("--gpu-decode",), ()),      # off by default; without a GPU it runs its CPU fallback
 }
 
+# PyTorch's collective layers (payloads/pytorch/backends.py); Horovod is the default.
+BACKENDS = ("horovod", "ddp")
+
 # Goyal et al., "Accurate, Large Minibatch SGD" (2017): LR 0.1 for every 256 images of the global batch.
 LR_PER_256 = 0.1
 
@@ -72,6 +75,7 @@ class TrainConfig:
     cache_decoded: bool = False               # shards: keep the decoded images in memory after epoch 1
     progress: bool = True
     mlflow: bool = True                       # log to MLflow when MLFLOW_TRACKING_URI is set (Azure ML sets it)
+    backend: str = "horovod"                  # PyTorch: horovod | ddp (DistributedDataParallel under torchrun)
 
     @property
     def checkpoint_dir(self) -> pathlib.Path:
@@ -125,6 +129,11 @@ class TrainConfig:
             raise ConfigError(f"--batch-size must be at least 1, got {self.batch_size}")
         if list(self.lr_decay_epochs) != sorted(set(self.lr_decay_epochs)) or any(e < 1 for e in self.lr_decay_epochs):
             raise ConfigError(f"--lr-decay-epochs must be increasing positive epochs, got {list(self.lr_decay_epochs)}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"--backend {self.backend!r}: choose {' or '.join(BACKENDS)}")
+        if self.backend == "ddp" and self.adasum:
+            raise ConfigError("--adasum is a Horovod option: PyTorch DDP (--backend ddp) has no Adasum reduction, "
+                              "only averaging: drop --adasum, or train with --backend horovod")
         if self.adasum and self.fp16_allreduce:
             raise ConfigError("--adasum and --fp16-allreduce cannot be combined: Adasum reduces in full precision")
 
@@ -282,12 +291,15 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
                    help="NHWC memory format (default: on with a GPU)")
     g.add_argument("--no-channels-last", dest="channels_last", action="store_false")
     g.add_argument("--xla", action="store_true", help="TensorFlow/Keras: compile the training step with XLA")
+    g.add_argument("--backend", default=d.backend, choices=BACKENDS,
+                   help="PyTorch: horovod (horovodrun, mpirun) or ddp (DistributedDataParallel: torchrun, Azure "
+                        "ML's pytorch distribution); docs/pytorch-ddp.md")
     return p
 
 
 # Options only the PyTorch payloads act on: the TensorFlow and Keras payloads refuse them (an accepted option must
 # do something), as the PyTorch payload refuses --xla.
-PYTORCH_ONLY = ("amp_dtype", "loss_scale_init", "compile", "decoder", "gpu_decode", "startup_steps")
+PYTORCH_ONLY = ("amp_dtype", "loss_scale_init", "compile", "decoder", "gpu_decode", "startup_steps", "backend")
 
 
 def parse(argv: Sequence[str] | None, prog: str, description: str, models: Sequence[str],

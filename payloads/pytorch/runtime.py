@@ -47,7 +47,15 @@ def optimizer(cfg: config.TrainConfig, model: torch.nn.Module, lr: float, device
     """SGD with momentum, fused (one kernel for all parameters) where this torch offers it for the device."""
     kwargs = dict(lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     try:
-        return torch.optim.SGD(model.parameters(), fused=True, **kwargs)
+        opt = torch.optim.SGD(model.parameters(), fused=True, **kwargs)
+        # GradScaler hands a fused optimizer its found-inf flag and always calls its step, which then skips the
+        # update in the kernel; but fused SGD's first step creates the momentum buffers with empty_like before
+        # that kernel (torch/optim/sgd.py, _fused_sgd), so an overflowing first step (fp16's usual start) leaves
+        # them uninitialised: NaN weights, different on every rank (seen under DDP here). Without the flag,
+        # GradScaler skips step() on overflow, as it does for every other optimizer (and for Horovod's, whose
+        # wrapper never had the flag).
+        opt._step_supports_amp_scaling = False
+        return opt
     except (RuntimeError, ValueError, TypeError) as e:   # a device or dtype without a fused kernel
         log.info("fused SGD unavailable on %s (%s): using the foreach implementation", device, e)
         return torch.optim.SGD(model.parameters(), foreach=True, **kwargs)

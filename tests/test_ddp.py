@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from helpers import ROOT, TINY, env, final_weights, metrics, train
+from payloads.common import config
+from payloads.common.errors import ConfigError
 
 FP32 = TINY + ["--epochs", "2", "--no-amp", "--no-channels-last"]
 
@@ -158,6 +160,9 @@ def test_options_ddp_lacks_are_refused_naming_the_backend(tmp_path):
                           env=env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "--adasum is a Horovod option: PyTorch DDP (--backend ddp) has no Adasum reduction" in proc.stderr
+    with pytest.raises(ConfigError, match="--backend is an option of the PyTorch payloads"):   # TensorFlow, Keras
+        config.parse(["--backend", "ddp", "--output-dir", str(tmp_path / "tf")], "tf", "tf", ["resnet50"],
+                     framework="tensorflow")
     # A DDP process that mpirun started (no rendezvous variables) would train alone: refused before training.
     e = env()
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):

@@ -23,6 +23,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("job", type=pathlib.Path, help="a job definition, e.g. payloads/jobs/pytorch-resnet50-synthetic.yaml")
     p.add_argument("--target", choices=("azureml", "local"), default="azureml")
     p.add_argument("--dry-run", action="store_true", help="print the resolved job and its hourly cost; submit nothing")
+    p.add_argument("--backend", choices=jobspec.BACKENDS, default=None,
+                   help="PyTorch jobs: horovod (mpi distribution) or ddp (PyTorch DDP, Azure ML's pytorch "
+                        "distribution; torchrun here). Default: the job file's distribution")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--stack-outputs", type=pathlib.Path, help="JSON from `pulumi stack output --json`")
     src.add_argument("--stack", help="ask the Pulumi CLI for this stack's outputs")
@@ -77,7 +80,7 @@ def _outputs(args) -> stack.StackOutputs | None:
 
 
 def run(args, extra: list[str]) -> int:
-    template = jobspec.read_template(args.job)
+    template = jobspec.with_backend(jobspec.read_template(args.job), args.backend, args.job, extra)
     outputs = _outputs(args)
     if args.target == "local":
         if args.input_mode:

@@ -10,6 +10,10 @@ Three kinds, from the cluster's VM size:
 - infiniband: NCCL over IB verbs (GPUDirect RDMA) with the size's topology file, eth0 for its bootstrap;
   MPI (Horovod's coordination only) over ob1/TCP on eth0, as on the other GPU sizes.
 
+A PyTorch DDP job (distribution pytorch, no mpirun) gets the same NCCL settings and none of MPI's or
+Horovod's: NCCL carries its GPU gradients as it carries Horovod's, and Gloo (its CPU collectives, and all of
+them on CPU sizes) is kept to eth0 as MPI is (GLOO_ENV).
+
 Open MPI's UCX pml only offers itself where a Mellanox/InfiniBand device exists: forcing it (as the images
 once did) kills every job on a CPU or NC size in MPI_Init with "PML ucx cannot be selected"
 (tests/launcher/test_interconnect.py shows it with Debian's Open MPI). Setting the pml per kind here also
@@ -68,6 +72,11 @@ NCCL_CONF = {
 # every rank entered (a dead link under NCCL) is not a stall to Horovod: the job's limits.timeout ends that.
 STALL_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "600"}
 
+# torch.distributed's Gloo on eth0, for the reason MPI_TCP_ENV names eth0: docker0's subnet is the same on every
+# node. GLOO_SOCKET_IFNAME is the variable torch.distributed reads for Gloo's interface (torch.distributed docs,
+# "Common environment variables").
+GLOO_ENV = {"GLOO_SOCKET_IFNAME": "eth0"}
+
 # The payloads' start-up check (payloads/common/devices.py) and the health check's floor read these.
 GPUS_PER_NODE = "TRAINING_GPUS_PER_NODE"
 VM_SIZE = "TRAINING_VM_SIZE"
@@ -82,19 +91,27 @@ def kind(cluster: dict) -> str:
     return "infiniband" if cluster["infiniband"] else "gpu-tcp"
 
 
-def environment(cluster: dict, processes_per_node: int) -> dict[str, str]:
-    """The full interconnect environment of a job on `cluster` (a `clusters` entry of the stack outputs)."""
+DISTRIBUTIONS = ("mpi", "pytorch")
+
+
+def environment(cluster: dict, processes_per_node: int, distribution: str = "mpi") -> dict[str, str]:
+    """The full interconnect environment of a job on `cluster` (a `clusters` entry of the stack outputs), started
+    by `distribution`: mpi (Horovod under mpirun) or pytorch (PyTorch DDP: no MPI, no Horovod)."""
+    if distribution not in DISTRIBUTIONS:
+        raise JobError(f"distribution {distribution!r}: choose {' or '.join(DISTRIBUTIONS)}")
+    mpi = distribution == "mpi"
     size = vm_sizes.lookup(cluster["vm_size"])
-    env = {"NCCL_DEBUG": "WARN", "HOROVOD_HIERARCHICAL_ALLREDUCE": "0", **STALL_ENV,
+    env = {"NCCL_DEBUG": "WARN", **({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0", **STALL_ENV} if mpi else GLOO_ENV),
            GPUS_PER_NODE: str(cluster["gpus_per_node"]), VM_SIZE: cluster["vm_size"]}
     which = kind(cluster)
     if which == "cpu":
-        env.update({"HOROVOD_CPU_OPERATIONS": "mpi", **MPI_TCP_ENV, **MPI_CPU_ENV,
-                    "OMP_NUM_THREADS": str(max(1, cluster.get("vcpus_per_node", 1) // processes_per_node))})
+        if mpi:
+            env.update({"HOROVOD_CPU_OPERATIONS": "mpi", **MPI_TCP_ENV, **MPI_CPU_ENV})
+        env["OMP_NUM_THREADS"] = str(max(1, cluster.get("vcpus_per_node", 1) // processes_per_node))
     elif which == "gpu-tcp":
-        env.update({**MPI_TCP_ENV, "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0"})
+        env.update({**(MPI_TCP_ENV if mpi else {}), "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0"})
     else:
-        env.update({**MPI_IB_ENV, "NCCL_IB_DISABLE": "0", "NCCL_SOCKET_IFNAME": "eth0",
+        env.update({**(MPI_IB_ENV if mpi else {}), "NCCL_IB_DISABLE": "0", "NCCL_SOCKET_IFNAME": "eth0",
                     "NCCL_IB_PCI_RELAXED_ORDERING": "1",
                     # GPU indices in PCI bus order, the order the topology file describes (Azure's NCCL
                     # tests run so: Azure/azhpc-images tests).

@@ -5,6 +5,12 @@ in: <<registry>> (login server), <<data>> and <<logs>> (datastore names), and th
 processes per node, which come from the chosen cluster (GPUs per node from the VM-size catalog, never
 typed in a job file). The command's <<batch_size>> and <<workers>> come from the cluster's size too
 (launcher/sizing.py).
+
+Two distributions: `mpi` (Horovod: Azure ML starts the processes with mpirun) and `pytorch` (PyTorch DDP,
+the payload's --backend ddp: Azure ML starts process_count_per_instance processes per node and sets the
+torch.distributed rendezvous variables MASTER_ADDR, MASTER_PORT, WORLD_SIZE, NODE_RANK, RANK, LOCAL_RANK;
+learn.microsoft.com/azure/machine-learning/how-to-train-distributed-gpu, "PyTorch"). The job files are mpi;
+`python -m launcher JOB --backend ddp` (with_backend) turns a PyTorch payload's job into the pytorch one.
 """
 from __future__ import annotations
 
@@ -25,6 +31,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 REFERENCE = re.compile(r"\$\{\{\s*(inputs|outputs)\.([A-Za-z0-9_]+)\s*\}\}")
 TOKENS = ("<<registry>>", "<<data>>", "<<logs>>")
 
+# The payloads' --backend and the Azure ML distribution that starts each one's processes.
+DISTRIBUTIONS = {"horovod": "mpi", "ddp": "pytorch"}
+BACKENDS = tuple(DISTRIBUTIONS)
+DDP_FLAG = re.compile(r"\s*--backend[ =]ddp(?=\s|$)")
+# The payloads that offer --backend ddp (TensorFlow, Keras and the health check are Horovod programs).
+DDP_PAYLOADS = re.compile(r"-m\s+payloads\.(pytorch|segmentation)\.train\b")
+
 
 def read_template(path: pathlib.Path) -> dict:
     if not path.is_file():
@@ -36,14 +49,49 @@ def read_template(path: pathlib.Path) -> dict:
     if not isinstance(job, dict) or job.get("type") != "command" or not isinstance(job.get("command"), str):
         raise JobError(f"{path} is not an Azure ML command job: it needs `type: command` and a `command`")
     dist = job.get("distribution") or {}
-    if dist.get("type") != "mpi":
-        raise JobError(f"{path}: distribution.type must be mpi (Horovod is launched by MPI on Azure ML)")
+    if dist.get("type") not in DISTRIBUTIONS.values():
+        raise JobError(f"{path}: distribution.type must be mpi (Horovod, started by mpirun) or pytorch (PyTorch "
+                       "DDP, with --backend ddp in the command)")
+    if dist["type"] == "pytorch" and not DDP_FLAG.search(job["command"]):
+        raise JobError(f"{path}: distribution.type pytorch starts PyTorch DDP processes, but the command has no "
+                       "--backend ddp (each process would start Horovod alone and train its own model): add "
+                       "--backend ddp to the command, or use distribution.type mpi")
+    if dist["type"] == "mpi" and DDP_FLAG.search(job["command"]):
+        raise JobError(f"{path}: the command trains with --backend ddp, whose processes need the rendezvous that "
+                       "distribution.type pytorch sets up (mpirun does not): use type pytorch, or leave --backend "
+                       "out of the file and pass it to the launcher (python -m launcher JOB --backend ddp)")
     declared = {"inputs": set(job.get("inputs") or {}), "outputs": set(job.get("outputs") or {})}
     for kind, name in REFERENCE.findall(job["command"]):
         if name not in declared[kind]:
             raise JobError(f"{path}: the command uses ${{{{{kind}.{name}}}}} but the job declares no {kind[:-1]} "
                            f"{name!r} (declared: {', '.join(sorted(declared[kind])) or 'none'})")
     sizing.check_template(job["command"], path)
+    return job
+
+
+def backend_of(job: dict) -> str:
+    """horovod or ddp, from the job's distribution."""
+    return {v: k for k, v in DISTRIBUTIONS.items()}[job["distribution"]["type"]]
+
+
+def with_backend(job: dict, backend: str | None, source: pathlib.Path, extra_args=()) -> dict:
+    """The job trained with `backend` (None: as the job file says): the distribution that starts its processes,
+    and --backend in the command to match."""
+    if any(a == "--backend" or a.startswith("--backend=") for a in extra_args):
+        raise JobError("--backend after `--` reaches only the payload, not the job's distribution: give it to the "
+                       "launcher instead (python -m launcher JOB --backend ddp)")
+    if backend is None or backend == backend_of(job):
+        return job
+    if backend not in DISTRIBUTIONS:
+        raise JobError(f"--backend {backend!r}: choose {' or '.join(BACKENDS)}")
+    if not DDP_PAYLOADS.search(job["command"]):
+        raise JobError(f"--backend {backend}: {source.name} does not run a PyTorch training payload "
+                       "(payloads.pytorch.train, payloads.segmentation.train); the TensorFlow, Keras and health "
+                       "check jobs run on Horovod only")
+    job = copy.deepcopy(job)
+    command = DDP_FLAG.sub("", job["command"]).rstrip()
+    job["command"] = command + " --backend ddp" if backend == "ddp" else command
+    job["distribution"] = {**job["distribution"], "type": DISTRIBUTIONS[backend]}
     return job
 
 
@@ -114,9 +162,11 @@ def fill(template: dict, outputs: StackOutputs, cluster_name: str, nodes: int, p
     job["compute"] = f"azureml:{cluster.get('compute_name') or cluster_name}"
     job.setdefault("resources", {})["instance_count"] = nodes
     job["distribution"]["process_count_per_instance"] = ppn
-    env = {**data_env, **interconnect.environment(cluster, ppn)}
+    distribution = job["distribution"]["type"]
+    env = {**data_env, **interconnect.environment(cluster, ppn, distribution)}
     env.update(job.get("environment_variables") or {})     # the job file may override
-    interconnect.check_under_mpi(env, "environment_variables of the job file")
+    if distribution == "mpi":
+        interconnect.check_under_mpi(env, "environment_variables of the job file")
     job["environment_variables"] = {k: str(v) for k, v in env.items()}
     if sizing.uses_placeholders(job["command"]):
         args = job["command"].split() + list(extra_args)
@@ -130,7 +180,7 @@ def fill(template: dict, outputs: StackOutputs, cluster_name: str, nodes: int, p
         job["command"] = job["command"].rstrip() + " " + shlex.join(extra_args)
     tags = job.setdefault("tags", {})
     tags.update({"cluster": cluster_name, "vm_size": cluster["vm_size"], "nodes": str(nodes),
-                 "processes": str(nodes * ppn)})
+                 "processes": str(nodes * ppn), "backend": backend_of(job)})
     return job
 
 

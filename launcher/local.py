@@ -1,6 +1,6 @@
-"""Run a job definition on this machine: horovodrun (over MPI where Horovod has it, else Gloo), inputs
-mapped to local folders, outputs to a local folder. The command is the job's own command, so the local run
-is the cloud run, smaller."""
+"""Run a job definition on this machine: horovodrun (over MPI where Horovod has it, else Gloo) for an mpi job,
+torchrun for a pytorch (DDP) one; inputs mapped to local folders, outputs to a local folder. The command is the
+job's own command, so the local run is the cloud run, smaller."""
 from __future__ import annotations
 
 import os
@@ -54,7 +54,8 @@ def _mpi_available() -> bool:
 
 def plan(job: dict, source: pathlib.Path, inputs: dict[str, str], output_root: pathlib.Path,
          processes: int, extra_args: list[str], control: str = "auto") -> tuple[list[str], dict[str, pathlib.Path]]:
-    """(horovodrun command line, output name -> local folder); checks every input before anything runs."""
+    """(horovodrun or torchrun command line, output name -> local folder); checks every input before anything
+    runs."""
     if processes < 1:
         raise JobError(f"--np {processes}: at least one process")
     declared_inputs = job.get("inputs") or {}
@@ -81,6 +82,15 @@ def plan(job: dict, source: pathlib.Path, inputs: dict[str, str], output_root: p
         command = sizing.apply(command, sizing.for_local(processes), extra_args)
     if extra_args:
         command += " " + shlex.join(extra_args)
+    if job["distribution"]["type"] == "pytorch":
+        if control != "auto":
+            raise JobError(f"--controller {control}: the controller is Horovod's; this job trains with PyTorch DDP "
+                           "(--backend ddp), which torchrun starts: drop --controller")
+        # --standalone: torchrun's own rendezvous on a free local port; every process gets RANK, WORLD_SIZE,
+        # LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as Azure ML's pytorch distribution sets them.
+        torchrun = str(pathlib.Path(sys.executable).with_name("torchrun"))
+        return [torchrun, "--standalone", "--nproc-per-node", str(processes), "--no-python",
+                "bash", "-c", command], local_out
     horovodrun = str(pathlib.Path(sys.executable).with_name("horovodrun"))
     chosen = controller(control)
     if chosen == "mpi":

@@ -188,6 +188,9 @@ def train_steps(hvd, torch, device, args, prec, channels_last: bool) -> dict:
     try:
         import torch.nn.functional as F
 
+        from .pytorch import backends, runtime
+
+        backend = backends.Horovod(hvd)   # the payload's optimizer step, with Horovod's synchronisation
         torch.manual_seed(0)
         model = models.build(args.model, NUM_CLASSES, args.image_size).to(device)
         fmt = torch.channels_last if channels_last else torch.contiguous_format
@@ -211,16 +214,9 @@ def train_steps(hvd, torch, device, args, prec, channels_last: bool) -> dict:
             optimizer.zero_grad()
             with prec.autocast():
                 loss = F.cross_entropy(model(images), labels)
-            if scaler is not None:   # fp16 (older GPUs): unscale the averaged gradients, as the payload does
-                scaler.scale(loss).backward()
-                optimizer.synchronize()
-                scaler.unscale_(optimizer)
-                with optimizer.skip_synchronize():
-                    scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                optimizer.step()
+            # fp16 (older GPUs): the averaged gradients unscaled, as the payload does
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            runtime.optimizer_step(optimizer, scaler, backend)
             status["losses"].append(loss.item())
         if device.type == "cuda":
             torch.cuda.synchronize()

@@ -30,9 +30,16 @@ def horovodrun(np: int, args: list[str], payload: str = "pytorch") -> list[str]:
             "--gloo", sys.executable, "-m", f"payloads.{payload}.train", *args]
 
 
+def torchrun(np: int, args: list[str], payload: str = "pytorch") -> list[str]:
+    """The payload under PyTorch DDP: torchrun starts np processes here (--standalone: its own rendezvous on a free
+    port), each with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set; Gloo on this CPU."""
+    return [str(pathlib.Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node", str(np),
+            "-m", f"payloads.{payload}.train", "--backend", "ddp", *args]
+
+
 def train(np: int, args: list[str], timeout: float = 300, check: bool = True,
-          payload: str = "pytorch") -> subprocess.CompletedProcess:
-    cmd = horovodrun(np, args, payload)
+          payload: str = "pytorch", backend: str = "horovod") -> subprocess.CompletedProcess:
+    cmd = horovodrun(np, args, payload) if backend == "horovod" else torchrun(np, args, payload)
     proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")

@@ -28,6 +28,9 @@ DEVICE_DEPENDENT: dict[str, tuple[tuple[str, ...], ...]] = {
     "gpu_decode": (("--gpu-decode",), ()),      # off by default; without a GPU it runs its CPU fallback
 }
 
+# PyTorch's collective layers (payloads/pytorch/backends.py); Horovod is the default.
+BACKENDS = ("horovod", "ddp")
+
 # Goyal et al., "Accurate, Large Minibatch SGD" (2017): LR 0.1 for every 256 images of the global batch.
 LR_PER_256 = 0.1
 
@@ -74,6 +77,7 @@ class TrainConfig:
     mlflow: bool = True                       # log to MLflow when MLFLOW_TRACKING_URI is set (Azure ML sets it)
     # The options the payload declared (its --help); to_json() records these. Empty: every field.
     options: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    backend: str = "horovod"                  # PyTorch: horovod | ddp (DistributedDataParallel under torchrun)
 
     @property
     def checkpoint_dir(self) -> pathlib.Path:
@@ -128,6 +132,11 @@ class TrainConfig:
             raise ConfigError(f"--batch-size must be at least 1, got {self.batch_size}")
         if list(self.lr_decay_epochs) != sorted(set(self.lr_decay_epochs)) or any(e < 1 for e in self.lr_decay_epochs):
             raise ConfigError(f"--lr-decay-epochs must be increasing positive epochs, got {list(self.lr_decay_epochs)}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"--backend {self.backend!r}: choose {' or '.join(BACKENDS)}")
+        if self.backend == "ddp" and self.adasum:
+            raise ConfigError("--adasum is a Horovod option: PyTorch DDP (--backend ddp) has no Adasum reduction, "
+                              "only averaging: drop --adasum, or train with --backend horovod")
         if self.adasum and self.fp16_allreduce:
             raise ConfigError("--adasum and --fp16-allreduce cannot be combined: Adasum reduces in full precision")
 
@@ -327,6 +336,9 @@ def _pytorch(g, c: Declared) -> None:
                         "doubles after 2000 clean ones (GradScaler)")
     g.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=d.channels_last,
                    help="NHWC memory format (default: on with a GPU)")
+    g.add_argument("--backend", default=d.backend, choices=BACKENDS,
+                   help="horovod (horovodrun, mpirun) or ddp (DistributedDataParallel: torchrun, Azure ML's "
+                        "pytorch distribution); docs/pytorch-ddp.md")
 
 
 def _pytorch_classification(g, c: Declared) -> None:

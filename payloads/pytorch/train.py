@@ -1,6 +1,7 @@
 """Data-parallel training of ResNet-50 (and smaller models) with Horovod and PyTorch.
 
     horovodrun -np 2 -H localhost:2 --gloo python -m payloads.pytorch.train --model resnet18 ...
+    torchrun --standalone --nproc-per-node 2 -m payloads.pytorch.train --backend ddp --model resnet18 ...
 
 Follows Horovod's examples/pytorch/pytorch_imagenet_resnet50.py and pytorch/examples imagenet, with
 their known gaps closed: sharding by global rank with equal step counts, optimizer and loss-scaler state on
@@ -24,16 +25,10 @@ from tqdm import tqdm
 from ..common import config, schedule
 from ..common.errors import ConfigError
 from ..common.metrics import MetricsFile, finish
-from . import inputs, models, runtime
+from . import backends, inputs, models, runtime
 
 log = logging.getLogger("payloads.pytorch")
 PROGRESS_EVERY = 25   # steps between the progress bar's loss readings (each one waits for the device)
-
-
-def _hvd():
-    import horovod.torch as hvd  # imported late so that --help and config errors need no Horovod
-
-    return hvd
 
 
 class StepClock:
@@ -72,7 +67,7 @@ class StepClock:
         self.steady_since = None
 
 
-def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, prec, batches, device, lr_scale, progress, clock):
+def train_epoch(cfg, backend, epoch, model, optimizer, scaler, prec, batches, device, lr_scale, progress, clock):
     model.train()
     steps = len(batches)
     # Accumulated on the device and read once per epoch: no host sync inside the step.
@@ -91,22 +86,17 @@ def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, prec, batches, device
         n = images.shape[0]
         # backward_passes_per_step: micro-batches accumulate locally; the allreduce runs once per step.
         chunks = max(1, min(cfg.backward_passes_per_step, n))
-        for part_x, part_y in zip(images.chunk(chunks), labels.chunk(chunks)):
-            with prec.autocast():
-                out = model(part_x)
-                loss = F.cross_entropy(out, part_y)
-            weighted = loss * (part_x.shape[0] / n)
-            (scaler.scale(weighted) if scaler else weighted).backward()
+        parts = list(zip(images.chunk(chunks), labels.chunk(chunks)))
+        for i, (part_x, part_y) in enumerate(parts):
+            with backend.accumulate(model, last=i == len(parts) - 1):
+                with prec.autocast():
+                    out = model(part_x)
+                    loss = F.cross_entropy(out, part_y)
+                weighted = loss * (part_x.shape[0] / n)
+                (scaler.scale(weighted) if scaler else weighted).backward()
             loss_sum += loss.detach().double() * part_x.shape[0]
             correct += (out.argmax(1) == part_y).sum()
-        if scaler is not None:
-            optimizer.synchronize()
-            scaler.unscale_(optimizer)
-            with optimizer.skip_synchronize():
-                scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
+        runtime.optimizer_step(optimizer, scaler, backend)
         seen += n
         skipped += n_skipped
         clock.step(n)
@@ -116,13 +106,13 @@ def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, prec, batches, device
     clock.epoch_end()
     seconds = time.perf_counter() - start
     bar.close()
-    loss_sum, correct, seen, skipped = runtime.global_sums(hvd, f"train_{epoch}", loss_sum, correct, seen, skipped)
+    loss_sum, correct, seen, skipped = runtime.global_sums(backend, f"train_{epoch}", loss_sum, correct, seen, skipped)
     return {"train_loss": loss_sum / seen, "train_accuracy": correct / seen, "images": int(seen),
             "skipped_images": int(skipped), "epoch_seconds": seconds, "images_per_sec": seen / seconds, "lr": lr}
 
 
 @torch.no_grad()
-def evaluate(cfg, hvd, epoch, model, prec, batches, device):
+def evaluate(cfg, backend, epoch, model, prec, batches, device):
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.int64, device=device)
@@ -134,60 +124,48 @@ def evaluate(cfg, hvd, epoch, model, prec, batches, device):
         loss_sum += F.cross_entropy(out.float(), labels, reduction="sum").double()
         correct += (out.argmax(1) == labels).sum()
         seen += images.shape[0]
-    loss_sum, correct, seen, skipped = runtime.global_sums(hvd, f"val_{epoch}", loss_sum, correct, seen, skipped)
+    loss_sum, correct, seen, skipped = runtime.global_sums(backend, f"val_{epoch}", loss_sum, correct, seen, skipped)
     return {"val_loss": loss_sum / seen, "val_accuracy": correct / seen, "val_skipped_images": int(skipped)}
 
 
-def lr_scale(cfg, hvd, device) -> float:
-    # Goyal et al.: LR scales with the global batch. Adasum adds gradients instead of averaging them,
-    # so it needs no scaling across nodes (only across NCCL-reduced GPUs of a node).
-    if cfg.adasum:
-        scale = hvd.local_size() if device.type == "cuda" and hvd.nccl_built() else 1
-    else:
-        scale = hvd.size()
+def lr_scale(cfg, backend, device) -> float:
+    # Goyal et al.: LR scales with the global batch (processes x backward passes); Adasum has its own rule.
+    scale = backend.adasum_lr_scale(device) if cfg.adasum else backend.size()
     return scale * cfg.backward_passes_per_step
 
 
 def run(cfg: config.TrainConfig) -> dict:
     started = time.perf_counter()
-    hvd = _hvd()
-    hvd.init()
-    root = hvd.rank() == 0
-    device, prec = runtime.setup(cfg, hvd)
-    batch = cfg.per_process_batch(hvd.size())
+    backend = backends.create(cfg.backend)
+    backend.init()
+    root = backend.rank() == 0
+    device, prec = runtime.setup(cfg, backend)
+    batch = cfg.per_process_batch(backend.size())
     # Each rank loads batch x backward_passes samples per step and splits them into micro-batches.
-    data = inputs.build(cfg, hvd.rank(), hvd.size(), batch * cfg.backward_passes_per_step, device,
-                        # A fixed name: without one Horovod names the broadcast after the object's type, which
-                        # differs between rank 0 (the listing) and the others (None), and every rank waits forever.
-                        broadcast_object=lambda obj: hvd.broadcast_object(obj, root_rank=0, name="image_listing"))
+    data = inputs.build(cfg, backend.rank(), backend.size(), batch * cfg.backward_passes_per_step, device,
+                        broadcast_object=lambda obj: backend.broadcast_object(obj, name="image_listing"))
 
     torch.manual_seed(cfg.seed)
     model = models.build(cfg.model, data.num_classes, cfg.image_size).to(device)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    scale = lr_scale(cfg, hvd, device)
-    optimizer = hvd.DistributedOptimizer(
-        runtime.optimizer(cfg, model, cfg.base_lr * scale, device), named_parameters=model.named_parameters(),
-        compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
-        # One allreduce after the N-th backward pass of a step: Horovod's hook counts the passes and
-        # asserts when there are more than this (horovod/torch/optimizer.py, _make_hook). The passes'
-        # gradients add up in p.grad, so train_epoch weights each micro-batch's loss by its share of the step.
-        backward_passes_per_step=cfg.backward_passes_per_step,
-        op=hvd.Adasum if cfg.adasum else hvd.Average)
+    scale = lr_scale(cfg, backend, device)
+    # `model` stays the plain module (checkpoints, digest); `trained` is what the steps run (DDP's wrapper).
+    trained, optimizer = backend.wrap(model, runtime.optimizer(cfg, model, cfg.base_lr * scale, device), cfg, device)
     scaler = prec.grad_scaler(cfg.loss_scale_init)
-    start_epoch = runtime.restore(cfg, hvd, model, optimizer, scaler)
+    start_epoch = runtime.restore(cfg, backend, model, optimizer, scaler)
     # Compiled after the weights are final: the compiled module shares them, and checkpoints keep the plain names.
-    step_model = torch.compile(model) if cfg.compile else model
+    step_model = torch.compile(trained) if cfg.compile else trained
 
     metrics = writer = None
     if root:
         from torch.utils.tensorboard import SummaryWriter
 
         metrics = MetricsFile(cfg.metrics_path, {"config": cfg.to_json(),
-                                                 "world": runtime.world(hvd, model, device, prec, cfg)})
+                                                 "world": runtime.world(backend, model, device, prec, cfg)})
         writer = SummaryWriter(str(cfg.tensorboard_dir))
-        log.info("training %s on %s data, %d process(es) x batch %d, %s, %s%s%s, outputs in %s", cfg.model, cfg.data,
-                 hvd.size(), batch, device, prec.name, " channels_last" if cfg.channels_last else "",
+        log.info("training %s on %s data, %d process(es) x batch %d (%s), %s, %s%s%s, outputs in %s", cfg.model,
+                 cfg.data, backend.size(), batch, backend.name, device, prec.name, " channels_last" if cfg.channels_last else "",
                  " compiled" if cfg.compile else "", cfg.output_dir)
         if os.environ.get("HOROVOD_TIMELINE"):
             log.info("Horovod timeline: %s", os.environ["HOROVOD_TIMELINE"])
@@ -198,14 +176,14 @@ def run(cfg: config.TrainConfig) -> dict:
     for epoch in range(start_epoch, cfg.epochs):
         data.train.set_epoch(epoch)
         record = {"epoch": epoch + 1}
-        record.update(train_epoch(cfg, hvd, epoch, step_model, optimizer, scaler, prec, data.train, device, scale,
+        record.update(train_epoch(cfg, backend, epoch, step_model, optimizer, scaler, prec, data.train, device, scale,
                                   progress, clock))
         if data.val is not None:
             data.val.set_epoch(epoch)
-            record.update(evaluate(cfg, hvd, epoch, step_model, prec, data.val, device))
+            record.update(evaluate(cfg, backend, epoch, step_model, prec, data.val, device))
         total_images += record["images"]
         total_seconds += record["epoch_seconds"]
-        runtime.save(cfg, hvd, epoch + 1, model, optimizer, scaler)
+        runtime.save(cfg, backend, epoch + 1, model, optimizer, scaler)
         if root:
             metrics.add_epoch(record)
             for key in ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "images_per_sec", "lr"):
@@ -220,15 +198,17 @@ def run(cfg: config.TrainConfig) -> dict:
     if root:
         writer.close()
     # The clock counted this rank's images; the throughput is the job's (ranks' batches may differ by a sample).
-    (steady_images,) = runtime.global_sums(hvd, "steady_images", clock.images)
+    (steady_images,) = runtime.global_sums(backend, "steady_images", clock.images)
     steady = clock.steady_seconds > 0 and steady_images > 0
     if not steady and root and cfg.epochs > start_epoch:
         log.warning("the run had no more than %d steps (--startup-steps): Total images/sec includes start-up",
                     cfg.startup_steps)
-    return finish(cfg, hvd, metrics, models.parameters_digest(model), cfg.epochs - start_epoch,
-                  int(steady_images) if steady else total_images, clock.steady_seconds if steady else total_seconds,
-                  extra={"startup_seconds": clock.startup_seconds, "steady_state": steady,
-                         "all_images": total_images, "all_train_seconds": total_seconds})
+    summary = finish(cfg, backend, metrics, models.parameters_digest(model), cfg.epochs - start_epoch,
+                     int(steady_images) if steady else total_images, clock.steady_seconds if steady else total_seconds,
+                     extra={"startup_seconds": clock.startup_seconds, "steady_state": steady,
+                            "all_images": total_images, "all_train_seconds": total_seconds})
+    backend.shutdown()
+    return summary
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,9 +21,9 @@ def confusion(predicted: torch.Tensor, target: torch.Tensor, num_classes: int) -
     return torch.bincount(index.flatten(), minlength=num_classes * num_classes).reshape(num_classes, num_classes)
 
 
-def allreduce(hvd, matrix: torch.Tensor, name: str) -> torch.Tensor:
-    """The sum of every rank's matrix (int64: exact)."""
-    return hvd.allreduce(matrix.cpu().to(torch.int64), op=hvd.Sum, name=name)
+def allreduce(backend, matrix: torch.Tensor, name: str) -> torch.Tensor:
+    """The sum of every rank's matrix (int64: exact); `backend` is payloads/pytorch/backends.py's."""
+    return backend.allreduce_sum(matrix.cpu().to(torch.int64), name)
 
 
 def scores(matrix: torch.Tensor, class_names: list[str] | tuple[str, ...]) -> dict:

@@ -1,6 +1,7 @@
 """Land-cover segmentation (U-Net, four-band imagery) trained data-parallel with Horovod and PyTorch.
 
     horovodrun -np 2 -H localhost:2 python -m payloads.segmentation.train --data-dir D --model unet_tiny ...
+    torchrun --standalone --nproc-per-node 2 -m payloads.segmentation.train --backend ddp --data-dir D ...
 
 D is a folder made by `python -m payloads.segmentation.prepare` (blocks + manifest.json). Shares the
 PyTorch payload's runtime set-up, checkpoint resume and save, and payloads/common's configuration, LR
@@ -24,7 +25,7 @@ from tqdm import tqdm
 from ..common import config, schedule
 from ..common.errors import ConfigError
 from ..common.metrics import MetricsFile, finish
-from ..pytorch import runtime
+from ..pytorch import backends, runtime
 from ..pytorch.models import parameters_digest
 from . import data, metrics, models
 from .labels import IGNORE, NODATA
@@ -91,22 +92,9 @@ def parse(argv: Sequence[str] | None) -> tuple[config.TrainConfig, SegmentationO
 def pixel_loss(logits: torch.Tensor, target: torch.Tensor, global_valid: float, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(this rank's loss to back-propagate, its summed cross-entropy). The loss of a step is the mean over the
     global batch's valid pixels: each rank divides its sum by the global count of valid pixels, times the world
-    size that Horovod's averaging divides out again. No-data pixels (IGNORE) add nothing to either."""
+    size that the backend's averaging (Horovod's or DDP's) divides out again. No-data pixels (IGNORE) add nothing to either."""
     ce = F.cross_entropy(logits.float(), target, ignore_index=IGNORE, reduction="sum")
     return ce * (world_size / max(global_valid, 1.0)), ce.detach()
-
-
-def _step(cfg, optimizer, scaler, loss) -> None:
-    if scaler is None:
-        loss.backward()
-        optimizer.step()
-        return
-    scaler.scale(loss).backward()
-    optimizer.synchronize()                 # gradients averaged before they are unscaled and checked
-    scaler.unscale_(optimizer)
-    with optimizer.skip_synchronize():
-        scaler.step(optimizer)
-    scaler.update()
 
 
 def _band_stats(manifest, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,7 +102,7 @@ def _band_stats(manifest, device) -> tuple[torch.Tensor, torch.Tensor]:
             torch.as_tensor(manifest.band_std, device=device).view(-1, 1, 1))
 
 
-def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, prec, store, sampler, manifest, device, lr_scale, progress):
+def train_epoch(cfg, backend, epoch, model, optimizer, scaler, prec, store, sampler, manifest, device, lr_scale, progress):
     model.train()
     classes = len(manifest.class_names)
     steps = sampler.epoch(epoch)
@@ -137,8 +125,8 @@ def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, prec, store, sampler,
             for group in optimizer.param_groups:
                 group["lr"] = lr
             valid = int((labels != NODATA).sum())
-            global_valid = hvd.allreduce(torch.tensor(float(valid), dtype=torch.float64), op=hvd.Sum,
-                                         name="valid_pixels").item()
+            global_valid = backend.allreduce_sum(torch.tensor(float(valid), dtype=torch.float64),
+                                                 "valid_pixels").item()
             images, target = data.inputs(images.to(device, non_blocking=True), labels.to(device, non_blocking=True),
                                          mean, std)
             if cfg.channels_last:
@@ -146,8 +134,9 @@ def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, prec, store, sampler,
             optimizer.zero_grad()
             with prec.autocast():
                 out = model(images)
-            loss, ce = pixel_loss(out, target, global_valid, hvd.size())
-            _step(cfg, optimizer, scaler, loss)
+            loss, ce = pixel_loss(out, target, global_valid, backend.size())
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            runtime.optimizer_step(optimizer, scaler, backend)
             loss_sum += ce
             conf += metrics.confusion(out.detach().argmax(1), target, classes)
             valid_sum += valid
@@ -157,8 +146,8 @@ def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, prec, store, sampler,
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     bar.close()
-    loss_total, valid_total, seen = runtime.global_sums(hvd, f"train_{epoch}", loss_sum, valid_sum, seen)
-    s = metrics.scores(metrics.allreduce(hvd, conf, f"train_confusion_{epoch}"), manifest.class_names)
+    loss_total, valid_total, seen = runtime.global_sums(backend, f"train_{epoch}", loss_sum, valid_sum, seen)
+    s = metrics.scores(metrics.allreduce(backend, conf, f"train_confusion_{epoch}"), manifest.class_names)
     return {"train_loss": loss_total / max(valid_total, 1.0), "train_pixel_accuracy": s["pixel_accuracy"],
             "train_miou": s["miou"], "train_iou": s["iou"], "train_confusion_matrix": s["confusion_matrix"],
             "valid_pixels": int(valid_total), "images": int(seen), "patches": int(seen), "epoch_seconds": seconds,
@@ -166,13 +155,13 @@ def train_epoch(cfg, hvd, epoch, model, optimizer, scaler, prec, store, sampler,
 
 
 @torch.no_grad()
-def evaluate(cfg, hvd, epoch, model, prec, store, manifest, batch, device):
+def evaluate(cfg, backend, epoch, model, prec, store, manifest, batch, device):
     """Every validation pixel once; the confusion matrix is summed over ranks, then scored."""
     model.eval()
     classes = len(manifest.class_names)
     conf = torch.zeros(classes, classes, dtype=torch.int64, device=device)
     loss_sum = 0.0
-    windows = data.val_windows(store, cfg.image_size, hvd.rank(), hvd.size())
+    windows = data.val_windows(store, cfg.image_size, backend.rank(), backend.size())
     mean, std = _band_stats(manifest, device)
     for i in range(0, len(windows), batch):
         images, labels = data.batch(store, windows[i:i + batch], cfg.image_size)
@@ -183,24 +172,24 @@ def evaluate(cfg, hvd, epoch, model, prec, store, manifest, batch, device):
             out = model(images)
         loss_sum += F.cross_entropy(out.float(), target, ignore_index=IGNORE, reduction="sum").item()
         conf += metrics.confusion(out.argmax(1), target, classes)
-    matrix = metrics.allreduce(hvd, conf, f"val_confusion_{epoch}")
-    (loss_sum,) = runtime.global_sums(hvd, f"val_{epoch}", loss_sum)
+    matrix = metrics.allreduce(backend, conf, f"val_confusion_{epoch}")
+    (loss_sum,) = runtime.global_sums(backend, f"val_{epoch}", loss_sum)
     s = metrics.scores(matrix, manifest.class_names)
     return {"val_loss": loss_sum / max(int(matrix.sum()), 1), "val_pixel_accuracy": s["pixel_accuracy"],
             "val_miou": s["miou"], "val_iou": s["iou"], "val_confusion_matrix": s["confusion_matrix"]}
 
 
-def average_buffers(hvd, model) -> None:
+def average_buffers(backend, model) -> None:
     """BatchNorm's running statistics are per rank; average them so that every rank (and the checkpoint)
     evaluates the same model."""
-    if hvd.size() == 1:
+    if backend.size() == 1:
         return
     for name, buf in model.named_buffers():
         if buf.is_floating_point():
-            buf.copy_(hvd.allreduce(buf.detach(), op=hvd.Average, name=f"buffer.{name}"))
+            buf.copy_(backend.allreduce_mean(buf.detach(), f"buffer.{name}"))
 
 
-def load_data(cfg, seg, hvd, batch):
+def load_data(cfg, seg, backend, batch):
     """Manifest, block stores and sampler; every rank reads (and checks) its share before training, and all
     ranks stop together if any block is damaged."""
     manifest = data.Manifest.load(cfg.data_dir)
@@ -209,49 +198,49 @@ def load_data(cfg, seg, hvd, batch):
                           f"{manifest.num_classes} classes: drop --num-classes (the manifest's count is used)")
     cfg.num_classes = manifest.num_classes
     train = data.BlockStore(manifest, manifest.train, seg.cache == "memory")
-    sampler = data.PatchSampler(manifest.train, cfg.image_size, hvd.rank(), hvd.size(), batch * hvd.size(), cfg.seed,
+    sampler = data.PatchSampler(manifest.train, cfg.image_size, backend.rank(), backend.size(), batch * backend.size(), cfg.seed,
                                 seg.patches_per_epoch, cfg.max_steps_per_epoch)
     val = data.BlockStore(manifest, manifest.val, seg.cache == "memory") if manifest.val else None
     error, start = None, time.perf_counter()
     try:
         train.load(sampler.owned())
         if val is not None:
-            val.load(range(hvd.rank(), len(val), hvd.size()))
+            val.load(range(backend.rank(), len(val), backend.size()))
     except ConfigError as e:
         error = str(e)
-    errors = [e for e in hvd.allgather_object(error, name="data_errors") if e]
+    errors = [e for e in backend.allgather_object(error, "data_errors") if e]
     if errors:
         raise ConfigError(errors[0])
     return manifest, train, sampler, val, time.perf_counter() - start
 
 
 def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
-    import horovod.torch as hvd   # late: --help and config errors need no Horovod
-
-    hvd.init()
-    root = hvd.rank() == 0
-    device, prec = runtime.setup(cfg, hvd)
-    batch = cfg.per_process_batch(hvd.size())
-    manifest, train_store, sampler, val_store, load_seconds = load_data(cfg, seg, hvd, batch)
+    backend = backends.create(cfg.backend)
+    backend.init()
+    root = backend.rank() == 0
+    device, prec = runtime.setup(cfg, backend)
+    batch = cfg.per_process_batch(backend.size())
+    manifest, train_store, sampler, val_store, load_seconds = load_data(cfg, seg, backend, batch)
     if root and not sampler.shares_exactly:
         log.warning("%d training blocks do not divide over %d processes: each process reads blocks beyond its "
-                    "share; prepare with a block count that is a multiple of the process count", sampler.n, hvd.size())
+                    "share; prepare with a block count that is a multiple of the process count", sampler.n, backend.size())
 
     torch.manual_seed(cfg.seed)
     model = models.build(cfg.model, manifest.num_classes, seg.norm).to(device)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    lr_scale = hvd.size()         # Goyal et al.: the LR grows with the global batch
-    optimizer = hvd.DistributedOptimizer(runtime.optimizer(cfg, model, cfg.base_lr * lr_scale, device),
-                                         named_parameters=model.named_parameters(), op=hvd.Average)
+    lr_scale = backend.size()     # Goyal et al.: the LR grows with the global batch
+    # `model` stays the plain module (checkpoints, evaluation, buffers); `trained` is what the steps run.
+    trained, optimizer = backend.wrap(model, runtime.optimizer(cfg, model, cfg.base_lr * lr_scale, device), cfg,
+                                      device)
     scaler = prec.grad_scaler(cfg.loss_scale_init)
-    start_epoch = runtime.restore(cfg, hvd, model, optimizer, scaler)
+    start_epoch = runtime.restore(cfg, backend, model, optimizer, scaler)
 
     metrics_file = writer = None
     if root:
         from torch.utils.tensorboard import SummaryWriter
 
-        world = {**runtime.world(hvd, model, device, prec, cfg),
+        world = {**runtime.world(backend, model, device, prec, cfg),
                  "train_blocks": sampler.n, "val_blocks": len(val_store) if val_store else 0,
                  "blocks_owned_per_process": len(sampler.owned()), "shares_exactly": sampler.shares_exactly,
                  "block_memory_mbytes_rank0": train_store.memory_bytes() / 1e6, "data_load_seconds": load_seconds,
@@ -260,22 +249,22 @@ def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
                                                       "world": world})
         writer = SummaryWriter(str(cfg.tensorboard_dir))
         log.info("training %s on %d blocks (%s), %d process(es) x %d patches of %d px, %s, outputs in %s", cfg.model,
-                 sampler.n, cfg.data_dir, hvd.size(), batch, cfg.image_size, device, cfg.output_dir)
+                 sampler.n, cfg.data_dir, backend.size(), batch, cfg.image_size, device, cfg.output_dir)
     progress = partial(tqdm, disable=not (root and cfg.progress))
 
     patches, seconds = 0, 0.0
     for epoch in range(start_epoch, cfg.epochs):
         record = {"epoch": epoch + 1}
-        record.update(train_epoch(cfg, hvd, epoch, model, optimizer, scaler, prec, train_store, sampler, manifest,
+        record.update(train_epoch(cfg, backend, epoch, trained, optimizer, scaler, prec, train_store, sampler, manifest,
                                   device, lr_scale, progress))
         # blocks read from storage so far, per rank: with the cache and an exact share, each rank's share once
-        record["train_blocks_read_per_rank"] = hvd.allgather_object(train_store.reads, name=f"reads_{epoch}")
-        average_buffers(hvd, model)
+        record["train_blocks_read_per_rank"] = backend.allgather_object(train_store.reads, f"reads_{epoch}")
+        average_buffers(backend, model)
         if val_store is not None:
-            record.update(evaluate(cfg, hvd, epoch, model, prec, val_store, manifest, batch, device))
+            record.update(evaluate(cfg, backend, epoch, model, prec, val_store, manifest, batch, device))
         patches += record["patches"]
         seconds += record["epoch_seconds"]
-        runtime.save(cfg, hvd, epoch + 1, model, optimizer, scaler)
+        runtime.save(cfg, backend, epoch + 1, model, optimizer, scaler)
         if root:
             metrics_file.add_epoch(record)
             for key in ("train_loss", "train_pixel_accuracy", "train_miou", "val_loss", "val_pixel_accuracy",
@@ -292,7 +281,9 @@ def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
     if root:
         writer.close()
     # "images" are patches here: the closing "Total images/sec" line is patches/sec.
-    return finish(cfg, hvd, metrics_file, parameters_digest(model), cfg.epochs - start_epoch, patches, seconds)
+    summary = finish(cfg, backend, metrics_file, parameters_digest(model), cfg.epochs - start_epoch, patches, seconds)
+    backend.shutdown()
+    return summary
 
 
 def main(argv: Sequence[str] | None = None) -> int:

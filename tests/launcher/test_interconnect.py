@@ -266,3 +266,34 @@ def test_a_gpu_cluster_job_on_a_node_without_visible_gpus_fails_naming_the_drive
     assert proc.returncode != 0
     assert "this node should have 1 GPUs (TRAINING_GPUS_PER_NODE" in proc.stderr
     assert "NVIDIA driver" in proc.stderr and not report.exists()
+
+
+# ---- PyTorch DDP jobs (distribution pytorch): NCCL's settings, none of MPI's or Horovod's ------------------
+
+@pytest.mark.parametrize("size", CURRENT)
+def test_ddp_jobs_get_the_same_nccl_settings_and_no_mpi_ones(size):
+    procs = max(1, vm_sizes.CATALOG[size].gpus)
+    mpi = interconnect.environment(cluster(size), procs)
+    ddp = interconnect.environment(cluster(size), procs, "pytorch")
+    assert not [k for k in ddp if k.startswith(("OMPI_", "HOROVOD_", "UCX_"))]
+    assert {k: v for k, v in mpi.items() if not k.startswith(("OMPI_", "HOROVOD_"))} == \
+        {k: v for k, v in ddp.items() if k not in interconnect.GLOO_ENV}
+    assert ddp["GLOO_SOCKET_IFNAME"] == "eth0"
+
+
+def test_cpu_cluster_ddp_environment_trains_two_processes_over_gloo_on_eth0(tmp_path):
+    """The environment the launcher gives a DDP job on cpu-smoke (D4s_v5, 2 processes) trains 2 torchrun
+    processes to bitwise-equal weights; Gloo reads GLOO_SOCKET_IFNAME (an interface that does not exist fails)."""
+    base = helpers.env()
+    base.update(interconnect.environment(cluster("Standard_D4s_v5"), 2, "pytorch"))
+    args = helpers.TINY + ["--epochs", "1", "--batch-size", "8", "--output-dir", str(tmp_path / "ok")]
+    proc = subprocess.run(helpers.torchrun(2, args), cwd=helpers.ROOT, env=base, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    m = helpers.metrics(tmp_path / "ok")
+    assert m["summary"]["ranks_identical"] is True and m["run"]["world"]["backend"] == "ddp"
+    base["GLOO_SOCKET_IFNAME"] = "docker9"
+    args[-1] = str(tmp_path / "bad")
+    proc = subprocess.run(helpers.torchrun(2, args), cwd=helpers.ROOT, env=base, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0 and "docker9" in proc.stdout + proc.stderr

@@ -109,7 +109,13 @@ def test_invalid_job_files(dev_outputs, tmp_path, capsys):
     good["code"] = str(ROOT)   # the copies live in tmp_path
     cases = {
         "not-yaml.yaml": ("type: command\ncommand: [unclosed", "is not valid YAML"),
-        "no-mpi.yaml": ({**good, "distribution": {"type": "pytorch"}}, "distribution.type must be mpi"),
+        "no-mpi.yaml": ({**good, "distribution": {"type": "tensorflow"}},
+                        "distribution.type must be mpi (Horovod, started by mpirun) or pytorch"),
+        "pytorch-without-ddp.yaml": ({**good, "distribution": {"type": "pytorch"}},
+                                     "distribution.type pytorch starts PyTorch DDP processes, but the command has no "
+                                     "--backend ddp"),
+        "mpi-with-ddp.yaml": ({**good, "command": good["command"] + " --backend ddp"},
+                              "the command trains with --backend ddp, whose processes need the rendezvous"),
         "dangling.yaml": ({**good, "command": good["command"] + " --x ${{inputs.labels}}"},
                           "uses ${{inputs.labels}} but the job declares no input 'labels'"),
         "sdk-rejects.yaml": ({**good, "inputs": {"imagenet": {"type": "uri_folderz", "path": "x"}}},
@@ -194,3 +200,104 @@ def test_healthcheck_job_runs_locally(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "report" / "allreduce.json").read_text())
     assert report["passed"] is True and report["processes"] == 2 and len(report["results"]) == 2
+
+
+# ---- --backend ddp: Azure ML's pytorch distribution, torchrun locally --------------------------------------
+
+DDP_JOBS = ["pytorch-resnet50-synthetic", "pytorch-landcover-unet"]
+
+
+@pytest.mark.parametrize("job", DDP_JOBS)
+@pytest.mark.parametrize("cluster", ["cpu-smoke", "gpu-ib"])
+def test_backend_ddp_renders_a_pytorch_distribution_job(dev_outputs, job, cluster):
+    from azure.ai.ml import PyTorchDistribution
+
+    outs = json.loads(dev_outputs.read_text())
+    source = ROOT / "payloads" / "jobs" / f"{job}.yaml"
+    template = jobspec.with_backend(jobspec.read_template(source), "ddp", source)
+    filled = jobspec.fill(template, stack.load_file(dev_outputs), cluster, 1, None, ["--epochs", "2"])
+    sdk_job = jobspec.validate(filled, source)
+    assert isinstance(sdk_job.distribution, PyTorchDistribution)
+    assert sdk_job.distribution.process_count_per_instance == (outs["clusters"][cluster]["gpus_per_node"] or 1)
+    assert sdk_job.command.endswith("--backend ddp --epochs 2"), sdk_job.command
+    assert sdk_job.tags["backend"] == "ddp"
+    env = sdk_job.environment_variables
+    assert not [k for k in env if k.startswith(("OMPI_", "HOROVOD_"))], "no mpirun, no Horovod in a DDP job"
+    assert env["GLOO_SOCKET_IFNAME"] == "eth0"
+    if cluster == "gpu-ib":
+        assert env["NCCL_IB_DISABLE"] == "0" and env["NCCL_TOPO_FILE"].startswith("/opt/microsoft/")
+    else:
+        assert env["OMP_NUM_THREADS"] == "4"
+    # and back: the Horovod job the file describes
+    again = jobspec.with_backend(template, "horovod", source)
+    assert again["distribution"]["type"] == "mpi" and "--backend" not in again["command"]
+    assert again["command"] == jobspec.read_template(source)["command"]
+
+
+def test_azure_target_sends_the_ddp_job(dev_outputs, monkeypatch):
+    from azure.ai.ml.operations import JobOperations
+
+    sent = {}
+
+    class Created:
+        name, studio_url, status = "job-123", "https://ml.azure.com/runs/job-123", "Completed"
+
+    monkeypatch.setattr(JobOperations, "create_or_update", lambda self, job, **kw: sent.setdefault("job", job) and Created)
+    monkeypatch.setattr(JobOperations, "stream", lambda self, name: None)
+    monkeypatch.setattr(JobOperations, "get", lambda self, name: Created)
+    monkeypatch.setattr("azure.identity.DefaultAzureCredential", lambda **kw: object())
+    job = ROOT / "payloads/jobs/pytorch-resnet50-imagenet.yaml"
+    code = cli.main([str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--nodes", "2",
+                     "--backend", "ddp"])
+    assert code == 0
+    j = sent["job"]
+    assert (j.distribution.type, j.distribution.process_count_per_instance) == ("pytorch", 8)
+    assert j.resources.instance_count == 2 and j.tags["processes"] == "16"
+    assert "--backend ddp" in j.command and "OMPI_MCA_pml" not in j.environment_variables
+
+
+def test_a_hand_written_pytorch_distribution_job_is_read_as_ddp(dev_outputs, tmp_path, capsys):
+    good = yaml.safe_load((ROOT / "payloads/jobs/pytorch-resnet50-synthetic.yaml").read_text())
+    good.update(code=str(ROOT), distribution={"type": "pytorch", "process_count_per_instance": 1},
+                command=good["command"] + " --backend ddp")
+    path = tmp_path / "ddp.yaml"
+    path.write_text(yaml.safe_dump(good))
+    assert cli.main([str(path), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--dry-run"]) == 0
+    resolved = yaml.safe_load(capsys.readouterr().out)
+    assert resolved["distribution"] == {"type": "pytorch", "process_count_per_instance": 8}
+    assert resolved["command"].count("--backend ddp") == 1
+
+
+AZURE = ["--stack-outputs", "<outputs>", "--cluster", "gpu-ib", "--dry-run"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["tensorflow-resnet50-synthetic.yaml", *AZURE, "--backend", "ddp"],
+     "--backend ddp: tensorflow-resnet50-synthetic.yaml does not run a PyTorch training payload"),
+    (["healthcheck-allreduce.yaml", *AZURE, "--backend", "ddp"],
+     "the TensorFlow, Keras and health check jobs run on Horovod only"),
+    (["pytorch-resnet50-synthetic.yaml", *AZURE, "--", "--backend", "ddp"],
+     "--backend after `--` reaches only the payload, not the job's distribution"),
+    (["pytorch-resnet50-synthetic.yaml", "--target", "local", "--controller", "gloo", "--backend", "ddp"],
+     "--controller gloo: the controller is Horovod's; this job trains with PyTorch DDP"),
+])
+def test_backend_misuse_is_refused_before_anything_runs(dev_outputs, capsys, args, message):
+    job, *rest = args
+    rest = [str(dev_outputs) if a == "<outputs>" else a for a in rest]
+    assert cli.main([str(ROOT / "payloads" / "jobs" / job), *rest]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_local_target_runs_the_ddp_job_with_torchrun(tmp_path):
+    out = tmp_path / "out"
+    proc = _launch(["payloads/jobs/pytorch-resnet50-synthetic.yaml", "--target", "local", "--np", "2",
+                    "--backend", "ddp", "--output-dir", str(out), "--", "--model", "tiny_cnn", "--image-size", "16",
+                    "--num-classes", "4", "--synthetic-samples", "64", "--batch-size", "8", "--epochs", "2",
+                    "--workers", "0", "--threads", "1"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "torchrun --standalone --nproc-per-node 2" in proc.stdout
+    metrics = json.loads((out / "run" / "metrics.json").read_text())
+    world = metrics["run"]["world"]
+    assert (world["backend"], world["processes"], world["local_processes"]) == ("ddp", 2, 2)
+    assert metrics["summary"]["ranks_identical"] is True and len(metrics["epochs"]) == 2
+    assert sorted(p.name for p in (out / "run" / "checkpoints").iterdir())[-1] == "checkpoint-epoch-0002.pt"

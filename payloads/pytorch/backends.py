@@ -1,0 +1,288 @@
+"""The collective layer under both PyTorch payloads: Horovod (the default) or PyTorch DDP (--backend ddp).
+
+train.py, segmentation/train.py and runtime.py reach ranks, gradients and collectives through these methods
+only, so the two backends run the same training: the same shards (by global rank), the same averaged
+gradients, the same checkpoints (the plain model's state, never DDP's `module.`-prefixed one).
+
+- Horovod: hvd.DistributedOptimizer averages gradients in the optimizer; ranks come from hvd (horovodrun,
+  mpirun, Azure ML's MPI distribution).
+- DDP: DistributedDataParallel averages them during backward; ranks come from the environment torchrun and
+  Azure ML's PyTorch distribution set (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). NCCL carries
+  GPU tensors and Gloo CPU ones ("cpu:gloo,cuda:nccl"), so the metric sums, which are CPU tensors, and the
+  object collectives work with either; on a CPU, Gloo carries everything.
+
+The one step where they differ (runtime.optimizer_step): under fp16 with a loss scaler, Horovod's gradients
+are averaged only when the optimizer synchronises, so it must synchronise before GradScaler unscales them and
+not again when GradScaler steps; DDP's gradients are already averaged when backward returns.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from contextlib import contextmanager, nullcontext
+from typing import Any, Iterator
+
+import torch
+
+from ..common.config import BACKENDS
+from ..common.errors import ConfigError
+
+# What torchrun (and Azure ML's PyTorch distribution) sets for every process: env:// rendezvous reads them.
+RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+# Set by mpirun / horovodrun: a DDP process started there has no RENDEZVOUS and would train alone.
+MPI_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HOROVOD_RANK")
+
+
+def create(name: str):
+    """The backend named by --backend (not yet initialised)."""
+    if name == "horovod":
+        return Horovod()
+    if name == "ddp":
+        return DDP()
+    raise ConfigError(f"--backend {name!r}: choose {' or '.join(BACKENDS)}")
+
+
+class Horovod:
+    name = "horovod"
+
+    def __init__(self, hvd=None):
+        if hvd is None:
+            import horovod.torch as hvd   # late: --help and config errors need no Horovod
+        self.hvd = hvd
+
+    def init(self) -> None:
+        self.hvd.init()
+
+    def rank(self) -> int:
+        return self.hvd.rank()
+
+    def size(self) -> int:
+        return self.hvd.size()
+
+    def local_rank(self) -> int:
+        return self.hvd.local_rank()
+
+    def local_size(self) -> int:
+        return self.hvd.local_size()
+
+    def check(self, cfg) -> None:
+        cfg.check_adasum_world(self.size(), self.hvd.mpi_enabled())
+
+    def adasum_lr_scale(self, device: torch.device) -> int:
+        """Adasum adds gradients instead of averaging them, so it needs no LR scaling across nodes, only across
+        the GPUs of a node that NCCL averages before Adasum combines the nodes."""
+        return self.local_size() if device.type == "cuda" and self.hvd.nccl_built() else 1
+
+    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, device: torch.device):
+        """(the module to train, the optimizer to step): the model as it is, Horovod's averaging optimizer."""
+        hvd = self.hvd
+        optimizer = hvd.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters(),
+            compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
+            # One allreduce after the N-th backward pass of a step: Horovod's hook counts the passes and
+            # asserts when there are more than this (horovod/torch/optimizer.py, _make_hook). The passes'
+            # gradients add up in p.grad, so the loop weights each micro-batch's loss by its share of the step.
+            backward_passes_per_step=cfg.backward_passes_per_step,
+            op=hvd.Adasum if cfg.adasum else hvd.Average)
+        return model, optimizer
+
+    def accumulate(self, model: torch.nn.Module, last: bool):
+        """Context for one backward pass of a step; Horovod's hooks count the passes themselves."""
+        return nullcontext()
+
+    @contextmanager
+    def averaged(self, optimizer) -> Iterator[None]:
+        """Inside: the gradients are averaged, and stepping does not average them again."""
+        optimizer.synchronize()
+        with optimizer.skip_synchronize():
+            yield
+
+    def broadcast_parameters(self, state: dict[str, torch.Tensor]) -> None:
+        self.hvd.broadcast_parameters(state, root_rank=0)
+
+    def broadcast_optimizer_state(self, optimizer) -> None:
+        # Fresh optimizers on the other ranks have no state; Horovod initialises it with a zero-gradient step
+        # that moves the weights, so the caller broadcasts the parameters after this.
+        self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+    def broadcast_object(self, obj: Any, name: str) -> Any:
+        # Always named: unnamed, Horovod names the broadcast after the object's type, which differs between
+        # rank 0 (the object) and the others (None), and every rank waits forever.
+        return self.hvd.broadcast_object(obj, root_rank=0, name=name)
+
+    def allgather_object(self, obj: Any, name: str) -> list:
+        return self.hvd.allgather_object(obj, name=name)
+
+    def allreduce_sum(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        return self.hvd.allreduce(tensor, op=self.hvd.Sum, name=name)
+
+    def allreduce_mean(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        return self.hvd.allreduce(tensor, op=self.hvd.Average, name=name)
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "horovod_controller": "mpi" if self.hvd.mpi_enabled() else "gloo"}
+
+    def shutdown(self) -> None:
+        self.hvd.shutdown()
+
+
+class DDP:
+    name = "ddp"
+
+    def __init__(self):
+        self._rank = self._size = self._local_rank = self._local_size = None
+        self.process_group = None
+
+    def init(self) -> None:
+        import torch.distributed as dist
+
+        env = os.environ
+        given = [k for k in RENDEZVOUS if k in env]
+        if not given:
+            started_by = [k for k in MPI_MARKERS if k in env]
+            if started_by:
+                raise ConfigError(f"--backend ddp in a process started by mpirun or horovodrun ({started_by[0]} is "
+                                  "set, RANK and WORLD_SIZE are not): start DDP with torchrun --nproc-per-node N, "
+                                  "or on Azure ML with `distribution: type: pytorch` (python -m launcher --backend "
+                                  "ddp); or drop --backend ddp to train with Horovod")
+            # Plain `python -m ...`: a world of one, as Horovod gives without horovodrun.
+            rank, size, local_rank, store = 0, 1, 0, dist.HashStore()
+        else:
+            missing = [k for k in RENDEZVOUS if k not in env]
+            if missing:
+                raise ConfigError(f"--backend ddp: {', '.join(missing)} not set (only {', '.join(given)} are): "
+                                  "torchrun and Azure ML's PyTorch distribution set all of "
+                                  f"{', '.join(RENDEZVOUS)}; start the job with one of them")
+            try:
+                rank, size, local_rank = int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["LOCAL_RANK"])
+            except ValueError:
+                raise ConfigError("--backend ddp: RANK, WORLD_SIZE and LOCAL_RANK must be integers, got "
+                                  f"{env['RANK']!r}, {env['WORLD_SIZE']!r}, {env['LOCAL_RANK']!r}") from None
+            if not (0 <= rank < size and 0 <= local_rank < size):
+                raise ConfigError(f"--backend ddp: RANK {rank}, LOCAL_RANK {local_rank}, WORLD_SIZE {size} are "
+                                  "inconsistent (both ranks from 0 to WORLD_SIZE - 1)")
+            store = None
+        self.process_group = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        if store is None:
+            dist.init_process_group(self.process_group, init_method="env://", rank=rank, world_size=size)
+        else:
+            dist.init_process_group(self.process_group, store=store, rank=rank, world_size=size)
+        self._rank, self._size, self._local_rank = rank, size, local_rank
+        # torchrun sets LOCAL_WORLD_SIZE; Azure ML's PyTorch distribution documents only the variables above,
+        # so without it the processes count the ones on their own host.
+        local = env.get("LOCAL_WORLD_SIZE")
+        if local and local.isdigit():
+            self._local_size = int(local)
+        else:
+            host = socket.gethostname()
+            self._local_size = sum(h == host for h in self.allgather_object(host, "hosts"))
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def local_rank(self) -> int:
+        return self._local_rank
+
+    def local_size(self) -> int:
+        return self._local_size
+
+    def check(self, cfg) -> None:
+        """What DDP cannot do is refused with the configuration (config.TrainConfig.validate): nothing left."""
+
+    def adasum_lr_scale(self, device: torch.device) -> int:
+        raise ConfigError("--adasum is a Horovod option: DDP has no Adasum reduction (use --backend horovod)")
+
+    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, device: torch.device):
+        """(the module to train, the optimizer to step). DDP's constructor broadcasts rank 0's parameters and
+        buffers. forward_sync_buffers=False: as under Horovod, each rank keeps its own batch-norm statistics
+        (DDP's default overwrites them with rank 0's before every forward pass)."""
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                      forward_sync_buffers=False)
+        if cfg.fp16_allreduce:
+            # Each gradient bucket cast to fp16, divided by the world size, summed, cast back: Horovod's
+            # Compression.fp16 on the wire. fp16 (not bf16) on both backends, so --fp16-allreduce means one thing.
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return ddp, optimizer
+
+    def accumulate(self, model: torch.nn.Module, last: bool):
+        """Context for one backward pass of a step: every pass but the last only adds to p.grad (no_sync), the
+        last one's backward averages the sum, the step's one allreduce as under Horovod."""
+        return nullcontext() if last else model.no_sync()
+
+    @contextmanager
+    def averaged(self, optimizer) -> Iterator[None]:
+        """DDP's gradients are averaged when backward returns."""
+        yield
+
+    def broadcast_parameters(self, state: dict[str, torch.Tensor]) -> None:
+        """Rank 0's tensors into every rank's, in place. Through a contiguous copy: Gloo sends only contiguous
+        tensors, and copy_ writes a channels_last parameter back in logical order."""
+        import torch.distributed as dist
+
+        if self._size == 1:
+            return
+        with torch.no_grad():
+            for name in sorted(state):
+                t = state[name]
+                buf = t.detach().contiguous()
+                dist.broadcast(buf, src=0)
+                if buf.data_ptr() != t.data_ptr():
+                    t.copy_(buf)
+
+    def broadcast_optimizer_state(self, optimizer) -> None:
+        """Rank 0's optimizer state (momentum buffers, step counts, param groups) loaded by every other rank.
+        Sent as host tensors: a CUDA tensor would be unpickled onto rank 0's GPU on every rank."""
+        state = self.broadcast_object(_to_cpu(optimizer.state_dict()) if self._rank == 0 else None,
+                                      "optimizer_state")
+        if self._rank != 0:
+            optimizer.load_state_dict(state)
+
+    def broadcast_object(self, obj: Any, name: str) -> Any:
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def allgather_object(self, obj: Any, name: str) -> list:
+        import torch.distributed as dist
+
+        out = [None] * self._size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def allreduce_sum(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        """A new tensor (as Horovod's allreduce returns one): the sum over ranks, on the input's device."""
+        import torch.distributed as dist
+
+        out = tensor.detach().clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out
+
+    def allreduce_mean(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        return self.allreduce_sum(tensor, name).div_(self._size)
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "process_group": self.process_group}
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _to_cpu(value):
+    if torch.is_tensor(value):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value

@@ -44,14 +44,17 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
     endpoints = net.private_endpoint_subnet.id
     # The data accounts admit no VNet (their rules must not name a VNet that dies with this stack): compute
     # reaches them through endpoints created, and deleted, with each life of this stack.
-    links = [PrivateLink("data-blob", group.name, cfg.location, data.data_account.id, "blob", endpoints, dns, tags),
-             PrivateLink("logs-blob", group.name, cfg.location, data.logs_account.id, "blob", endpoints, dns, tags)]
-    if data.nfs is not None:
-        links.append(PrivateLink("nfs", group.name, cfg.location, data.nfs.apply(lambda n: n["account_id"]), "file",
-                                 endpoints, dns, tags))
+    def link(name: str, target_id, group_id: str) -> PrivateLink:
+        return PrivateLink(name, resource_group=group.name, location=cfg.location, target_id=target_id,
+                           group_id=group_id, subnet_id=endpoints, dns=dns, tags=tags)
 
-    registry = Registry("registry", group.name, cfg.location, cfg.prefix, cfg.stack, suffix,
-                        cfg.registry_public_access, tags, endpoints, dns)
+    links = [link("data-blob", data.data_account.id, "blob"), link("logs-blob", data.logs_account.id, "blob")]
+    if data.nfs is not None:
+        links.append(link("nfs", data.nfs.apply(lambda n: n["account_id"]), "file"))
+
+    registry = Registry("registry", resource_group=group.name, location=cfg.location, prefix=cfg.prefix,
+                        stack=cfg.stack, suffix=suffix, public_access=cfg.registry_public_access, tags=tags,
+                        endpoint_subnet_id=endpoints, dns=dns)
     ws = Workspace("ml", resource_group=group.name, location=cfg.location, cfg=cfg, tenant_id=client.tenant_id,
                    random_suffix=rand.result, stable_suffix=suffix, registry_id=registry.registry.id,
                    compute_subnet_id=net.compute_subnet.id, data_storage=data, tags=tags,

@@ -29,7 +29,8 @@ class Registry(pulumi.ComponentResource):
             if dns is None or endpoint_subnet_id is None:
                 raise ValueError("a registry without public access needs endpoint_subnet_id and dns for its "
                                  "private endpoint")
-            self.link = PrivateLink(f"{name}-acr-link", resource_group, location, self.registry.id, "registry",
-                                    endpoint_subnet_id, dns, tags, opts=pulumi.ResourceOptions(parent=self))
+            self.link = PrivateLink(f"{name}-acr-link", resource_group=resource_group, location=location,
+                                    target_id=self.registry.id, group_id="registry", subnet_id=endpoint_subnet_id,
+                                    dns=dns, tags=tags, opts=pulumi.ResourceOptions(parent=self))
         self.login_server = self.registry.login_server
         self.register_outputs({"login_server": self.login_server})

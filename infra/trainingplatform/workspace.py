@@ -47,8 +47,9 @@ class Workspace(pulumi.ComponentResource):
         ready: list[pulumi.Resource] = list(depends_on)   # dependency endpoints the workspace waits for
 
         def link(label: str, target_id, group_id: str) -> PrivateLink:
-            return PrivateLink(f"{name}-{label}-link", resource_group, location, target_id, group_id, endpoint_subnet_id,
-                               dns, tags, opts=child)
+            return PrivateLink(f"{name}-{label}-link", resource_group=resource_group, location=location,
+                               target_id=target_id, group_id=group_id, subnet_id=endpoint_subnet_id, dns=dns,
+                               tags=tags, opts=child)
 
         self.vault = keyvault.Vault(
             f"{name}-kv", vault_name=naming.vault_name(cfg.prefix, cfg.stack, random_suffix),

@@ -6,24 +6,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-import timeit
 
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 import torchvision
 
+from benchmarks import _backend_common as common
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="resnet18")
-    ap.add_argument("--num-classes", type=int, default=100)
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--image-size", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--warmup-batches", type=int, default=10)
-    ap.add_argument("--batches-per-iter", type=int, default=10)
-    ap.add_argument("--iters", type=int, default=5)
+    common.add_loop_args(ap)
     ap.add_argument("--optimizer", choices=("plain", "payload"), default="plain",
                     help="plain: Horovod's benchmark (SGD without momentum); payload: the payload's optimizer "
                          "(payloads.pytorch.runtime.optimizer: momentum and weight decay, fused or foreach)")
@@ -45,8 +39,6 @@ def main() -> None:
     data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
     target = torch.randint(0, args.num_classes, (args.batch_size,))
     if args.fingerprint:
-        from benchmarks import _backend_common as common
-
         data, target = common.batch(args, hvd.rank())
         initial = common.snapshot(model.parameters())
 
@@ -55,12 +47,10 @@ def main() -> None:
         F.cross_entropy(model(data), target).backward()
         optimizer.step()
 
-    timeit.timeit(step, number=args.warmup_batches)
-    rates = [args.batch_size * args.batches_per_iter / timeit.timeit(step, number=args.batches_per_iter)
-             for _ in range(args.iters)]
+    rate = common.timed_rate(step, args)
     if hvd.rank() == 0:
         # One write: under mpirun, print()'s separate newline gets its own "[1,0]<stdout>:" tag.
-        sys.stdout.write(f"loop images/sec: {hvd.size() * sum(rates) / len(rates):.2f}\n")
+        sys.stdout.write(f"loop images/sec: {hvd.size() * rate:.2f}\n")
         sys.stdout.flush()
     if args.fingerprint:
         common.emit({"backend": "horovod", "rank": hvd.rank(), "size": hvd.size(),

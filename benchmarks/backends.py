@@ -28,7 +28,7 @@ import statistics
 import subprocess
 import sys
 
-from benchmarks.horovod_reference import LOCAL, ROOT, _horovodrun
+from benchmarks.horovod_reference import LOCAL, ROOT, horovodrun_command
 from benchmarks._backend_common import MARK
 from launcher.local import controller
 
@@ -44,7 +44,7 @@ def _args(config: dict) -> list[str]:
 
 def command(backend: str, np: int, config: dict) -> tuple[list[str], dict]:
     if backend in ("horovod", "single"):
-        cmd, env = _horovodrun(np)
+        cmd, env = horovodrun_command(np)
         return cmd + [sys.executable, "-m", "benchmarks._horovod_loop", *_args(config), "--fingerprint"], env
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(config["threads"]))
     module, procs = {"ddp": ("benchmarks._ddp_loop", np), "ps": ("benchmarks._ps_rpc", np + 1)}[backend]

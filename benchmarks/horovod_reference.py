@@ -27,7 +27,7 @@ BIN = pathlib.Path(sys.executable).parent
 LOCAL = {"model": "resnet18", "image_size": 64, "num_classes": 100, "batch_size": 16, "threads": 1}
 
 
-def _horovodrun(np: int) -> tuple[list[str], dict]:
+def horovodrun_command(np: int) -> tuple[list[str], dict]:
     from launcher.local import controller, horovodrun_options
 
     flags, fast_env = horovodrun_options(controller("auto"))
@@ -36,7 +36,7 @@ def _horovodrun(np: int) -> tuple[list[str], dict]:
 
 
 def payload(np: int, epochs: int) -> float:
-    cmd, env = _horovodrun(np)
+    cmd, env = horovodrun_command(np)
     with tempfile.TemporaryDirectory() as out:
         args = ["--model", LOCAL["model"], "--image-size", str(LOCAL["image_size"]), "--num-classes",
                 str(LOCAL["num_classes"]), "--batch-size", str(LOCAL["batch_size"]), "--threads", str(LOCAL["threads"]),
@@ -50,7 +50,7 @@ def payload(np: int, epochs: int) -> float:
 
 
 def horovod_loop(np: int, iters: int, optimizer: str = "plain") -> float:
-    cmd, env = _horovodrun(np)
+    cmd, env = horovodrun_command(np)
     args = [f"--{k.replace('_', '-')}={v}" for k, v in LOCAL.items()] + [f"--iters={iters}", f"--optimizer={optimizer}"]
     proc = subprocess.run(cmd + [sys.executable, "-m", "benchmarks._horovod_loop", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1800)

@@ -49,6 +49,13 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, out: pathlib.Path) -> bool:
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def _load(name: str, missing: list[str]) -> dict | None:
     path = RESULTS / name
     if not path.exists():
@@ -100,10 +107,7 @@ def scaling(out: pathlib.Path, missing: list[str]) -> bool:
     ax.set_title(f"Scaling on {_machine()}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, out)
 
 
 def allreduce(out: pathlib.Path, missing: list[str]) -> bool:
@@ -124,10 +128,7 @@ def allreduce(out: pathlib.Path, missing: list[str]) -> bool:
     ax.set_title(f"Allreduce, {n} processes on one machine: {_machine()}")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, out)
 
 
 def planner_seed(out: pathlib.Path) -> bool:
@@ -150,10 +151,7 @@ def planner_seed(out: pathlib.Path) -> bool:
     ax.set_ylabel("images/sec, 32 GPUs (ResNet-50)")
     ax.set_title("Planner vs the seed benchmarks (Horovod, Intel MPI, no NCCL)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, out)
 
 
 def decoders(out: pathlib.Path, missing: list[str]) -> bool:
@@ -177,10 +175,7 @@ def decoders(out: pathlib.Path, missing: list[str]) -> bool:
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend(fontsize=8)
     fig.suptitle(f"JPEG decoders, 1 process x 1 thread: {d['cores']} cores ({d['cpu']}), {d['date']}")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, out)
 
 
 def main(argv=None) -> int:

@@ -55,7 +55,7 @@ class Plan:
 
 
 def from_manifest(path: pathlib.Path) -> DataSet:
-    from payloads.data import manifest
+    from payloads.common import manifest
 
     m = manifest.load_complete(pathlib.Path(path).parent, manifest.read(pathlib.Path(path).parent).format)
     train = m.splits[manifest.TRAIN]

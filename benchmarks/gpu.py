@@ -86,9 +86,9 @@ def payload(args: list[str], env_extra: dict | None = None) -> dict:
 
 
 def shards(work: pathlib.Path, images: int, size: int) -> pathlib.Path:
-    """Pre-resized JPEG shards (payloads.data.prepare) from generated photos-like images."""
+    """Pre-resized JPEG shards (datatools.prepare) from generated photos-like images."""
     from benchmarks.input_pipeline import generate
-    from payloads.data import prepare
+    from datatools import prepare
 
     tree = generate(work / "tree", images, classes=100)
     out = work / "shards"

@@ -127,7 +127,7 @@ def decoder_table(args, tree_dir: pathlib.Path) -> list[tuple[str, str, float, f
     """(decoder, image set, decode images/sec, decode+crop images/sec) on one core, best of --repeats."""
     import torch
 
-    from payloads.data import prepare
+    from datatools import prepare
     from payloads.pytorch import data, decoders
 
     torch.set_num_threads(1)
@@ -236,7 +236,7 @@ def main(argv=None) -> int:
         args.train_model, args.train_image_size, args.train_epochs = "tiny_cnn", 16, 2
         args.decode_images, args.repeats = 16, 1
 
-    from payloads.data import prepare
+    from datatools import prepare
 
     work = args.work_dir or pathlib.Path(tempfile.mkdtemp(prefix="input-pipeline-"))
     t = time.perf_counter()
@@ -248,9 +248,9 @@ def main(argv=None) -> int:
     rows = decoder_table(args, tree_dir)
     if args.json:
         import platform
-        from .report import _cpu
+        from .report import cpu_model
         args.json.write_text(json.dumps({
-            "date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "cpu": _cpu(),
+            "date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "cpu": cpu_model(),
             "command": "python -m benchmarks.input_pipeline " + " ".join(argv if argv is not None else sys.argv[1:]),
             "python": platform.python_version(), "image_size": args.image_size,
             "rows": [{"decoder": d, "images": s, "decode_per_core": r1, "decode_crop_per_core": r2}

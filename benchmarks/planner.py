@@ -31,8 +31,7 @@ import pathlib
 import sys
 from dataclasses import dataclass, replace
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "infra"))
-from trainingplatform import vm_sizes  # noqa: E402
+from trainingplatform import vm_sizes
 
 RESNET50_BYTES = 25_557_032 * 4     # fp32 gradients of torchvision/Keras ResNet-50
 COUNTS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
@@ -201,11 +200,11 @@ def check_seed(plot: pathlib.Path | None) -> int:
             worst = max(worst, abs(err))
     print(f"worst error on the checked GPUs: {worst * 100:.1f}%")
     if plot:
-        _plot(plot, t)
+        plot_efficiency(plot, t)
     return 0
 
 
-def _plot(path: pathlib.Path, host: Transport) -> None:
+def plot_efficiency(path: pathlib.Path, host: Transport) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -241,7 +240,7 @@ def _plot(path: pathlib.Path, host: Transport) -> None:
 
 
 # The land-cover seed: 148 GPUs (and near-linear speed-up to 64), here as a U-Net with a ResNet-34 encoder on
-# 256 px four-band patches, batch 16 per GPU (the job payloads/jobs/pytorch-landcover-unet.yaml). No GPU has
+# 256 px four-band patches, batch 16 per GPU (the job jobs/pytorch-landcover-unet.yaml). No GPU has
 # run it yet, so the single-GPU rate is bracketed from the model's counted FLOPs at 15% and 30% of the H100's
 # dense FP16 tensor peak (989 TFLOPS, NVIDIA H100 SXM datasheet): an assumption, not a measurement.
 H100_FP16_FLOPS = 989e12

@@ -190,7 +190,7 @@ def main(argv=None) -> int:
         ("allreduce.png", allreduce(args.out / "allreduce.png", missing)),
         ("planner-seed.png", planner_seed(args.out / "planner-seed.png")),
         ("decoders.png", decoders(args.out / "decoders.png", missing))) if ok]
-    planner._plot(args.out / "efficiency.png", planner.calibrate())
+    planner.plot_efficiency(args.out / "efficiency.png", planner.calibrate())
     drawn.append("efficiency.png")
     for name in drawn:
         print(f"wrote {args.out / name}")

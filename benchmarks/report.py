@@ -40,11 +40,11 @@ def run_all() -> None:
     subprocess.run(py + ["benchmarks.scaling", "--config", "landcover", "--payload", "segmentation",
                          "--json", str(RESULTS / "scaling-landcover.json")], check=True)
     (RESULTS / "machine.json").write_text(json.dumps({
-        "host": platform.node(), "cores": os.cpu_count(), "cpu": _cpu(), "python": platform.python_version(),
+        "host": platform.node(), "cores": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
         "date": dt.date.today().isoformat()}, indent=2))
 
 
-def _cpu() -> str:
+def cpu_model() -> str:
     try:
         for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -69,7 +69,7 @@ def _landcover_tiles() -> pathlib.Path:
     """Synthetic four-band tiles cut into 16 blocks of 256 px, made once per benchmark run (what
     scripts/train-landcover trains on)."""
     if not _TILES:
-        from payloads.segmentation import prepare, synthetic
+        from datatools.landcover import prepare, synthetic
 
         root = pathlib.Path(tempfile.mkdtemp(prefix="landcover-bench-"))
         pairs = synthetic.write_tiles(root / "raw", 5, 512, 512, 6)

@@ -20,7 +20,7 @@ def parser() -> argparse.ArgumentParser:
         "Fill a job definition from the stack outputs, validate it offline with azure-ai-ml, then submit it "
         "to Azure ML, run it here with horovodrun, or print it with its hourly cost. "
         "Checks against Azure: python -m launcher preflight|doctor --help (docs/preflight-and-doctor.md)."))
-    p.add_argument("job", type=pathlib.Path, help="a job definition, e.g. payloads/jobs/pytorch-resnet50-synthetic.yaml")
+    p.add_argument("job", type=pathlib.Path, help="a job definition, e.g. jobs/pytorch-resnet50-synthetic.yaml")
     p.add_argument("--target", choices=("azureml", "local"), default="azureml")
     p.add_argument("--dry-run", action="store_true", help="print the resolved job and its hourly cost; submit nothing")
     p.add_argument("--backend", choices=jobspec.BACKENDS, default=None,

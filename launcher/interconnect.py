@@ -25,7 +25,7 @@ from __future__ import annotations
 from .errors import JobError
 
 # The catalog is a plain module (no Pulumi import): the same facts the stack was built from.
-from infra.trainingplatform import vm_sizes  # noqa: E402  (namespace package from the repository root)
+from trainingplatform import vm_sizes
 
 # Horovod's background thread runs a coordination collective every cycle; Open MPI busy-polls in it by
 # default, taking the core from the training thread when the processes use every core (CPU training).

@@ -1,4 +1,4 @@
-"""Job definitions: templates in payloads/jobs/, filled from the stack outputs, validated with azure-ai-ml.
+"""Job definitions: templates in jobs/, filled from the stack outputs, validated with azure-ai-ml.
 
 A template is an Azure ML v2 command job (what `az ml job create -f` takes) with tokens the stack fills
 in: <<registry>> (login server), <<data>> and <<logs>> (datastore names), and the compute, node count and
@@ -41,7 +41,7 @@ DDP_PAYLOADS = re.compile(r"-m\s+payloads\.(pytorch|segmentation)\.train\b")
 
 def read_template(path: pathlib.Path) -> dict:
     if not path.is_file():
-        raise JobError(f"job file {path} not found: the job definitions are in payloads/jobs/")
+        raise JobError(f"job file {path} not found: the job definitions are in jobs/")
     try:
         job = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
@@ -260,7 +260,7 @@ def earlier_output_path(recorded: str, earlier: str) -> str:
 
 def retired_size(vm_size: str, cluster_name: str) -> None:
     """A stack outputs file older than a size's retirement still names it: no job can run there."""
-    from infra.trainingplatform import vm_sizes   # the catalog the stack itself validates against
+    from trainingplatform import vm_sizes   # the catalog the stack itself validates against
 
     size = vm_sizes.lookup(vm_size)
     if size is not None and size.retired is not None and size.retired <= dt.date.today():

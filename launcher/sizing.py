@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from .errors import JobError
 
-from infra.trainingplatform import vm_sizes  # noqa: E402  (the catalog the stack was built from)
+from trainingplatform import vm_sizes  # the catalog the stack was built from
 
 BATCH = "<<batch_size>>"
 WORKERS = "<<workers>>"

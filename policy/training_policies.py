@@ -12,8 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "infra"))
-from trainingplatform import vm_sizes  # noqa: E402  (one catalog for config checks and policies)
+from trainingplatform import vm_sizes  # one catalog for config checks and policies (infra/pyproject.toml)
 
 STORAGE = "azure-native:storage:StorageAccount"
 REGISTRY = "azure-native:containerregistry:Registry"

@@ -1,15 +1,8 @@
-import pathlib
-import sys
+# Tests import the checkout's packages through pytest.ini's `pythonpath`, and `trainingplatform` as installed
+# (infra/pyproject.toml, editable: toolchain/bootstrap.sh).
+import ctypes
 
-# Tests import the project's packages (payloads, infra/trainingplatform, policy) from the checkout.
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "infra", ROOT / "policy", pathlib.Path(__file__).parent):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-import ctypes  # noqa: E402
-
-import pytest  # noqa: E402
+import pytest
 
 _libc = ctypes.CDLL(None)
 _libc.getenv.restype = ctypes.c_char_p

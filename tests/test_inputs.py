@@ -13,7 +13,7 @@ from PIL import Image
 
 from payloads.common import config, sharding
 from payloads.common.errors import ConfigError
-from payloads.data import prepare
+from datatools import prepare
 from payloads.pytorch import data, decoders, inputs, shards
 
 CPU = torch.device("cpu")

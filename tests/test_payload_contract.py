@@ -23,7 +23,7 @@ SUMMARY_KEYS = {"epochs_run", "images", "train_seconds", "total_images_per_sec",
 
 @pytest.fixture(scope="module")
 def tiles(tmp_path_factory):
-    from payloads.segmentation import prepare, synthetic
+    from datatools.landcover import prepare, synthetic
 
     root = tmp_path_factory.mktemp("tiles")
     pairs = synthetic.write_tiles(root / "raw", 2, 64, 64, 6)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from helpers import final_weights, metrics, train
-from payloads.segmentation import data, labels, models, prepare, synthetic, tiling
+from datatools.landcover import prepare, synthetic
+from payloads.segmentation import data, labels, models, tiling
 from payloads.segmentation.train import pixel_loss
 
 PATCH, BATCH = 32, 8
@@ -257,5 +258,5 @@ def test_a_damaged_block_stops_every_rank_before_training(tiles, tmp_path):
     proc = seg(2, SEG + ["--data-dir", str(damaged), "--batch-size", "8", "--epochs", "1", "--output-dir", str(out)],
                check=False)
     assert proc.returncode != 0
-    assert f"cannot read block {block}" in proc.stderr and "payloads.segmentation.prepare" in proc.stderr, proc.stderr[-3000:]
+    assert f"cannot read block {block}" in proc.stderr and "datatools.landcover.prepare" in proc.stderr, proc.stderr[-3000:]
     assert not (out / "checkpoints").exists() and not (out / "metrics.json").exists()

@@ -106,9 +106,9 @@ def _images(root, classes=3, per_class=8, size=20):
 
 
 def _write_shards(images, shards_dir, shards=3):
-    """The data line's writer (python -m payloads.data.prepare --formats tfrecord); returns the folder the
+    """The data line's writer (python -m datatools.prepare --formats tfrecord); returns the folder the
     TensorFlow payloads read (--data-dir)."""
-    from payloads.data import prepare
+    from datatools import prepare
 
     prepare.run(images, shards_dir, shards=shards, formats=["tfrecord"], workers=1, progress=False)
     return shards_dir / "tfrecord"
@@ -158,7 +158,7 @@ def test_truncated_or_missing_shards_are_named(tmp_path):
     f.write_bytes(f.read_bytes()[:-7])
     with pytest.raises(ConfigError, match="truncated in record 6"):
         tfrecords.count_records(f)
-    with pytest.raises(ConfigError, match="no TFRecord shards named train-.*payloads.data.prepare"):
+    with pytest.raises(ConfigError, match="no TFRecord shards named train-.*datatools.prepare"):
         tfrecords.find(tmp_path / "images")
 
 

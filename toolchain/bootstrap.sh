@@ -64,6 +64,8 @@ if ! compgen -G "$VENV/lib/python3*/site-packages/torch" >/dev/null; then
 fi
 log "installing requirements.txt (torch is a large download on a machine without a local copy)"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$ROOT/requirements.txt" -c "$ROOT/constraints.txt" 2>&1 | quiet
+# The platform's library (infra/pyproject.toml): `import trainingplatform` for the launcher, policy and tests.
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e "$ROOT/infra" 2>&1 | quiet
 
 WHEEL=$(PYTHON="$VENV/bin/python" "$ROOT/toolchain/build_horovod.sh" | tail -1)
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$WHEEL" 2>&1 | quiet

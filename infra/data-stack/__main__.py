@@ -7,8 +7,7 @@ import sys
 
 import pulumi
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))   # infra/, for the trainingplatform package
-from trainingplatform import dataconfig, datastack  # noqa: E402
+from trainingplatform import dataconfig, datastack  # installed from infra/ (docs/deploying.md#deploy)
 
 settings = dataconfig.from_pulumi()   # raises with every config problem listed, before anything is declared
 for key, value in datastack.build(settings).items():

@@ -34,7 +34,7 @@ class Network:
     # False: the NSG filters inbound only; outbound goes anywhere through the NAT gateway.
     restrict_outbound: bool = False
     # Subnets (full resource ids) admitted by the workspace storage and Key Vault firewalls: the way in for
-    # machines in the same Azure region, which IP rules do not admit (see _client_ips).
+    # machines in the same Azure region, which IP rules do not admit (see read_client_ips).
     allowed_subnet_ids: tuple[str, ...] = ()
 
 
@@ -96,10 +96,10 @@ class PlatformConfig:
 
 
 _LOCATION = re.compile(r"^[a-z]+[a-z0-9]*$")
-_PREFIX = re.compile(r"^[a-z][a-z0-9]{1,7}$")
+PREFIX_NAME = re.compile(r"^[a-z][a-z0-9]{1,7}$")
 _CLUSTER = re.compile(r"^[a-zA-Z][a-zA-Z0-9-]{1,14}[a-zA-Z0-9]$")   # AML: 3-16 chars
-_CONTAINER = re.compile(r"^[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]$")
-_SHARE = _CONTAINER
+CONTAINER_NAME = re.compile(r"^[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]$")
+SHARE_NAME = CONTAINER_NAME
 _GUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _STACK_REF = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 # A subnet's ARM id. Resource group: 1-90 letters, digits, _ - . ( ) not ending in a period; VNet 2-64 and
@@ -130,7 +130,7 @@ PRINCIPAL_KEYS = ("objectId", "type")
 _MOVED = ("storage", "nfs")
 
 
-class _Reader:
+class Reader:
     """Pulls typed values out of nested dicts, recording problems instead of stopping at the first."""
 
     def __init__(self):
@@ -181,7 +181,7 @@ class _Reader:
         return value
 
 
-def _network(r: _Reader, raw: dict, key: str) -> Network | None:
+def _network(r: Reader, raw: dict, key: str) -> Network | None:
     n = r.get(raw, key, "", dict, allowed="vnetCidr, computeSubnetCidr and privateEndpointSubnetCidr")
     if n is None:
         return None
@@ -210,8 +210,8 @@ def _network(r: _Reader, raw: dict, key: str) -> Network | None:
                   f"overlaps computeSubnetCidr {nets['computeSubnetCidr']}; subnets must not overlap")
         if nets["privateEndpointSubnetCidr"].num_addresses < 16:
             r.bad(p + "privateEndpointSubnetCidr", str(nets["privateEndpointSubnetCidr"]), "needs /28 or larger")
-    ips = _client_ips(r, n, p)
-    subnets = _subnet_ids(r, n, p)
+    ips = read_client_ips(r, n, p)
+    subnets = read_subnet_ids(r, n, p)
     restrict = r.get(n, "restrictOutbound", p, bool, False)
     if len(nets) < 3:
         return None
@@ -220,7 +220,7 @@ def _network(r: _Reader, raw: dict, key: str) -> Network | None:
                    restrict_outbound=restrict, allowed_subnet_ids=subnets)
 
 
-def _client_ips(r: _Reader, n: dict, p: str) -> tuple[str, ...]:
+def read_client_ips(r: Reader, n: dict, p: str) -> tuple[str, ...]:
     """Public IPv4 addresses or ranges the storage and Key Vault firewalls admit.
 
     Azure Storage's rules (https://learn.microsoft.com/azure/storage/common/storage-network-security,
@@ -260,7 +260,7 @@ def _client_ips(r: _Reader, n: dict, p: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _subnet_ids(r: _Reader, n: dict, p: str) -> tuple[str, ...]:
+def read_subnet_ids(r: Reader, n: dict, p: str) -> tuple[str, ...]:
     """Subnets admitted by VNet rules (service endpoints): the way in from the storage account's own region.
 
     Azure takes a subnet's full resource id; the subnet needs the Microsoft.Storage service endpoint
@@ -286,7 +286,7 @@ def _subnet_ids(r: _Reader, n: dict, p: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _users(r: _Reader, raw: dict) -> tuple[Principal, ...] | None:
+def read_users(r: Reader, raw: dict) -> tuple[Principal, ...] | None:
     items = r.get(raw, "users", "", list, None, "a list of {objectId, type} (type: User, Group or ServicePrincipal)")
     if items is None:
         return None
@@ -312,7 +312,7 @@ def _users(r: _Reader, raw: dict) -> tuple[Principal, ...] | None:
     return tuple(out)
 
 
-def _clusters(r: _Reader, raw: dict, today: dt.date) -> tuple[Cluster, ...]:
+def _clusters(r: Reader, raw: dict, today: dt.date) -> tuple[Cluster, ...]:
     items = r.get(raw, "clusters", "", list, allowed="a list of {name, vmSize, minNodes, maxNodes, ...}")
     if items is None:
         return ()
@@ -358,7 +358,7 @@ def _clusters(r: _Reader, raw: dict, today: dt.date) -> tuple[Cluster, ...]:
     return tuple(out)
 
 
-def location_and_subscription(r: _Reader, location: str | None, subscription_id: str | None, where: str = "") -> None:
+def location_and_subscription(r: Reader, location: str | None, subscription_id: str | None, where: str = "") -> None:
     """The two azure-native settings a stack must set: the region, and the subscription its names hash."""
     if not location:
         r.problems.append("azure-native:location is missing: set the Azure region, e.g. "
@@ -380,11 +380,11 @@ def load(raw: dict, stack: str, location: str | None, subscription_id: str | Non
          today: dt.date | None = None) -> PlatformConfig:
     """Validate the project's config dict (keys without the project prefix) for `stack`."""
     today = today or dt.date.today()
-    r = _Reader()
+    r = Reader()
     location_and_subscription(r, location, subscription_id)
     r.known(raw, "", PLATFORM_KEYS, also=_MOVED)
     prefix = r.get(raw, "prefix", "", str, allowed="2-8 lowercase letters and digits, starting with a letter")
-    if prefix is not None and not _PREFIX.match(prefix):
+    if prefix is not None and not PREFIX_NAME.match(prefix):
         r.bad("prefix", prefix, "2-8 lowercase letters and digits, starting with a letter (it goes into "
               "storage account names)")
     network = _network(r, raw, "network")
@@ -393,7 +393,7 @@ def load(raw: dict, stack: str, location: str | None, subscription_id: str | Non
             r.problems.append(f"{moved} is set in the platform's stack file, but the durable data has a stack of its "
                               f"own now: move the key to infra/data-stack/Pulumi.<stack>.yaml (as "
                               f"azure-horovod-training-data:{moved}) and remove it here (docs/deploying.md#two-stacks)")
-    users = _users(r, raw)
+    users = read_users(r, raw)
     mount_nfs = r.get(raw, "mountNfs", "", bool, True)
     data_stack = r.get(raw, "dataStack", "", str, None)
     if data_stack is not None and not _STACK_REF.match(data_stack):
@@ -435,7 +435,7 @@ def load(raw: dict, stack: str, location: str | None, subscription_id: str | Non
         warnings=tuple(r.warnings), access=access)
 
 
-def _image_build_cluster(r: _Reader, raw: dict, clusters: tuple[Cluster, ...]) -> str | None:
+def _image_build_cluster(r: Reader, raw: dict, clusters: tuple[Cluster, ...]) -> str | None:
     """The cluster Azure ML builds images on. Azure ML builds on a CPU cluster only ("Only a CPU SKU is
     supported": https://learn.microsoft.com/azure/machine-learning/how-to-secure-workspace-vnet, "Enable Azure
     Container Registry (ACR)"); a GPU cluster here would fail the first image build, after deployment."""
@@ -526,7 +526,7 @@ class AccessConfig:
         return (m.group(1).lower(), m.group(2), m.group(3)) if m else None
 
 
-def _access(r: _Reader, raw: dict, network: Network | None, workspace_public: bool) -> AccessConfig | None:
+def _access(r: Reader, raw: dict, network: Network | None, workspace_public: bool) -> AccessConfig | None:
     a = r.get(raw, "access", "", dict, None, "a mapping {mode: bastion|hub|none, ...}")
     p = "access."
     if a is None:

@@ -10,12 +10,12 @@ import re
 from dataclasses import dataclass
 
 from . import config
-from .config import ConfigError, Principal, _Reader
+from .config import ConfigError, Principal, Reader
 
 PROJECT = "azure-horovod-training-data"
 
-_CONTAINER = config._CONTAINER
-_SHARE = config._SHARE
+CONTAINER_NAME = config.CONTAINER_NAME
+SHARE_NAME = config.SHARE_NAME
 # Resource group names: 1-90 letters, digits, underscores, hyphens, periods and parentheses, not ending in
 # a period (learn.microsoft.com/azure/azure-resource-manager/management/resource-name-rules, resourcegroups).
 _GROUP = re.compile(r"^[-\w.()]{0,89}[-\w()]$")
@@ -62,14 +62,14 @@ class DataConfig:
     warnings: tuple[str, ...] = ()
 
 
-def _storage(r: _Reader, raw: dict) -> Storage:
+def _storage(r: Reader, raw: dict) -> Storage:
     s = r.get(raw, "storage", "", dict, {})
     p = "storage."
     r.known(s, p, STORAGE_KEYS, also=("retainOnDelete",))
     data = r.get(s, "dataContainer", p, str, "training-data")
     logs = r.get(s, "logsContainer", p, str, "logs")
     for k, v in (("dataContainer", data), ("logsContainer", logs)):
-        if v is not None and not _CONTAINER.match(v):
+        if v is not None and not CONTAINER_NAME.match(v):
             r.bad(p + k, v, "3-63 lowercase letters, digits and single hyphens")
     repl = r.choice(s, "replication", p, "LRS", ("LRS", "ZRS"),
                     "LRS or ZRS (premium block blob and file storage offer no geo-replication)")
@@ -78,13 +78,13 @@ def _storage(r: _Reader, raw: dict) -> Storage:
     return Storage(data_container=data, logs_container=logs, replication=repl, soft_delete_days=days)
 
 
-def _nfs(r: _Reader, raw: dict) -> Nfs:
+def _nfs(r: Reader, raw: dict) -> Nfs:
     n = r.get(raw, "nfs", "", dict, {})
     p = "nfs."
     r.known(n, p, NFS_KEYS, also=("retainOnDelete",))
     enabled = r.get(n, "enabled", p, bool, True)
     share = r.get(n, "shareName", p, str, "shared")
-    if share is not None and not _SHARE.match(share):
+    if share is not None and not SHARE_NAME.match(share):
         r.bad(p + "shareName", share, "3-63 lowercase letters, digits and single hyphens")
     quota = r.within(n, "quotaGiB", p, 100, 100, 102400, "premium NFS shares take 100 to 102400 GiB")
     squash = r.choice(n, "rootSquash", p, "RootSquash", ("RootSquash", "NoRootSquash", "AllSquash"),
@@ -93,7 +93,7 @@ def _nfs(r: _Reader, raw: dict) -> Nfs:
     return Nfs(enabled=enabled, share_name=share, quota_gib=quota, root_squash=squash)
 
 
-def _retired_retain_key(r: _Reader, d: dict, p: str) -> None:
+def _retired_retain_key(r: Reader, d: dict, p: str) -> None:
     # A silently ignored "retainOnDelete: false" would let a user believe `pulumi destroy` removes the data.
     if "retainOnDelete" in d:
         r.bad(p + "retainOnDelete", d["retainOnDelete"], "no longer a setting: the data stack's resources are always "
@@ -101,18 +101,18 @@ def _retired_retain_key(r: _Reader, d: dict, p: str) -> None:
 
 
 def load(raw: dict, stack: str, location: str | None, subscription_id: str | None = None) -> DataConfig:
-    r = _Reader()
+    r = Reader()
     config.location_and_subscription(r, location, subscription_id, " in infra/data-stack")
     r.known(raw, "", DATA_KEYS)
     prefix = r.get(raw, "prefix", "", str, allowed="2-8 lowercase letters and digits, starting with a letter")
-    if prefix is not None and not config._PREFIX.match(prefix):
+    if prefix is not None and not config.PREFIX_NAME.match(prefix):
         r.bad("prefix", prefix, "2-8 lowercase letters and digits, starting with a letter (it goes into "
               "storage account names)")
-    ips = config._client_ips(r, raw, "")
-    subnets = config._subnet_ids(r, raw, "")
+    ips = config.read_client_ips(r, raw, "")
+    subnets = config.read_subnet_ids(r, raw, "")
     storage = _storage(r, raw)
     nfs = _nfs(r, raw)
-    users = config._users(r, raw)
+    users = config.read_users(r, raw)
     group = r.get(raw, "resourceGroupName", "", str, None)
     if group is not None and not _GROUP.match(group):
         r.bad("resourceGroupName", group, "1-90 letters, digits, _ - . ( ), not ending in a period (Azure's rule)")

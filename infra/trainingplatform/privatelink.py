@@ -35,7 +35,7 @@ ZONES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _slug(zone_name: str) -> str:
+def zone_slug(zone_name: str) -> str:
     return zone_name.replace(".", "-")
 
 
@@ -58,7 +58,7 @@ class PrivateDnsZones(pulumi.ComponentResource):
     def ensure(self, zone_name: str) -> privatedns.PrivateZone:
         if zone_name not in self.zones:
             child = pulumi.ResourceOptions(parent=self)
-            slug = _slug(zone_name)
+            slug = zone_slug(zone_name)
             zone = privatedns.PrivateZone(f"{self._name}-{slug}", private_zone_name=zone_name,
                                           resource_group_name=self._resource_group, location="Global",
                                           tags=self._tags, opts=child)
@@ -98,7 +98,7 @@ class PrivateLink(pulumi.ComponentResource):
         self.zone_group = network.PrivateDnsZoneGroup(
             f"{name}-zone-group", private_endpoint_name=self.endpoint.name, resource_group_name=resource_group,
             private_dns_zone_group_name="default",
-            private_dns_zone_configs=[network.PrivateDnsZoneConfigArgs(name=_slug(z), private_dns_zone_id=zone.id)
+            private_dns_zone_configs=[network.PrivateDnsZoneConfigArgs(name=zone_slug(z), private_dns_zone_id=zone.id)
                                       for z, zone in zip(zone_names, zones)],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[dns.links[z] for z in zone_names]))
         self.ready: list[pulumi.Resource] = [self.endpoint, self.zone_group]

@@ -56,7 +56,7 @@ def secure_account(name: str, account_name: pulumi.Input[str], resource_group, l
         tags=tags, opts=opts, **extra)
 
 
-# Jobs write their outputs to runs/<job>/<job name>/ in the logs container (payloads/jobs/*.yaml), checkpoints
+# Jobs write their outputs to runs/<job>/<job name>/ in the logs container (jobs/*.yaml), checkpoints
 # under checkpoints/ there. With versioning on, every checkpoint the payload overwrites or rotates out (it
 # keeps the newest --keep-checkpoints) stays as a previous version: about 200 MB per ResNet-50 epoch, tens of
 # GB for one 90-epoch run, kept forever. The rule below deletes previous versions under runs/ once they are

@@ -28,7 +28,7 @@ import pulumi_random as random
 from pulumi_azure_native import compute, dnsresolver, network, privatedns
 
 from .config import AccessConfig
-from .privatelink import PrivateDnsZones, _slug
+from .privatelink import PrivateDnsZones, zone_slug
 
 # Azure Bastion's subnet must have exactly this name (https://learn.microsoft.com/azure/bastion/configuration-settings#subnet).
 BASTION_SUBNET = "AzureBastionSubnet"
@@ -174,7 +174,7 @@ class WayIn(pulumi.ComponentResource):
         # Clients in the hub resolve the private endpoints only through zones linked to the hub VNet.
         for zone_name, zone in dns.zones.items():
             self.zone_links[zone_name] = privatedns.VirtualNetworkLink(
-                f"{self._name}-{_slug(zone_name)}-hub-link", private_zone_name=zone.name, resource_group_name=self._rg,
+                f"{self._name}-{zone_slug(zone_name)}-hub-link", private_zone_name=zone.name, resource_group_name=self._rg,
                 location="Global", registration_enabled=False,
                 virtual_network=privatedns.SubResourceArgs(id=cfg.hub_vnet_id), tags=self._tags, opts=child)
         if cfg.resolver_subnet_cidr:

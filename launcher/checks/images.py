@@ -12,7 +12,7 @@ from .arm import describe
 from .findings import FAIL, OK, Finding
 from .stackfile import ROOT
 
-JOBS = ROOT / "payloads" / "jobs"
+JOBS = ROOT / "jobs"
 TOKEN = "<<registry>>/"
 
 

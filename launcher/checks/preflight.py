@@ -6,7 +6,7 @@ import sys
 
 from azure.core.exceptions import AzureError, ClientAuthenticationError
 
-from infra.trainingplatform import naming
+from trainingplatform import naming
 
 from . import providers, quota, roles, subscription
 from .arm import SIGN_IN, Arm, describe

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from infra.trainingplatform import config
+from trainingplatform import config
 
 from ..errors import JobError
 

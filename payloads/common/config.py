@@ -98,8 +98,8 @@ class TrainConfig:
         if self.data not in data_kinds:
             hint = {"tfrecord": " (TFRecord shards are read by the TensorFlow and Keras payloads)",
                     "shards": " (WebDataset shards are read by the PyTorch payload; here use --data tfrecord "
-                              "on the tfrecord folder that payloads.data.prepare writes beside them)",
-                    "imagefolder": " (convert class folders to TFRecord shards: python -m payloads.data.prepare "
+                              "on the tfrecord folder that datatools.prepare writes beside them)",
+                    "imagefolder": " (convert class folders to TFRecord shards: python -m datatools.prepare "
                                     "--formats tfrecord, then --data-dir OUTPUT/tfrecord)",
                     }.get(self.data, "")
             raise ConfigError(f"unknown --data {self.data!r}: choose {' or '.join(data_kinds)}{hint}")
@@ -110,7 +110,7 @@ class TrainConfig:
                               "optionally validation-*)")
         if self.data == "shards" and self.data_dir is None:
             raise ConfigError("--data shards needs --data-dir: the webdataset folder written by "
-                              "python -m payloads.data.prepare (local, downloaded or an Azure ML mount)")
+                              "python -m datatools.prepare (local, downloaded or an Azure ML mount)")
         if self.data == "synthetic" and self.data_dir is not None:
             raise ConfigError("--data-dir was given with --data synthetic: add --data imagefolder to train on it")
         _positive(self, "epochs", "image_size", "synthetic_samples", "num_classes", "backward_passes_per_step")
@@ -245,10 +245,10 @@ class Group:
 
 DATA_DIR_HELP = {
     "imagefolder": "imagefolder: root/<class>/<image>, or root/train and root/val in that layout",
-    "shards": "shards: a WebDataset folder with manifest.json (python -m payloads.data.prepare)",
-    "tfrecord": "tfrecord: a folder of train-* (and validation-*) TFRecord shards (python -m payloads.data.prepare "
+    "shards": "shards: a WebDataset folder with manifest.json (python -m datatools.prepare)",
+    "tfrecord": "tfrecord: a folder of train-* (and validation-*) TFRecord shards (python -m datatools.prepare "
                 "--formats tfrecord writes one: its tfrecord/ folder)",
-    "tiles": "a folder made by python -m payloads.segmentation.prepare (blocks and manifest.json)",
+    "tiles": "a folder made by python -m datatools.landcover.prepare (blocks and manifest.json)",
 }
 
 

@@ -1,4 +1,4 @@
-"""Read WebDataset tar shards (python -m payloads.data.prepare) from a local folder or an Azure ML mount.
+"""Read WebDataset tar shards (python -m datatools.prepare) from a local folder or an Azure ML mount.
 
 Split by rank, fixed for the whole run so a rank can keep its part in memory (the land-cover project's
 "load once, read from memory"):
@@ -39,8 +39,8 @@ import numpy as np
 import torch
 
 from ..common.errors import ConfigError
-from ..data import manifest
-from ..data.manifest import TRAIN, VALIDATION, WEBDATASET
+from ..common import manifest
+from ..common.manifest import TRAIN, VALIDATION, WEBDATASET
 from . import decoders
 from .data import Transform, collate, normalize  # noqa: F401 - Transform: the augmentation shards use
 
@@ -130,13 +130,13 @@ def read_shard(path: pathlib.Path) -> Iterator[Sample]:
                 data = s.get("jpg") or s.get("png") or s.get("jpeg")
                 if data is None or "cls" not in s:
                     raise ConfigError(f"{path}: sample {s['__key__']} lacks an image or a .cls label: prepare the "
-                                      "shards with python -m payloads.data.prepare")
+                                      "shards with python -m datatools.prepare")
                 yield Sample(s["__key__"], int(s["cls"]), data)
         except Exception as e:  # noqa: BLE001 - tarfile and webdataset raise many kinds for a damaged file
             if isinstance(e, ConfigError):
                 raise
             raise ConfigError(f"shard {path} is damaged ({type(e).__name__}: {e}): download or prepare it again "
-                              "(payloads.data.transfer download verifies checksums)") from None
+                              "(datatools.transfer download verifies checksums)") from None
 
 
 def shuffled(stream: Iterator[Sample], buffer: int, rng: np.random.Generator) -> Iterator[Sample]:

@@ -26,7 +26,7 @@ import torch
 from ..common.errors import ConfigError
 from . import labels as lab
 from .models import BANDS
-from .prepare import FORMAT, MANIFEST
+from .tiling import FORMAT, MANIFEST
 from .tiling import windows
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class Manifest:
     @classmethod
     def load(cls, root: pathlib.Path) -> "Manifest":
         path = root / MANIFEST
-        hint = "cut the rasters into blocks first: python -m payloads.segmentation.prepare --output-dir DIR ..."
+        hint = "cut the rasters into blocks first: python -m datatools.landcover.prepare --output-dir DIR ..."
         if not root.is_dir():
             raise ConfigError(f"--data-dir {root} is not a folder: {hint}")
         if not path.is_file():
@@ -62,7 +62,7 @@ class Manifest:
                 e["height"], e["width"], e["image"], e["labels"]   # noqa: B018 - every entry complete
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"{path} is not a manifest this payload reads ({type(e).__name__}: {e}): "
-                              "prepare the data again with python -m payloads.segmentation.prepare") from None
+                              "prepare the data again with python -m datatools.landcover.prepare") from None
         if not self.train:
             raise ConfigError(f"{path} lists no training block: prepare with at least one --train pair")
         return self
@@ -73,7 +73,7 @@ def read_block(root: pathlib.Path, entry: dict, num_classes: int, m_dtype: str =
     import rasterio
     from rasterio.errors import RasterioError
 
-    fix = "the prepared data is damaged: restore the file or prepare the data again (python -m payloads.segmentation.prepare)"
+    fix = "the prepared data is damaged: restore the file or prepare the data again (python -m datatools.landcover.prepare)"
     arrays = []
     for key, bands in (("image", BANDS), ("labels", 1)):
         path = root / entry[key]

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+# The prepared folder's manifest (datatools/landcover/prepare.py writes it, data.py reads it) and its version.
+MANIFEST = "manifest.json"
+FORMAT = 1
+
 
 class Window(NamedTuple):
     row: int

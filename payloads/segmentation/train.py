@@ -3,7 +3,7 @@
     horovodrun -np 2 -H localhost:2 python -m payloads.segmentation.train --data-dir D --model unet_tiny ...
     torchrun --standalone --nproc-per-node 2 -m payloads.segmentation.train --backend ddp --data-dir D ...
 
-D is a folder made by `python -m payloads.segmentation.prepare` (blocks + manifest.json). Shares the
+D is a folder made by `python -m datatools.landcover.prepare` (blocks + manifest.json). Shares the
 PyTorch payload's runtime set-up, checkpoint resume and save, and payloads/common's configuration, LR
 schedule, checkpoint files and metrics; adds the patch sampler, the per-pixel loss that ignores no data,
 and pixel accuracy / IoU / mIoU / confusion matrix, summed exactly over ranks.
@@ -35,8 +35,8 @@ log = logging.getLogger("payloads.segmentation")
 
 # Common options this payload does not offer, and why (an option that is accepted must do something).
 UNUSED = {
-    "synthetic_samples": "it reads prepared tiles; make synthetic ones with python -m payloads.segmentation.synthetic "
-                         "and cut them with python -m payloads.segmentation.prepare",
+    "synthetic_samples": "it reads prepared tiles; make synthetic ones with python -m datatools.landcover.synthetic "
+                         "and cut them with python -m datatools.landcover.prepare",
     "skip_corrupt_images": "every block is read and checked before training, so a damaged one stops the job at once",
     "workers": "patches are cut from blocks held in memory by the training process itself",
     "adasum": "only averaging is tested for this payload",
@@ -79,7 +79,7 @@ def parse(argv: Sequence[str] | None) -> tuple[config.TrainConfig, SegmentationO
     cfg.validate(list(models.MODELS), data_kinds=("tiles",))
     config.check_output_dir(cfg.output_dir)
     if cfg.data_dir is None:
-        raise ConfigError("--data-dir is required: a folder made by python -m payloads.segmentation.prepare")
+        raise ConfigError("--data-dir is required: a folder made by python -m datatools.landcover.prepare")
     if seg.patches_per_epoch < 0:
         raise ConfigError(f"--patches-per-epoch must not be negative, got {seg.patches_per_epoch}")
     divisor = models.DIVISOR[cfg.model]

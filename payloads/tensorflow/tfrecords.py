@@ -2,7 +2,7 @@
 
     python -m payloads.tensorflow.tfrecords --check SHARDS
 
-The shards are written by the data line (python -m payloads.data.prepare --formats tfrecord: SHARDS/tfrecord/),
+The shards are written by the data line (python -m datatools.prepare --formats tfrecord: SHARDS/tfrecord/),
 which reports and skips an image that does not decode, with this module's example(). Format: the one
 TensorFlow's ImageNet scripts write (`image/encoded`: JPEG/PNG bytes, `image/class/label`: int64), in files
 named `train-00000-of-00064` (and `validation-*`). prepare numbers classes from 0 in sorted folder order, as
@@ -41,7 +41,7 @@ def find(data_dir: pathlib.Path) -> tuple[list[pathlib.Path], list[pathlib.Path]
     train = shard_files(data_dir, TRAIN)
     if not train:
         raise ConfigError(f"no TFRecord shards named {TRAIN}-* in {data_dir}: write them from class folders with "
-                          f"python -m payloads.data.prepare --image-dir IMAGES --output-dir OUT --formats tfrecord, "
+                          f"python -m datatools.prepare --image-dir IMAGES --output-dir OUT --formats tfrecord, "
                           "then pass --data-dir OUT/tfrecord")
     return train, shard_files(data_dir, VALIDATION)
 

@@ -148,7 +148,7 @@ class FakeEntraToken:
 @pytest.fixture
 def storage(azurite, request):
     """A fresh container in Azurite and a function making clients of it (any container, any credential)."""
-    from payloads.data import transfer
+    from datatools import transfer
 
     url, ca = azurite
 

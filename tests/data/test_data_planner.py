@@ -1,6 +1,6 @@
 """The data planner: bytes and requests a cluster reads at its speed, against the account's targets."""
 from benchmarks import data_planner as dp
-from payloads.data import prepare
+from datatools import prepare
 
 
 def test_bytes_per_image_come_from_a_prepared_sets_manifest(tree, tmp_path):

@@ -8,7 +8,8 @@ from PIL import Image
 
 from conftest import write_tree
 from payloads.common.errors import ConfigError
-from payloads.data import manifest, prepare
+from datatools import prepare
+from payloads.common import manifest
 
 
 def _tar_samples(folder: pathlib.Path, names):

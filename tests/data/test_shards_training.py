@@ -4,7 +4,7 @@ import numpy as np
 from PIL import Image
 
 from helpers import TINY, metrics, train
-from payloads.data import prepare
+from datatools import prepare
 
 
 def _learnable_tree(root, classes=4, per_class=12, seed=0):

@@ -6,7 +6,8 @@ import pytest
 
 from conftest import FakeEntraToken
 from payloads.common.errors import ConfigError
-from payloads.data import manifest, prepare, transfer
+from datatools import prepare, transfer
+from payloads.common import manifest
 
 PREFIX = "imagenet/webdataset"
 
@@ -145,7 +146,7 @@ def test_an_unfinished_preparation_is_not_uploaded(storage, shard_set):
     m = manifest.read(shard_set)
     m.complete = False
     manifest.write(shard_set, m)
-    with pytest.raises(ConfigError, match="no finished shard set.*run python -m payloads.data.prepare to the end"):
+    with pytest.raises(ConfigError, match="no finished shard set.*run python -m datatools.prepare to the end"):
         transfer.upload(shard_set, make(name), PREFIX, progress=False)
 
 

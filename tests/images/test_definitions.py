@@ -45,7 +45,7 @@ def test_dockerfile_copies_only_what_exists_and_fights_no_platform(image):
 
 
 def test_jobs_use_their_framework_image_tag_made_from_the_pins():
-    for job in (ROOT / "payloads/jobs").glob("*.yaml"):
+    for job in (ROOT / "jobs").glob("*.yaml"):
         spec = yaml.safe_load(job.read_text())
         framework = "tensorflow" if re.search(r"payloads\.(tensorflow|keras)\.", spec["command"]) else "pytorch"
         assert spec["environment"]["image"] == f"<<registry>>/training/{framework}:{TAGS[framework]}", job.name

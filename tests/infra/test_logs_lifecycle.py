@@ -62,7 +62,7 @@ def test_prefixes_keep_to_what_azure_accepts():
 
 def _logs_output_folders():
     """(job file, folder inside the logs container) of every job output written to the logs datastore."""
-    for job in sorted((ROOT / "payloads" / "jobs").glob("*.yaml")):
+    for job in sorted((ROOT / "jobs").glob("*.yaml")):
         spec = yaml.safe_load(job.read_text())
         for out in (spec.get("outputs") or {}).values():
             path = (out or {}).get("path", "")

@@ -197,7 +197,7 @@ def test_cpu_cluster_environment_runs_the_health_check_under_mpirun(tmp_path):
 
 # ---- hung jobs: Azure ML's timeout and Horovod's stall shutdown -----------------------------------------
 
-JOBS = sorted((helpers.ROOT / "payloads" / "jobs").glob("*.yaml"))
+JOBS = sorted((helpers.ROOT / "jobs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("job", JOBS, ids=[j.stem for j in JOBS])

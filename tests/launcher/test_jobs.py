@@ -11,7 +11,7 @@ from launcher import __main__ as cli
 from launcher import jobspec, stack
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-JOBS = sorted((ROOT / "payloads" / "jobs").glob("*.yaml"))
+JOBS = sorted((ROOT / "jobs").glob("*.yaml"))
 
 
 def render(outputs_file, job, cluster, nodes=None, ppn=None, extra=()):
@@ -56,7 +56,7 @@ def test_azure_target_sends_the_job_it_built(dev_outputs, monkeypatch):
     monkeypatch.setattr(JobOperations, "stream", lambda self, name: sent.setdefault("streamed", name))
     monkeypatch.setattr(JobOperations, "get", lambda self, name: Created)
     monkeypatch.setattr("azure.identity.DefaultAzureCredential", lambda **kw: object())
-    job = ROOT / "payloads/jobs/pytorch-resnet50-imagenet.yaml"
+    job = ROOT / "jobs/pytorch-resnet50-imagenet.yaml"
     code = cli.main([str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--nodes", "2"])
     assert code == 0 and sent["streamed"] == "job-123"
     j = sent["job"]
@@ -72,7 +72,7 @@ def test_azure_target_sends_the_job_it_built(dev_outputs, monkeypatch):
 
 
 def test_dry_run_prints_the_job_and_its_hourly_cost(dev_outputs, capsys):
-    job = ROOT / "payloads/jobs/pytorch-resnet50-synthetic.yaml"
+    job = ROOT / "jobs/pytorch-resnet50-synthetic.yaml"
     assert cli.main([str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--nodes", "2", "--dry-run"]) == 0
     out = capsys.readouterr().out
     resolved = yaml.safe_load(out)
@@ -87,13 +87,13 @@ def test_dry_run_prints_the_job_and_its_hourly_cost(dev_outputs, capsys):
     ([], "--cluster is required"),
 ])
 def test_bad_submissions(dev_outputs, capsys, args, message):
-    job = ROOT / "payloads/jobs/pytorch-resnet50-synthetic.yaml"
+    job = ROOT / "jobs/pytorch-resnet50-synthetic.yaml"
     assert cli.main([str(job), "--stack-outputs", str(dev_outputs), *args]) == 2
     assert message in capsys.readouterr().err
 
 
 def test_missing_stack_outputs(tmp_path, capsys):
-    job = str(ROOT / "payloads/jobs/pytorch-resnet50-synthetic.yaml")
+    job = str(ROOT / "jobs/pytorch-resnet50-synthetic.yaml")
     assert cli.main([job, "--stack-outputs", str(tmp_path / "nope.json"), "--cluster", "x"]) == 2
     assert "not found: write it with `pulumi stack output --json" in capsys.readouterr().err
     partial = tmp_path / "partial.json"
@@ -105,7 +105,7 @@ def test_missing_stack_outputs(tmp_path, capsys):
 
 
 def test_invalid_job_files(dev_outputs, tmp_path, capsys):
-    good = yaml.safe_load((ROOT / "payloads/jobs/pytorch-resnet50-imagenet.yaml").read_text())
+    good = yaml.safe_load((ROOT / "jobs/pytorch-resnet50-imagenet.yaml").read_text())
     good["code"] = str(ROOT)   # the copies live in tmp_path
     cases = {
         "not-yaml.yaml": ("type: command\ncommand: [unclosed", "is not valid YAML"),
@@ -133,7 +133,7 @@ def test_invalid_job_files(dev_outputs, tmp_path, capsys):
 
 
 def test_local_target_needs_existing_data(tmp_path, capsys):
-    job = str(ROOT / "payloads/jobs/pytorch-resnet50-imagenet.yaml")
+    job = str(ROOT / "jobs/pytorch-resnet50-imagenet.yaml")
     assert cli.main([job, "--target", "local", "--input", f"imagenet={tmp_path / 'missing'}"]) == 2
     assert "data path not found" in capsys.readouterr().err
     assert cli.main([job, "--target", "local"]) == 2
@@ -155,7 +155,7 @@ def test_local_target_runs_the_job_end_to_end(tmp_path, job, controller, suffix)
     from launcher import local
 
     out = tmp_path / "out"
-    proc = _launch([f"payloads/jobs/{job}.yaml", "--target", "local", "--np", "2", "--controller", controller,
+    proc = _launch([f"jobs/{job}.yaml", "--target", "local", "--np", "2", "--controller", controller,
                     "--output-dir", str(out), "--", "--model", "tiny_cnn", "--image-size", "16", "--num-classes", "4",
                     "--synthetic-samples", "64", "--batch-size", "8", "--epochs", "2", "--workers", "0", "--threads", "1"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -184,8 +184,8 @@ def test_gloo_operations_under_mpi_are_refused_before_launch(monkeypatch, tmp_pa
     from launcher import local
     from launcher.errors import JobError
 
-    job = yaml.safe_load((ROOT / "payloads/jobs/pytorch-resnet50-synthetic.yaml").read_text())
-    source = ROOT / "payloads/jobs/pytorch-resnet50-synthetic.yaml"
+    job = yaml.safe_load((ROOT / "jobs/pytorch-resnet50-synthetic.yaml").read_text())
+    source = ROOT / "jobs/pytorch-resnet50-synthetic.yaml"
     monkeypatch.setattr(local, "_mpi_available", lambda: True)
     monkeypatch.setenv("HOROVOD_CPU_OPERATIONS", "gloo")
     with pytest.raises(JobError, match="this shell's environment: HOROVOD_CPU_OPERATIONS=gloo crashes.*--controller gloo"):
@@ -195,7 +195,7 @@ def test_gloo_operations_under_mpi_are_refused_before_launch(monkeypatch, tmp_pa
 
 
 def test_healthcheck_job_runs_locally(tmp_path):
-    proc = _launch(["payloads/jobs/healthcheck-allreduce.yaml", "--target", "local", "--np", "2",
+    proc = _launch(["jobs/healthcheck-allreduce.yaml", "--target", "local", "--np", "2",
                     "--output-dir", str(tmp_path), "--", "--sizes-mb", "1,4", "--iterations", "2"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "report" / "allreduce.json").read_text())
@@ -213,7 +213,7 @@ def test_backend_ddp_renders_a_pytorch_distribution_job(dev_outputs, job, cluste
     from azure.ai.ml import PyTorchDistribution
 
     outs = json.loads(dev_outputs.read_text())
-    source = ROOT / "payloads" / "jobs" / f"{job}.yaml"
+    source = ROOT / "jobs" / f"{job}.yaml"
     template = jobspec.with_backend(jobspec.read_template(source), "ddp", source)
     filled = jobspec.fill(template, stack.load_file(dev_outputs), cluster, 1, None, ["--epochs", "2"])
     sdk_job = jobspec.validate(filled, source)
@@ -246,7 +246,7 @@ def test_azure_target_sends_the_ddp_job(dev_outputs, monkeypatch):
     monkeypatch.setattr(JobOperations, "stream", lambda self, name: None)
     monkeypatch.setattr(JobOperations, "get", lambda self, name: Created)
     monkeypatch.setattr("azure.identity.DefaultAzureCredential", lambda **kw: object())
-    job = ROOT / "payloads/jobs/pytorch-resnet50-imagenet.yaml"
+    job = ROOT / "jobs/pytorch-resnet50-imagenet.yaml"
     code = cli.main([str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--nodes", "2",
                      "--backend", "ddp"])
     assert code == 0
@@ -257,7 +257,7 @@ def test_azure_target_sends_the_ddp_job(dev_outputs, monkeypatch):
 
 
 def test_a_hand_written_pytorch_distribution_job_is_read_as_ddp(dev_outputs, tmp_path, capsys):
-    good = yaml.safe_load((ROOT / "payloads/jobs/pytorch-resnet50-synthetic.yaml").read_text())
+    good = yaml.safe_load((ROOT / "jobs/pytorch-resnet50-synthetic.yaml").read_text())
     good.update(code=str(ROOT), distribution={"type": "pytorch", "process_count_per_instance": 1},
                 command=good["command"] + " --backend ddp")
     path = tmp_path / "ddp.yaml"
@@ -284,13 +284,13 @@ AZURE = ["--stack-outputs", "<outputs>", "--cluster", "gpu-ib", "--dry-run"]
 def test_backend_misuse_is_refused_before_anything_runs(dev_outputs, capsys, args, message):
     job, *rest = args
     rest = [str(dev_outputs) if a == "<outputs>" else a for a in rest]
-    assert cli.main([str(ROOT / "payloads" / "jobs" / job), *rest]) == 2
+    assert cli.main([str(ROOT / "jobs" / job), *rest]) == 2
     assert message in capsys.readouterr().err
 
 
 def test_local_target_runs_the_ddp_job_with_torchrun(tmp_path):
     out = tmp_path / "out"
-    proc = _launch(["payloads/jobs/pytorch-resnet50-synthetic.yaml", "--target", "local", "--np", "2",
+    proc = _launch(["jobs/pytorch-resnet50-synthetic.yaml", "--target", "local", "--np", "2",
                     "--backend", "ddp", "--output-dir", str(out), "--", "--model", "tiny_cnn", "--image-size", "16",
                     "--num-classes", "4", "--synthetic-samples", "64", "--batch-size", "8", "--epochs", "2",
                     "--workers", "0", "--threads", "1"])

@@ -15,7 +15,7 @@ import yaml
 from azure.core.exceptions import ClientAuthenticationError
 
 import fake_arm
-from infra.trainingplatform import config, naming
+from trainingplatform import config, naming
 from launcher.checks import findings, preflight, providers, quota, roles, stackfile, subscription
 from launcher.errors import JobError
 

@@ -11,8 +11,8 @@ from launcher.errors import JobError
 from trainingplatform import vm_sizes
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SYNTHETIC = ROOT / "payloads/jobs/pytorch-resnet50-synthetic.yaml"
-IMAGENET = ROOT / "payloads/jobs/pytorch-resnet50-imagenet.yaml"
+SYNTHETIC = ROOT / "jobs/pytorch-resnet50-synthetic.yaml"
+IMAGENET = ROOT / "jobs/pytorch-resnet50-imagenet.yaml"
 
 
 def cluster(size_name: str) -> dict:
@@ -97,7 +97,7 @@ def _values(args: list[str], flag: str) -> list[str]:
 
 
 @pytest.mark.parametrize("cluster_name, batch, workers", [("gpu-ib", "256", "11"), ("cpu-smoke", "32", "3")])
-@pytest.mark.parametrize("job", sorted((ROOT / "payloads/jobs").glob("*resnet50*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("job", sorted((ROOT / "jobs").glob("*resnet50*.yaml")), ids=lambda p: p.stem)
 def test_the_resnet_jobs_get_the_clusters_batch_and_workers(dev_outputs, cluster_name, batch, workers, job):
     """dev stack: gpu-ib is an ND96asr_v4 (8 A100 40 GB, 96 vCPUs), cpu-smoke a D4s_v5 (4 vCPUs). The jobs'
     32g of /dev/shm holds 22 workers per process at 8 processes of 256 uint8 images (8 x 22 x 4 x 38.5 MB =

@@ -13,8 +13,8 @@ from launcher import __main__ as cli
 from launcher import prices, stack
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SYNTHETIC = ROOT / "payloads/jobs/pytorch-resnet50-synthetic.yaml"
-IMAGENET = ROOT / "payloads/jobs/pytorch-resnet50-imagenet.yaml"
+SYNTHETIC = ROOT / "jobs/pytorch-resnet50-synthetic.yaml"
+IMAGENET = ROOT / "jobs/pytorch-resnet50-imagenet.yaml"
 
 
 def outputs_with(dev_outputs, tmp_path, **changes) -> pathlib.Path:
@@ -236,7 +236,7 @@ def test_code_snapshot_holds_what_jobs_run_and_nothing_else():
     ignore, files = snapshot()
     assert pathlib.Path(ignore.path).name == ".amlignore"       # it, not .gitignore, governs the upload
     todo = []
-    for job in (ROOT / "payloads/jobs").glob("*.yaml"):
+    for job in (ROOT / "jobs").glob("*.yaml"):
         command = yaml.safe_load(job.read_text())["command"]
         module = command.split("python -m ", 1)[1].split()[0]
         assert module.replace(".", "/") + ".py" in files, (job.name, module)
@@ -252,7 +252,7 @@ def test_code_snapshot_holds_what_jobs_run_and_nothing_else():
     assert len(files) > len(outside)
     assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc")]
     # Every checkout module a job can import (from its entry module on, parent packages included) must travel
-    # with it. Modules uploaded but run only on a workstation (payloads.data.transfer) may import the launcher.
+    # with it. Modules uploaded but run only on a workstation (datatools.transfer) may import the launcher.
     seen = set()
     while todo:
         name = todo.pop()
@@ -271,8 +271,8 @@ def test_code_snapshot_holds_what_jobs_run_and_nothing_else():
     ".git", ".git/HEAD", ".venv/bin/python", "outputs.dev.json", "runs/job-1/metrics.json", "tests/conftest.py",
     "benchmarks/scaling.py", "infra/trainingplatform/program.py", "launcher/azureml.py", "README.md",
     "payloads/__pycache__/config.cpython-311.pyc", "payloads/pytorch/train.pyc",
-    "toolchain/bootstrap.sh", "toolchain/__pycache__/patch_horovod.cpython-311.pyc", "images/lint-requirements.txt",
-    "images/pytorch/environment.yaml",
+    "toolchain/bootstrap.sh", "toolchain/__pycache__/patch_horovod.cpython-311.pyc", "toolchain/lint-requirements.txt",
+    "images/pytorch/environment.yaml", "datatools/prepare.py", "jobs/pytorch-resnet50-synthetic.yaml",
 ])
 def test_code_snapshot_leaves_out(path):
     ignore = ignore_file()
@@ -724,7 +724,7 @@ def test_resume_is_for_azure_ml_only(capsys):
 
 # ---- item 11: how jobs read their data ---------------------------------------------------------------
 
-IMAGENET_JOBS = [IMAGENET, ROOT / "payloads/jobs/tensorflow-resnet50-imagenet.yaml"]
+IMAGENET_JOBS = [IMAGENET, ROOT / "jobs/tensorflow-resnet50-imagenet.yaml"]
 
 
 def resolved(dev_outputs, job, *args):

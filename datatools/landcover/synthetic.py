@@ -1,6 +1,6 @@
 """Synthetic land-cover tiles: four-band GeoTIFF imagery and co-registered labels with a learnable pattern.
 
-    python -m payloads.segmentation.synthetic --output-dir data/raw --tiles 4 --size 512
+    python -m datatools.landcover.synthetic --output-dir data/raw --tiles 4 --size 512
 
 Each tile is a map of blocky regions (one class each) drawn at 1/16 resolution; a pixel's four bands are its
 class's spectral signature plus noise, so a U-Net can learn the classes from colour and texture. A strip along
@@ -16,8 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .labels import NODATA
-from .models import BANDS
+from payloads.segmentation.labels import NODATA
+from payloads.segmentation.models import BANDS
 
 CRS = "EPSG:26918"    # NAD83 / UTM zone 18N
 
@@ -63,7 +63,7 @@ def write_tiles(output_dir: pathlib.Path, tiles: int, height: int, width: int, n
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m payloads.segmentation.synthetic", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m datatools.landcover.synthetic", description=__doc__.splitlines()[0])
     ap.add_argument("--output-dir", type=pathlib.Path, required=True)
     ap.add_argument("--tiles", type=int, default=4)
     ap.add_argument("--size", type=int, default=512, help="tile side in pixels")

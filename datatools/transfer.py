@@ -1,7 +1,7 @@
 """Upload a prepared shard set to the stack's data container, or download one, with checksums; resumable.
 
-    python -m payloads.data.transfer upload SHARDS/webdataset --stack-outputs outputs.dev.json --prefix imagenet/webdataset
-    python -m payloads.data.transfer download DEST --stack-outputs outputs.dev.json --prefix imagenet/webdataset
+    python -m datatools.transfer upload SHARDS/webdataset --stack-outputs outputs.dev.json --prefix imagenet/webdataset
+    python -m datatools.transfer download DEST --stack-outputs outputs.dev.json --prefix imagenet/webdataset
 
 The account and container come from the stack outputs (datastores.data.account/.container, written by
 `pulumi stack output --json`); --account-url/--container override them. Authentication is Entra ID only
@@ -25,10 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..common.errors import ConfigError
-from . import manifest
+from payloads.common.errors import ConfigError
+from payloads.common import manifest
 
-log = logging.getLogger("payloads.data.transfer")
+log = logging.getLogger("datatools.transfer")
 CHUNK = 8 << 20
 
 
@@ -175,7 +175,7 @@ def upload(folder: pathlib.Path, client, prefix: str, workers: int = 8, progress
     m = manifest.read(folder)
     if m is None or not m.complete:
         raise ConfigError(f"{folder} holds no finished shard set ({manifest.NAME} {'missing' if m is None else 'says incomplete'}): "
-                          "run python -m payloads.data.prepare to the end first")
+                          "run python -m datatools.prepare to the end first")
     _check_container(client)
     prefix = prefix.strip("/")
     items = [(s.name, s.bytes, s.md5) for s in m.files()]
@@ -333,7 +333,7 @@ def _target(a) -> tuple[str, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("azure").setLevel(logging.WARNING)   # no request logs (they would list headers)
-    p = argparse.ArgumentParser(prog="python -m payloads.data.transfer", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m datatools.transfer", description=__doc__.splitlines()[0])
     p.add_argument("direction", choices=["upload", "download"])
     p.add_argument("folder", type=pathlib.Path, help="upload: a prepared format folder (with manifest.json); "
                                                       "download: where to put the set")

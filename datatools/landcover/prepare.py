@@ -1,6 +1,6 @@
 """Cut large imagery + label rasters into training blocks, with a manifest and band statistics.
 
-    python -m payloads.segmentation.prepare --output-dir D --block-size 1024 --label-map chesapeake \
+    python -m datatools.landcover.prepare --output-dir D --block-size 1024 --label-map chesapeake \
         --train naip_1.tif lc_1.tif --train naip_2.tif lc_2.tif --val naip_3.tif lc_3.tif
 
 Each pair is a four-band image (R, G, B, NIR) and a one-band label raster on the same grid (CRS, transform and
@@ -23,13 +23,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ..common.errors import ConfigError
-from . import labels as lab
-from .models import BANDS
-from .tiling import windows
+from payloads.common.errors import ConfigError
+from payloads.segmentation import labels as lab
+from payloads.segmentation.models import BANDS
+from payloads.segmentation.tiling import FORMAT, MANIFEST, windows
 
-MANIFEST = "manifest.json"
-FORMAT = 1
 
 
 def _open(path: pathlib.Path, what: str):
@@ -173,7 +171,7 @@ def prepare(output_dir: pathlib.Path, train: Sequence[tuple[pathlib.Path, pathli
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m payloads.segmentation.prepare", description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(prog="python -m datatools.landcover.prepare", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--output-dir", type=pathlib.Path, required=True)
     ap.add_argument("--train", nargs=2, action="append", type=pathlib.Path, default=[], metavar=("IMAGE", "LABELS"))

@@ -1,6 +1,6 @@
 """Turn an ImageNet-style image tree into shards for both payloads, with a manifest; resumable.
 
-    python -m payloads.data.prepare --image-dir IMAGES --output-dir SHARDS [--shards 1024]
+    python -m datatools.prepare --image-dir IMAGES --output-dir SHARDS [--shards 1024]
         [--val-labels imagenet_2012_validation_synset_labels.txt] [--resize 160] [--formats webdataset,tfrecord]
 
 IMAGES is root/train/<class>/<image> (and root/val: class folders, or flat files relabelled from a
@@ -33,12 +33,12 @@ from typing import Sequence
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from ..common import imagefolder
-from ..common.errors import ConfigError
-from . import manifest
-from .manifest import FORMATS, TFRECORD, TRAIN, VALIDATION, WEBDATASET, Manifest, Shard, Split
+from payloads.common import imagefolder
+from payloads.common.errors import ConfigError
+from payloads.common import manifest
+from payloads.common.manifest import FORMATS, TFRECORD, TRAIN, VALIDATION, WEBDATASET, Manifest, Shard, Split
 
-log = logging.getLogger("payloads.data.prepare")
+log = logging.getLogger("datatools.prepare")
 JPEG_QUALITY = 90
 
 
@@ -179,7 +179,7 @@ def write_shard(job: Job) -> tuple[dict[str, Shard], list[dict]]:
     if TFRECORD in tmps:
         import tensorflow as tf
 
-        from ..tensorflow.tfrecords import example
+        from payloads.tensorflow.tfrecords import example
 
         tfw = tf.io.TFRecordWriter(str(tmps[TFRECORD]))
     skipped, written = [], 0
@@ -306,7 +306,7 @@ def run(image_dir: pathlib.Path, output_dir: pathlib.Path, shards: int = 64, for
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    p = argparse.ArgumentParser(prog="python -m payloads.data.prepare", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m datatools.prepare", description=__doc__.splitlines()[0])
     p.add_argument("--image-dir", type=pathlib.Path, required=True)
     p.add_argument("--output-dir", type=pathlib.Path, required=True)
     p.add_argument("--shards", type=int, default=64,

@@ -13,7 +13,7 @@ import os
 import pathlib
 from dataclasses import asdict, dataclass, field
 
-from ..common.errors import ConfigError
+from .errors import ConfigError
 
 NAME = "manifest.json"
 VERSION = 1
@@ -67,7 +67,7 @@ class Manifest:
             return cls(d["format"], list(d["classes"]), dict(d["plan"]), splits, bool(d["complete"]), d["version"])
         except (KeyError, TypeError) as e:
             raise ConfigError(f"{source} is not a shard manifest ({type(e).__name__}: {e}): prepare the shards "
-                              "with python -m payloads.data.prepare") from None
+                              "with python -m datatools.prepare") from None
 
     def files(self) -> list[Shard]:
         return [s for split in self.splits.values() for s in split.shards]
@@ -119,12 +119,12 @@ def load_complete(folder: pathlib.Path, fmt: str) -> Manifest:
     folder = pathlib.Path(folder)
     if not folder.is_dir():
         raise ConfigError(f"--data-dir {folder} is not a folder: point it at a prepared shard folder "
-                          f"(python -m payloads.data.prepare writes <output>/{fmt})")
+                          f"(python -m datatools.prepare writes <output>/{fmt})")
     m = read(folder)
     if m is None:
         hint = f" (it has a {fmt} sub-folder: use {folder / fmt})" if (folder / fmt / NAME).is_file() else ""
-        raise ConfigError(f"no {NAME} in {folder}{hint}: prepare shards with python -m payloads.data.prepare, "
-                          "or download them with python -m payloads.data.transfer download")
+        raise ConfigError(f"no {NAME} in {folder}{hint}: prepare shards with python -m datatools.prepare, "
+                          "or download them with python -m datatools.transfer download")
     if m.format != fmt:
         raise ConfigError(f"{folder} holds {m.format} shards, this reader needs {fmt}: use the {fmt} folder")
     if not m.complete:

@@ -1,5 +1,6 @@
 """Shared by the worker modules of benchmarks/backends.py: the fixed batch each rank trains on, the step timing,
 and the line each process prints about its final parameters (so a run shows it trained and its ranks agree)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -34,8 +35,10 @@ def timed_rate(step, args) -> float:
     """Images/sec of one process: warm-up batches untimed, then the mean of the timed iterations (the pattern
     of Horovod's pytorch_synthetic_benchmark.py and benchmarks/_horovod_loop.py)."""
     timeit.timeit(step, number=args.warmup_batches)
-    rates = [args.batch_size * args.batches_per_iter / timeit.timeit(step, number=args.batches_per_iter)
-             for _ in range(args.iters)]
+    rates = [
+        args.batch_size * args.batches_per_iter / timeit.timeit(step, number=args.batches_per_iter)
+        for _ in range(args.iters)
+    ]
     return sum(rates) / len(rates)
 
 
@@ -51,7 +54,7 @@ def fingerprint(params, initial: list[torch.Tensor]) -> dict:
         t = p.detach().contiguous()
         h.update(t.numpy().tobytes())
         moved += float((t.double() - p0.double()).pow(2).sum())
-    return {"digest": h.hexdigest(), "moved": moved ** 0.5}
+    return {"digest": h.hexdigest(), "moved": moved**0.5}
 
 
 def emit(record: dict) -> None:

@@ -2,6 +2,7 @@
 fixed batch, SGD, warm-up batches untimed) with DistributedDataParallel averaging the gradients in the backward
 pass. Launched by torchrun (RANK/WORLD_SIZE/MASTER_ADDR in the environment); rank 0 prints the total
 images/sec, every rank its parameters' digest (benchmarks/_backend_common.py)."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     model = getattr(torchvision.models, args.model)(weights=None, num_classes=args.num_classes)
-    ddp = DistributedDataParallel(model)            # broadcasts rank 0's parameters and buffers
+    ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters and buffers
     # The same learning-rate scaling as the Horovod loop: averaged gradients, lr x processes.
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01 * size)
     data, target = common.batch(args, rank)

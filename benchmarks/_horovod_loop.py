@@ -2,6 +2,7 @@
 one fixed random batch, SGD through DistributedOptimizer, warm-up batches not timed), with the payload's model,
 batch, image size and threads. Run under horovodrun by benchmarks/horovod_reference.py; prints the total
 images/sec of all processes on its last line."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,9 +19,13 @@ from benchmarks import _backend_common as common
 def main() -> None:
     ap = argparse.ArgumentParser()
     common.add_loop_args(ap)
-    ap.add_argument("--optimizer", choices=("plain", "payload"), default="plain",
-                    help="plain: Horovod's benchmark (SGD without momentum); payload: the payload's optimizer "
-                         "(payloads.pytorch.runtime.optimizer: momentum and weight decay, fused or foreach)")
+    ap.add_argument(
+        "--optimizer",
+        choices=("plain", "payload"),
+        default="plain",
+        help="plain: Horovod's benchmark (SGD without momentum); payload: the payload's optimizer "
+        "(payloads.pytorch.runtime.optimizer: momentum and weight decay, fused or foreach)",
+    )
     ap.add_argument("--fingerprint", action="store_true", help="per-rank batches; print each rank's parameter digest")
     args = ap.parse_args()
     hvd.init()
@@ -53,8 +58,14 @@ def main() -> None:
         sys.stdout.write(f"loop images/sec: {hvd.size() * rate:.2f}\n")
         sys.stdout.flush()
     if args.fingerprint:
-        common.emit({"backend": "horovod", "rank": hvd.rank(), "size": hvd.size(),
-                     **common.fingerprint(model.parameters(), initial)})
+        common.emit(
+            {
+                "backend": "horovod",
+                "rank": hvd.rank(),
+                "size": hvd.size(),
+                **common.fingerprint(model.parameters(), initial),
+            }
+        )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ The pattern is PyTorch's batch-updating parameter server (pytorch/examples distr
 gradient sum taken under the lock. Worker rank 1 prints the total images/sec (its rate x N: synchronous workers
 run at one pace); every process prints its parameters' digest.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,7 @@ class ParameterServer:
         return [p.detach().clone() for p in self.params]
 
     def push(self, grads: list[torch.Tensor]) -> torch.futures.Future:
-        with self.lock:      # RPCs arrive on several threads at once
+        with self.lock:  # RPCs arrive on several threads at once
             for s, g in zip(self.sums, grads):
                 s.add_(g)
             self.pending += 1
@@ -56,7 +57,7 @@ class ParameterServer:
         return fut
 
 
-SERVER: ParameterServer | None = None      # set on the PS process before RPC starts
+SERVER: ParameterServer | None = None  # set on the PS process before RPC starts
 
 
 def fetch() -> list[torch.Tensor]:
@@ -83,7 +84,7 @@ def main() -> None:
     if rank == 0:
         SERVER = ParameterServer(model, workers, lr=0.01 * workers)
         rpc.init_rpc("ps", rank=0, world_size=world)
-        rpc.shutdown()       # waits until every worker has finished and shut down
+        rpc.shutdown()  # waits until every worker has finished and shut down
         common.emit({"backend": "ps", "rank": "ps", "size": workers, **common.fingerprint(model.parameters(), initial)})
         return
     rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world)

@@ -10,6 +10,7 @@ operation (Horovod: grouped_allreduce, what DistributedOptimizer's `groups` give
 flat bucket, as DDP does). The memory copy is
 the same bytes copied once in one process: a floor no allreduce beats.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,9 @@ def _run(cmd: list[str], env: dict | None = None) -> dict:
     e = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     with tempfile.TemporaryDirectory() as tmp:
         result = pathlib.Path(tmp) / "result.json"
-        proc = subprocess.run(cmd + ["--result-file", str(result)], cwd=ROOT, env=e, capture_output=True, text=True,
-                              timeout=1800)
+        proc = subprocess.run(
+            cmd + ["--result-file", str(result)], cwd=ROOT, env=e, capture_output=True, text=True, timeout=1800
+        )
         if proc.returncode == 0 and result.is_file():
             return json.loads(result.read_text())
     raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -49,8 +51,9 @@ def _run(cmd: list[str], env: dict | None = None) -> dict:
 
 def _has_mpi() -> bool:
     check = subprocess.run([str(BIN / "horovodrun"), "--check-build"], capture_output=True, text=True).stdout
-    return "[X] MPI" in check.split("Available Tensor Operations")[0] and bool(subprocess.run(
-        ["sh", "-c", "command -v mpirun"], capture_output=True).stdout)
+    return "[X] MPI" in check.split("Available Tensor Operations")[0] and bool(
+        subprocess.run(["sh", "-c", "command -v mpirun"], capture_output=True).stdout
+    )
 
 
 def variants(np: int) -> list[tuple[str, list[str], dict]]:
@@ -58,8 +61,11 @@ def variants(np: int) -> list[tuple[str, list[str], dict]]:
     hvd = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}"]
     out = [
         ("horovod gloo (defaults)", hvd + ["--gloo"] + worker + ["--backend", "horovod"], {}),
-        ("horovod gloo, fusion 128 MB, cycle 1 ms", hvd + ["--gloo"] + worker + ["--backend", "horovod"],
-         {"HOROVOD_FUSION_THRESHOLD": str(128 * 1024 * 1024), "HOROVOD_CYCLE_TIME": "1"}),
+        (
+            "horovod gloo, fusion 128 MB, cycle 1 ms",
+            hvd + ["--gloo"] + worker + ["--backend", "horovod"],
+            {"HOROVOD_FUSION_THRESHOLD": str(128 * 1024 * 1024), "HOROVOD_CYCLE_TIME": "1"},
+        ),
         ("horovod gloo, fp16 compression", hvd + ["--gloo"] + worker + ["--backend", "horovod", "--fp16"], {}),
     ]
     if _has_mpi():
@@ -68,10 +74,23 @@ def variants(np: int) -> list[tuple[str, list[str], dict]]:
         flags, env = horovodrun_options("mpi")
         out.append(("horovod mpi (busy-polling)", hvd + ["--mpi"] + worker + ["--backend", "horovod"], {}))
         out.append(("horovod mpi (our default: yield when idle)", hvd + flags + worker + ["--backend", "horovod"], env))
-    out.append(("torch.distributed gloo", [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                            f"--nproc-per-node={np}", "-m", "benchmarks._allreduce_workers",
-                                            "--backend", "torch"],
-                {"MASTER_PORT": str(_free_port())}))
+    out.append(
+        (
+            "torch.distributed gloo",
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={np}",
+                "-m",
+                "benchmarks._allreduce_workers",
+                "--backend",
+                "torch",
+            ],
+            {"MASTER_PORT": str(_free_port())},
+        )
+    )
     return out
 
 
@@ -105,7 +124,9 @@ def main(argv=None) -> int:
     rows = [r["name"] for r in runs[0]["results"]]
     byte_sizes = [r["bytes"] for r in runs[0]["results"]]
     copy = memcpy(byte_sizes, args.repeats)
-    print(f"\nallreduce, {args.np} processes on {platform.node()} ({os.cpu_count()} cores), median of {args.repeats}; ms")
+    print(
+        f"\nallreduce, {args.np} processes on {platform.node()} ({os.cpu_count()} cores), median of {args.repeats}; ms"
+    )
     header = ["size"] + [r["label"] for r in runs] + ["memory copy"]
     print(" | ".join(header))
     for i, name in enumerate(rows):
@@ -118,8 +139,19 @@ def main(argv=None) -> int:
         print(f"{rows[ref]}: {r['label']}: {s / torch_ms:.2f}x torch.distributed, {s / copy[ref]:.1f}x the memory copy")
     if args.json:
         build = "Gloo and Open MPI" if _has_mpi() else "Gloo only: no MPI on the machine"
-        args.json.write_text(json.dumps({"np": args.np, "machine": platform.node(), "cores": os.cpu_count(),
-                                         "horovod_build": build, "runs": runs, "memory_copy_seconds": copy}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "np": args.np,
+                    "machine": platform.node(),
+                    "cores": os.cpu_count(),
+                    "horovod_build": build,
+                    "runs": runs,
+                    "memory_copy_seconds": copy,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -16,6 +16,7 @@ The reference and the backends alternate within each repeat, so drift on a share
 medians are reported.
 Every process prints its parameters' sha256 and distance moved: ranks_agree and moved are in the JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,8 @@ import statistics
 import subprocess
 import sys
 
-from benchmarks.horovod_reference import LOCAL, ROOT, horovodrun_command
 from benchmarks._backend_common import MARK
+from benchmarks.horovod_reference import LOCAL, ROOT, horovodrun_command
 from launcher.local import controller
 
 BIN = pathlib.Path(sys.executable).parent
@@ -59,8 +60,12 @@ def parse(backend: str, stdout: str) -> dict:
         rates = [float(x) for x in re.findall(r"loop images/sec: ([0-9.]+)", stdout)]
     if not rates or not ranks:
         raise RuntimeError(f"{backend}: no rate or no parameter digests in the output:\n{stdout[-3000:]}")
-    return {"images_per_sec": rates[-1], "ranks": ranks, "ranks_agree": len({r["digest"] for r in ranks}) == 1,
-            "moved": min(r["moved"] for r in ranks) > 0}
+    return {
+        "images_per_sec": rates[-1],
+        "ranks": ranks,
+        "ranks_agree": len({r["digest"] for r in ranks}) == 1,
+        "moved": min(r["moved"] for r in ranks) > 0,
+    }
 
 
 def run(backend: str, np: int, config: dict, timeout: float) -> dict:
@@ -91,30 +96,39 @@ def measure(counts: list[int], repeats: int, config: dict, timeout: float) -> di
         results[str(np)] = {}
         for b in BACKENDS:
             median = statistics.median(r["images_per_sec"] for r in runs[np, b])
-            results[str(np)][b] = {"median": median, "efficiency": median / (np * rate1), "runs": runs[np, b],
-                                   "processes": runs[np, b][0]["processes"], "workers": np}
+            results[str(np)][b] = {
+                "median": median,
+                "efficiency": median / (np * rate1),
+                "runs": runs[np, b],
+                "processes": runs[np, b][0]["processes"],
+                "workers": np,
+            }
     return results
 
 
 def table(results: dict) -> str:
     rate1 = results["1"]["single"]["median"]
-    lines = [f"1 process, no communication (Horovod loop, size 1): {rate1:.1f} images/sec",
-             "workers  backend  processes  images/sec (median)  runs                      efficiency  "
-             "ranks agree  moved"]
+    lines = [
+        f"1 process, no communication (Horovod loop, size 1): {rate1:.1f} images/sec",
+        "workers  backend  processes  images/sec (median)  runs                      efficiency  ranks agree  moved",
+    ]
     for np, row in results.items():
         if np == "1":
             continue
         for b, r in row.items():
             runs = ", ".join(f"{x['images_per_sec']:.1f}" for x in r["runs"])
-            lines.append(f"{np:>7}  {b:7}  {r['processes']:>9}  {r['median']:19.1f}  {runs:24}  "
-                         f"{r['efficiency'] * 100:9.0f}%  {str(all(x['ranks_agree'] for x in r['runs'])):11}  "
-                         f"{all(x['moved'] for x in r['runs'])}")
+            lines.append(
+                f"{np:>7}  {b:7}  {r['processes']:>9}  {r['median']:19.1f}  {runs:24}  "
+                f"{r['efficiency'] * 100:9.0f}%  {str(all(x['ranks_agree'] for x in r['runs'])):11}  "
+                f"{all(x['moved'] for x in r['runs'])}"
+            )
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     ap.add_argument("--max-np", type=int, default=2, help="workers: 2, 4, ... up to this (default 2)")
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs of each backend; medians reported")
     ap.add_argument("--quick", action="store_true", help="smoke test: 32 px, batch 4, 2 timed iterations, 1 repeat")
@@ -122,7 +136,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.max_np < 2:
         ap.error(f"--max-np {args.max_np}: a comparison needs at least 2 workers (use --max-np 2 or more)")
-    counts = [2 ** k for k in range(1, args.max_np.bit_length()) if 2 ** k <= args.max_np]
+    counts = [2**k for k in range(1, args.max_np.bit_length()) if 2**k <= args.max_np]
     config = dict(LOCAL, **(QUICK if args.quick else FULL))
     repeats = 1 if args.quick else args.repeats
     load_before = uptime()
@@ -134,12 +148,22 @@ def main(argv=None) -> int:
     print("config: " + ", ".join(f"{k} {v}" for k, v in config.items()))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": "python -m benchmarks.backends " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "machine": {"cores": os.cpu_count(), "load_before": load_before, "load_after": load_after},
-            "horovod_controller": controller("auto"),
-            "quick": args.quick, "repeats": repeats, "config": config, "results": results}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                    "command": "python -m benchmarks.backends " + " ".join(argv if argv is not None else sys.argv[1:]),
+                    "machine": {"cores": os.cpu_count(), "load_before": load_before, "load_after": load_after},
+                    "horovod_controller": controller("auto"),
+                    "quick": args.quick,
+                    "repeats": repeats,
+                    "config": config,
+                    "results": results,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 0
 
 

@@ -10,6 +10,7 @@ to every node before the script starts). With sharded data every rank reads its 
 reads the set once per epoch; later epochs read nothing when the node's part stays in the mount's cache
 or in memory (--cache-decoded).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,10 +28,10 @@ from benchmarks import planner
 # premium block blob page publishes no lower figure and asks beyond it for a support request.
 EGRESS_BYTES_PER_SEC = 50e9 / 8
 REQUESTS_PER_SEC = 20_000
-HEADROOM = 0.8            # plan to use at most this share of a target: other jobs share the account
+HEADROOM = 0.8  # plan to use at most this share of a target: other jobs share the account
 # ImageNet-1k training set (ILSVRC2012): 1,281,167 JPEGs, about 138 GiB.
 IMAGENET = (1_281_167, 138 * 2**30)
-READ_BLOCK = 8 * 2**20    # an assumption: a mount reads large files in ranged GETs of several MiB
+READ_BLOCK = 8 * 2**20  # an assumption: a mount reads large files in ranged GETs of several MiB
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,8 @@ class DataSet:
 @dataclass(frozen=True)
 class Plan:
     nodes: int
-    images_per_sec: float          # predicted for the cluster, data aside
-    bytes_per_sec: float           # what that rate reads in epoch 1
+    images_per_sec: float  # predicted for the cluster, data aside
+    bytes_per_sec: float  # what that rate reads in epoch 1
     requests_per_sec: float
     storage_images_per_sec: float  # the most the account's targets let the cluster read
     advice: str
@@ -68,21 +69,26 @@ def plan(nodes: int, images_per_sec: float, data: DataSet, node_cache_bytes: flo
     by_bytes = HEADROOM * EGRESS_BYTES_PER_SEC / data.bytes_per_image
     by_requests = HEADROOM * REQUESTS_PER_SEC * (1 if not data.sharded else READ_BLOCK / data.bytes_per_image)
     storage_rate = min(by_bytes, by_requests)
-    download_s = nodes * data.bytes / (HEADROOM * EGRESS_BYTES_PER_SEC)   # every node copies the whole set
+    download_s = nodes * data.bytes / (HEADROOM * EGRESS_BYTES_PER_SEC)  # every node copies the whole set
     part = data.bytes / nodes
     keeps = node_cache_bytes is None or part <= node_cache_bytes
     notes = []
     if not data.sharded and rps > HEADROOM * REQUESTS_PER_SEC:
-        notes.append(f"one GET per image is {rps:,.0f} requests/s, over the account's {REQUESTS_PER_SEC:,} target: "
-                     "use shards")
+        notes.append(
+            f"one GET per image is {rps:,.0f} requests/s, over the account's {REQUESTS_PER_SEC:,} target: use shards"
+        )
     if storage_rate >= images_per_sec:
-        advice = (f"mount: epoch 1 reads {bps / 1e9:.2f} GB/s, {bps / EGRESS_BYTES_PER_SEC * 100:.0f}% of the "
-                  "account's egress target")
+        advice = (
+            f"mount: epoch 1 reads {bps / 1e9:.2f} GB/s, {bps / EGRESS_BYTES_PER_SEC * 100:.0f}% of the "
+            "account's egress target"
+        )
     else:
-        advice = (f"mount reads at most {storage_rate:,.0f} images/s ({storage_rate / images_per_sec * 100:.0f}% of the "
-                  f"predicted rate) while it reads from storage; download mode copies {nodes} x {data.bytes / 1e9:.0f} GB "
-                  f"first (about {download_s / 60:.0f} min at the account's target), or pre-resize the shards "
-                  "(prepare --resize) to read fewer bytes per image")
+        advice = (
+            f"mount reads at most {storage_rate:,.0f} images/s ({storage_rate / images_per_sec * 100:.0f}% of the "
+            f"predicted rate) while it reads from storage; download mode copies {nodes} x {data.bytes / 1e9:.0f} GB "
+            f"first (about {download_s / 60:.0f} min at the account's target), or pre-resize the shards "
+            "(prepare --resize) to read fewer bytes per image"
+        )
     if keeps:
         advice += "; later epochs read nothing (the node's part fits its cache, or use --cache-decoded)"
     else:
@@ -91,8 +97,9 @@ def plan(nodes: int, images_per_sec: float, data: DataSet, node_cache_bytes: flo
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     ap.add_argument("--vm-size", default="Standard_ND96isr_H100_v5")
     ap.add_argument("--gpu-images-per-sec", type=float, required=True, help="measured single-GPU throughput")
     ap.add_argument("--batch", type=int, default=64)
@@ -108,17 +115,22 @@ def main(argv=None) -> int:
     if args.class_folders:
         data = DataSet(data.images, data.bytes, sharded=False)
     t = planner.nccl_transport(size)
-    print(f"{size.name}: {size.gpus} GPUs/node at {args.gpu_images_per_sec:,.0f} images/s each; data "
-          f"{data.images:,} images, {data.bytes_per_image / 1e3:.0f} KB each, {'shards' if data.sharded else 'class folders'}")
+    print(
+        f"{size.name}: {size.gpus} GPUs/node at {args.gpu_images_per_sec:,.0f} images/s each; data "
+        f"{data.images:,} images, {data.bytes_per_image / 1e3:.0f} KB each, {'shards' if data.sharded else 'class folders'}"
+    )
     print("nodes  cluster img/s  epoch-1 GB/s  requests/s  storage allows img/s  advice")
     for nodes in [1, 2, 4, 8, 16, 32, 64]:
         n = nodes * size.gpus
         eff = planner.efficiency(n, size.gpus, args.batch, args.gpu_images_per_sec, planner.RESNET50_BYTES, t, True)
-        p = plan(nodes, n * args.gpu_images_per_sec * eff, data,
-                 args.node_cache_gb * 1e9 if args.node_cache_gb else None)
+        p = plan(
+            nodes, n * args.gpu_images_per_sec * eff, data, args.node_cache_gb * 1e9 if args.node_cache_gb else None
+        )
         allows = "-" if math.isinf(p.storage_images_per_sec) else f"{p.storage_images_per_sec:,.0f}"
-        print(f"{nodes:5}  {p.images_per_sec:13,.0f}  {p.bytes_per_sec / 1e9:12.2f}  {p.requests_per_sec:10,.0f}  "
-              f"{allows:>20}  {p.advice}")
+        print(
+            f"{nodes:5}  {p.images_per_sec:13,.0f}  {p.bytes_per_sec / 1e9:12.2f}  {p.requests_per_sec:10,.0f}  "
+            f"{allows:>20}  {p.advice}"
+        )
     return 0
 
 

@@ -13,6 +13,7 @@
 `--quick` (any device) runs small sizes for a smoke check; `--device cpu` runs on the CPU (CI does, with --quick).
 Reference: NVIDIA's published ResNet-50 (PyTorch, AMP, A100 80 GB, batch 256): 2,470 img/s per GPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
 
 
-def ceiling(device: str, model_name: str, batch: int, image_size: int, dtype: str, compiled: bool,
-            warmup: int, steps: int) -> float:
+def ceiling(
+    device: str, model_name: str, batch: int, image_size: int, dtype: str, compiled: bool, warmup: int, steps: int
+) -> float:
     """Images/sec of a training step on a fixed batch on the device (no input pipeline, no Horovod)."""
     import torch
     import torch.nn.functional as F
@@ -76,12 +78,29 @@ def ceiling(device: str, model_name: str, batch: int, image_size: int, dtype: st
 def payload(args: list[str], env_extra: dict | None = None) -> dict:
     """One process of the PyTorch payload (horovodrun -np 1, Gloo); returns its metrics.json summary."""
     with tempfile.TemporaryDirectory() as out:
-        cmd = [str(BIN / "horovodrun"), "-np", "1", "-H", "localhost:1", "--gloo", sys.executable, "-m",
-               "payloads.pytorch.train", "--no-progress", "--no-resume", "--no-mlflow", *args, "--output-dir", out]
+        cmd = [
+            str(BIN / "horovodrun"),
+            "-np",
+            "1",
+            "-H",
+            "localhost:1",
+            "--gloo",
+            sys.executable,
+            "-m",
+            "payloads.pytorch.train",
+            "--no-progress",
+            "--no-resume",
+            "--no-mlflow",
+            *args,
+            "--output-dir",
+            out,
+        ]
         env = dict(os.environ, PYTHONPATH=str(ROOT), **(env_extra or {}))
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
         if proc.returncode:
-            raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            raise RuntimeError(
+                f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+            )
         return json.loads((pathlib.Path(out) / "metrics.json").read_text())["summary"]
 
 
@@ -92,14 +111,26 @@ def shards(work: pathlib.Path, images: int, size: int) -> pathlib.Path:
 
     tree = generate(work / "tree", images, classes=100)
     out = work / "shards"
-    prepare.main(["--image-dir", str(tree), "--output-dir", str(out), "--shards", "16", "--resize", str(size),
-                  "--formats", "webdataset"])
+    prepare.main(
+        [
+            "--image-dir",
+            str(tree),
+            "--output-dir",
+            str(out),
+            "--shards",
+            "16",
+            "--resize",
+            str(size),
+            "--formats",
+            "webdataset",
+        ]
+    )
     return out / "webdataset"
 
 
 def pipeline(shard_dir: pathlib.Path, image_size: int, batch: int, workers: int, decoder: str, epochs: int) -> float:
     """Images/sec of the shard reader alone (decode, augment, batch as uint8), best epoch after the first."""
-    from benchmarks.input_pipeline import shard_rate  # noqa: F811 - the reader's own measurement
+    from benchmarks.input_pipeline import shard_rate
 
     return shard_rate(shard_dir, image_size, batch, workers, decoder, epochs)
 
@@ -107,8 +138,10 @@ def pipeline(shard_dir: pathlib.Path, image_size: int, batch: int, workers: int,
 def table(rows: list[dict]) -> str:
     width = max(len(r["what"]) for r in rows)
     lines = [f"{'what':<{width}}  images/sec", f"{'-' * width}  ----------"]
-    lines += [f"{r['what']:<{width}}  {r['images_per_sec']:>10.1f}" + (f"  ({r['note']})" if r.get("note") else "")
-              for r in rows]
+    lines += [
+        f"{r['what']:<{width}}  {r['images_per_sec']:>10.1f}" + (f"  ({r['note']})" if r.get("note") else "")
+        for r in rows
+    ]
     return "\n".join(lines)
 
 
@@ -123,8 +156,10 @@ def main(argv=None) -> int:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda but torch sees no GPU (run the health check for the driver and CUDA versions)",
-              file=sys.stderr)
+        print(
+            "error: --device cuda but torch sees no GPU (run the health check for the driver and CUDA versions)",
+            file=sys.stderr,
+        )
         return 2
     if args.quick:
         model, size, batches, warmup, steps, images, real_size = "resnet18", 32, (8,), 2, 3, 128, 40
@@ -132,29 +167,59 @@ def main(argv=None) -> int:
         model, size, batches, warmup, steps, images, real_size = "resnet50", 224, (64, 256), 15, 40, 12800, 160
     dtypes = ("fp16", "bf16")
     rows: list[dict] = []
-    facts = {"device": device, "torch": torch.__version__,
-             "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
-             "cuda": torch.version.cuda if device == "cuda" else None, "workers": args.workers, "quick": args.quick}
+    facts = {
+        "device": device,
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+        "cuda": torch.version.cuda if device == "cuda" else None,
+        "workers": args.workers,
+        "quick": args.quick,
+    }
     started = time.perf_counter()
 
     for batch in batches:
         for dtype in dtypes:
             # --quick compiles one case only: inductor's compile alone takes minutes on a CPU.
-            for compiled in ((False, True) if not args.quick or dtype == "bf16" else (False,)):
+            for compiled in (False, True) if not args.quick or dtype == "bf16" else (False,):
                 rate = ceiling(device, model, batch, size, dtype, compiled, warmup, steps)
-                rows.append({"what": f"ceiling {model} batch {batch} {dtype}{' compiled' if compiled else ''}",
-                             "images_per_sec": rate, "kind": "ceiling", "batch": batch, "dtype": dtype,
-                             "compiled": compiled})
+                rows.append(
+                    {
+                        "what": f"ceiling {model} batch {batch} {dtype}{' compiled' if compiled else ''}",
+                        "images_per_sec": rate,
+                        "kind": "ceiling",
+                        "batch": batch,
+                        "dtype": dtype,
+                        "compiled": compiled,
+                    }
+                )
                 print(table(rows[-1:]).splitlines()[-1], flush=True)
 
     big = batches[-1]
-    common = ["--model", model, "--image-size", str(size), "--batch-size", str(big), "--epochs", "1",
-              "--warmup-epochs", "0", "--startup-steps", str(warmup)]
+    common = [
+        "--model",
+        model,
+        "--image-size",
+        str(size),
+        "--batch-size",
+        str(big),
+        "--epochs",
+        "1",
+        "--warmup-epochs",
+        "0",
+        "--startup-steps",
+        str(warmup),
+    ]
     if device == "cpu":
         common += ["--amp", "--threads", str(os.cpu_count() or 1)]
     synthetic = payload(common + ["--data", "synthetic", "--synthetic-samples", str(big * (warmup + steps))])
-    rows.append({"what": f"payload synthetic batch {big}", "images_per_sec": synthetic["total_images_per_sec"],
-                 "kind": "payload", "startup_seconds": synthetic.get("startup_seconds")})
+    rows.append(
+        {
+            "what": f"payload synthetic batch {big}",
+            "images_per_sec": synthetic["total_images_per_sec"],
+            "kind": "payload",
+            "startup_seconds": synthetic.get("startup_seconds"),
+        }
+    )
     print(table(rows[-1:]).splitlines()[-1], flush=True)
 
     with tempfile.TemporaryDirectory() as work:
@@ -163,15 +228,28 @@ def main(argv=None) -> int:
 
         for decoder in available():
             rate = pipeline(shard_dir, size, big, args.workers, decoder, epochs=2)
-            rows.append({"what": f"input pipeline {decoder}, {args.workers} workers, {real_size} px shards",
-                         "images_per_sec": rate, "kind": "pipeline", "decoder": decoder})
+            rows.append(
+                {
+                    "what": f"input pipeline {decoder}, {args.workers} workers, {real_size} px shards",
+                    "images_per_sec": rate,
+                    "kind": "pipeline",
+                    "decoder": decoder,
+                }
+            )
             print(table(rows[-1:]).splitlines()[-1], flush=True)
-        real = payload(common + ["--data", "shards", "--data-dir", str(shard_dir), "--workers", str(args.workers),
-                                 "--epochs", "3"])
+        real = payload(
+            common + ["--data", "shards", "--data-dir", str(shard_dir), "--workers", str(args.workers), "--epochs", "3"]
+        )
         ratio = real["total_images_per_sec"] / synthetic["total_images_per_sec"]
-        rows.append({"what": f"payload real data ({real_size} px shards, {args.workers} workers)",
-                     "images_per_sec": real["total_images_per_sec"], "kind": "real",
-                     "note": f"{ratio:.0%} of synthetic", "ratio_to_synthetic": ratio})
+        rows.append(
+            {
+                "what": f"payload real data ({real_size} px shards, {args.workers} workers)",
+                "images_per_sec": real["total_images_per_sec"],
+                "kind": "real",
+                "note": f"{ratio:.0%} of synthetic",
+                "ratio_to_synthetic": ratio,
+            }
+        )
 
     facts["seconds"] = time.perf_counter() - started
     print()

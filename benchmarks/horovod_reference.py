@@ -9,6 +9,7 @@ The target is a ratio of at least 1.0: the payload's data, metrics and checkpoin
 Horovod's loop runs plain SGD (as its benchmark does); the loop is also run with the payload's optimizer (momentum
 and weight decay), the fair reference for what the payload adds around the step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,12 +39,38 @@ def horovodrun_command(np: int) -> tuple[list[str], dict]:
 def payload(np: int, epochs: int) -> float:
     cmd, env = horovodrun_command(np)
     with tempfile.TemporaryDirectory() as out:
-        args = ["--model", LOCAL["model"], "--image-size", str(LOCAL["image_size"]), "--num-classes",
-                str(LOCAL["num_classes"]), "--batch-size", str(LOCAL["batch_size"]), "--threads", str(LOCAL["threads"]),
-                "--synthetic-samples", "1024", "--epochs", str(epochs), "--warmup-epochs", "1", "--workers", "0",
-                "--no-progress", "--no-mlflow", "--output-dir", out]
-        proc = subprocess.run(cmd + [sys.executable, "-m", "payloads.pytorch.train", *args], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=1800)
+        args = [
+            "--model",
+            LOCAL["model"],
+            "--image-size",
+            str(LOCAL["image_size"]),
+            "--num-classes",
+            str(LOCAL["num_classes"]),
+            "--batch-size",
+            str(LOCAL["batch_size"]),
+            "--threads",
+            str(LOCAL["threads"]),
+            "--synthetic-samples",
+            "1024",
+            "--epochs",
+            str(epochs),
+            "--warmup-epochs",
+            "1",
+            "--workers",
+            "0",
+            "--no-progress",
+            "--no-mlflow",
+            "--output-dir",
+            out,
+        ]
+        proc = subprocess.run(
+            cmd + [sys.executable, "-m", "payloads.pytorch.train", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         if proc.returncode:
             raise RuntimeError(proc.stdout[-3000:] + proc.stderr[-3000:])
         return json.loads((pathlib.Path(out) / "metrics.json").read_text())["summary"]["total_images_per_sec"]
@@ -52,8 +79,14 @@ def payload(np: int, epochs: int) -> float:
 def horovod_loop(np: int, iters: int, optimizer: str = "plain") -> float:
     cmd, env = horovodrun_command(np)
     args = [f"--{k.replace('_', '-')}={v}" for k, v in LOCAL.items()] + [f"--iters={iters}", f"--optimizer={optimizer}"]
-    proc = subprocess.run(cmd + [sys.executable, "-m", "benchmarks._horovod_loop", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        cmd + [sys.executable, "-m", "benchmarks._horovod_loop", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if proc.returncode:
         raise RuntimeError(proc.stdout[-3000:] + proc.stderr[-3000:])
     found = re.findall(r"loop images/sec: ([0-9.]+)", proc.stdout)
@@ -71,24 +104,36 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=pathlib.Path)
     args = ap.parse_args(argv)
     result = {}
-    load = os.getloadavg()[0]   # the figures mean little on a busy machine: recorded beside them
+    load = os.getloadavg()[0]  # the figures mean little on a busy machine: recorded beside them
     for np in range(1, args.max_np + 1):
         ours, theirs, same = [], [], []
-        for _ in range(args.repeats):      # alternate, so drift on a shared machine hits all alike
+        for _ in range(args.repeats):  # alternate, so drift on a shared machine hits all alike
             ours.append(payload(np, args.epochs))
             theirs.append(horovod_loop(np, args.iters))
             same.append(horovod_loop(np, args.iters, "payload"))
         a, b, c = statistics.median(ours), statistics.median(theirs), statistics.median(same)
-        result[np] = {"payload": a, "horovod_loop": b, "ratio": a / b, "payload_runs": ours, "loop_runs": theirs,
-                      "horovod_loop_payload_optimizer": c, "ratio_same_optimizer": a / c, "loop_payload_optimizer_runs": same}
-        runs = lambda xs: ", ".join(f"{x:.1f}" for x in xs)  # noqa: E731
-        print(f"{np} process(es): payload {a:.1f} images/sec (runs {runs(ours)}); Horovod's loop {b:.1f} (runs "
-              f"{runs(theirs)}): ratio {a / b:.2f}; the loop with the payload's optimizer {c:.1f} (runs {runs(same)}): "
-              f"ratio {a / c:.2f}", flush=True)
+        result[np] = {
+            "payload": a,
+            "horovod_loop": b,
+            "ratio": a / b,
+            "payload_runs": ours,
+            "loop_runs": theirs,
+            "horovod_loop_payload_optimizer": c,
+            "ratio_same_optimizer": a / c,
+            "loop_payload_optimizer_runs": same,
+        }
+        runs = lambda xs: ", ".join(f"{x:.1f}" for x in xs)
+        print(
+            f"{np} process(es): payload {a:.1f} images/sec (runs {runs(ours)}); Horovod's loop {b:.1f} (runs "
+            f"{runs(theirs)}): ratio {a / b:.2f}; the loop with the payload's optimizer {c:.1f} (runs {runs(same)}): "
+            f"ratio {a / c:.2f}",
+            flush=True,
+        )
     print("config: " + ", ".join(f"{k} {v}" for k, v in LOCAL.items()) + f"; load average before: {load}")
     if args.json:
-        args.json.write_text(json.dumps({"config": LOCAL, "load_average_before": load, "results": result},
-                                        indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({"config": LOCAL, "load_average_before": load, "results": result}, indent=2) + "\n"
+        )
     return 0
 
 

@@ -29,6 +29,7 @@ photographs, in class folders. Then:
 On a 2-core machine the data loader and the model share the cores; on a GPU node the loader has the CPUs
 to itself, so the training ratios here are a lower bound for what a GPU sees.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -99,17 +100,28 @@ def folder_loader(tree_dir: pathlib.Path, image_size: int, batch: int, workers: 
     ds = data.ImageFiles(imagefolder.scan(tree_dir), image_size, train=True, skip_corrupt=False)
     sampler = data.ShardedBatchSampler(len(ds), 0, 1, batch, seed=0, tag_epoch=True)
     kwargs = dict(multiprocessing_context="forkserver", persistent_workers=True, prefetch_factor=4) if workers else {}
-    return DataLoader(ds, batch_sampler=sampler, num_workers=workers, collate_fn=data.collate,
-                      generator=torch.Generator(), **kwargs), sampler
+    return DataLoader(
+        ds, batch_sampler=sampler, num_workers=workers, collate_fn=data.collate, generator=torch.Generator(), **kwargs
+    ), sampler
 
 
-def shard_loader(shard_dir: pathlib.Path, image_size: int, batch: int, workers: int, cache: bool,
-                 decoder: str = "auto"):
+def shard_loader(
+    shard_dir: pathlib.Path, image_size: int, batch: int, workers: int, cache: bool, decoder: str = "auto"
+):
     from payloads.pytorch import shards
 
     train, _, _ = shards.open_set(shard_dir)
-    return shards.ShardLoader(train, 0, 1, batch, seed=0, transform=shards.Transform(image_size, train=True),
-                              workers=workers, cache=cache, decoder=decoder)
+    return shards.ShardLoader(
+        train,
+        0,
+        1,
+        batch,
+        seed=0,
+        transform=shards.Transform(image_size, train=True),
+        workers=workers,
+        cache=cache,
+        decoder=decoder,
+    )
 
 
 def shard_rate(shard_dir: pathlib.Path, image_size: int, batch: int, workers: int, decoder: str, epochs: int) -> float:
@@ -137,13 +149,17 @@ def decoder_table(args, tree_dir: pathlib.Path) -> list[tuple[str, str, float, f
         sets[f"pre-resized {side}"] = [prepare.encode(p, side)[0] for p in paths]
     for name, blobs in sets.items():
         shapes = np.array([decoders.pillow(b).shape[:2] for b in blobs[:50]])
-        print(f"  {name:18} {len(blobs)} JPEGs, mean {np.mean([len(b) for b in blobs]) / 1e3:.0f} KB, "
-              f"about {shapes[:, 1].mean():.0f} x {shapes[:, 0].mean():.0f} px")
+        print(
+            f"  {name:18} {len(blobs)} JPEGs, mean {np.mean([len(b) for b in blobs]) / 1e3:.0f} KB, "
+            f"about {shapes[:, 1].mean():.0f} x {shapes[:, 0].mean():.0f} px"
+        )
     names = decoders.available()
     missing = [n for n in decoders.PREFERENCE if n not in names]
     transform = data.Transform(args.image_size, train=True)
     rows = []
-    print(f"\n  {'decoder':12} {'images':18} {'decode img/s/core':>18} {'+ crop ' + str(args.image_size) + ' img/s/core':>24}")
+    print(
+        f"\n  {'decoder':12} {'images':18} {'decode img/s/core':>18} {'+ crop ' + str(args.image_size) + ' img/s/core':>24}"
+    )
     for name in names:
         decode = decoders.make(name)
         for label, blobs in sets.items():
@@ -172,8 +188,11 @@ def pipeline(args, tree_dir: pathlib.Path, shard_dirs: dict[str, pathlib.Path]) 
     def measure(name: str, epoch_label: str, it) -> None:
         n, s, first = _rate(it)
         rows.append((name, epoch_label, n / s))
-        print(f"  {name:45} {epoch_label:28} {n / s:8.1f} images/sec ({n} images in {s:.1f} s; first batch after "
-              f"{first:.1f} s)", flush=True)
+        print(
+            f"  {name:45} {epoch_label:28} {n / s:8.1f} images/sec ({n} images in {s:.1f} s; first batch after "
+            f"{first:.1f} s)",
+            flush=True,
+        )
 
     dropped = args.drop_page_cache and drop_page_cache()
     if args.drop_page_cache and not dropped:
@@ -200,9 +219,27 @@ def pipeline(args, tree_dir: pathlib.Path, shard_dirs: dict[str, pathlib.Path]) 
 
 def train_rate(args, extra: list[str], out: pathlib.Path) -> float:
     """Images/sec of the last epoch of one payload process (epoch 1 includes start-up and cache filling)."""
-    cmd = [sys.executable, "-m", "payloads.pytorch.train", "--model", args.train_model, "--image-size",
-           str(args.train_image_size), "--batch-size", str(args.batch), "--epochs", str(args.train_epochs),
-           "--workers", str(args.workers), "--no-progress", "--warmup-epochs", "0", "--output-dir", str(out), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "payloads.pytorch.train",
+        "--model",
+        args.train_model,
+        "--image-size",
+        str(args.train_image_size),
+        "--batch-size",
+        str(args.batch),
+        "--epochs",
+        str(args.train_epochs),
+        "--workers",
+        str(args.workers),
+        "--no-progress",
+        "--warmup-epochs",
+        "0",
+        "--output-dir",
+        str(out),
+        *extra,
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -211,8 +248,9 @@ def train_rate(args, extra: list[str], out: pathlib.Path) -> float:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--classes", type=int, default=20)
     p.add_argument("--shards", type=int, default=16)
@@ -224,7 +262,9 @@ def main(argv=None) -> int:
     p.add_argument("--train-epochs", type=int, default=2)
     p.add_argument("--work-dir", type=pathlib.Path, default=None, help="keep the generated images here between runs")
     p.add_argument("--skip-training", action="store_true")
-    p.add_argument("--drop-page-cache", action="store_true", help="epoch 1 from disk (root; disturbs the whole machine)")
+    p.add_argument(
+        "--drop-page-cache", action="store_true", help="epoch 1 from disk (root; disturbs the whole machine)"
+    )
     p.add_argument("--tiny", action="store_true", help="seconds-long check: 64 small images, tiny model")
     p.add_argument("--decoders-only", action="store_true", help="only the JPEG decoder table")
     p.add_argument("--decode-images", type=int, default=300, help="JPEGs per set in the decoder table")
@@ -242,19 +282,35 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     tree_dir = generate(work / "images", args.images, args.classes)
     sizes = [f.stat().st_size for f in tree_dir.rglob("*.JPEG")]
-    print(f"{len(sizes)} generated JPEGs (ImageNet-like, not ImageNet) in {tree_dir}: mean {np.mean(sizes) / 1e3:.0f} KB "
-          f"({time.perf_counter() - t:.0f} s)")
+    print(
+        f"{len(sizes)} generated JPEGs (ImageNet-like, not ImageNet) in {tree_dir}: mean {np.mean(sizes) / 1e3:.0f} KB "
+        f"({time.perf_counter() - t:.0f} s)"
+    )
     print("\nJPEG decoders, 1 process x 1 thread (images/sec per core):")
     rows = decoder_table(args, tree_dir)
     if args.json:
         import platform
+
         from .report import cpu_model
-        args.json.write_text(json.dumps({
-            "date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "cpu": cpu_model(),
-            "command": "python -m benchmarks.input_pipeline " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "python": platform.python_version(), "image_size": args.image_size,
-            "rows": [{"decoder": d, "images": s, "decode_per_core": r1, "decode_crop_per_core": r2}
-                     for d, s, r1, r2 in rows]}, indent=2))
+
+        args.json.write_text(
+            json.dumps(
+                {
+                    "date": time.strftime("%Y-%m-%d"),
+                    "cores": os.cpu_count(),
+                    "cpu": cpu_model(),
+                    "command": "python -m benchmarks.input_pipeline "
+                    + " ".join(argv if argv is not None else sys.argv[1:]),
+                    "python": platform.python_version(),
+                    "image_size": args.image_size,
+                    "rows": [
+                        {"decoder": d, "images": s, "decode_per_core": r1, "decode_crop_per_core": r2}
+                        for d, s, r1, r2 in rows
+                    ],
+                },
+                indent=2,
+            )
+        )
     if args.decoders_only:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -263,8 +319,15 @@ def main(argv=None) -> int:
     for label, resize in (("", None), (", pre-resized to 256", 256)):
         out = work / f"shards-{resize or 'full'}"
         t = time.perf_counter()
-        prepare.run(tree_dir, out, shards=args.shards, formats=["webdataset"], resize=resize,
-                    workers=args.workers, progress=False)
+        prepare.run(
+            tree_dir,
+            out,
+            shards=args.shards,
+            formats=["webdataset"],
+            resize=resize,
+            workers=args.workers,
+            progress=False,
+        )
         mb = sum(f.stat().st_size for f in (out / "webdataset").glob("*.tar")) / 1e6
         print(f"prepared {out / 'webdataset'} ({mb:.0f} MB, {time.perf_counter() - t:.0f} s)")
         shard_dirs[label] = out / "webdataset"
@@ -273,19 +336,27 @@ def main(argv=None) -> int:
     pipeline(args, tree_dir, shard_dirs)
 
     if not args.skip_training:
-        print(f"\ntraining: {args.train_model} at {args.train_image_size} px, batch {args.batch}, 1 process, "
-              f"{args.workers} workers, last of {args.train_epochs} epochs")
+        print(
+            f"\ntraining: {args.train_model} at {args.train_image_size} px, batch {args.batch}, 1 process, "
+            f"{args.workers} workers, last of {args.train_epochs} epochs"
+        )
         runs = work / "runs"
         shutil.rmtree(runs, ignore_errors=True)
-        synth = train_rate(args, ["--data", "synthetic", "--synthetic-samples", str(args.images),
-                                  "--num-classes", str(args.classes)], runs / "synthetic")
+        synth = train_rate(
+            args,
+            ["--data", "synthetic", "--synthetic-samples", str(args.images), "--num-classes", str(args.classes)],
+            runs / "synthetic",
+        )
         print(f"  synthetic data                                 {synth:8.1f} images/sec", flush=True)
-        for name, extra in (("class folders", ["--data", "imagefolder", "--data-dir", str(tree_dir)]),
-                            ("shards", ["--data", "shards", "--data-dir", str(shard_dirs[''])]),
-                            ("shards, --cache-decoded", ["--data", "shards", "--data-dir", str(shard_dirs['']),
-                                                         "--cache-decoded"]),
-                            ("shards pre-resized to 256, --cache-decoded",
-                             ["--data", "shards", "--data-dir", str(shard_dirs[', pre-resized to 256']), "--cache-decoded"])):
+        for name, extra in (
+            ("class folders", ["--data", "imagefolder", "--data-dir", str(tree_dir)]),
+            ("shards", ["--data", "shards", "--data-dir", str(shard_dirs[''])]),
+            ("shards, --cache-decoded", ["--data", "shards", "--data-dir", str(shard_dirs['']), "--cache-decoded"]),
+            (
+                "shards pre-resized to 256, --cache-decoded",
+                ["--data", "shards", "--data-dir", str(shard_dirs[', pre-resized to 256']), "--cache-decoded"],
+            ),
+        ):
             r = train_rate(args, extra, runs / name.replace(" ", "_").replace(",", ""))
             print(f"  {name:46} {r:8.1f} images/sec = {r / synth * 100:5.1f}% of synthetic", flush=True)
     if args.work_dir is None:

@@ -12,6 +12,7 @@ and writes PNGs under docs/figures/:
 A result that is missing is reported with the command that produces it; the other figures are still drawn.
 Nothing here measures anything: re-running it on unchanged results gives the same figures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,22 +29,24 @@ FIGURES = HERE.parent / "docs" / "figures"
 PRODUCERS = {  # result file -> the command that writes it
     "allreduce.json": "python -m benchmarks.allreduce --json benchmarks/results/allreduce.json",
     "scaling-local.json": "python -m benchmarks.scaling --config local --controllers auto,gloo --repeats 3 "
-                          "--json benchmarks/results/scaling-local.json",
+    "--json benchmarks/results/scaling-local.json",
     "scaling-resnet50.json": "python -m benchmarks.scaling --config resnet50 --json benchmarks/results/scaling-resnet50.json",
     "scaling-landcover.json": "python -m benchmarks.scaling --config landcover --payload segmentation "
-                              "--json benchmarks/results/scaling-landcover.json",
+    "--json benchmarks/results/scaling-landcover.json",
     "decoders.json": "python -m benchmarks.input_pipeline --decoders-only --images 300 "
-                     "--json benchmarks/results/decoders.json",
+    "--json benchmarks/results/decoders.json",
 }
 for _p in ("pytorch", "tensorflow", "keras"):
-    PRODUCERS[f"frameworks-{_p}.json"] = (f"python -m benchmarks.scaling --config frameworks --payload {_p} "
-                                          f"--json benchmarks/results/frameworks-{_p}.json")
+    PRODUCERS[f"frameworks-{_p}.json"] = (
+        f"python -m benchmarks.scaling --config frameworks --payload {_p} "
+        f"--json benchmarks/results/frameworks-{_p}.json"
+    )
 
 
 def _pyplot():
     import matplotlib
 
-    matplotlib.use("Agg")   # files only, no display
+    matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
     return plt
@@ -75,12 +78,14 @@ def _machine() -> str:
 def scaling(out: pathlib.Path, missing: list[str]) -> bool:
     """Images/sec (patches/sec for land cover) at each measured process count, per job and controller."""
     series = []
-    for name, label in (("scaling-local.json", "local job, ResNet-18 64 px"),
-                        ("scaling-resnet50.json", "ResNet-50 224 px"),
-                        ("frameworks-pytorch.json", "PyTorch payload, ResNet-50 64 px"),
-                        ("frameworks-tensorflow.json", "TensorFlow payload, ResNet-50 64 px"),
-                        ("frameworks-keras.json", "Keras payload, ResNet-50 64 px"),
-                        ("scaling-landcover.json", "land-cover U-Net (patches)")):
+    for name, label in (
+        ("scaling-local.json", "local job, ResNet-18 64 px"),
+        ("scaling-resnet50.json", "ResNet-50 224 px"),
+        ("frameworks-pytorch.json", "PyTorch payload, ResNet-50 64 px"),
+        ("frameworks-tensorflow.json", "TensorFlow payload, ResNet-50 64 px"),
+        ("frameworks-keras.json", "Keras payload, ResNet-50 64 px"),
+        ("scaling-landcover.json", "land-cover U-Net (patches)"),
+    ):
         s = _load(name, missing)
         if s is None:
             continue
@@ -96,8 +101,8 @@ def scaling(out: pathlib.Path, missing: list[str]) -> bool:
     for label, h, ceiling in series:
         counts = sorted(h)
         speedup = [h[n] / h[1] for n in counts]
-        line, = ax.plot(counts, speedup, "o-", label=f"{label} ({h[counts[-1]] / (counts[-1] * h[1]) * 100:.0f}%)")
-        if ceiling:   # two plain loops at once, no communication: the most any allreduce could reach here
+        (line,) = ax.plot(counts, speedup, "o-", label=f"{label} ({h[counts[-1]] / (counts[-1] * h[1]) * 100:.0f}%)")
+        if ceiling:  # two plain loops at once, no communication: the most any allreduce could reach here
             ax.plot([2], [ceiling / h[1]], "_", markersize=18, color=line.get_color())
     ax.plot([1, top], [1, top], ":", color="grey", label="linear")
     ax.plot([], [], "_", markersize=18, color="black", label="2 plain loops at once (the machine's ceiling)")
@@ -120,8 +125,12 @@ def allreduce(out: pathlib.Path, missing: list[str]) -> bool:
     fig, ax = plt.subplots(figsize=(8, 5))
     for run in ar["runs"]:
         rows = [r for r in run["results"] if r["name"].endswith(" MB")]
-        ax.plot([r["bytes"] for r in rows], [r["bytes"] * 2 * (n - 1) / n / r["seconds"] / 1e9 for r in rows],
-                "o-", label=run["label"])
+        ax.plot(
+            [r["bytes"] for r in rows],
+            [r["bytes"] * 2 * (n - 1) / n / r["seconds"] / 1e9 for r in rows],
+            "o-",
+            label=run["label"],
+        )
     ax.set_xscale("log")
     ax.set_xlabel("allreduce size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")
@@ -164,8 +173,10 @@ def decoders(out: pathlib.Path, missing: list[str]) -> bool:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.5), sharey=False)
     width = 0.8 / len(names)
-    for ax, key, title in ((axes[0], "decode_per_core", "decode"),
-                           (axes[1], "decode_crop_per_core", f"decode + crop {d.get('image_size', 224)} px")):
+    for ax, key, title in (
+        (axes[0], "decode_per_core", "decode"),
+        (axes[1], "decode_crop_per_core", f"decode + crop {d.get('image_size', 224)} px"),
+    ):
         for j, name in enumerate(names):
             rates = {r["images"]: r[key] for r in d["rows"] if r["decoder"] == name}
             ax.bar([i + j * width for i in range(len(sets))], [rates.get(s, 0) for s in sets], width, label=name)
@@ -179,17 +190,23 @@ def decoders(out: pathlib.Path, missing: list[str]) -> bool:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", type=pathlib.Path, default=FIGURES, help="folder for the PNGs (default docs/figures)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     missing: list[str] = []
-    drawn = [name for name, ok in (
-        ("scaling.png", scaling(args.out / "scaling.png", missing)),
-        ("allreduce.png", allreduce(args.out / "allreduce.png", missing)),
-        ("planner-seed.png", planner_seed(args.out / "planner-seed.png")),
-        ("decoders.png", decoders(args.out / "decoders.png", missing))) if ok]
+    drawn = [
+        name
+        for name, ok in (
+            ("scaling.png", scaling(args.out / "scaling.png", missing)),
+            ("allreduce.png", allreduce(args.out / "allreduce.png", missing)),
+            ("planner-seed.png", planner_seed(args.out / "planner-seed.png")),
+            ("decoders.png", decoders(args.out / "decoders.png", missing)),
+        )
+        if ok
+    ]
     planner.plot_efficiency(args.out / "efficiency.png", planner.calibrate())
     drawn.append("efficiency.png")
     for name in drawn:

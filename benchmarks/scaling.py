@@ -10,6 +10,7 @@ only). `--config frameworks` is one model every payload has (ResNet-50, 64 px), 
 `--config landcover` is the land-cover segmentation payload's local run (U-Net, ResNet-18 encoder, 64 px
 patches) on synthetic tiles prepared once in a temporary folder; its "images" are patches.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,38 +28,111 @@ BIN = pathlib.Path(sys.executable).parent
 
 CONFIGS = {
     # the local job (scripts/train-local)
-    "local": ["--model", "resnet18", "--image-size", "64", "--num-classes", "100", "--batch-size", "16",
-              "--synthetic-samples", "1024", "--epochs", "2"],
+    "local": [
+        "--model",
+        "resnet18",
+        "--image-size",
+        "64",
+        "--num-classes",
+        "100",
+        "--batch-size",
+        "16",
+        "--synthetic-samples",
+        "1024",
+        "--epochs",
+        "2",
+    ],
     # the issue's reference: ResNet-50 at 224 px, batch 32 per process (a few steps: it is slow on a CPU)
-    "resnet50": ["--model", "resnet50", "--image-size", "224", "--num-classes", "1000", "--batch-size", "32",
-                 "--synthetic-samples", "512", "--max-steps-per-epoch", "4", "--epochs", "2"],
+    "resnet50": [
+        "--model",
+        "resnet50",
+        "--image-size",
+        "224",
+        "--num-classes",
+        "1000",
+        "--batch-size",
+        "32",
+        "--synthetic-samples",
+        "512",
+        "--max-steps-per-epoch",
+        "4",
+        "--epochs",
+        "2",
+    ],
     # the same model in PyTorch, TensorFlow and Keras
-    "frameworks": ["--model", "resnet50", "--image-size", "64", "--num-classes", "100", "--batch-size", "16",
-                   "--synthetic-samples", "512", "--max-steps-per-epoch", "8", "--epochs", "2"],
+    "frameworks": [
+        "--model",
+        "resnet50",
+        "--image-size",
+        "64",
+        "--num-classes",
+        "100",
+        "--batch-size",
+        "16",
+        "--synthetic-samples",
+        "512",
+        "--max-steps-per-epoch",
+        "8",
+        "--epochs",
+        "2",
+    ],
     # scripts/train-landcover's run (payload segmentation): 16 blocks, so 1 and 2 processes read exact shares
-    "landcover": ["--model", "unet_resnet18", "--image-size", "64", "--batch-size", "8", "--patches-per-epoch", "512",
-                  "--epochs", "2"],
+    "landcover": [
+        "--model",
+        "unet_resnet18",
+        "--image-size",
+        "64",
+        "--batch-size",
+        "8",
+        "--patches-per-epoch",
+        "512",
+        "--epochs",
+        "2",
+    ],
 }
 PAYLOADS = ("pytorch", "tensorflow", "keras", "segmentation")
-COMMON = ["--data", "synthetic", "--workers", "0", "--threads", "1", "--no-progress", "--warmup-epochs", "0",
-          "--no-resume"]
+COMMON = [
+    "--data",
+    "synthetic",
+    "--workers",
+    "0",
+    "--threads",
+    "1",
+    "--no-progress",
+    "--warmup-epochs",
+    "0",
+    "--no-resume",
+]
 
 
 def payload(np: int, args: list[str], name: str = "pytorch", controller: str = "gloo") -> float:
     with tempfile.TemporaryDirectory() as out:
         from launcher.local import horovodrun_options
 
-        flags, fast_env = horovodrun_options(controller)   # what the launcher's local target runs
+        flags, fast_env = horovodrun_options(controller)  # what the launcher's local target runs
         # land cover declares neither --data (tiles only) nor --workers (it cuts patches in the training process)
         common = COMMON[4:] + ["--data-dir", str(_landcover_tiles())] if name == "segmentation" else COMMON
-        cmd = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", *flags, sys.executable, "-m",
-               f"payloads.{name}.train", *common, *args, "--output-dir", out]
+        cmd = [
+            str(BIN / "horovodrun"),
+            "-np",
+            str(np),
+            "-H",
+            f"localhost:{np}",
+            *flags,
+            sys.executable,
+            "-m",
+            f"payloads.{name}.train",
+            *common,
+            *args,
+            "--output-dir",
+            out,
+        ]
         env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", **fast_env)
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
         if proc.returncode:
             raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-2000:])
         epochs = json.loads((pathlib.Path(out) / "metrics.json").read_text())["epochs"]
-    last = epochs[-1]          # the first epoch carries start-up costs
+    last = epochs[-1]  # the first epoch carries start-up costs
     return last["images_per_sec"]
 
 
@@ -123,12 +197,19 @@ def main(argv=None) -> int:
     ap.add_argument("--config", choices=sorted(CONFIGS), default="local")
     ap.add_argument("--payload", choices=PAYLOADS, default="pytorch")
     ap.add_argument("--max-np", type=int, default=2)
-    ap.add_argument("--controllers", default="auto",
-                    help="comma-separated Horovod controllers to compare (gloo, mpi); auto = the local launcher's choice")
-    ap.add_argument("--repeats", type=int, default=1, help="runs per controller and process count, alternating; "
-                                                            "the median is reported")
+    ap.add_argument(
+        "--controllers",
+        default="auto",
+        help="comma-separated Horovod controllers to compare (gloo, mpi); auto = the local launcher's choice",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per controller and process count, alternating; the median is reported",
+    )
     ap.add_argument("--json", type=pathlib.Path)
-    ap.add_argument("--plain-only", action="store_true", help=argparse.SUPPRESS)   # one loop, for independent()
+    ap.add_argument("--plain-only", action="store_true", help=argparse.SUPPRESS)  # one loop, for independent()
     args = ap.parse_args(argv)
     extra = CONFIGS[args.config]
     if (args.config == "landcover") != (args.payload == "segmentation"):
@@ -142,7 +223,7 @@ def main(argv=None) -> int:
     plain = plain_loop(extra) if args.payload == "pytorch" else None
     ceiling = {np: independent(np, args.config) for np in range(2, args.max_np + 1)} if plain else {}
     runs: dict[str, dict[int, list[float]]] = {c: {np: [] for np in range(1, args.max_np + 1)} for c in controllers}
-    for _ in range(args.repeats):                 # alternate, so drift on a shared machine hits all alike
+    for _ in range(args.repeats):  # alternate, so drift on a shared machine hits all alike
         for np in range(1, args.max_np + 1):
             for c in controllers:
                 runs[c][np].append(payload(np, extra, args.payload, c))
@@ -153,20 +234,36 @@ def main(argv=None) -> int:
         print(f"plain PyTorch loop, 1 process: {plain:.1f} images/sec")
         print(f"Horovod, 1 process: {rates[1]:.1f} images/sec ({(rates[1] / plain - 1) * 100:+.1f}% vs plain)")
         for np, rate in ceiling.items():
-            print(f"{np} independent plain loops at once: {rate:.1f} images/sec in all, a ceiling of "
-                  f"{rate / (np * plain) * 100:.0f}% scaling efficiency on this machine")
+            print(
+                f"{np} independent plain loops at once: {rate:.1f} images/sec in all, a ceiling of "
+                f"{rate / (np * plain) * 100:.0f}% scaling efficiency on this machine"
+            )
     else:
         print(f"Horovod, 1 process: {rates[1]:.1f} images/sec")
     for c, per in by_controller.items():
         for np, rate in per.items():
             if np > 1:
-                print(f"Horovod over {c}, {np} processes: {rate:.1f} images/sec (runs: "
-                      f"{', '.join(f'{x:.1f}' for x in runs[c][np])}), scaling efficiency "
-                      f"{rate / (np * per[1]) * 100:.0f}% against its own 1-process rate {per[1]:.1f}")
+                print(
+                    f"Horovod over {c}, {np} processes: {rate:.1f} images/sec (runs: "
+                    f"{', '.join(f'{x:.1f}' for x in runs[c][np])}), scaling efficiency "
+                    f"{rate / (np * per[1]) * 100:.0f}% against its own 1-process rate {per[1]:.1f}"
+                )
     if args.json:
-        args.json.write_text(json.dumps({"config": args.config, "payload": args.payload, "plain": plain,
-                                         "controller": controllers[0], "horovod": rates, "independent": ceiling,
-                                         "controllers": by_controller, "runs": runs}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "config": args.config,
+                    "payload": args.payload,
+                    "plain": plain,
+                    "controller": controllers[0],
+                    "horovod": rates,
+                    "independent": ceiling,
+                    "controllers": by_controller,
+                    "runs": runs,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -15,6 +15,7 @@ when whole; the manifest records it after that, so a rerun of the same command s
 can be checked without decoding (missing tree, empty class, labels file) is checked before any shard is
 written; a corrupt image is reported by path, recorded in the manifest and skipped.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,16 +27,15 @@ import os
 import pathlib
 import re
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from payloads.common import imagefolder
+from payloads.common import imagefolder, manifest
 from payloads.common.errors import ConfigError
-from payloads.common import manifest
 from payloads.common.manifest import FORMATS, TFRECORD, TRAIN, VALIDATION, WEBDATASET, Manifest, Shard, Split
 
 log = logging.getLogger("datatools.prepare")
@@ -45,10 +45,11 @@ JPEG_QUALITY = 90
 @dataclass(frozen=True)
 class Inputs:
     classes: list[str]
-    splits: dict[str, list[tuple[str, int]]]   # split -> sorted (path, label)
+    splits: dict[str, list[tuple[str, int]]]  # split -> sorted (path, label)
 
 
 # ---------------------------------------------------------------------------------------------- inputs
+
 
 def _val_labels(val_dir: pathlib.Path, labels_file: pathlib.Path, classes: list[str]) -> list[tuple[str, int]]:
     """Flat validation images labelled from a ground-truth file: one synset per line in the sorted order of
@@ -56,15 +57,21 @@ def _val_labels(val_dir: pathlib.Path, labels_file: pathlib.Path, classes: list[
     (LOC_val_solution.csv: the first word after the name is the synset)."""
     if not labels_file.is_file():
         raise ConfigError(f"--val-labels {labels_file} does not exist: pass the validation ground-truth file")
-    files = sorted(p for p in val_dir.iterdir() if p.is_file() and p.name.lower().endswith(imagefolder.IMAGE_EXTENSIONS))
+    files = sorted(
+        p for p in val_dir.iterdir() if p.is_file() and p.name.lower().endswith(imagefolder.IMAGE_EXTENSIONS)
+    )
     if not files:
-        raise ConfigError(f"validation folder {val_dir} has no images (looked for {', '.join(imagefolder.IMAGE_EXTENSIONS)})")
+        raise ConfigError(
+            f"validation folder {val_dir} has no images (looked for {', '.join(imagefolder.IMAGE_EXTENSIONS)})"
+        )
     lines = [ln.strip() for ln in labels_file.read_text().splitlines() if ln.strip()]
     index = {c: i for i, c in enumerate(classes)}
     if lines and all(len(re.split(r"[\s,]+", ln)) == 1 for ln in lines):
         if len(lines) != len(files):
-            raise ConfigError(f"{labels_file} has {len(lines)} labels for {len(files)} images in {val_dir}: "
-                              "a one-column labels file needs one line per image, in sorted file-name order")
+            raise ConfigError(
+                f"{labels_file} has {len(lines)} labels for {len(files)} images in {val_dir}: "
+                "a one-column labels file needs one line per image, in sorted file-name order"
+            )
         pairs = list(zip(files, lines))
     else:
         by_stem = {}
@@ -74,13 +81,17 @@ def _val_labels(val_dir: pathlib.Path, labels_file: pathlib.Path, classes: list[
                 by_stem[pathlib.Path(parts[0]).stem] = parts[1]
         missing = [f.name for f in files if f.stem not in by_stem]
         if missing:
-            raise ConfigError(f"{labels_file} has no label for {len(missing)} validation image(s), e.g. {missing[0]}: "
-                              "use the ground-truth file of this validation set")
+            raise ConfigError(
+                f"{labels_file} has no label for {len(missing)} validation image(s), e.g. {missing[0]}: "
+                "use the ground-truth file of this validation set"
+            )
         pairs = [(f, by_stem[f.stem]) for f in files]
     unknown = sorted({c for _, c in pairs if c not in index})
     if unknown:
-        raise ConfigError(f"{labels_file} names classes with no training folder, e.g. {unknown[0]}: the labels "
-                          "file and the training tree must be of the same data set")
+        raise ConfigError(
+            f"{labels_file} names classes with no training folder, e.g. {unknown[0]}: the labels "
+            "file and the training tree must be of the same data set"
+        )
     return [(str(f), index[c]) for f, c in pairs]
 
 
@@ -98,12 +109,16 @@ def scan(image_dir: pathlib.Path, val_labels: pathlib.Path | None = None) -> Inp
                 val = imagefolder.scan(val_dir, "validation directory")
                 if val.classes != tree.classes:
                     extra = sorted(set(val.classes) - set(tree.classes)) or sorted(set(tree.classes) - set(val.classes))
-                    raise ConfigError(f"{val_dir}'s class folders differ from {train_dir}'s (e.g. {extra[:1]}): "
-                                      "train and val need the same classes")
+                    raise ConfigError(
+                        f"{val_dir}'s class folders differ from {train_dir}'s (e.g. {extra[:1]}): "
+                        "train and val need the same classes"
+                    )
                 splits[VALIDATION] = val.samples
             else:
-                raise ConfigError(f"{val_dir} holds flat images with no class folders: pass --val-labels with its "
-                                  "ground-truth file (e.g. imagenet_2012_validation_synset_labels.txt)")
+                raise ConfigError(
+                    f"{val_dir} holds flat images with no class folders: pass --val-labels with its "
+                    "ground-truth file (e.g. imagenet_2012_validation_synset_labels.txt)"
+                )
     except PermissionError as e:
         raise ConfigError(f"cannot read {e.filename}: {e.strerror}; fix its permissions") from None
     return Inputs(tree.classes, splits)
@@ -122,6 +137,7 @@ def shard_name(fmt: str, split: str, index: int, count: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- encode
+
 
 def encode(path: str, resize: int | None) -> tuple[bytes, str]:
     """(bytes, extension) of one image, decoded in full so that corrupt files fail here, not in training.
@@ -156,26 +172,28 @@ class Job:
     count: int
     samples: list[tuple[int, str, int]]
     resize: int | None
-    folders: dict[str, str]     # format -> output folder
+    folders: dict[str, str]  # format -> output folder
 
 
 def _finish(tmp: pathlib.Path, final: pathlib.Path, samples: int) -> Shard:
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     digest, size = manifest.md5_file(tmp), tmp.stat().st_size
-    os.replace(tmp, final)   # whole files only: an interrupted write leaves a .tmp, never a shard name
+    os.replace(tmp, final)  # whole files only: an interrupted write leaves a .tmp, never a shard name
     return Shard(final.name, samples, size, digest)
 
 
 def write_shard(job: Job) -> tuple[dict[str, Shard], list[dict]]:
     """Write one shard in every requested format; returns ({format: Shard}, skipped inputs)."""
-    tmps = {fmt: pathlib.Path(folder) / f".{shard_name(fmt, job.split, job.index, job.count)}.tmp"
-            for fmt, folder in job.folders.items()}
+    tmps = {
+        fmt: pathlib.Path(folder) / f".{shard_name(fmt, job.split, job.index, job.count)}.tmp"
+        for fmt, folder in job.folders.items()
+    }
     tar = tfw = None
     if WEBDATASET in tmps:
         from webdataset import TarWriter
 
-        tar = TarWriter(str(tmps[WEBDATASET]), encoder=False, mtime=0)   # mtime 0: same bytes on a rerun
+        tar = TarWriter(str(tmps[WEBDATASET]), encoder=False, mtime=0)  # mtime 0: same bytes on a rerun
     if TFRECORD in tmps:
         import tensorflow as tf
 
@@ -207,6 +225,7 @@ def write_shard(job: Job) -> tuple[dict[str, Shard], list[dict]]:
 
 # ---------------------------------------------------------------------------------------------- run
 
+
 def fingerprint(inputs: Inputs, shards: dict[str, int], seed: int, resize: int | None) -> str:
     h = hashlib.sha256(json.dumps([inputs.classes, shards, seed, resize], sort_keys=True).encode())
     for split in sorted(inputs.splits):
@@ -218,8 +237,10 @@ def fingerprint(inputs: Inputs, shards: dict[str, int], seed: int, resize: int |
 def _start_manifest(folder: pathlib.Path, fmt: str, inputs: Inputs, plan: dict) -> Manifest:
     old = manifest.read(folder)
     if old is not None and old.plan.get("fingerprint") != plan["fingerprint"]:
-        raise ConfigError(f"{folder} already holds shards from a different preparation (other images, shard count, "
-                          "seed or --resize): choose a new --output-dir, or delete that folder to start over")
+        raise ConfigError(
+            f"{folder} already holds shards from a different preparation (other images, shard count, "
+            "seed or --resize): choose a new --output-dir, or delete that folder to start over"
+        )
     splits = {}
     for name, samples in inputs.splits.items():
         split = Split(len(samples))
@@ -235,9 +256,17 @@ def _start_manifest(folder: pathlib.Path, fmt: str, inputs: Inputs, plan: dict) 
     return Manifest(fmt, inputs.classes, plan, splits, complete=False)
 
 
-def run(image_dir: pathlib.Path, output_dir: pathlib.Path, shards: int = 64, formats: Sequence[str] = FORMATS,
-        resize: int | None = None, val_labels: pathlib.Path | None = None, seed: int = 0, workers: int = 1,
-        progress: bool = True) -> dict[str, Manifest]:
+def run(
+    image_dir: pathlib.Path,
+    output_dir: pathlib.Path,
+    shards: int = 64,
+    formats: Sequence[str] = FORMATS,
+    resize: int | None = None,
+    val_labels: pathlib.Path | None = None,
+    seed: int = 0,
+    workers: int = 1,
+    progress: bool = True,
+) -> dict[str, Manifest]:
     if shards < 1:
         raise ConfigError(f"--shards must be at least 1, got {shards}")
     if resize is not None and resize < 8:
@@ -247,8 +276,13 @@ def run(image_dir: pathlib.Path, output_dir: pathlib.Path, shards: int = 64, for
         raise ConfigError(f"unknown --formats {','.join(bad) or '(none)'}: choose from {','.join(FORMATS)}")
     inputs = scan(pathlib.Path(image_dir), val_labels)
     counts = {name: max(1, min(shards, len(s))) for name, s in inputs.splits.items()}
-    plan = {"shards": counts, "seed": seed, "resize": resize, "source": str(image_dir),
-            "fingerprint": fingerprint(inputs, counts, seed, resize)}
+    plan = {
+        "shards": counts,
+        "seed": seed,
+        "resize": resize,
+        "source": str(image_dir),
+        "fingerprint": fingerprint(inputs, counts, seed, resize),
+    }
     folders = {fmt: pathlib.Path(output_dir) / fmt for fmt in formats}
     for folder in folders.values():
         folder.mkdir(parents=True, exist_ok=True)
@@ -257,8 +291,10 @@ def run(image_dir: pathlib.Path, output_dir: pathlib.Path, shards: int = 64, for
     jobs = []
     for split, samples in inputs.splits.items():
         for i, part in enumerate(deal(samples, counts[split], seed)):
-            done = all(shard_name(fmt, split, i, counts[split]) in {s.name for s in manifests[fmt].splits[split].shards}
-                       for fmt in formats)
+            done = all(
+                shard_name(fmt, split, i, counts[split]) in {s.name for s in manifests[fmt].splits[split].shards}
+                for fmt in formats
+            )
             if not done:
                 jobs.append(Job(split, i, counts[split], part, resize, {f: str(p) for f, p in folders.items()}))
     total = sum(len(s) for s in inputs.splits.values())
@@ -297,7 +333,7 @@ def run(image_dir: pathlib.Path, output_dir: pathlib.Path, shards: int = 64, for
             if split.samples == 0:
                 raise ConfigError(f"every {name} image was corrupt (see the messages above): nothing to train on")
         m.complete = True
-        if fmt == TFRECORD:   # tfrecords.py's companion file: the class names in label order
+        if fmt == TFRECORD:  # tfrecords.py's companion file: the class names in label order
             for name in m.splits:
                 (folders[fmt] / f"{name}-classes.txt").write_text("".join(f"{c}\n" for c in m.classes))
         manifest.write(folders[fmt], m)
@@ -309,25 +345,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m datatools.prepare", description=__doc__.splitlines()[0])
     p.add_argument("--image-dir", type=pathlib.Path, required=True)
     p.add_argument("--output-dir", type=pathlib.Path, required=True)
-    p.add_argument("--shards", type=int, default=64,
-                   help="files per split; a multiple of the training process count lets each rank read its own files")
-    p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated: webdataset (PyTorch), tfrecord (TensorFlow/Keras)")
-    p.add_argument("--resize", type=int, default=None, metavar="N", help="shrink so the shorter side is N px (never enlarges)")
-    p.add_argument("--val-labels", type=pathlib.Path, default=None,
-                   help="ground-truth file for a flat val/ folder (imagenet_2012_validation_synset_labels.txt or LOC_val_solution.csv)")
+    p.add_argument(
+        "--shards",
+        type=int,
+        default=64,
+        help="files per split; a multiple of the training process count lets each rank read its own files",
+    )
+    p.add_argument(
+        "--formats",
+        default=",".join(FORMATS),
+        help="comma-separated: webdataset (PyTorch), tfrecord (TensorFlow/Keras)",
+    )
+    p.add_argument(
+        "--resize", type=int, default=None, metavar="N", help="shrink so the shorter side is N px (never enlarges)"
+    )
+    p.add_argument(
+        "--val-labels",
+        type=pathlib.Path,
+        default=None,
+        help="ground-truth file for a flat val/ folder (imagenet_2012_validation_synset_labels.txt or LOC_val_solution.csv)",
+    )
     p.add_argument("--seed", type=int, default=0, help="the shuffle that deals images to shards")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes encoding shards in parallel")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     a = p.parse_args(argv)
     try:
-        result = run(a.image_dir, a.output_dir, a.shards, [f.strip() for f in a.formats.split(",") if f.strip()],
-                     a.resize, a.val_labels, a.seed, a.workers, a.progress)
+        result = run(
+            a.image_dir,
+            a.output_dir,
+            a.shards,
+            [f.strip() for f in a.formats.split(",") if f.strip()],
+            a.resize,
+            a.val_labels,
+            a.seed,
+            a.workers,
+            a.progress,
+        )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for fmt, m in result.items():
         for name, split in m.splits.items():
-            skipped = f", {len(split.skipped)} corrupt image(s) skipped (listed in the manifest)" if split.skipped else ""
+            skipped = (
+                f", {len(split.skipped)} corrupt image(s) skipped (listed in the manifest)" if split.skipped else ""
+            )
             print(f"{fmt}: {split.samples} {name} images in {len(split.shards)} shards{skipped}")
         print(f"  {pathlib.Path(a.output_dir) / fmt / manifest.NAME}")
     return 0

@@ -12,6 +12,7 @@ already match, so an interrupted upload or download continues where it stopped. 
 last, so a shard set in the container is whole once its manifest is there; a download writes its local
 manifest as incomplete first and marks it complete only after every file's MD5 matched the manifest.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,12 +22,12 @@ import os
 import pathlib
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
-from payloads.common.errors import ConfigError
 from payloads.common import manifest
+from payloads.common.errors import ConfigError
 
 log = logging.getLogger("datatools.transfer")
 CHUNK = 8 << 20
@@ -65,15 +66,18 @@ def _explain(e: Exception, client) -> TransferError:
     where = f"container {client.container_name!r} of {client.url.rsplit('/', 1)[0]}"
     code = getattr(e, "error_code", None) or ""
     if isinstance(e, ResourceNotFoundError) and code == "ContainerNotFound":
-        return TransferError(f"{where} does not exist: check datastores.data.container in the stack outputs "
-                             "(pulumi stack output --json), or pass --container; `pulumi up` creates it")
+        return TransferError(
+            f"{where} does not exist: check datastores.data.container in the stack outputs "
+            "(pulumi stack output --json), or pass --container; `pulumi up` creates it"
+        )
     status = getattr(e, "status_code", None)
     if isinstance(e, ClientAuthenticationError) or status in (401, 403) or "Credential" in type(e).__name__:
         return TransferError(
             f"Azure Storage refused the credential for {where} ({code or type(e).__name__}: "
             f"{str(e).splitlines()[0][:200]}): `az login` as a user (or use a managed identity) with the Storage Blob "
             "Data Contributor role on the data account (Reader suffices to download); shared keys are off on the "
-            "stack's accounts. From outside the VNet, also add your IP to network.allowed_client_ips")
+            "stack's accounts. From outside the VNet, also add your IP to network.allowed_client_ips"
+        )
     if isinstance(e, HttpResponseError):
         return TransferError(f"{where}: {code or status}: {str(e).splitlines()[0][:300]}")
     return TransferError(f"{where}: {type(e).__name__}: {e}")
@@ -124,6 +128,7 @@ class _Progress:
             with self.lock:
                 self.bar.update(current - done[0])
                 done[0] = current
+
         return update
 
     def close(self):
@@ -137,6 +142,7 @@ def _extra_files(folder: pathlib.Path) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- upload
 
+
 def _put(client, blob: str, path: pathlib.Path, md5: str, progress) -> None:
     from azure.storage.blob import ContentSettings
 
@@ -146,11 +152,19 @@ def _put(client, blob: str, path: pathlib.Path, md5: str, progress) -> None:
         # for uploads in blocks Azure stores it without checking, so the local file is hashed just before.
         # validate_content adds a transactional MD5 per request, which the service checks on arrival.
         # (https://learn.microsoft.com/rest/api/storageservices/put-block-list#request-headers)
-        _storage_call(client, lambda: client.get_blob_client(blob).upload_blob(
-            f, overwrite=True, length=path.stat().st_size, max_concurrency=4, validate_content=True,
-            content_settings=ContentSettings(content_type=kind, content_md5=manifest.md5_raw(md5)),
-            metadata={"md5": md5}, progress_hook=progress))
-
+        _storage_call(
+            client,
+            lambda: client.get_blob_client(blob).upload_blob(
+                f,
+                overwrite=True,
+                length=path.stat().st_size,
+                max_concurrency=4,
+                validate_content=True,
+                content_settings=ContentSettings(content_type=kind, content_md5=manifest.md5_raw(md5)),
+                metadata={"md5": md5},
+                progress_hook=progress,
+            ),
+        )
 
 
 def _split(items, already_there) -> tuple[Stats, list]:
@@ -169,29 +183,35 @@ def _local_matches(path: pathlib.Path, size: int, md5: str | None) -> bool:
     return path.is_file() and path.stat().st_size == size and bool(md5) and manifest.md5_file(path) == md5
 
 
-def upload(folder: pathlib.Path, client, prefix: str, workers: int = 8, progress: bool = True,
-           force: bool = False) -> Stats:
+def upload(
+    folder: pathlib.Path, client, prefix: str, workers: int = 8, progress: bool = True, force: bool = False
+) -> Stats:
     folder = pathlib.Path(folder)
     m = manifest.read(folder)
     if m is None or not m.complete:
-        raise ConfigError(f"{folder} holds no finished shard set ({manifest.NAME} {'missing' if m is None else 'says incomplete'}): "
-                          "run python -m datatools.prepare to the end first")
+        raise ConfigError(
+            f"{folder} holds no finished shard set ({manifest.NAME} {'missing' if m is None else 'says incomplete'}): "
+            "run python -m datatools.prepare to the end first"
+        )
     _check_container(client)
     prefix = prefix.strip("/")
     items = [(s.name, s.bytes, s.md5) for s in m.files()]
     for name in _extra_files(folder):
         p = folder / name
         items.append((name, p.stat().st_size, manifest.md5_file(p)))
-    stats, todo = _split(items, lambda name, size, md5: not force
-                         and _blob_md5(client, f"{prefix}/{name}") == (size, md5))
+    stats, todo = _split(
+        items, lambda name, size, md5: not force and _blob_md5(client, f"{prefix}/{name}") == (size, md5)
+    )
     bar = _Progress(sum(size for _, size, _ in todo), "upload", progress)
 
     def one(item):
         name, size, md5 = item
         path = folder / name
         if not path.is_file() or path.stat().st_size != size or manifest.md5_file(path) != md5:
-            raise TransferError(f"local file {path} does not match its manifest entry (changed or damaged after "
-                                "preparation): prepare the set again; nothing bad was uploaded")
+            raise TransferError(
+                f"local file {path} does not match its manifest entry (changed or damaged after "
+                "preparation): prepare the set again; nothing bad was uploaded"
+            )
         _put(client, f"{prefix}/{name}", path, md5, bar.hook())
         return name, size
 
@@ -238,12 +258,14 @@ def _run_all(one: Callable, todo: list, workers: int, stats: Stats) -> None:
 
 # ---------------------------------------------------------------------------------------------- download
 
+
 def _get(client, blob: str, dest: pathlib.Path, progress) -> str:
     """Download to a temporary file beside `dest`; returns the MD5 of the bytes received."""
     tmp = dest.with_name(f".{dest.name}.tmp")
     h = hashlib.md5()  # noqa: S324
-    stream = _storage_call(client, lambda: client.get_blob_client(blob).download_blob(
-        max_concurrency=4, progress_hook=progress))
+    stream = _storage_call(
+        client, lambda: client.get_blob_client(blob).download_blob(max_concurrency=4, progress_hook=progress)
+    )
     with open(tmp, "wb") as f:
         for chunk in stream.chunks():
             h.update(chunk)
@@ -263,8 +285,10 @@ def download(client, prefix: str, folder: pathlib.Path, workers: int = 8, progre
     try:
         raw = client.get_blob_client(f"{prefix}/{manifest.NAME}").download_blob().readall()
     except ResourceNotFoundError:
-        raise TransferError(f"no {manifest.NAME} at {prefix}/ in container {client.container_name!r}: the prefix is "
-                            "wrong, or its upload has not finished (rerun the upload; it resumes)") from None
+        raise TransferError(
+            f"no {manifest.NAME} at {prefix}/ in container {client.container_name!r}: the prefix is "
+            "wrong, or its upload has not finished (rerun the upload; it resumes)"
+        ) from None
     except Exception as e:  # noqa: BLE001 - the same explanations as every other call
         raise _explain(e, client) from None
     m = manifest.Manifest.from_json(json.loads(raw), f"{prefix}/{manifest.NAME}")
@@ -279,7 +303,7 @@ def download(client, prefix: str, folder: pathlib.Path, workers: int = 8, progre
     items = [(s.name, s.bytes, s.md5) for s in m.files()]
     listed = {s.name for s in m.files()} | {manifest.NAME}
     for b in _storage_call(client, lambda: list(client.list_blobs(name_starts_with=f"{prefix}/"))):
-        name = b.name[len(prefix) + 1:]
+        name = b.name[len(prefix) + 1 :]
         if "/" not in name and name not in listed:
             items.append((name, b.size, manifest.hex_of(b.content_settings.content_md5)))
     stats, todo = _split(items, lambda name, size, md5: _local_matches(folder / name, size, md5))
@@ -292,9 +316,11 @@ def download(client, prefix: str, folder: pathlib.Path, workers: int = 8, progre
         tmp = dest.with_name(f".{dest.name}.tmp")
         if md5 is None or got != md5:
             tmp.unlink()
-            raise TransferError(f"checksum mismatch for {prefix}/{name}: the manifest says MD5 {md5}, the blob's bytes "
-                                f"hash to {got}. The blob is damaged or was overwritten: upload the set again from the "
-                                "prepared shards with --force (which rewrites blobs whose properties look right)")
+            raise TransferError(
+                f"checksum mismatch for {prefix}/{name}: the manifest says MD5 {md5}, the blob's bytes "
+                f"hash to {got}. The blob is damaged or was overwritten: upload the set again from the "
+                "prepared shards with --force (which rewrites blobs whose properties look right)"
+            )
         os.replace(tmp, dest)
         return name, size
 
@@ -309,6 +335,7 @@ def download(client, prefix: str, folder: pathlib.Path, workers: int = 8, progre
 
 # ---------------------------------------------------------------------------------------------- command line
 
+
 def _target(a) -> tuple[str, str]:
     url, container = a.account_url, a.container
     if a.stack_outputs is not None:
@@ -320,29 +347,38 @@ def _target(a) -> tuple[str, str]:
         except JobError as e:
             raise ConfigError(str(e)) from None
         if not data.get("account") or not data.get("container"):
-            raise ConfigError(f"{a.stack_outputs}: datastores.data lacks account/container: the stack is older than "
-                              "this tool; run pulumi up and write the outputs again")
+            raise ConfigError(
+                f"{a.stack_outputs}: datastores.data lacks account/container: the stack is older than "
+                "this tool; run pulumi up and write the outputs again"
+            )
         url = url or account_url(data["account"])
         container = container or data["container"]
     if not (url and container):
-        raise ConfigError("say where to: --stack-outputs outputs.<stack>.json (from `pulumi stack output --json`), "
-                          "or --account-url and --container")
+        raise ConfigError(
+            "say where to: --stack-outputs outputs.<stack>.json (from `pulumi stack output --json`), "
+            "or --account-url and --container"
+        )
     return url, container
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    logging.getLogger("azure").setLevel(logging.WARNING)   # no request logs (they would list headers)
+    logging.getLogger("azure").setLevel(logging.WARNING)  # no request logs (they would list headers)
     p = argparse.ArgumentParser(prog="python -m datatools.transfer", description=__doc__.splitlines()[0])
     p.add_argument("direction", choices=["upload", "download"])
-    p.add_argument("folder", type=pathlib.Path, help="upload: a prepared format folder (with manifest.json); "
-                                                      "download: where to put the set")
+    p.add_argument(
+        "folder",
+        type=pathlib.Path,
+        help="upload: a prepared format folder (with manifest.json); download: where to put the set",
+    )
     p.add_argument("--prefix", required=True, help="folder in the container, e.g. imagenet/webdataset")
     p.add_argument("--stack-outputs", type=pathlib.Path, default=None)
     p.add_argument("--account-url", default=None, help="instead of the stack outputs' data account")
     p.add_argument("--container", default=None, help="instead of the stack outputs' data container")
     p.add_argument("--workers", type=int, default=8, help="files transferred in parallel")
-    p.add_argument("--force", action="store_true", help="upload: rewrite every blob, even those whose MD5 property matches")
+    p.add_argument(
+        "--force", action="store_true", help="upload: rewrite every blob, even those whose MD5 property matches"
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false")
     a = p.parse_args(argv)
     try:
@@ -355,8 +391,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{a.direction}: {len(s.transferred)} file(s), {s.bytes / 1e6:.1f} MB transferred; "
-          f"{len(s.skipped)} already there with the same MD5")
+    print(
+        f"{a.direction}: {len(s.transferred)} file(s), {s.bytes / 1e6:.1f} MB transferred; "
+        f"{len(s.skipped)} already there with the same MD5"
+    )
     return 0
 
 

@@ -18,6 +18,7 @@ Standard library only (it runs before anything else); it never raises: a failure
 in place, and the payloads' start-up check (payloads/common/devices.py) names a driver that is too old.
 CUDA_FORWARD_COMPAT in the environment records what was loaded; CUDA_FORWARD_COMPAT=off disables it.
 """
+
 from __future__ import annotations
 
 import ctypes

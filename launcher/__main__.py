@@ -1,5 +1,6 @@
 """python -m launcher JOB.yaml [--target azureml|local] [--dry-run] ... [-- extra payload arguments]
 python -m launcher preflight --stack STACK | doctor --stack STACK (launcher/checks/)"""
+
 from __future__ import annotations
 
 import argparse
@@ -16,38 +17,60 @@ from .errors import JobError
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m launcher", description=(
-        "Fill a job definition from the stack outputs, validate it offline with azure-ai-ml, then submit it "
-        "to Azure ML, run it here with horovodrun, or print it with its hourly cost. "
-        "Checks against Azure: python -m launcher preflight|doctor --help (docs/preflight-and-doctor.md)."))
+    p = argparse.ArgumentParser(
+        prog="python -m launcher",
+        description=(
+            "Fill a job definition from the stack outputs, validate it offline with azure-ai-ml, then submit it "
+            "to Azure ML, run it here with horovodrun, or print it with its hourly cost. "
+            "Checks against Azure: python -m launcher preflight|doctor --help (docs/preflight-and-doctor.md)."
+        ),
+    )
     p.add_argument("job", type=pathlib.Path, help="a job definition, e.g. jobs/pytorch-resnet50-synthetic.yaml")
     p.add_argument("--target", choices=("azureml", "local"), default="azureml")
     p.add_argument("--dry-run", action="store_true", help="print the resolved job and its hourly cost; submit nothing")
-    p.add_argument("--backend", choices=jobspec.BACKENDS, default=None,
-                   help="PyTorch jobs: horovod (mpi distribution) or ddp (PyTorch DDP, Azure ML's pytorch "
-                        "distribution; torchrun here). Default: the job file's distribution")
+    p.add_argument(
+        "--backend",
+        choices=jobspec.BACKENDS,
+        default=None,
+        help="PyTorch jobs: horovod (mpi distribution) or ddp (PyTorch DDP, Azure ML's pytorch "
+        "distribution; torchrun here). Default: the job file's distribution",
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--stack-outputs", type=pathlib.Path, help="JSON from `pulumi stack output --json`")
     src.add_argument("--stack", help="ask the Pulumi CLI for this stack's outputs")
     p.add_argument("--cluster", help="compute cluster (a key of the stack output `clusters`)")
     p.add_argument("--nodes", type=int, default=None, help="nodes (default: the job file's instance_count)")
-    p.add_argument("--processes-per-node", type=int, default=None,
-                   help="default: the cluster's GPUs per node (1 on CPU clusters)")
+    p.add_argument(
+        "--processes-per-node", type=int, default=None, help="default: the cluster's GPUs per node (1 on CPU clusters)"
+    )
     p.add_argument("--no-stream", action="store_true", help="submit and return without following the logs")
-    p.add_argument("--skip-quota-check", action="store_true",
-                   help="submit without first checking the cluster's Azure ML quota for the job's nodes")
-    p.add_argument("--input-mode", metavar="ro_mount|download",
-                   help="how the job reads its inputs: ro_mount (the job file's default: streamed through a "
-                        "block cache on the node's disk) or download (copied to the node's disk before start)")
-    p.add_argument("--resume-from", metavar="JOB_NAME|FOLDER",
-                   help="a new job that writes to this earlier job's outputs and resumes from its newest checkpoint; "
-                        "or a run folder of the logs container (runs/<job>/<name>/), e.g. of a workspace since "
-                        "destroyed")
+    p.add_argument(
+        "--skip-quota-check",
+        action="store_true",
+        help="submit without first checking the cluster's Azure ML quota for the job's nodes",
+    )
+    p.add_argument(
+        "--input-mode",
+        metavar="ro_mount|download",
+        help="how the job reads its inputs: ro_mount (the job file's default: streamed through a "
+        "block cache on the node's disk) or download (copied to the node's disk before start)",
+    )
+    p.add_argument(
+        "--resume-from",
+        metavar="JOB_NAME|FOLDER",
+        help="a new job that writes to this earlier job's outputs and resumes from its newest checkpoint; "
+        "or a run folder of the logs container (runs/<job>/<name>/), e.g. of a workspace since "
+        "destroyed",
+    )
     p.add_argument("--np", type=int, default=2, help="local: Horovod processes on this machine")
     p.add_argument("--input", action="append", default=[], metavar="NAME=PATH", help="local: a job input's local path")
     p.add_argument("--output-dir", type=pathlib.Path, default=None, help="local: where the job's outputs go")
-    p.add_argument("--controller", choices=local.CONTROLLERS, default="auto",
-                   help="local: Horovod's controller; auto = MPI where Horovod has it, else Gloo")
+    p.add_argument(
+        "--controller",
+        choices=local.CONTROLLERS,
+        default="auto",
+        help="local: Horovod's controller; auto = MPI where Horovod has it, else Gloo",
+    )
     return p
 
 
@@ -62,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = []
     if "--" in argv:
         i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+        argv, extra = argv[:i], argv[i + 1 :]
     args = parser().parse_args(argv)
     try:
         return run(args, extra)
@@ -86,8 +109,10 @@ def run(args, extra: list[str]) -> int:
         if args.input_mode:
             raise JobError("--input-mode is for Azure ML jobs; here inputs are local folders (--input NAME=PATH)")
         if args.resume_from:
-            raise JobError("--resume-from is for Azure ML jobs; here, pass the earlier run's folder as --output-dir "
-                           "and the payload resumes from its checkpoints")
+            raise JobError(
+                "--resume-from is for Azure ML jobs; here, pass the earlier run's folder as --output-dir "
+                "and the payload resumes from its checkpoints"
+            )
         inputs = {}
         for item in args.input:
             name, sep, path = item.partition("=")
@@ -103,27 +128,35 @@ def run(args, extra: list[str]) -> int:
         return local.run(argv, out, {"HOROVOD_GLOO_TIMEOUT_SECONDS": "120"})
 
     if outputs is None:
-        raise JobError("--target azureml needs the stack outputs: --stack-outputs outputs.<stack>.json "
-                       "(from `pulumi stack output --json`) or --stack <name>")
+        raise JobError(
+            "--target azureml needs the stack outputs: --stack-outputs outputs.<stack>.json "
+            "(from `pulumi stack output --json`) or --stack <name>"
+        )
     nodes = args.nodes if args.nodes is not None else (template.get("resources") or {}).get("instance_count", 1)
-    job = jobspec.fill(template, outputs, args.cluster, nodes, args.processes_per_node, extra, args.input_mode,
-                       args.job)
+    job = jobspec.fill(
+        template, outputs, args.cluster, nodes, args.processes_per_node, extra, args.input_mode, args.job
+    )
     if args.resume_from:
         job = jobspec.resume(job, args.resume_from, args.job)
     sdk_job = jobspec.validate(job, args.job)
     if args.dry_run:
         print(yaml.safe_dump(job, sort_keys=False), end="")
         cluster = outputs.cluster(args.cluster)
-        cost, how = prices.hourly(cluster["vm_size"], nodes, cluster.get("low_priority", False),
-                                  outputs.values.get("location"))
-        print(f"# cost of one hour: {'$%.2f' % cost if cost is not None else 'unknown'} ({how})")
+        cost, how = prices.hourly(
+            cluster["vm_size"], nodes, cluster.get("low_priority", False), outputs.values.get("location")
+        )
+        print(f"# cost of one hour: {f'${cost:.2f}' if cost is not None else 'unknown'} ({how})")
         if args.resume_from and jobspec.is_folder(args.resume_from):
-            print(f"# --resume-from {args.resume_from}: its checkpoints are not checked (dry run); the submission "
-                  "refuses a folder without any")
+            print(
+                f"# --resume-from {args.resume_from}: its checkpoints are not checked (dry run); the submission "
+                "refuses a folder without any"
+            )
         elif args.resume_from:
-            print(f"# --resume-from {args.resume_from}: not checked against the workspace (dry run). The output "
-                  f"path above assumes {args.resume_from} wrote under its own name; if it was itself resumed (a "
-                  "chain), the submission takes the folder Azure ML records for it: confirmed only at submission")
+            print(
+                f"# --resume-from {args.resume_from}: not checked against the workspace (dry run). The output "
+                f"path above assumes {args.resume_from} wrote under its own name; if it was itself resumed (a "
+                "chain), the submission takes the folder Azure ML records for it: confirmed only at submission"
+            )
         return 0
     if not args.skip_quota_check:
         azureml.check_quota(outputs, args.cluster, nodes)

@@ -6,6 +6,7 @@ Exit status of `python -m launcher` for --target azureml: 0 the job Completed (o
 (the cause and the fix are printed); 130 interrupted with Ctrl-C: the job keeps running, the line says
 how to follow or cancel it.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,10 +21,11 @@ EXIT_ENDED_BADLY, EXIT_INTERRUPTED = 1, 130
 
 def client(outputs: StackOutputs):
     from azure.ai.ml import MLClient
-    from azure.identity import DefaultAzureCredential   # az login, a managed identity, or env credentials
+    from azure.identity import DefaultAzureCredential  # az login, a managed identity, or env credentials
 
-    return MLClient(DefaultAzureCredential(), outputs["subscription_id"], outputs["resource_group"],
-                    outputs["workspace_name"])
+    return MLClient(
+        DefaultAzureCredential(), outputs["subscription_id"], outputs["resource_group"], outputs["workspace_name"]
+    )
 
 
 def _chain(error: BaseException):
@@ -37,7 +39,7 @@ def _chain(error: BaseException):
 
 def _first_line(text: str, limit: int = 300) -> str:
     line = next((x.strip() for x in str(text).splitlines() if x.strip()), "")
-    return line if len(line) <= limit else line[:limit - 3] + "..."
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _http(error: BaseException):
@@ -62,44 +64,58 @@ def submission_failure(error: BaseException, outputs: StackOutputs, compute: str
     auth = next((e for e in _chain(error) if isinstance(e, ClientAuthenticationError)), None)
     if auth is not None:
         tenant = outputs.values.get("tenant_id")
-        return (f"not signed in to Azure ({_first_line(auth.message)}): run `az login"
-                f"{f' --tenant {tenant}' if tenant else ''}` and `az account set --subscription "
-                f"{outputs['subscription_id']}`, or give DefaultAzureCredential a managed identity or "
-                "AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET")
+        return (
+            f"not signed in to Azure ({_first_line(auth.message)}): run `az login"
+            f"{f' --tenant {tenant}' if tenant else ''}` and `az account set --subscription "
+            f"{outputs['subscription_id']}`, or give DefaultAzureCredential a managed identity or "
+            "AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET"
+        )
     http = _http(error)
     if http is None:
         return f"azure-ai-ml refused the job: {_first_line(error)}"
     code, status = _error_code(http), http.status_code
     url = http.response.request.url if http.response is not None and http.response.request is not None else ""
     message = _first_line(http.message or str(http))
-    message = message.removeprefix(f"({code}) ")      # azure-core's format repeats the code
+    message = message.removeprefix(f"({code}) ")  # azure-core's format repeats the code
     if status == 403 and ".blob.core." in url:
         # The code snapshot goes to the workspace's storage account (shared keys off, firewall default Deny).
         # https://learn.microsoft.com/rest/api/storageservices/blob-service-error-codes
         if code in ("AuthorizationFailure", "AuthorizationSourceIPMismatch"):
-            return (f"the workspace storage refused the code upload (403 {code}): its firewall admits only "
-                    "network.allowedClientIps: add this machine's public IP there in Pulumi.<stack>.yaml and "
-                    "run pulumi up (or submit from inside the VNet)")
+            return (
+                f"the workspace storage refused the code upload (403 {code}): its firewall admits only "
+                "network.allowedClientIps: add this machine's public IP there in Pulumi.<stack>.yaml and "
+                "run pulumi up (or submit from inside the VNet)"
+            )
         # azure-ai-ml's own advice on AuthorizationPermissionMismatch (_artifacts/_blob_storage_helper.py)
-        return (f"the workspace storage refused the code upload (403 {code or 'Forbidden'}): the identity writing "
-                "the snapshot needs the role 'Storage Blob Data Contributor' on the workspace's storage account "
-                f"(the AzureML Data Scientist role on {ws} does not include data access)")
+        return (
+            f"the workspace storage refused the code upload (403 {code or 'Forbidden'}): the identity writing "
+            "the snapshot needs the role 'Storage Blob Data Contributor' on the workspace's storage account "
+            f"(the AzureML Data Scientist role on {ws} does not include data access)"
+        )
     if status == 403:
-        return (f"Azure refused the submission (403 {code or 'Forbidden'}: {message}): you need the role "
-                f"'AzureML Data Scientist' (or Contributor) on workspace {ws}: az role assignment create "
-                f"--role 'AzureML Data Scientist' --assignee <you> --scope <workspace id, `az ml workspace show "
-                f"-n {ws} -g {rg} --query id`>")
+        return (
+            f"Azure refused the submission (403 {code or 'Forbidden'}: {message}): you need the role "
+            f"'AzureML Data Scientist' (or Contributor) on workspace {ws}: az role assignment create "
+            f"--role 'AzureML Data Scientist' --assignee <you> --scope <workspace id, `az ml workspace show "
+            f"-n {ws} -g {rg} --query id`>"
+        )
     mentions = message.lower()
     if compute and compute.lower() in mentions and "compute" in mentions:
-        return (f"Azure ML has no usable compute {compute!r} in workspace {ws} ({status} {code}: {message}): the "
-                "stack outputs are older than the stack, or pulumi up has not finished: run pulumi up, write the "
-                "outputs again and pick a cluster they list")
+        return (
+            f"Azure ML has no usable compute {compute!r} in workspace {ws} ({status} {code}: {message}): the "
+            "stack outputs are older than the stack, or pulumi up has not finished: run pulumi up, write the "
+            "outputs again and pick a cluster they list"
+        )
     if image and ("image" in mentions or image.split("/")[0].lower() in mentions):
-        return (f"Azure ML refused the image {image} ({status} {code}: {message}): build it in the stack's "
-                "registry with `az acr build` (docs/images.md#building) and check the job file's image tag")
+        return (
+            f"Azure ML refused the image {image} ({status} {code}: {message}): build it in the stack's "
+            "registry with `az acr build` (docs/images.md#building) and check the job file's image tag"
+        )
     if status == 404 and ws.lower() in mentions + url.lower():
-        return (f"workspace {ws} in resource group {rg} was not found ({message}): the stack outputs belong to "
-                "another stack, subscription or a destroyed stack: `az account show`, then write them again")
+        return (
+            f"workspace {ws} in resource group {rg} was not found ({message}): the stack outputs belong to "
+            "another stack, subscription or a destroyed stack: `az account show`, then write them again"
+        )
     return f"Azure ML refused the job ({status} {code}): {message}"
 
 
@@ -110,7 +126,7 @@ def failure_cause(error: BaseException) -> str:
     start, end = text.find("{"), text.rfind("}")
     if 0 <= start < end:
         try:
-            detail = json.loads(text[start:end + 1])
+            detail = json.loads(text[start : end + 1])
         except json.JSONDecodeError:
             detail = None
         if isinstance(detail, dict):
@@ -122,10 +138,14 @@ def failure_cause(error: BaseException) -> str:
 
 
 def _interrupted(name: str, studio_url: str | None, outputs: StackOutputs) -> int:
-    print(f"\ninterrupted: job {name} is still running on Azure ML (Ctrl-C only stopped following it). "
-          f"Follow it again: az ml job stream -n {name} -g {outputs['resource_group']} -w {outputs['workspace_name']}"
-          f"{f' or {studio_url}' if studio_url else ''}; cancel it: az ml job cancel -n {name} "
-          f"-g {outputs['resource_group']} -w {outputs['workspace_name']}", file=sys.stderr, flush=True)
+    print(
+        f"\ninterrupted: job {name} is still running on Azure ML (Ctrl-C only stopped following it). "
+        f"Follow it again: az ml job stream -n {name} -g {outputs['resource_group']} -w {outputs['workspace_name']}"
+        f"{f' or {studio_url}' if studio_url else ''}; cancel it: az ml job cancel -n {name} "
+        f"-g {outputs['resource_group']} -w {outputs['workspace_name']}",
+        file=sys.stderr,
+        flush=True,
+    )
     return EXIT_INTERRUPTED
 
 
@@ -137,19 +157,25 @@ def check_resumable(ml, earlier: str, job, outputs: StackOutputs):
     try:
         found = ml.jobs.get(earlier)
     except ResourceNotFoundError:
-        raise JobError(f"--resume-from {earlier}: workspace {ws} has no such job (names: `az ml job list -g {rg} "
-                       f"-w {ws} --query [].name`)") from None
+        raise JobError(
+            f"--resume-from {earlier}: workspace {ws} has no such job (names: `az ml job list -g {rg} "
+            f"-w {ws} --query [].name`)"
+        ) from None
     except AzureError as e:
         raise JobError(f"--resume-from {earlier}: " + submission_failure(e, outputs, "", "")) from None
     if found.display_name != job.display_name:
-        raise JobError(f"--resume-from {earlier}: that job ran {found.display_name!r}, not {job.display_name!r}: "
-                       "its checkpoints belong to another job definition")
-    from azure.ai.ml.operations._run_history_constants import RunHistoryConstants   # what stream() waits out
+        raise JobError(
+            f"--resume-from {earlier}: that job ran {found.display_name!r}, not {job.display_name!r}: "
+            "its checkpoints belong to another job definition"
+        )
+    from azure.ai.ml.operations._run_history_constants import RunHistoryConstants  # what stream() waits out
 
     status = str(getattr(found.status, "value", found.status))
     if status not in {str(getattr(s, "value", s)) for s in RunHistoryConstants.TERMINAL_STATUSES}:
-        raise JobError(f"--resume-from {earlier}: that job is still {status} and writes to the same folder: wait "
-                       f"for it, or cancel it first: az ml job cancel -n {earlier} -g {rg} -w {ws}")
+        raise JobError(
+            f"--resume-from {earlier}: that job is still {status} and writes to the same folder: wait "
+            f"for it, or cancel it first: az ml job cancel -n {earlier} -g {rg} -w {ws}"
+        )
     return found
 
 
@@ -170,15 +196,19 @@ def follow_earlier_outputs(job, found, earlier: str) -> list[str]:
             continue
         recorded = getattr((found.outputs or {}).get(name), "path", None)
         if not recorded:
-            raise JobError(f"--resume-from {earlier}: Azure ML records no folder for that job's output {name!r}, so "
-                           "there is no checkpoint of it to resume from: submit without --resume-from (a fresh "
-                           "start)")
+            raise JobError(
+                f"--resume-from {earlier}: Azure ML records no folder for that job's output {name!r}, so "
+                "there is no checkpoint of it to resume from: submit without --resume-from (a fresh "
+                "start)"
+            )
         followed = earlier_output_path(recorded, earlier)
         if followed != path:
             out.path = followed
             origin = (found.tags or {}).get("resumed_from")
-            changed.append(f"output {name} -> {followed} (where {earlier} wrote"
-                           f"{f'; it was itself resumed from {origin}' if origin else ''})")
+            changed.append(
+                f"output {name} -> {followed} (where {earlier} wrote"
+                f"{f'; it was itself resumed from {origin}' if origin else ''})"
+            )
     return changed
 
 
@@ -186,10 +216,12 @@ def check_quota(outputs: StackOutputs, cluster: str, nodes: int, credential=None
     """Before submitting: can the cluster's quota ever hold `nodes` nodes? Refuses (JobError) a job that would
     wait in the queue for good; prints warnings (quota below maxNodes, busy now, quota unreadable: users with
     workspace roles only may not read subscription usages, and that must not stop them). launcher/checks/."""
-    from .checks import arm, findings as f, quota
+    from .checks import arm, quota
+    from .checks import findings as f
 
     if credential is None:
         from azure.identity import DefaultAzureCredential
+
         credential = DefaultAzureCredential()
     c, location = outputs.cluster(cluster), outputs.values.get("location") or ""
     need = quota.Need(cluster, c["vm_size"], int(c["max_nodes"]), bool(c.get("low_priority")))
@@ -200,31 +232,41 @@ def check_quota(outputs: StackOutputs, cluster: str, nodes: int, credential=None
         client = arm.Arm(credential, transport)
         region = quota.read_region(client, sub, location)
     except Exception as e:  # noqa: BLE001  advisory: sign-in and any other failure to read is the submission's to name
-        print(f"warning: quota not checked ({arm.describe(e, f'reading Azure ML quotas in {location}')}); "
-              "submitting anyway", file=sys.stderr, flush=True)
+        print(
+            f"warning: quota not checked ({arm.describe(e, f'reading Azure ML quotas in {location}')}); "
+            "submitting anyway",
+            file=sys.stderr,
+            flush=True,
+        )
         return
     try:
-        quota.read_workspace_quotas(client, region, sub, workspace.resource_id(sub, outputs["resource_group"],
-                                                                              outputs["workspace_name"]))
+        quota.read_workspace_quotas(
+            client, region, sub, workspace.resource_id(sub, outputs["resource_group"], outputs["workspace_name"])
+        )
     except Exception as e:  # noqa: BLE001  the subscription's quota still applies
-        print(f"warning: {arm.describe(e, 'reading the workspace quotas')}; checking the subscription's only",
-              file=sys.stderr, flush=True)
+        print(
+            f"warning: {arm.describe(e, 'reading the workspace quotas')}; checking the subscription's only",
+            file=sys.stderr,
+            flush=True,
+        )
     found = quota.check(region, need, nodes)
     for finding in found:
         if finding.status == f.WARN:
             print(f"warning: {finding.render()}", file=sys.stderr, flush=True)
     failed = [x for x in found if x.status == f.FAIL]
     if failed:
-        raise JobError(" ".join(x.message + (f"; fix: {x.fix}" if x.fix else "") for x in failed)
-                       + " (--skip-quota-check submits anyway)")
+        raise JobError(
+            " ".join(x.message + (f"; fix: {x.fix}" if x.fix else "") for x in failed)
+            + " (--skip-quota-check submits anyway)"
+        )
 
 
 def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None, resume_from: str | None = None) -> int:
-    from azure.core.exceptions import AzureError
     from azure.ai.ml.exceptions import JobException
+    from azure.core.exceptions import AzureError
 
     ml = ml_client or client(outputs)
-    if resume_from and "/" in resume_from:   # a folder of the logs container (jobspec.is_folder)
+    if resume_from and "/" in resume_from:  # a folder of the logs container (jobspec.is_folder)
         from .checkpoints import check_folder
         from .jobspec import run_folder
 
@@ -240,11 +282,14 @@ def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None, resu
     try:
         created = ml.jobs.create_or_update(job)
     except KeyboardInterrupt:
-        print(f"\ninterrupted while submitting: the job may or may not exist; look for it with `az ml job list "
-              f"-g {outputs['resource_group']} -w {outputs['workspace_name']} --max-results 5`",
-              file=sys.stderr, flush=True)
+        print(
+            f"\ninterrupted while submitting: the job may or may not exist; look for it with `az ml job list "
+            f"-g {outputs['resource_group']} -w {outputs['workspace_name']} --max-results 5`",
+            file=sys.stderr,
+            flush=True,
+        )
         return EXIT_INTERRUPTED
-    except AzureError as e:     # azure-ai-ml's MlException and azure-core's HTTP/auth errors all derive from it
+    except AzureError as e:  # azure-ai-ml's MlException and azure-core's HTTP/auth errors all derive from it
         raise JobError(submission_failure(e, outputs, compute, image)) from None
     name = created.name
     print(f"submitted {name}: {created.studio_url}", flush=True)
@@ -252,7 +297,7 @@ def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None, resu
         return 0
     cause = None
     try:
-        ml.jobs.stream(name)      # returns when the job ends; raises JobException when it Failed
+        ml.jobs.stream(name)  # returns when the job ends; raises JobException when it Failed
         final = ml.jobs.get(name).status
     except KeyboardInterrupt:
         return _interrupted(name, created.studio_url, outputs)
@@ -266,11 +311,15 @@ def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None, resu
         except KeyboardInterrupt:
             return _interrupted(name, created.studio_url, outputs)
         except AzureError:
-            final = "Failed"         # stream() raises only for a Failed run
+            final = "Failed"  # stream() raises only for a Failed run
     except AzureError as e:
-        print(f"lost contact with Azure ML while following job {name} ({_first_line(e)}); the job itself is "
-              f"not affected: az ml job stream -n {name} -g {outputs['resource_group']} "
-              f"-w {outputs['workspace_name']}", file=sys.stderr, flush=True)
+        print(
+            f"lost contact with Azure ML while following job {name} ({_first_line(e)}); the job itself is "
+            f"not affected: az ml job stream -n {name} -g {outputs['resource_group']} "
+            f"-w {outputs['workspace_name']}",
+            file=sys.stderr,
+            flush=True,
+        )
         return EXIT_ENDED_BADLY
     final = str(getattr(final, "value", final))
     if final in DONE_OK:

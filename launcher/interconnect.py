@@ -20,12 +20,13 @@ once did) kills every job on a CPU or NC size in MPI_Init with "PML ucx cannot b
 overrides whatever a base image might set, since Azure ML applies a job's environment_variables over the
 image's ENV.
 """
-from __future__ import annotations
 
-from .errors import JobError
+from __future__ import annotations
 
 # The catalog is a plain module (no Pulumi import): the same facts the stack was built from.
 from trainingplatform import vm_sizes
+
+from .errors import JobError
 
 # Horovod's background thread runs a coordination collective every cycle; Open MPI busy-polls in it by
 # default, taking the core from the training thread when the processes use every core (CPU training).
@@ -101,8 +102,12 @@ def environment(cluster: dict, processes_per_node: int, distribution: str = "mpi
         raise JobError(f"distribution {distribution!r}: choose {' or '.join(DISTRIBUTIONS)}")
     mpi = distribution == "mpi"
     size = vm_sizes.lookup(cluster["vm_size"])
-    env = {"NCCL_DEBUG": "WARN", **({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0", **STALL_ENV} if mpi else GLOO_ENV),
-           GPUS_PER_NODE: str(cluster["gpus_per_node"]), VM_SIZE: cluster["vm_size"]}
+    env = {
+        "NCCL_DEBUG": "WARN",
+        **({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0", **STALL_ENV} if mpi else GLOO_ENV),
+        GPUS_PER_NODE: str(cluster["gpus_per_node"]),
+        VM_SIZE: cluster["vm_size"],
+    }
     which = kind(cluster)
     if which == "cpu":
         if mpi:
@@ -111,11 +116,17 @@ def environment(cluster: dict, processes_per_node: int, distribution: str = "mpi
     elif which == "gpu-tcp":
         env.update({**(MPI_TCP_ENV if mpi else {}), "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0"})
     else:
-        env.update({**(MPI_IB_ENV if mpi else {}), "NCCL_IB_DISABLE": "0", "NCCL_SOCKET_IFNAME": "eth0",
-                    "NCCL_IB_PCI_RELAXED_ORDERING": "1",
-                    # GPU indices in PCI bus order, the order the topology file describes (Azure's NCCL
-                    # tests run so: Azure/azhpc-images tests).
-                    "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+        env.update(
+            {
+                **(MPI_IB_ENV if mpi else {}),
+                "NCCL_IB_DISABLE": "0",
+                "NCCL_SOCKET_IFNAME": "eth0",
+                "NCCL_IB_PCI_RELAXED_ORDERING": "1",
+                # GPU indices in PCI bus order, the order the topology file describes (Azure's NCCL
+                # tests run so: Azure/azhpc-images tests).
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            }
+        )
         if size is not None and size.nccl_topology:
             env["NCCL_TOPO_FILE"] = f"{TOPOLOGY_DIR}/{size.nccl_topology}"
             env.update(NCCL_CONF[size.nccl_topology])
@@ -130,6 +141,8 @@ def check_under_mpi(env: dict, where: str, alternative: str = "") -> None:
     allreduce (GlooAllreduce::Execute, signal 11; seen here): only Horovod's own Gloo launcher sets up the
     Gloo context those operations need."""
     if str(env.get("HOROVOD_CPU_OPERATIONS", "")).lower() == "gloo":
-        raise JobError(f"{where}: HOROVOD_CPU_OPERATIONS=gloo crashes Horovod 0.28.1 when mpirun starts the job "
-                       "(a segmentation fault in the first allreduce): remove it (mpi is the default and the "
-                       f"faster, see docs/benchmarks.md#what-the-benchmarks-changed){alternative}")
+        raise JobError(
+            f"{where}: HOROVOD_CPU_OPERATIONS=gloo crashes Horovod 0.28.1 when mpirun starts the job "
+            "(a segmentation fault in the first allreduce): remove it (mpi is the default and the "
+            f"faster, see docs/benchmarks.md#what-the-benchmarks-changed){alternative}"
+        )

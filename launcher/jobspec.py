@@ -12,6 +12,7 @@ torch.distributed rendezvous variables MASTER_ADDR, MASTER_PORT, WORLD_SIZE, NOD
 learn.microsoft.com/azure/machine-learning/how-to-train-distributed-gpu, "PyTorch"). The job files are mpi;
 `python -m launcher JOB --backend ddp` (with_backend) turns a PyTorch payload's job into the pytorch one.
 """
+
 from __future__ import annotations
 
 import copy
@@ -50,21 +51,29 @@ def read_template(path: pathlib.Path) -> dict:
         raise JobError(f"{path} is not an Azure ML command job: it needs `type: command` and a `command`")
     dist = job.get("distribution") or {}
     if dist.get("type") not in DISTRIBUTIONS.values():
-        raise JobError(f"{path}: distribution.type must be mpi (Horovod, started by mpirun) or pytorch (PyTorch "
-                       "DDP, with --backend ddp in the command)")
+        raise JobError(
+            f"{path}: distribution.type must be mpi (Horovod, started by mpirun) or pytorch (PyTorch "
+            "DDP, with --backend ddp in the command)"
+        )
     if dist["type"] == "pytorch" and not DDP_FLAG.search(job["command"]):
-        raise JobError(f"{path}: distribution.type pytorch starts PyTorch DDP processes, but the command has no "
-                       "--backend ddp (each process would start Horovod alone and train its own model): add "
-                       "--backend ddp to the command, or use distribution.type mpi")
+        raise JobError(
+            f"{path}: distribution.type pytorch starts PyTorch DDP processes, but the command has no "
+            "--backend ddp (each process would start Horovod alone and train its own model): add "
+            "--backend ddp to the command, or use distribution.type mpi"
+        )
     if dist["type"] == "mpi" and DDP_FLAG.search(job["command"]):
-        raise JobError(f"{path}: the command trains with --backend ddp, whose processes need the rendezvous that "
-                       "distribution.type pytorch sets up (mpirun does not): use type pytorch, or leave --backend "
-                       "out of the file and pass it to the launcher (python -m launcher JOB --backend ddp)")
+        raise JobError(
+            f"{path}: the command trains with --backend ddp, whose processes need the rendezvous that "
+            "distribution.type pytorch sets up (mpirun does not): use type pytorch, or leave --backend "
+            "out of the file and pass it to the launcher (python -m launcher JOB --backend ddp)"
+        )
     declared = {"inputs": set(job.get("inputs") or {}), "outputs": set(job.get("outputs") or {})}
     for kind, name in REFERENCE.findall(job["command"]):
         if name not in declared[kind]:
-            raise JobError(f"{path}: the command uses ${{{{{kind}.{name}}}}} but the job declares no {kind[:-1]} "
-                           f"{name!r} (declared: {', '.join(sorted(declared[kind])) or 'none'})")
+            raise JobError(
+                f"{path}: the command uses ${{{{{kind}.{name}}}}} but the job declares no {kind[:-1]} "
+                f"{name!r} (declared: {', '.join(sorted(declared[kind])) or 'none'})"
+            )
     sizing.check_template(job["command"], path)
     return job
 
@@ -78,16 +87,20 @@ def with_backend(job: dict, backend: str | None, source: pathlib.Path, extra_arg
     """The job trained with `backend` (None: as the job file says): the distribution that starts its processes,
     and --backend in the command to match."""
     if any(a == "--backend" or a.startswith("--backend=") for a in extra_args):
-        raise JobError("--backend after `--` reaches only the payload, not the job's distribution: give it to the "
-                       "launcher instead (python -m launcher JOB --backend ddp)")
+        raise JobError(
+            "--backend after `--` reaches only the payload, not the job's distribution: give it to the "
+            "launcher instead (python -m launcher JOB --backend ddp)"
+        )
     if backend is None or backend == backend_of(job):
         return job
     if backend not in DISTRIBUTIONS:
         raise JobError(f"--backend {backend!r}: choose {' or '.join(BACKENDS)}")
     if not DDP_PAYLOADS.search(job["command"]):
-        raise JobError(f"--backend {backend}: {source.name} does not run a PyTorch training payload "
-                       "(payloads.pytorch.train, payloads.segmentation.train); the TensorFlow, Keras and health "
-                       "check jobs run on Horovod only")
+        raise JobError(
+            f"--backend {backend}: {source.name} does not run a PyTorch training payload "
+            "(payloads.pytorch.train, payloads.segmentation.train); the TensorFlow, Keras and health "
+            "check jobs run on Horovod only"
+        )
     job = copy.deepcopy(job)
     command = DDP_FLAG.sub("", job["command"]).rstrip()
     job["command"] = command + " --backend ddp" if backend == "ddp" else command
@@ -114,8 +127,10 @@ def input_mode(job: dict, mode: str | None, source: pathlib.Path) -> tuple[dict,
     inputs = job.get("inputs") or {}
     if mode is not None:
         if mode not in INPUT_MODES:
-            raise JobError(f"--input-mode {mode!r}: choose ro_mount (stream through the node's cache: data larger "
-                           "than the node's disk) or download (copy to the node's disk first: data that fits there)")
+            raise JobError(
+                f"--input-mode {mode!r}: choose ro_mount (stream through the node's cache: data larger "
+                "than the node's disk) or download (copy to the node's disk first: data that fits there)"
+            )
         if not inputs:
             raise JobError(f"--input-mode {mode}: {source.name} declares no inputs to mount or download")
         job = copy.deepcopy(job)
@@ -123,38 +138,57 @@ def input_mode(job: dict, mode: str | None, source: pathlib.Path) -> tuple[dict,
             spec["mode"] = mode
     env: dict[str, str] = {}
     for spec in (job.get("inputs") or {}).values():
-        env.update(INPUT_MODES.get((spec or {}).get("mode", "ro_mount"), {}))    # Azure ML's default: ro_mount
+        env.update(INPUT_MODES.get((spec or {}).get("mode", "ro_mount"), {}))  # Azure ML's default: ro_mount
     return job, env
 
 
-def fill(template: dict, outputs: StackOutputs, cluster_name: str, nodes: int, processes_per_node: int | None,
-         extra_args: list[str], mode: str | None = None, source: pathlib.Path | None = None) -> dict:
+def fill(
+    template: dict,
+    outputs: StackOutputs,
+    cluster_name: str,
+    nodes: int,
+    processes_per_node: int | None,
+    extra_args: list[str],
+    mode: str | None = None,
+    source: pathlib.Path | None = None,
+) -> dict:
     """The Azure ML job for this stack and cluster; `mode` (--input-mode) overrides the inputs' modes."""
     cluster = outputs.cluster(cluster_name)
     retired_size(cluster["vm_size"], cluster_name)
     if nodes < 1:
-        raise JobError(f"--nodes {nodes}: a job needs at least 1 node (leave --nodes out for the job file's "
-                       "instance_count)")
+        raise JobError(
+            f"--nodes {nodes}: a job needs at least 1 node (leave --nodes out for the job file's instance_count)"
+        )
     if nodes > cluster["max_nodes"]:
-        raise JobError(f"--nodes {nodes}: cluster {cluster_name} scales to {cluster['max_nodes']} nodes "
-                       "(raise maxNodes in the stack config)")
+        raise JobError(
+            f"--nodes {nodes}: cluster {cluster_name} scales to {cluster['max_nodes']} nodes "
+            "(raise maxNodes in the stack config)"
+        )
     if processes_per_node is not None and processes_per_node < 1:
-        raise JobError(f"--processes-per-node {processes_per_node}: at least 1 process per node (leave it out "
-                       "for one per GPU, or 1 on CPU clusters)")
+        raise JobError(
+            f"--processes-per-node {processes_per_node}: at least 1 process per node (leave it out "
+            "for one per GPU, or 1 on CPU clusters)"
+        )
     gpus = cluster["gpus_per_node"]
     if gpus:
         ppn = processes_per_node or gpus
         if ppn > gpus:
-            raise JobError(f"--processes-per-node {ppn} is more than the {gpus} GPUs of a {cluster['vm_size']} node: "
-                           "one process per GPU at most")
+            raise JobError(
+                f"--processes-per-node {ppn} is more than the {gpus} GPUs of a {cluster['vm_size']} node: "
+                "one process per GPU at most"
+            )
     else:
         ppn = processes_per_node or 1
         if ppn > cluster.get("vcpus_per_node", ppn):
-            raise JobError(f"--processes-per-node {ppn} is more than the {cluster['vcpus_per_node']} vCPUs of a "
-                           f"{cluster['vm_size']} node")
+            raise JobError(
+                f"--processes-per-node {ppn} is more than the {cluster['vcpus_per_node']} vCPUs of a "
+                f"{cluster['vm_size']} node"
+            )
     template, data_env = input_mode(template, mode, source or pathlib.Path("the job file"))
     text = yaml.safe_dump(template, sort_keys=False)
-    for token, value in zip(TOKENS, (outputs["registry_login_server"], outputs.datastore("data"), outputs.datastore("logs"))):
+    for token, value in zip(
+        TOKENS, (outputs["registry_login_server"], outputs.datastore("data"), outputs.datastore("logs"))
+    ):
         text = text.replace(token, value)
     job = yaml.safe_load(text)
     # The Azure ML name (it carries a hash of the VM size: infra/trainingplatform/naming.py); older stacks
@@ -164,7 +198,7 @@ def fill(template: dict, outputs: StackOutputs, cluster_name: str, nodes: int, p
     job["distribution"]["process_count_per_instance"] = ppn
     distribution = job["distribution"]["type"]
     env = {**data_env, **interconnect.environment(cluster, ppn, distribution)}
-    env.update(job.get("environment_variables") or {})     # the job file may override
+    env.update(job.get("environment_variables") or {})  # the job file may override
     if distribution == "mpi":
         interconnect.check_under_mpi(env, "environment_variables of the job file")
     job["environment_variables"] = {k: str(v) for k, v in env.items()}
@@ -175,12 +209,19 @@ def fill(template: dict, outputs: StackOutputs, cluster_name: str, nodes: int, p
         if shm:
             fit = sizing.within_shm(fit, shm, ppn, nodes * ppn, args)
         job["command"] = sizing.apply(job["command"], fit, extra_args)
-        job.setdefault("tags", {})["sizing"] = fit.basis      # in the studio, and in --dry-run's output
+        job.setdefault("tags", {})["sizing"] = fit.basis  # in the studio, and in --dry-run's output
     if extra_args:
         job["command"] = job["command"].rstrip() + " " + shlex.join(extra_args)
     tags = job.setdefault("tags", {})
-    tags.update({"cluster": cluster_name, "vm_size": cluster["vm_size"], "nodes": str(nodes),
-                 "processes": str(nodes * ppn), "backend": backend_of(job)})
+    tags.update(
+        {
+            "cluster": cluster_name,
+            "vm_size": cluster["vm_size"],
+            "nodes": str(nodes),
+            "processes": str(nodes * ppn),
+            "backend": backend_of(job),
+        }
+    )
     return job
 
 
@@ -205,16 +246,20 @@ def run_folder(earlier: str, logs_datastore: str) -> str:
     head = f"azureml://datastores/{logs_datastore}/paths/"
     if folder.startswith("azureml://"):
         if not folder.startswith(head):
-            raise JobError(f"--resume-from {earlier}: not a folder of the logs datastore ({head}...): checkpoints are "
-                           "written to the logs container only")
-        folder = folder[len(head):]
+            raise JobError(
+                f"--resume-from {earlier}: not a folder of the logs datastore ({head}...): checkpoints are "
+                "written to the logs container only"
+            )
+        folder = folder[len(head) :]
     folder = folder.strip("/") + "/"
     if folder.endswith("/checkpoints/"):
-        folder = folder[:-len("checkpoints/")]
+        folder = folder[: -len("checkpoints/")]
     parts = folder.rstrip("/").split("/")
     if not folder.strip("/") or any(p in ("", ".", "..") for p in parts) or NAME_TOKEN.search(folder):
-        raise JobError(f"--resume-from {earlier!r}: not a folder of the logs container; write it as the run folder, "
-                       "e.g. runs/pytorch-resnet50-synthetic/witty_jackal_3d4kq79d3v/")
+        raise JobError(
+            f"--resume-from {earlier!r}: not a folder of the logs container; write it as the run folder, "
+            "e.g. runs/pytorch-resnet50-synthetic/witty_jackal_3d4kq79d3v/"
+        )
     return folder
 
 
@@ -229,22 +274,28 @@ def resume(job: dict, earlier: str, source: pathlib.Path) -> dict:
     (azureml.follow_earlier_outputs); only a dry run, which asks no workspace, shows this guess."""
     folder = is_folder(earlier)
     if not folder and not JOB_NAME.match(earlier):
-        raise JobError(f"--resume-from {earlier!r} is not an Azure ML job name (letters, digits, _ and -, e.g. "
-                       "witty_jackal_3d4kq79d3v): copy it from the studio or `az ml job list`, or give the run's "
-                       "folder in the logs container (runs/<job>/<name>/)")
+        raise JobError(
+            f"--resume-from {earlier!r} is not an Azure ML job name (letters, digits, _ and -, e.g. "
+            "witty_jackal_3d4kq79d3v): copy it from the studio or `az ml job list`, or give the run's "
+            "folder in the logs container (runs/<job>/<name>/)"
+        )
     outputs = job.get("outputs") or {}
     named = [name for name, out in outputs.items() if NAME_TOKEN.search(str((out or {}).get("path", "")))]
     if not named:
-        raise JobError(f"--resume-from: {source.name} has no output under its job name (${{{{name}}}}), "
-                       "so there is nothing of an earlier run to resume from")
+        raise JobError(
+            f"--resume-from: {source.name} has no output under its job name (${{{{name}}}}), "
+            "so there is nothing of an earlier run to resume from"
+        )
     job = copy.deepcopy(job)
     for name in named:
         path = job["outputs"][name]["path"]
         if folder:
             m = re.match(r"^azureml://datastores/([^/]+)/paths/", path)
             if len(named) > 1 or not m:
-                raise JobError(f"--resume-from {earlier}: {source.name} has {len(named)} outputs under its job name; "
-                               "a folder can stand for one: resume from the earlier job's name instead")
+                raise JobError(
+                    f"--resume-from {earlier}: {source.name} has {len(named)} outputs under its job name; "
+                    "a folder can stand for one: resume from the earlier job's name instead"
+                )
             job["outputs"][name]["path"] = m[0] + run_folder(earlier, m[1])
         else:
             job["outputs"][name]["path"] = NAME_TOKEN.sub(earlier, path)
@@ -260,13 +311,15 @@ def earlier_output_path(recorded: str, earlier: str) -> str:
 
 def retired_size(vm_size: str, cluster_name: str) -> None:
     """A stack outputs file older than a size's retirement still names it: no job can run there."""
-    from trainingplatform import vm_sizes   # the catalog the stack itself validates against
+    from trainingplatform import vm_sizes  # the catalog the stack itself validates against
 
     size = vm_sizes.lookup(vm_size)
     if size is not None and size.retired is not None and size.retired <= dt.date.today():
-        raise JobError(f"cluster {cluster_name} is a {vm_size}, which Azure retired on {size.retired}: no job can "
-                       f"run there; move the cluster to {' or '.join(size.successors)} in Pulumi.<stack>.yaml, "
-                       "run pulumi up and write the stack outputs again")
+        raise JobError(
+            f"cluster {cluster_name} is a {vm_size}, which Azure retired on {size.retired}: no job can "
+            f"run there; move the cluster to {' or '.join(size.successors)} in Pulumi.<stack>.yaml, "
+            "run pulumi up and write the stack outputs again"
+        )
 
 
 def validate(job: dict, source: pathlib.Path):
@@ -285,7 +338,7 @@ def validate(job: dict, source: pathlib.Path):
     try:
         loaded = load_job(f.name)
         result = loaded._validate()
-    except Exception as e:  # azure-ai-ml raises several validation types; all mean "invalid job file"
+    except Exception as e:  # noqa: BLE001 - azure-ai-ml raises several validation types; all mean "invalid job file"
         raise JobError(f"{source} is not a valid Azure ML job: {e}") from None
     finally:
         pathlib.Path(f.name).unlink(missing_ok=True)

@@ -1,6 +1,7 @@
 """Run a job definition on this machine: horovodrun (over MPI where Horovod has it, else Gloo) for an mpi job,
 torchrun for a pytorch (DDP) one; inputs mapped to local folders, outputs to a local folder. The command is the
 job's own command, so the local run is the cloud run, smaller."""
+
 from __future__ import annotations
 
 import os
@@ -15,7 +16,6 @@ from .errors import JobError
 from .interconnect import MPI_CPU_ENV, check_under_mpi
 from .jobspec import REFERENCE, ROOT
 
-
 CONTROLLERS = ("auto", "mpi", "gloo")
 
 
@@ -26,8 +26,10 @@ def controller(choice: str = "auto") -> str:
         raise JobError(f"--controller {choice!r}: choose {', '.join(CONTROLLERS)}")
     if choice != "auto":
         if choice == "mpi" and not _mpi_available():
-            raise JobError("--controller mpi: this Horovod was built without MPI or mpirun is not on PATH "
-                           "(toolchain/bootstrap.sh installs Open MPI where it can), use --controller gloo")
+            raise JobError(
+                "--controller mpi: this Horovod was built without MPI or mpirun is not on PATH "
+                "(toolchain/bootstrap.sh installs Open MPI where it can), use --controller gloo"
+            )
         return choice
     return "mpi" if _mpi_available() else "gloo"
 
@@ -46,14 +48,21 @@ def horovodrun_options(choice: str) -> tuple[list[str], dict[str, str]]:
 def _mpi_available() -> bool:
     import shutil
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")   # the check loads Horovod's TensorFlow library: no INFO lines
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # the check loads Horovod's TensorFlow library: no INFO lines
     from horovod.common.util import mpi_built
 
     return bool(shutil.which("mpirun")) and bool(mpi_built())
 
 
-def plan(job: dict, source: pathlib.Path, inputs: dict[str, str], output_root: pathlib.Path,
-         processes: int, extra_args: list[str], control: str = "auto") -> tuple[list[str], dict[str, pathlib.Path]]:
+def plan(
+    job: dict,
+    source: pathlib.Path,
+    inputs: dict[str, str],
+    output_root: pathlib.Path,
+    processes: int,
+    extra_args: list[str],
+    control: str = "auto",
+) -> tuple[list[str], dict[str, pathlib.Path]]:
     """(horovodrun or torchrun command line, output name -> local folder); checks every input before anything
     runs."""
     if processes < 1:
@@ -61,8 +70,10 @@ def plan(job: dict, source: pathlib.Path, inputs: dict[str, str], output_root: p
     declared_inputs = job.get("inputs") or {}
     unknown = set(inputs) - set(declared_inputs)
     if unknown:
-        raise JobError(f"--input {', '.join(sorted(unknown))}: {source.name} declares no such input "
-                       f"(it has: {', '.join(sorted(declared_inputs)) or 'none'})")
+        raise JobError(
+            f"--input {', '.join(sorted(unknown))}: {source.name} declares no such input "
+            f"(it has: {', '.join(sorted(declared_inputs)) or 'none'})"
+        )
     local_in = {}
     for name in declared_inputs:
         if name not in inputs:
@@ -84,13 +95,23 @@ def plan(job: dict, source: pathlib.Path, inputs: dict[str, str], output_root: p
         command += " " + shlex.join(extra_args)
     if job["distribution"]["type"] == "pytorch":
         if control != "auto":
-            raise JobError(f"--controller {control}: the controller is Horovod's; this job trains with PyTorch DDP "
-                           "(--backend ddp), which torchrun starts: drop --controller")
+            raise JobError(
+                f"--controller {control}: the controller is Horovod's; this job trains with PyTorch DDP "
+                "(--backend ddp), which torchrun starts: drop --controller"
+            )
         # --standalone: torchrun's own rendezvous on a free local port; every process gets RANK, WORLD_SIZE,
         # LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as Azure ML's pytorch distribution sets them.
         torchrun = str(pathlib.Path(sys.executable).with_name("torchrun"))
-        return [torchrun, "--standalone", "--nproc-per-node", str(processes), "--no-python",
-                "bash", "-c", command], local_out
+        return [
+            torchrun,
+            "--standalone",
+            "--nproc-per-node",
+            str(processes),
+            "--no-python",
+            "bash",
+            "-c",
+            command,
+        ], local_out
     horovodrun = str(pathlib.Path(sys.executable).with_name("horovodrun"))
     chosen = controller(control)
     if chosen == "mpi":
@@ -98,15 +119,25 @@ def plan(job: dict, source: pathlib.Path, inputs: dict[str, str], output_root: p
     flags, env = horovodrun_options(chosen)
     # The environment rides on the command line (`env K=V bash -c ...`) so that a dry run shows all of it.
     prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
-    return [horovodrun, "-np", str(processes), "-H", f"localhost:{processes}", *flags, *prefix,
-            "bash", "-c", command], local_out
+    return [
+        horovodrun,
+        "-np",
+        str(processes),
+        "-H",
+        f"localhost:{processes}",
+        *flags,
+        *prefix,
+        "bash",
+        "-c",
+        command,
+    ], local_out
 
 
 def run(argv: list[str], outputs: dict[str, pathlib.Path], env_overrides: dict[str, str]) -> int:
     for folder in outputs.values():
         folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")   # TensorFlow's INFO lines, as the image does
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's INFO lines, as the image does
     env.update(env_overrides)
     # `python` in the job's command is this environment's python; the payloads import from the checkout.
     env["PATH"] = f"{pathlib.Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"

@@ -6,21 +6,21 @@ chosen cluster (or for this machine, on the local target). A user's own --batch-
 --batch-size together with --global-batch-size). The payloads derive their default learning rate from the
 batch they are given, so the batch is all the launcher passes.
 """
+
 from __future__ import annotations
 
 import os
 import re
 from dataclasses import dataclass, replace
 
-from .errors import JobError
-
 from trainingplatform import vm_sizes  # the catalog the stack was built from
+
+from .errors import JobError
 
 BATCH = "<<batch_size>>"
 WORKERS = "<<workers>>"
 # placeholder -> (the payload flag it must follow, the user flags after `--` that replace that flag)
-FLAGS = {BATCH: ("--batch-size", ("--batch-size", "--global-batch-size")),
-         WORKERS: ("--workers", ("--workers",))}
+FLAGS = {BATCH: ("--batch-size", ("--batch-size", "--global-batch-size")), WORKERS: ("--workers", ("--workers",))}
 
 # Per-GPU batch of ResNet-50 in NVIDIA's reference runs (NVIDIA/DeepLearningExamples,
 # PyTorch/Classification/ConvNets/configs.yml, resnet50): with AMP and NHWC (channels_last, as the payloads
@@ -46,15 +46,15 @@ MAX_WORKERS = 16
 # shm_size. The share kept back covers pinned-memory staging and the payload's own use.
 PREFETCH = 4
 SHM_SHARE = 0.8
-DEFAULT_IMAGE_SIZE = 224        # payloads/common/config.py, TrainConfig.image_size
-_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30}     # Docker's --shm-size units
+DEFAULT_IMAGE_SIZE = 224  # payloads/common/config.py, TrainConfig.image_size
+_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30}  # Docker's --shm-size units
 
 
 @dataclass(frozen=True)
 class Sizing:
     batch_size: int
     workers: int
-    basis: str          # one line: where the numbers come from (the job's `sizing` tag)
+    basis: str  # one line: where the numbers come from (the job's `sizing` tag)
 
 
 def gpu_batch(gpu_memory_gib: float, precision: str = "amp") -> int:
@@ -75,19 +75,25 @@ def for_cluster(cluster: dict, processes_per_node: int, arguments: list[str] = (
     """`cluster`: a `clusters` entry of the stack outputs; `arguments`: the payload's (--no-amp: FP32 batch)."""
     size = vm_sizes.lookup(cluster["vm_size"])
     if size is None:
-        raise JobError(f"cluster VM size {cluster['vm_size']} is not in the VM-size catalog "
-                       "(infra/trainingplatform/vm_sizes.py): add it there, or pass --batch-size and --workers "
-                       "after `--`")
+        raise JobError(
+            f"cluster VM size {cluster['vm_size']} is not in the VM-size catalog "
+            "(infra/trainingplatform/vm_sizes.py): add it there, or pass --batch-size and --workers "
+            "after `--`"
+        )
     vcpus = size.vcpus // processes_per_node
     if size.gpus:
         precision = _precision(list(arguments))
         batch = gpu_batch(size.gpu_memory_gib, precision)
-        basis = (f"{size.name}: {size.gpu_memory_gib} GiB {size.gpu_model}, {precision.upper()} -> batch {batch}; "
-                 f"{size.vcpus} vCPUs / {processes_per_node} processes -> {workers_for(vcpus)} workers")
+        basis = (
+            f"{size.name}: {size.gpu_memory_gib} GiB {size.gpu_model}, {precision.upper()} -> batch {batch}; "
+            f"{size.vcpus} vCPUs / {processes_per_node} processes -> {workers_for(vcpus)} workers"
+        )
     else:
         batch = CPU_BATCH
-        basis = (f"{size.name}: CPU size -> batch {batch}; {size.vcpus} vCPUs / {processes_per_node} processes "
-                 f"-> {workers_for(vcpus)} workers")
+        basis = (
+            f"{size.name}: CPU size -> batch {batch}; {size.vcpus} vCPUs / {processes_per_node} processes "
+            f"-> {workers_for(vcpus)} workers"
+        )
     return Sizing(batch, workers_for(vcpus), basis)
 
 
@@ -122,14 +128,16 @@ def within_shm(fit: Sizing, shm_size: str, processes_per_node: int, processes: i
     glob = _last(args, "--global-batch-size")
     per_process = int(batch) if batch else (int(glob) // max(1, processes) if glob else fit.batch_size)
     image = int(_last(args, "--image-size") or DEFAULT_IMAGE_SIZE)
-    per_worker = processes_per_node * PREFETCH * per_process * 3 * image * image     # uint8: a byte a value
+    per_worker = processes_per_node * PREFETCH * per_process * 3 * image * image  # uint8: a byte a value
     limit = int(shm_bytes(shm_size) * SHM_SHARE // per_worker)
     given = _last(args, "--workers")
     if given is not None and int(given) > limit:
-        raise JobError(f"--workers {given}: {processes_per_node} processes x {given} workers x {PREFETCH} prefetched "
-                       f"batches of {per_process} images of {image} px need {int(given) * per_worker / 2**30:.0f} "
-                       f"GiB of /dev/shm, the job has shm_size {shm_size}: use --workers {limit} or fewer, a smaller "
-                       "--batch-size, or raise resources.shm_size in the job file")
+        raise JobError(
+            f"--workers {given}: {processes_per_node} processes x {given} workers x {PREFETCH} prefetched "
+            f"batches of {per_process} images of {image} px need {int(given) * per_worker / 2**30:.0f} "
+            f"GiB of /dev/shm, the job has shm_size {shm_size}: use --workers {limit} or fewer, a smaller "
+            "--batch-size, or raise resources.shm_size in the job file"
+        )
     if fit.workers > limit:
         return replace(fit, workers=limit, basis=f"{fit.basis}, {limit} within shm_size {shm_size}")
     return fit
@@ -146,8 +154,10 @@ def check_template(command: str, source) -> None:
         uses = command.count(token)
         proper = len(re.findall(rf"{re.escape(flag)}[ =]{re.escape(token)}", command))
         if uses != proper:
-            raise JobError(f"{source}: {token} must follow {flag} (write `{flag} {token}` in the command), "
-                           f"found it {uses - proper} time(s) elsewhere")
+            raise JobError(
+                f"{source}: {token} must follow {flag} (write `{flag} {token}` in the command), "
+                f"found it {uses - proper} time(s) elsewhere"
+            )
 
 
 def apply(command: str, sizing: Sizing, extra_args: list[str]) -> str:
@@ -158,7 +168,7 @@ def apply(command: str, sizing: Sizing, extra_args: list[str]) -> str:
             command = pair.sub("", command)
         else:
             value = sizing.batch_size if token == BATCH else sizing.workers
-            command = pair.sub(lambda m: m.group(0).replace(token, str(value)), command)
+            command = pair.sub(lambda m, token=token, value=value: m.group(0).replace(token, str(value)), command)
     return command
 
 

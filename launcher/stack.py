@@ -1,4 +1,5 @@
 """Stack outputs: the contract between `pulumi up` and job submission (see infra/trainingplatform/program.py)."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,10 @@ class StackOutputs:
         if name is None:
             raise JobError(f"--cluster is required for Azure ML: one of {', '.join(sorted(clusters))}")
         if name not in clusters:
-            raise JobError(f"unknown cluster {name!r}: the stack declares {', '.join(sorted(clusters)) or 'none'} "
-                           "(add it to `clusters` in Pulumi.<stack>.yaml and run pulumi up)")
+            raise JobError(
+                f"unknown cluster {name!r}: the stack declares {', '.join(sorted(clusters)) or 'none'} "
+                "(add it to `clusters` in Pulumi.<stack>.yaml and run pulumi up)"
+            )
         return clusters[name]
 
     def datastore(self, role: str) -> str:
@@ -36,18 +39,23 @@ def parse(values: object, source: str) -> StackOutputs:
         raise JobError(f"{source}: expected a JSON object of stack outputs")
     missing = [k for k in REQUIRED if not values.get(k)]
     if missing:
-        raise JobError(f"{source} lacks stack outputs {', '.join(missing)}: run `pulumi up` for the stack, then "
-                       "`pulumi stack output --json > outputs.<stack>.json`")
+        raise JobError(
+            f"{source} lacks stack outputs {', '.join(missing)}: run `pulumi up` for the stack, then "
+            "`pulumi stack output --json > outputs.<stack>.json`"
+        )
     for role in ("data", "logs"):
         if not (values["datastores"].get(role) or {}).get("name"):
-            raise JobError(f"{source}: datastores.{role}.name is missing: the stack is older than this tool; run pulumi up")
+            raise JobError(
+                f"{source}: datastores.{role}.name is missing: the stack is older than this tool; run pulumi up"
+            )
     return StackOutputs(values)
 
 
 def load_file(path: pathlib.Path) -> StackOutputs:
     if not path.is_file():
-        raise JobError(f"stack outputs file {path} not found: write it with "
-                       f"`pulumi stack output --json --stack <stack> > {path}`")
+        raise JobError(
+            f"stack outputs file {path} not found: write it with `pulumi stack output --json --stack <stack> > {path}`"
+        )
     try:
         return parse(json.loads(path.read_text()), str(path))
     except json.JSONDecodeError as e:
@@ -57,8 +65,9 @@ def load_file(path: pathlib.Path) -> StackOutputs:
 def load_from_pulumi(stack: str) -> StackOutputs:
     """Ask the Pulumi CLI (needs it installed and logged in to the stack's backend)."""
     try:
-        proc = subprocess.run(["pulumi", "stack", "output", "--json", "--stack", stack], capture_output=True,
-                              text=True, check=False)
+        proc = subprocess.run(
+            ["pulumi", "stack", "output", "--json", "--stack", stack], capture_output=True, text=True, check=False
+        )
     except FileNotFoundError:
         raise JobError("the Pulumi CLI is not installed: install it, or pass --stack-outputs FILE") from None
     if proc.returncode != 0:
@@ -67,6 +76,8 @@ def load_from_pulumi(stack: str) -> StackOutputs:
         values = json.loads(proc.stdout)
     except json.JSONDecodeError as e:
         # e.g. a CLI that printed a warning or an update notice before the JSON
-        raise JobError(f"`pulumi stack output --json --stack {stack}` did not print JSON ({e}; it began "
-                       f"{proc.stdout[:60]!r}): run it yourself, save the JSON and pass --stack-outputs FILE") from None
+        raise JobError(
+            f"`pulumi stack output --json --stack {stack}` did not print JSON ({e}; it began "
+            f"{proc.stdout[:60]!r}): run it yourself, save the JSON and pass --stack-outputs FILE"
+        ) from None
     return parse(values, f"stack {stack}")

@@ -15,13 +15,14 @@ on its own synthetic batch, with the mixed precision and memory format the PyTor
 stack that fails a training job (an image whose Python breaks torch._dynamo, which the optimizer imports; a
 Horovod that refuses channels_last tensors) fails here, in the part named: import, step or agreement.
 """
+
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import hashlib
+import json
 import math
+import os
 import pathlib
 import socket
 import sys
@@ -56,21 +57,37 @@ def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes-mb", default="8,32,128,256", help="comma-separated tensor sizes in MB")
     ap.add_argument("--iterations", type=int, default=10)
-    ap.add_argument("--min-busbw", default=None, metavar="GB_PER_SEC",
-                    help=f"fail below this bus bandwidth at the largest size (default: ${MIN_BUSBW}, set by "
-                         "the launcher from the VM-size catalog; none: reported, not judged)")
+    ap.add_argument(
+        "--min-busbw",
+        default=None,
+        metavar="GB_PER_SEC",
+        help=f"fail below this bus bandwidth at the largest size (default: ${MIN_BUSBW}, set by "
+        "the launcher from the VM-size catalog; none: reported, not judged)",
+    )
     ap.add_argument("--output", type=pathlib.Path, default=None, help="rank 0 writes the JSON report here")
     t = ap.add_argument_group("training steps")
     t.add_argument("--train-steps", type=int, default=5, help="optimizer steps each rank takes")
     t.add_argument("--model", default="resnet18", help=f"one of {', '.join(MODELS)}")
     t.add_argument("--image-size", type=int, default=64)
     t.add_argument("--batch-size", type=int, default=8, help="per process")
-    t.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
-                   help="mixed precision (default: on with a GPU, as the PyTorch payload; --amp on a CPU runs bf16)")
-    t.add_argument("--amp-dtype", default="auto", choices=("auto", "bf16", "fp16"),
-                   help="auto: bf16 on compute capability 8.0+ GPUs and CPUs, fp16 with a loss scaler on older GPUs")
-    t.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                   help="channels_last model and images (default: on with a GPU, as the PyTorch payload)")
+    t.add_argument(
+        "--amp",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="mixed precision (default: on with a GPU, as the PyTorch payload; --amp on a CPU runs bf16)",
+    )
+    t.add_argument(
+        "--amp-dtype",
+        default="auto",
+        choices=("auto", "bf16", "fp16"),
+        help="auto: bf16 on compute capability 8.0+ GPUs and CPUs, fp16 with a loss scaler on older GPUs",
+    )
+    t.add_argument(
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="channels_last model and images (default: on with a GPU, as the PyTorch payload)",
+    )
     args = ap.parse_args(argv)
     try:
         args.sizes = [float(s) for s in args.sizes_mb.split(",")]
@@ -107,10 +124,15 @@ def node_facts(torch) -> dict:
     # The CUDA torch was built for, against the host's driver (whether or not torch sees a GPU with it).
     driver = devices.driver_version()
     problem = devices.mismatch(driver, torch.version.cuda, os.environ.get(devices.FORWARD_COMPAT) or None)
-    return {"host": socket.gethostname(), "driver": driver or "none", "driver_mismatch": problem,
-            "cuda": (torch.version.cuda or "none") if gpu else "none", "nccl": nccl,
-            "gpus_visible": torch.cuda.device_count() if gpu else 0,
-            "infiniband_devices": sorted(p.name for p in ib.iterdir()) if ib.is_dir() else []}
+    return {
+        "host": socket.gethostname(),
+        "driver": driver or "none",
+        "driver_mismatch": problem,
+        "cuda": (torch.version.cuda or "none") if gpu else "none",
+        "nccl": nccl,
+        "gpus_visible": torch.cuda.device_count() if gpu else 0,
+        "infiniband_devices": sorted(p.name for p in ib.iterdir()) if ib.is_dir() else [],
+    }
 
 
 def measure(hvd, torch, device, sizes: list[float], iterations: int) -> list[dict]:
@@ -120,7 +142,7 @@ def measure(hvd, torch, device, sizes: list[float], iterations: int) -> list[dic
     for mb in sizes:
         numel = int(mb * 1e6 / 4)
         t = torch.full((numel,), float(hvd.rank() + 1), device=device)
-        out = hvd.allreduce(t, op=hvd.Sum, name=f"warmup{mb}")   # first call negotiates and allocates
+        out = hvd.allreduce(t, op=hvd.Sum, name=f"warmup{mb}")  # first call negotiates and allocates
         times = []
         for _ in range(iterations):
             if device.type == "cuda":
@@ -132,8 +154,15 @@ def measure(hvd, torch, device, sizes: list[float], iterations: int) -> list[dic
             times.append(time.perf_counter() - start)
         best = min(times)
         bus = numel * 4 * 2 * (n - 1) / n / best / 1e9 if n > 1 else 0.0
-        results.append({"mbytes": mb, "best_seconds": best, "median_seconds": sorted(times)[len(times) // 2],
-                        "bus_gbytes_per_sec": bus, "correct": bool(torch.all(out == expected).item())})
+        results.append(
+            {
+                "mbytes": mb,
+                "best_seconds": best,
+                "median_seconds": sorted(times)[len(times) // 2],
+                "bus_gbytes_per_sec": bus,
+                "correct": bool(torch.all(out == expected).item()),
+            }
+        )
     return results
 
 
@@ -141,8 +170,13 @@ def judge(results: list[dict], processes: int, floor: float | None) -> tuple[dic
     """(bandwidth verdict, failures). The largest size is judged: it is the closest to the link's peak."""
     failures = [f"wrong sum at {r['mbytes']:g} MB on some rank" for r in results if not r["correct"]]
     largest = max(results, key=lambda r: r["mbytes"])
-    verdict = {"min_busbw_gbytes_per_sec": floor, "judged_mbytes": largest["mbytes"],
-               "busbw_gbytes_per_sec": largest["bus_gbytes_per_sec"], "judged": False, "ok": None}
+    verdict = {
+        "min_busbw_gbytes_per_sec": floor,
+        "judged_mbytes": largest["mbytes"],
+        "busbw_gbytes_per_sec": largest["bus_gbytes_per_sec"],
+        "judged": False,
+        "ok": None,
+    }
     if floor is None or processes < 2:
         return verdict, failures
     verdict.update(judged=True, ok=largest["bus_gbytes_per_sec"] >= floor)
@@ -152,7 +186,8 @@ def judge(results: list[dict], processes: int, floor: float | None) -> tuple[dic
             f"floor of {floor:g} GB/s: the fabric is slower than this VM size delivers healthy. Likely: NCCL "
             "is not using InfiniBand (run with NCCL_DEBUG=INFO and look for 'NET/IB'), a degraded link or GPU "
             "on one node (see the per-node lines above; replace the node by scaling the cluster to 0), or "
-            "too small a --sizes-mb to reach the link's speed")
+            "too small a --sizes-mb to reach the link's speed"
+        )
     return verdict, failures
 
 
@@ -181,7 +216,7 @@ def train_steps(hvd, torch, device, args, prec, channels_last: bool) -> dict:
 
         if args.model != "tiny_cnn":
             import torchvision.models  # noqa: F401
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any failure is the finding: reported by part and rank, not raised
         traceback.print_exc()
         status.update(failed="import", error=_error(e))
         return status
@@ -190,7 +225,7 @@ def train_steps(hvd, torch, device, args, prec, channels_last: bool) -> dict:
 
         from .pytorch import backends, runtime
 
-        backend = backends.Horovod(hvd)   # the payload's optimizer step, with Horovod's synchronisation
+        backend = backends.Horovod(hvd)  # the payload's optimizer step, with Horovod's synchronisation
         torch.manual_seed(0)
         model = models.build(args.model, NUM_CLASSES, args.image_size).to(device)
         fmt = torch.channels_last if channels_last else torch.contiguous_format
@@ -222,7 +257,7 @@ def train_steps(hvd, torch, device, args, prec, channels_last: bool) -> dict:
             torch.cuda.synchronize()
         status["seconds"] = time.perf_counter() - start
         status["digest"] = parameters_digest(model)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any failure is the finding: reported by part and rank, not raised
         traceback.print_exc()
         status.update(failed="step", error=_error(e))
     return status
@@ -230,11 +265,11 @@ def train_steps(hvd, torch, device, args, prec, channels_last: bool) -> dict:
 
 _HINTS = {
     "import": "the training stack does not import on this image; a training job fails the same way (traceback "
-              "on the rank's stderr). Check the image's Python and torch/torchvision versions",
+    "on the rank's stderr). Check the image's Python and torch/torchvision versions",
     "step": "a training job fails the same way (traceback on the rank's stderr). Known causes: a Python that "
-            "breaks torch._dynamo, which torch's optimizer imports (a release candidate such as 3.11.0rc1); a "
-            "Horovod that refuses channels_last tensors ('Tensor is required to be contiguous': build it with "
-            "toolchain/patch_horovod.py); out of GPU memory (lower --batch-size)",
+    "breaks torch._dynamo, which torch's optimizer imports (a release candidate such as 3.11.0rc1); a "
+    "Horovod that refuses channels_last tensors ('Tensor is required to be contiguous': build it with "
+    "toolchain/patch_horovod.py); out of GPU memory (lower --batch-size)",
 }
 
 
@@ -245,21 +280,31 @@ def judge_training(statuses: list[dict], steps: int) -> tuple[dict, list[str]]:
     for part in PARTS:
         ranks = [s for s in failed if s["failed"] == part]
         if ranks:
-            failures.append(f"training {part} failed on rank(s) {', '.join(str(s['rank']) for s in ranks)}: "
-                            f"{ranks[0]['error']}: {_HINTS[part]}")
-    verdict = {"failed_part": failed[0]["failed"] if failed else None, "loss": None, "seconds": None,
-               "ranks_agree": None, "parameters_sha256": None,
-               "errors": [{"rank": s["rank"], "part": s["failed"], "error": s["error"]} for s in failed]}
+            failures.append(
+                f"training {part} failed on rank(s) {', '.join(str(s['rank']) for s in ranks)}: "
+                f"{ranks[0]['error']}: {_HINTS[part]}"
+            )
+    verdict = {
+        "failed_part": failed[0]["failed"] if failed else None,
+        "loss": None,
+        "seconds": None,
+        "ranks_agree": None,
+        "parameters_sha256": None,
+        "errors": [{"rank": s["rank"], "part": s["failed"], "error": s["error"]} for s in failed],
+    }
     if failed:
         return verdict, failures
     last = [s["losses"][-1] for s in statuses]
-    verdict.update(loss=sum(last) / len(last), seconds=max(s["seconds"] for s in statuses),
-                   parameters_sha256=statuses[0]["digest"])
+    verdict.update(
+        loss=sum(last) / len(last), seconds=max(s["seconds"] for s in statuses), parameters_sha256=statuses[0]["digest"]
+    )
     bad = [s for s in statuses if not all(math.isfinite(x) for x in s["losses"])]
     if bad:
         verdict["failed_part"] = "step"
-        failures.append(f"training step failed on rank(s) {', '.join(str(s['rank']) for s in bad)}: the loss is "
-                        f"not finite ({bad[0]['losses']}): a training job would diverge the same way")
+        failures.append(
+            f"training step failed on rank(s) {', '.join(str(s['rank']) for s in bad)}: the loss is "
+            f"not finite ({bad[0]['losses']}): a training job would diverge the same way"
+        )
     differ = [s["rank"] for s in statuses if s["digest"] != statuses[0]["digest"]]
     verdict["ranks_agree"] = not differ
     if differ:
@@ -269,7 +314,8 @@ def judge_training(statuses: list[dict], steps: int) -> tuple[dict, list[str]]:
             "differ from rank 0's, so the ranks are training different models. Every rank should apply the same "
             "averaged gradients: look for a rank whose optimizer is not hvd.DistributedOptimizer, a faulty GPU "
             "(run nvidia-smi -q -d ECC,PAGE_RETIREMENT on its node), or mismatched software between nodes "
-            "(the per-node versions above)")
+            "(the per-node versions above)"
+        )
     return verdict, failures
 
 
@@ -297,7 +343,7 @@ def main(argv=None) -> int:
     channels_last = device.type == "cuda" if args.channels_last is None else args.channels_last
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:   # as the payload: the node's cores shared by its processes, not each process taking them all
+    else:  # as the payload: the node's cores shared by its processes, not each process taking them all
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
     n = hvd.size()
     facts = hvd.allgather_object(node_facts(torch), name="node_facts")
@@ -310,34 +356,56 @@ def main(argv=None) -> int:
     hvd.join(device.index if device.type == "cuda" else -1)
     statuses = hvd.allgather_object(status, name="train_status")
     training, train_failures = judge_training(statuses, args.train_steps)
-    training = {"model": args.model, "image_size": args.image_size, "batch_per_process": args.batch_size,
-                "steps": args.train_steps, "precision": prec.name,
-                "memory_format": "channels_last" if channels_last else "contiguous", **training}
+    training = {
+        "model": args.model,
+        "image_size": args.image_size,
+        "batch_per_process": args.batch_size,
+        "steps": args.train_steps,
+        "precision": prec.name,
+        "memory_format": "channels_last" if channels_last else "contiguous",
+        **training,
+    }
     failures += train_failures
 
     all_ok = bool(hvd.allreduce(torch.tensor(0.0 if failures else 1.0), op=hvd.Min, name="verdict").item())
     if hvd.rank() == 0:
         nodes = {}
-        for f in facts:    # one entry per host: what its first process saw
+        for f in facts:  # one entry per host: what its first process saw
             nodes.setdefault(f["host"], f)
         for f in nodes.values():
-            say(f"node {f['host']}: driver {f['driver']}, CUDA {f['cuda']}, NCCL {f['nccl']}, "
+            say(
+                f"node {f['host']}: driver {f['driver']}, CUDA {f['cuda']}, NCCL {f['nccl']}, "
                 f"{f['gpus_visible']} GPUs, InfiniBand devices: {', '.join(f['infiniband_devices']) or 'none'}"
-                + (f"; MISMATCH: {f['driver_mismatch']}" if f.get("driver_mismatch") else ""))
+                + (f"; MISMATCH: {f['driver_mismatch']}" if f.get("driver_mismatch") else "")
+            )
         for r in results:
-            say(f"allreduce {r['mbytes']:>7.1f} MB: {r['best_seconds'] * 1e3:8.2f} ms, "
-                f"bus bandwidth {r['bus_gbytes_per_sec']:.2f} GB/s, {'ok' if r['correct'] else 'WRONG SUM'}")
+            say(
+                f"allreduce {r['mbytes']:>7.1f} MB: {r['best_seconds'] * 1e3:8.2f} ms, "
+                f"bus bandwidth {r['bus_gbytes_per_sec']:.2f} GB/s, {'ok' if r['correct'] else 'WRONG SUM'}"
+            )
         if bandwidth["judged"]:
-            say(f"bus bandwidth {bandwidth['busbw_gbytes_per_sec']:.2f} GB/s at {bandwidth['judged_mbytes']:g} MB, "
-                f"floor {bandwidth['min_busbw_gbytes_per_sec']:g} GB/s: {'ok' if bandwidth['ok'] else 'TOO LOW'}")
+            say(
+                f"bus bandwidth {bandwidth['busbw_gbytes_per_sec']:.2f} GB/s at {bandwidth['judged_mbytes']:g} MB, "
+                f"floor {bandwidth['min_busbw_gbytes_per_sec']:g} GB/s: {'ok' if bandwidth['ok'] else 'TOO LOW'}"
+            )
         else:
-            say("bus bandwidth not judged: " + ("one process has no bus" if n < 2 else
-                f"no floor for this VM size (set --min-busbw or {MIN_BUSBW})"))
+            say(
+                "bus bandwidth not judged: "
+                + ("one process has no bus" if n < 2 else f"no floor for this VM size (set --min-busbw or {MIN_BUSBW})")
+            )
         say(training_line(training, n))
-        report = {"processes": n, "nodes": len(nodes), "device": device.type,
-                  "vm_size": os.environ.get("TRAINING_VM_SIZE"), "node_facts": list(nodes.values()),
-                  "results": results, "bandwidth": bandwidth, "training": training, "failures": failures,
-                  "passed": all_ok}
+        report = {
+            "processes": n,
+            "nodes": len(nodes),
+            "device": device.type,
+            "vm_size": os.environ.get("TRAINING_VM_SIZE"),
+            "node_facts": list(nodes.values()),
+            "results": results,
+            "bandwidth": bandwidth,
+            "training": training,
+            "failures": failures,
+            "passed": all_ok,
+        }
         if args.output:
             args.output.parent.mkdir(parents=True, exist_ok=True)
             args.output.write_text(json.dumps(report, indent=2) + "\n")
@@ -349,9 +417,11 @@ def main(argv=None) -> int:
 
 
 def training_line(t: dict, processes: int) -> str:
-    what = (f"training {t['model']} {t['image_size']}px x {t['batch_per_process']} per process, {processes} "
-            f"process(es), {t['precision']}, {t['memory_format']}")
-    if t["seconds"] is None:   # a rank did not get through its steps
+    what = (
+        f"training {t['model']} {t['image_size']}px x {t['batch_per_process']} per process, {processes} "
+        f"process(es), {t['precision']}, {t['memory_format']}"
+    )
+    if t["seconds"] is None:  # a rank did not get through its steps
         return f"{what}: {t['failed_part'].upper()} FAILED"
     agree = "ranks agree" if t["ranks_agree"] else "RANKS DIFFER"
     finite = "" if math.isfinite(t["loss"]) else " (LOSS NOT FINITE)"

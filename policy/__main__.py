@@ -1,7 +1,8 @@
 """Policy pack: `pulumi preview --policy-pack policy` (mandatory rules stop the update)."""
-from pulumi_policy import EnforcementLevel, PolicyPack
 
 import training_policies
+from pulumi_policy import EnforcementLevel, PolicyPack
 
-PolicyPack(name="azure-horovod-training", enforcement_level=EnforcementLevel.MANDATORY,
-           policies=training_policies.policies())
+PolicyPack(
+    name="azure-horovod-training", enforcement_level=EnforcementLevel.MANDATORY, policies=training_policies.policies()
+)

@@ -4,13 +4,12 @@
 tests call the same functions on the resources the mocked program declares and on bad ones.
 Properties are the engine's camelCase names.
 """
+
 from __future__ import annotations
 
 import datetime as dt
-import pathlib
-import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from trainingplatform import vm_sizes  # one catalog for config checks and policies (infra/pyproject.toml)
 
@@ -26,8 +25,12 @@ DEFAULT_MAX_GPUS = 64
 # The zones a workspace endpoint registers in (public cloud; Azure ML's how-to-custom-dns).
 AML_ZONES = ("privatelink.api.azureml.ms", "privatelink.notebooks.azure.net")
 # Resources that must have public network access off in the private profile (policy config privateProfile).
-PRIVATE_PROFILE_TYPES = {REGISTRY: "container registry", VAULT: "Key Vault", WORKSPACE: "Azure ML workspace",
-                         STORAGE: "storage account"}
+PRIVATE_PROFILE_TYPES = {
+    REGISTRY: "container registry",
+    VAULT: "Key Vault",
+    WORKSPACE: "Azure ML workspace",
+    STORAGE: "storage account",
+}
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class Rule:
     name: str
     description: str
     resource_type: str
-    check: Callable[[dict], str | None]   # props -> violation message or None
+    check: Callable[[dict], str | None]  # props -> violation message or None
     mandatory: bool = True
 
 
@@ -49,8 +52,10 @@ def _aml(p: dict) -> dict:
 
 def _storage_https(p):
     if p.get("enableHttpsTrafficOnly") is False and not _nfs_behind_private_endpoint(p):
-        return ("storage accounts must require secure transfer (enableHttpsTrafficOnly); only a FileStorage "
-                "account for NFS with publicNetworkAccess Disabled may turn it off")
+        return (
+            "storage accounts must require secure transfer (enableHttpsTrafficOnly); only a FileStorage "
+            "account for NFS with publicNetworkAccess Disabled may turn it off"
+        )
 
 
 def _storage_tls(p):
@@ -66,7 +71,9 @@ def _storage_public_blob(p):
 def _storage_network(p):
     rules = p.get("networkRuleSet") or {}
     if rules.get("defaultAction") != "Deny" and p.get("publicNetworkAccess") != "Disabled":
-        return "storage must deny network access by default (networkRuleSet.defaultAction Deny) or disable public access"
+        return (
+            "storage must deny network access by default (networkRuleSet.defaultAction Deny) or disable public access"
+        )
 
 
 def _storage_shared_key(p):
@@ -100,8 +107,10 @@ def _compute_private(p):
 
 def _compute_ssh(p):
     props = _aml(p)
-    if props and (props.get("remoteLoginPortPublicAccess") != "Disabled"
-                  or (props.get("userAccountCredentials") or {}).get("adminUserSshPublicKey")):
+    if props and (
+        props.get("remoteLoginPortPublicAccess") != "Disabled"
+        or (props.get("userAccountCredentials") or {}).get("adminUserSshPublicKey")
+    ):
         return "SSH to compute nodes is on: keep it off unless debugging (sshEnabled in the stack config)"
 
 
@@ -109,12 +118,16 @@ def _compute_size(p, today: dt.date | None = None):
     size = vm_sizes.lookup(_aml(p).get("vmSize") or "")
     today = today or dt.date.today()
     if size and size.retired and size.retired <= today:
-        return (f"{size.name} was retired on {size.retired.isoformat()}; "
-                f"use one of {', '.join(size.successors)}")
+        return f"{size.name} was retired on {size.retired.isoformat()}; use one of {', '.join(size.successors)}"
 
 
 RULES = [
-    Rule("storage-secure-transfer", "Storage accounts require HTTPS (NFS-only accounts behind a private endpoint excepted)", STORAGE, _storage_https),
+    Rule(
+        "storage-secure-transfer",
+        "Storage accounts require HTTPS (NFS-only accounts behind a private endpoint excepted)",
+        STORAGE,
+        _storage_https,
+    ),
     Rule("storage-min-tls-1-2", "Storage accounts accept TLS 1.2 or later only", STORAGE, _storage_tls),
     Rule("storage-no-public-blob-access", "No anonymous blob access", STORAGE, _storage_public_blob),
     Rule("storage-network-deny-by-default", "Storage firewalls deny by default", STORAGE, _storage_network),
@@ -147,8 +160,10 @@ def total_gpus(resources: Iterable[tuple[str, dict]]) -> int:
 def check_gpu_budget(resources: Iterable[tuple[str, dict]], max_gpus: int = DEFAULT_MAX_GPUS) -> str | None:
     total = total_gpus(resources)
     if total > max_gpus:
-        return (f"the clusters can scale to {total} GPUs, above this stack's cap of {max_gpus}: lower maxNodes, "
-                "or raise the policy's maxGpus deliberately")
+        return (
+            f"the clusters can scale to {total} GPUs, above this stack's cap of {max_gpus}: lower maxNodes, "
+            "or raise the policy's maxGpus deliberately"
+        )
 
 
 def check_workspace_endpoint(resources: Iterable[tuple[str, dict]]) -> str | None:
@@ -161,17 +176,23 @@ def check_workspace_endpoint(resources: Iterable[tuple[str, dict]]) -> str | Non
     private_nodes = [p for t, p in resources if t == COMPUTE and _aml(p).get("enableNodePublicIp") is False]
     if not private_nodes:
         return None
-    endpoint = any(t == PRIVATE_ENDPOINT and any("amlworkspace" in (c.get("groupIds") or [])
-                                                 for c in p.get("privateLinkServiceConnections") or [])
-                   for t, p in resources)
+    endpoint = any(
+        t == PRIVATE_ENDPOINT
+        and any("amlworkspace" in (c.get("groupIds") or []) for c in p.get("privateLinkServiceConnections") or [])
+        for t, p in resources
+    )
     if not endpoint:
-        return ("compute clusters without node public IP need a workspace private endpoint (group amlworkspace) "
-                "in the VNet: Azure ML refuses to create them otherwise")
+        return (
+            "compute clusters without node public IP need a workspace private endpoint (group amlworkspace) "
+            "in the VNet: Azure ML refuses to create them otherwise"
+        )
     zones = {p.get("privateZoneName") for t, p in resources if t == PRIVATE_ZONE}
     missing = [z for z in AML_ZONES if z not in zones]
     if missing:
-        return (f"the workspace private endpoint needs the private DNS zones {', '.join(missing)} linked to the "
-                "VNet, or nodes resolve the workspace to its public address")
+        return (
+            f"the workspace private endpoint needs the private DNS zones {', '.join(missing)} linked to the "
+            "VNet, or nodes resolve the workspace to its public address"
+        )
 
 
 def check_private_profile(resource_type: str, props: dict) -> str | None:
@@ -181,22 +202,31 @@ def check_private_profile(resource_type: str, props: dict) -> str | None:
         return None
     value = ((props.get("properties") or {}) if resource_type == VAULT else props).get("publicNetworkAccess")
     if value != "Disabled":
-        return (f"the {PRIVATE_PROFILE_TYPES[resource_type]} has publicNetworkAccess {value!r} in the private "
-                "profile: set it to Disabled (registryPublicAccess / keyVaultPublicAccess / workspacePublicAccess: "
-                "false in the stack config, which brings its private endpoint; for the data stack's accounts: no "
-                "allowedClientIps)")
+        return (
+            f"the {PRIVATE_PROFILE_TYPES[resource_type]} has publicNetworkAccess {value!r} in the private "
+            "profile: set it to Disabled (registryPublicAccess / keyVaultPublicAccess / workspacePublicAccess: "
+            "false in the stack config, which brings its private endpoint; for the data stack's accounts: no "
+            "allowedClientIps)"
+        )
 
 
 def _denies_internet_outbound(rule: dict) -> bool:
-    return (rule.get("direction") == "Outbound" and rule.get("access") == "Deny"
-            and rule.get("destinationAddressPrefix") in ("Internet", "*", "0.0.0.0/0")
-            and rule.get("destinationPortRange") == "*" and rule.get("protocol") == "*")
+    return (
+        rule.get("direction") == "Outbound"
+        and rule.get("access") == "Deny"
+        and rule.get("destinationAddressPrefix") in ("Internet", "*", "0.0.0.0/0")
+        and rule.get("destinationPortRange") == "*"
+        and rule.get("protocol") == "*"
+    )
 
 
 def _allows_internet_outbound(rule: dict) -> bool:
     destinations = [rule.get("destinationAddressPrefix"), *(rule.get("destinationAddressPrefixes") or [])]
-    return (rule.get("direction") == "Outbound" and rule.get("access") == "Allow"
-            and any(d in ("Internet", "*", "0.0.0.0/0") for d in destinations))
+    return (
+        rule.get("direction") == "Outbound"
+        and rule.get("access") == "Allow"
+        and any(d in ("Internet", "*", "0.0.0.0/0") for d in destinations)
+    )
 
 
 def check_outbound_deny(resource_type: str, props: dict) -> str | None:
@@ -211,14 +241,19 @@ def check_outbound_deny(resource_type: str, props: dict) -> str | None:
     rules = props.get("securityRules") or []
     denies = [r for r in rules if _denies_internet_outbound(r)]
     if not denies:
-        return ("the network security group has no outbound rule denying the Internet in the private profile: set "
-                "network.restrictOutbound: true, which adds it after Azure ML's documented service tags")
+        return (
+            "the network security group has no outbound rule denying the Internet in the private profile: set "
+            "network.restrictOutbound: true, which adds it after Azure ML's documented service tags"
+        )
     first_deny = min(int(r.get("priority", 65000)) for r in denies)
-    reopen = sorted(r.get("name", "?") for r in rules
-                    if _allows_internet_outbound(r) and int(r.get("priority", 65000)) < first_deny)
+    reopen = sorted(
+        r.get("name", "?") for r in rules if _allows_internet_outbound(r) and int(r.get("priority", 65000)) < first_deny
+    )
     if reopen:
-        return (f"outbound rule(s) {', '.join(reopen)} allow the whole Internet before the deny "
-                f"(priority {first_deny}): allow service tags, not Internet")
+        return (
+            f"outbound rule(s) {', '.join(reopen)} allow the whole Internet before the deny "
+            f"(priority {first_deny}): allow service tags, not Internet"
+        )
 
 
 def check_no_client_ips(resource_type: str, props: dict) -> str | None:
@@ -236,14 +271,15 @@ def check_no_client_ips(resource_type: str, props: dict) -> str | None:
         return None
     if ips:
         values = [i.get("iPAddressOrRange") or i.get("value") for i in ips]
-        return (f"{where} admit {values} in the private profile: empty network.allowedClientIps (and the data "
-                "stack's) and come in through the way in (docs/private-access.md)")
+        return (
+            f"{where} admit {values} in the private profile: empty network.allowedClientIps (and the data "
+            "stack's) and come in through the way in (docs/private-access.md)"
+        )
 
 
 def policies() -> list:
     """The rules as pulumi-policy objects (what the pack serves to `pulumi preview --policy-pack`)."""
-    from pulumi_policy import (EnforcementLevel, PolicyConfigSchema, ResourceValidationPolicy,
-                               StackValidationPolicy)
+    from pulumi_policy import EnforcementLevel, PolicyConfigSchema, ResourceValidationPolicy, StackValidationPolicy
 
     def resource_policy(rule: Rule) -> ResourceValidationPolicy:
         def validate(args, report_violation):
@@ -251,8 +287,11 @@ def policies() -> list:
                 report_violation(message)
 
         return ResourceValidationPolicy(
-            name=rule.name, description=rule.description, validate=validate,
-            enforcement_level=EnforcementLevel.MANDATORY if rule.mandatory else EnforcementLevel.ADVISORY)
+            name=rule.name,
+            description=rule.description,
+            validate=validate,
+            enforcement_level=EnforcementLevel.MANDATORY if rule.mandatory else EnforcementLevel.ADVISORY,
+        )
 
     def gpu_budget(args, report_violation):
         max_gpus = int((args.get_config() or {}).get("maxGpus", DEFAULT_MAX_GPUS))
@@ -261,9 +300,13 @@ def policies() -> list:
             report_violation(message)
 
     budget = StackValidationPolicy(
-        name="gpu-budget", description="Cap on the GPUs all clusters together can scale to", validate=gpu_budget,
+        name="gpu-budget",
+        description="Cap on the GPUs all clusters together can scale to",
+        validate=gpu_budget,
         enforcement_level=EnforcementLevel.MANDATORY,
-        config_schema=PolicyConfigSchema(properties={"maxGpus": {"type": "integer", "default": DEFAULT_MAX_GPUS}}))
+        config_schema=PolicyConfigSchema(properties={"maxGpus": {"type": "integer", "default": DEFAULT_MAX_GPUS}}),
+    )
+
     def workspace_endpoint(args, report_violation):
         message = check_workspace_endpoint((r.resource_type, r.props) for r in args.resources)
         if message:
@@ -272,34 +315,46 @@ def policies() -> list:
     endpoint = StackValidationPolicy(
         name="workspace-endpoint-for-private-nodes",
         description="Clusters without node public IP come with the workspace private endpoint and its DNS zones",
-        validate=workspace_endpoint, enforcement_level=EnforcementLevel.MANDATORY)
+        validate=workspace_endpoint,
+        enforcement_level=EnforcementLevel.MANDATORY,
+    )
 
     def private_profile(args, report_violation):
         if (args.get_config() or {}).get("privateProfile") and (
-                message := check_private_profile(args.resource_type, args.props)):
+            message := check_private_profile(args.resource_type, args.props)
+        ):
             report_violation(message)
 
     private = ResourceValidationPolicy(
         name="no-public-network-access-in-private-profile",
         description="In the private profile (policy config privateProfile: true), registry, Key Vault, workspace "
-                    "and storage accounts have public network access disabled",
-        validate=private_profile, enforcement_level=EnforcementLevel.MANDATORY,
-        config_schema=PolicyConfigSchema(properties={"privateProfile": {"type": "boolean", "default": False}}))
+        "and storage accounts have public network access disabled",
+        validate=private_profile,
+        enforcement_level=EnforcementLevel.MANDATORY,
+        config_schema=PolicyConfigSchema(properties={"privateProfile": {"type": "boolean", "default": False}}),
+    )
+
     def private_profile_policy(name: str, description: str, check) -> ResourceValidationPolicy:
         def validate(args, report_violation):
             if (args.get_config() or {}).get("privateProfile") and (message := check(args.resource_type, args.props)):
                 report_violation(message)
 
         return ResourceValidationPolicy(
-            name=name, description=description, validate=validate, enforcement_level=EnforcementLevel.MANDATORY,
-            config_schema=PolicyConfigSchema(properties={"privateProfile": {"type": "boolean", "default": False}}))
+            name=name,
+            description=description,
+            validate=validate,
+            enforcement_level=EnforcementLevel.MANDATORY,
+            config_schema=PolicyConfigSchema(properties={"privateProfile": {"type": "boolean", "default": False}}),
+        )
 
     outbound = private_profile_policy(
         "outbound-deny-in-private-profile",
         "In the private profile (policy config privateProfile: true), every NSG denies outbound Internet",
-        check_outbound_deny)
+        check_outbound_deny,
+    )
     client_ips = private_profile_policy(
         "no-client-ips-in-private-profile",
         "In the private profile, storage, Key Vault and registry firewalls admit no client IP addresses",
-        check_no_client_ips)
+        check_no_client_ips,
+    )
     return [*(resource_policy(r) for r in RULES), budget, endpoint, private, outbound, client_ips]

@@ -16,5 +16,8 @@ def _no_mpi_inside_pytest(request):
     processes of their own (helpers.train) instead; this names the test that did it."""
     yield
     if _libc.getenv(b"PMIX_RANK") is not None or _libc.getenv(b"OMPI_MCA_ess") == b"singleton":
-        pytest.fail(f"{request.node.nodeid} initialised MPI inside pytest's process: later horovodrun calls fail; "
-                    "run the payload as a subprocess", pytrace=False)
+        pytest.fail(
+            f"{request.node.nodeid} initialised MPI inside pytest's process: later horovodrun calls fail; "
+            "run the payload as a subprocess",
+            pytrace=False,
+        )

@@ -1,6 +1,7 @@
 """Azure at the network boundary for the launcher's checks: every azure-core pipeline (ARM, blob storage,
 container registry) sends through requests' HTTPAdapter, which the `fake` fixture replaces with routes
 answering recorded-shaped JSON (the REST reference's documented examples) or Azure's error bodies."""
+
 from __future__ import annotations
 
 import base64
@@ -8,7 +9,6 @@ import io
 import json
 import re
 import time
-from typing import Callable
 
 import requests
 import urllib3
@@ -17,13 +17,19 @@ from requests.adapters import HTTPAdapter
 
 def jwt(claims: dict) -> str:
     """An unsigned JWT with these claims (the checks read their own token's claims; they never verify it)."""
+
     def part(d):
         return base64.urlsafe_b64encode(json.dumps(d).encode()).rstrip(b"=").decode()
+
     return f"{part({'alg': 'none', 'typ': 'JWT'})}.{part(claims)}.sig"
 
 
-USER = {"oid": "33333333-3333-3333-3333-333333333333", "idtyp": "user", "scp": "user_impersonation",
-        "upn": "someone@example.com"}
+USER = {
+    "oid": "33333333-3333-3333-3333-333333333333",
+    "idtyp": "user",
+    "scp": "user_impersonation",
+    "upn": "someone@example.com",
+}
 SERVICE_PRINCIPAL = {"oid": "44444444-4444-4444-4444-444444444444", "idtyp": "app", "roles": []}
 
 
@@ -35,12 +41,14 @@ class Credential:
 
     def get_token(self, *scopes, **kw):
         from azure.core.credentials import AccessToken
+
         if self.error:
             raise self.error
         return AccessToken(jwt(self.claims), int(time.time()) + 3600)
 
     def get_token_info(self, *scopes, **kw):
         from azure.core.credentials import AccessTokenInfo
+
         if self.error:
             raise self.error
         return AccessTokenInfo(jwt(self.claims), int(time.time()) + 3600)
@@ -69,16 +77,22 @@ class FakeAzure:
             if m and method == request.method:
                 status, body, headers = answer(request, m) if callable(answer) else answer
                 return self.response(request, status, body, headers)
-        return self.response(request, 404, {"error": {"code": "NotFound", "message": f"fake Azure has no {target}"}}, {})
+        return self.response(
+            request, 404, {"error": {"code": "NotFound", "message": f"fake Azure has no {target}"}}, {}
+        )
 
     @staticmethod
     def response(request, status: int, body, headers: dict) -> requests.Response:
         data = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else b""
-        headers = {"Content-Length": str(len(data)), "x-ms-request-id": "fake",
-                   **({"Content-Type": "application/json"} if not isinstance(body, bytes) and body is not None else {}),
-                   **headers}
-        raw = urllib3.HTTPResponse(body=io.BytesIO(data), headers=headers, status=status, preload_content=False,
-                                   reason="fake")
+        headers = {
+            "Content-Length": str(len(data)),
+            "x-ms-request-id": "fake",
+            **({"Content-Type": "application/json"} if not isinstance(body, bytes) and body is not None else {}),
+            **headers,
+        }
+        raw = urllib3.HTTPResponse(
+            body=io.BytesIO(data), headers=headers, status=status, preload_content=False, reason="fake"
+        )
         return HTTPAdapter().build_response(request, raw)
 
 

@@ -1,4 +1,5 @@
 """Shared helpers: run the payload as real processes, the way users and jobs do."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,25 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 # Small enough to train in seconds on 2 cores, learnable enough that the loss falls.
-TINY = ["--model", "tiny_cnn", "--image-size", "16", "--num-classes", "4", "--synthetic-samples", "128",
-        "--workers", "0", "--threads", "1", "--no-progress", "--warmup-epochs", "0", "--base-lr", "0.05"]
+TINY = [
+    "--model",
+    "tiny_cnn",
+    "--image-size",
+    "16",
+    "--num-classes",
+    "4",
+    "--synthetic-samples",
+    "128",
+    "--workers",
+    "0",
+    "--threads",
+    "1",
+    "--no-progress",
+    "--warmup-epochs",
+    "0",
+    "--base-lr",
+    "0.05",
+]
 
 
 def env() -> dict:
@@ -26,23 +44,50 @@ def env() -> dict:
 
 
 def horovodrun(np: int, args: list[str], payload: str = "pytorch") -> list[str]:
-    return [str(pathlib.Path(sys.executable).with_name("horovodrun")), "-np", str(np), "-H", f"localhost:{np}",
-            "--gloo", sys.executable, "-m", f"payloads.{payload}.train", *args]
+    return [
+        str(pathlib.Path(sys.executable).with_name("horovodrun")),
+        "-np",
+        str(np),
+        "-H",
+        f"localhost:{np}",
+        "--gloo",
+        sys.executable,
+        "-m",
+        f"payloads.{payload}.train",
+        *args,
+    ]
 
 
 def torchrun(np: int, args: list[str], payload: str = "pytorch") -> list[str]:
     """The payload under PyTorch DDP: torchrun starts np processes here (--standalone: its own rendezvous on a free
     port), each with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set; Gloo on this CPU."""
-    return [str(pathlib.Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node", str(np),
-            "-m", f"payloads.{payload}.train", "--backend", "ddp", *args]
+    return [
+        str(pathlib.Path(sys.executable).with_name("torchrun")),
+        "--standalone",
+        "--nproc-per-node",
+        str(np),
+        "-m",
+        f"payloads.{payload}.train",
+        "--backend",
+        "ddp",
+        *args,
+    ]
 
 
-def train(np: int, args: list[str], timeout: float = 300, check: bool = True,
-          payload: str = "pytorch", backend: str = "horovod") -> subprocess.CompletedProcess:
+def train(
+    np: int,
+    args: list[str],
+    timeout: float = 300,
+    check: bool = True,
+    payload: str = "pytorch",
+    backend: str = "horovod",
+) -> subprocess.CompletedProcess:
     cmd = horovodrun(np, args, payload) if backend == "horovod" else torchrun(np, args, payload)
     proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
+        pytest.fail(
+            f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+        )
     return proc
 
 

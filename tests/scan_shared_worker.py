@@ -2,6 +2,7 @@
 
 Counts this process's folder listings (os.scandir, os.listdir) inside the tree, then writes what it got to
 OUT/rank-<rank>.json: the listing count, the classes, a digest of the samples, or the error it raised."""
+
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ def counting(real):
         if isinstance(path, (str, os.PathLike)) and os.path.abspath(path).startswith(str(tree)):
             listings.append(os.fspath(path))
         return real(path, *args, **kwargs)
+
     return listing
 
 
@@ -29,10 +31,16 @@ os.scandir, os.listdir = counting(os.scandir), counting(os.listdir)
 hvd.init()
 result = {"rank": hvd.rank()}
 try:
-    got = imagefolder.scan_shared(tree, "data directory", hvd.rank(),
-                                  lambda obj: hvd.broadcast_object(obj, root_rank=0, name="scan_train"))
-    result.update(classes=got.classes, samples=len(got.samples), root=str(got.root),
-                  digest=hashlib.sha256(json.dumps(got.samples).encode()).hexdigest(), first=got.samples[0])
+    got = imagefolder.scan_shared(
+        tree, "data directory", hvd.rank(), lambda obj: hvd.broadcast_object(obj, root_rank=0, name="scan_train")
+    )
+    result.update(
+        classes=got.classes,
+        samples=len(got.samples),
+        root=str(got.root),
+        digest=hashlib.sha256(json.dumps(got.samples).encode()).hexdigest(),
+        first=got.samples[0],
+    )
 except ConfigError as e:
     result["config_error"] = str(e)
 result["listings"] = len(listings)

@@ -1,5 +1,6 @@
 """benchmarks.backends (Horovod allreduce, DDP over Gloo, a synchronous RPC parameter server) and the planner's
 parameter-server model. No speed assertions: the figures live in the benchmark's output."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,14 @@ from tests.helpers import ROOT, env
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("backends") / "backends.json"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.backends", "--quick", "--max-np", "2", "--json", str(out)],
-                          cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.backends", "--quick", "--max-np", "2", "--json", str(out)],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout, json.loads(out.read_text())
 
@@ -33,7 +40,11 @@ def test_quick_run_reports_every_backend_with_its_process_count(quick):
     row = data["results"]["2"]
     assert set(row) == set(backends.BACKENDS)
     # the parameter server is a process of its own beside the 2 workers
-    assert {b: (r["workers"], r["processes"]) for b, r in row.items()} == {"horovod": (2, 2), "ddp": (2, 2), "ps": (2, 3)}
+    assert {b: (r["workers"], r["processes"]) for b, r in row.items()} == {
+        "horovod": (2, 2),
+        "ddp": (2, 2),
+        "ps": (2, 3),
+    }
     for b, r in row.items():
         assert r["median"] > 0 and len(r["runs"]) == 1
         assert r["efficiency"] == pytest.approx(r["median"] / (2 * data["results"]["1"]["single"]["median"]))
@@ -54,7 +65,7 @@ def test_every_process_trained_and_holds_the_same_parameters(quick, backend, ran
 def test_ranks_train_on_different_batches():
     """What makes the digest check able to fail: without averaging, ranks on these batches would diverge."""
     args = argparse.Namespace(batch_size=4, image_size=8, num_classes=10)
-    (d0, t0), (d1, t1) = common.batch(args, 0), common.batch(args, 1)
+    (d0, _), (d1, _) = common.batch(args, 0), common.batch(args, 1)
     assert not torch.equal(d0, d1)
     assert torch.equal(d0, common.batch(args, 0)[0])
 
@@ -69,13 +80,19 @@ def test_parse_flags_ranks_that_disagree_or_did_not_move():
 
 
 def test_max_np_below_two_is_refused():
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.backends", "--max-np", "1"], cwd=ROOT, env=env(),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.backends", "--max-np", "1"],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "--max-np 1" in proc.stderr
 
 
 # ---- the planner's parameter-server model ------------------------------------------------------------------
-S, B = 100e6, 3.125      # 100 MB of gradients, 25 Gbit/s
+S, B = 100e6, 3.125  # 100 MB of gradients, 25 Gbit/s
 
 
 def test_ps_bandwidth_term_by_hand():
@@ -105,7 +122,7 @@ def test_ps_efficiency_falls_with_gpus_for_a_fixed_shard_count():
 
 def test_allreduce_bandwidth_term_is_flat_where_the_ps_term_grows_linearly():
     ring = [planner.ring_bandwidth_seconds(n, S, B) for n in planner.PS_COUNTS]
-    assert max(ring) / min(ring) <= (2 * S / (B * 1e9)) / ring[0] <= 8 / 7 + 1e-12   # 2(n-1)/n in [7/4, 2)
+    assert max(ring) / min(ring) <= (2 * S / (B * 1e9)) / ring[0] <= 8 / 7 + 1e-12  # 2(n-1)/n in [7/4, 2)
     ps = [planner.ps_bandwidth_seconds(n, 4, S, 1, B) for n in planner.PS_COUNTS]
     assert ps[-1] / ps[0] == pytest.approx(512 / 8)
 

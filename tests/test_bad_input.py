@@ -1,10 +1,11 @@
 """Bad input fails before training with a message that names the problem and the fix."""
+
 import pathlib
 
 import pytest
+from helpers import TINY, train
 from PIL import Image
 
-from helpers import TINY, train
 from payloads.common import config, imagefolder
 from payloads.common.errors import ConfigError
 from payloads.pytorch import models
@@ -21,19 +22,22 @@ def test_unknown_model_lists_the_choices():
         parse("--model", "resnet5")
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--data", "imagefolder"], "needs --data-dir"),
-    (["--data", "tfrecord"], "read by the TensorFlow and Keras payloads"),
-    (["--data", "parquet"], "choose synthetic or imagefolder"),
-    (["--batch-size", "0"], "--batch-size must be at least 1"),
-    (["--batch-size", "8", "--global-batch-size", "16"], "not both"),
-    (["--epochs", "0"], "--epochs must be at least 1"),
-    (["--lr-decay-epochs", "60,30"], "increasing"),
-    (["--adasum", "--fp16-allreduce"], "cannot be combined"),
-    (["--base-lr", "-1"], "must be positive"),
-    (["--startup-steps", "-1"], "--startup-steps must not be negative"),
-    (["--loss-scale-init", "0"], "--loss-scale-init must be positive"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--data", "imagefolder"], "needs --data-dir"),
+        (["--data", "tfrecord"], "read by the TensorFlow and Keras payloads"),
+        (["--data", "parquet"], "choose synthetic or imagefolder"),
+        (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--batch-size", "8", "--global-batch-size", "16"], "not both"),
+        (["--epochs", "0"], "--epochs must be at least 1"),
+        (["--lr-decay-epochs", "60,30"], "increasing"),
+        (["--adasum", "--fp16-allreduce"], "cannot be combined"),
+        (["--base-lr", "-1"], "must be positive"),
+        (["--startup-steps", "-1"], "--startup-steps must not be negative"),
+        (["--loss-scale-init", "0"], "--loss-scale-init must be positive"),
+    ],
+)
 def test_config_errors(args, message):
     with pytest.raises(ConfigError, match=message):
         parse(*args)
@@ -81,8 +85,21 @@ def test_global_batch_below_world_size_fails_the_distributed_job(tmp_path):
 
 
 def test_missing_data_dir_fails_the_distributed_job(tmp_path):
-    proc = train(2, TINY + ["--data", "imagefolder", "--data-dir", str(tmp_path / "missing"), "--epochs", "1",
-                            "--output-dir", str(tmp_path / "out")], check=False)
+    proc = train(
+        2,
+        TINY
+        + [
+            "--data",
+            "imagefolder",
+            "--data-dir",
+            str(tmp_path / "missing"),
+            "--epochs",
+            "1",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        check=False,
+    )
     assert proc.returncode != 0
     assert "missing does not exist" in proc.stderr + proc.stdout
 
@@ -91,8 +108,25 @@ def test_corrupt_image_fails_naming_the_file_or_is_skipped_and_counted(tmp_path)
     data = _tree(tmp_path / "data")
     bad = data / "class1" / "img3.png"
     bad.write_bytes(b"\x89PNG this is not a picture")
-    args = ["--model", "tiny_cnn", "--image-size", "16", "--data", "imagefolder", "--data-dir", str(data),
-            "--batch-size", "4", "--epochs", "1", "--workers", "0", "--threads", "1", "--no-progress"]
+    args = [
+        "--model",
+        "tiny_cnn",
+        "--image-size",
+        "16",
+        "--data",
+        "imagefolder",
+        "--data-dir",
+        str(data),
+        "--batch-size",
+        "4",
+        "--epochs",
+        "1",
+        "--workers",
+        "0",
+        "--threads",
+        "1",
+        "--no-progress",
+    ]
     failed = train(2, args + ["--output-dir", str(tmp_path / "strict")], check=False)
     assert failed.returncode != 0
     assert f"cannot decode image {bad}" in failed.stderr + failed.stdout
@@ -103,6 +137,7 @@ def test_corrupt_image_fails_naming_the_file_or_is_skipped_and_counted(tmp_path)
 
     train(2, args + ["--output-dir", str(tmp_path / "lenient"), "--skip-corrupt-images"])
     from helpers import metrics
+
     epoch = metrics(tmp_path / "lenient")["epochs"][0]
     assert epoch["skipped_images"] == 1
     assert epoch["images"] == 3 * 8 - 1
@@ -112,32 +147,63 @@ def test_corrupt_validation_image_is_skipped_and_counted(tmp_path):
     _tree(tmp_path / "data" / "train")
     val = _tree(tmp_path / "data" / "val", per_class=4)
     (val / "class0" / "img2.png").write_bytes(b"\x89PNG this is not a picture")
-    train(2, ["--model", "tiny_cnn", "--image-size", "16", "--data", "imagefolder", "--data-dir", str(tmp_path / "data"),
-              "--batch-size", "4", "--epochs", "2", "--workers", "0", "--threads", "1", "--no-progress",
-              "--skip-corrupt-images", "--output-dir", str(tmp_path / "out")])
+    train(
+        2,
+        [
+            "--model",
+            "tiny_cnn",
+            "--image-size",
+            "16",
+            "--data",
+            "imagefolder",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--batch-size",
+            "4",
+            "--epochs",
+            "2",
+            "--workers",
+            "0",
+            "--threads",
+            "1",
+            "--no-progress",
+            "--skip-corrupt-images",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+    )
     from helpers import metrics
+
     epochs = metrics(tmp_path / "out")["epochs"]
     assert [e["val_skipped_images"] for e in epochs] == [1, 1]
     assert [e["skipped_images"] for e in epochs] == [0, 0]
 
 
-@pytest.mark.parametrize("payload,extra,message", [
-    # Horovod's Adasum optimizer steps inside backward, before GradScaler could unscale (fp16; bf16 needs no
-    # scaler and runs, and the default turns fp16 mixed precision off with --adasum).
-    ("pytorch", ["--amp", "--amp-dtype", "fp16"], "--adasum cannot be combined with fp16 mixed precision"),
-    # Adasum exists only over MPI: under Gloo the first step would fail with "No Adasum operation enabled".
-    ("pytorch", [], "--adasum needs Horovod's MPI controller"),
-    ("tensorflow", [], "--adasum needs Horovod's MPI controller"),
-    # Horovod's Keras DistributedOptimizer has no Adasum ("op currently only supports Average and Sum").
-    ("keras", [], "--adasum is not available in the Keras payload"),
-])
+@pytest.mark.parametrize(
+    "payload,extra,message",
+    [
+        # Horovod's Adasum optimizer steps inside backward, before GradScaler could unscale (fp16; bf16 needs no
+        # scaler and runs, and the default turns fp16 mixed precision off with --adasum).
+        ("pytorch", ["--amp", "--amp-dtype", "fp16"], "--adasum cannot be combined with fp16 mixed precision"),
+        # Adasum exists only over MPI: under Gloo the first step would fail with "No Adasum operation enabled".
+        ("pytorch", [], "--adasum needs Horovod's MPI controller"),
+        ("tensorflow", [], "--adasum needs Horovod's MPI controller"),
+        # Horovod's Keras DistributedOptimizer has no Adasum ("op currently only supports Average and Sum").
+        ("keras", [], "--adasum is not available in the Keras payload"),
+    ],
+)
 def test_adasum_combinations_horovod_cannot_run_fail_before_training(tmp_path, payload, extra, message):
-    proc = train(2, TINY + ["--adasum", "--epochs", "1", "--batch-size", "4", "--output-dir", str(tmp_path), *extra],
-                 check=False, payload=payload)
+    proc = train(
+        2,
+        TINY + ["--adasum", "--epochs", "1", "--batch-size", "4", "--output-dir", str(tmp_path), *extra],
+        check=False,
+        payload=payload,
+    )
     text = proc.stderr + proc.stdout
     assert proc.returncode != 0 and message in text, text[-3000:]
-    assert "--no-amp" in text or "horovodrun --mpi" in text or "payloads.tensorflow.train --adasum" in text, \
+    assert "--no-amp" in text or "horovodrun --mpi" in text or "payloads.tensorflow.train --adasum" in text, (
         "the message names the fix"
+    )
     assert "drop --adasum" in text
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.json").exists()
 
@@ -149,13 +215,15 @@ def test_adasum_with_a_process_count_that_is_not_a_power_of_two_fails_before_tra
 
     cmd = horovodrun(3, TINY + ["--adasum", "--epochs", "1", "--batch-size", "4", "--output-dir", str(tmp_path)])
     i = cmd.index("--gloo")
-    cmd[i:i + 1] = ["--mpi", "--mpi-args=--bind-to none --oversubscribe"]
+    cmd[i : i + 1] = ["--mpi", "--mpi-args=--bind-to none --oversubscribe"]
     e = env()
     e["OMPI_MCA_mpi_yield_when_idle"] = "1"
     proc = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
     text = proc.stderr + proc.stdout
     assert proc.returncode != 0
-    assert "--adasum needs a power-of-two number of processes, this job has 3: use 2 or 4 processes" in text, text[-3000:]
+    assert "--adasum needs a power-of-two number of processes, this job has 3: use 2 or 4 processes" in text, text[
+        -3000:
+    ]
     assert not (tmp_path / "checkpoints").exists()
 
 
@@ -164,13 +232,13 @@ def test_default_lr_follows_the_linear_scaling_rule_for_the_batch_used():
     processes (and backward passes), so the per-process default is 0.1 x its batch / 256."""
     cfg = parse("--batch-size", "64")
     assert cfg.base_lr is None
-    assert cfg.per_process_batch(8) == 64 and cfg.base_lr == pytest.approx(0.025)   # job LR 0.2 = 0.1 x 512 / 256
+    assert cfg.per_process_batch(8) == 64 and cfg.base_lr == pytest.approx(0.025)  # job LR 0.2 = 0.1 x 512 / 256
     cfg = parse("--global-batch-size", "1024")
-    assert cfg.per_process_batch(4) == 256 and cfg.base_lr == pytest.approx(0.1)    # job LR 0.4 = 0.1 x 1024 / 256
+    assert cfg.per_process_batch(4) == 256 and cfg.base_lr == pytest.approx(0.1)  # job LR 0.4 = 0.1 x 1024 / 256
     cfg = parse("--batch-size", "64", "--base-lr", "0.05")
     cfg.per_process_batch(2)
     assert cfg.base_lr == 0.05, "an explicit --base-lr wins"
-    text = " ".join(config.build_parser("train", "").format_help().split())   # argparse wraps lines
+    text = " ".join(config.build_parser("train", "").format_help().split())  # argparse wraps lines
     assert "Goyal" in text and "0.1 per 256 images" in text
 
 
@@ -185,18 +253,36 @@ def test_unwritable_output_dir_is_named_before_training(tmp_path, payload):
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    for out, expected in ((blocker / "run", "is a file, not a folder"), (pathlib.Path("/proc/no-such/run"), "is not writable")):
-        proc = subprocess.run([sys.executable, "-m", f"payloads.{payload}.train", *TINY, "--epochs", "1",
-                               "--output-dir", str(out)], cwd=ROOT, env=env(), capture_output=True, text=True,
-                              timeout=120)
+    for out, expected in (
+        (blocker / "run", "is a file, not a folder"),
+        (pathlib.Path("/proc/no-such/run"), "is not writable"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", f"payloads.{payload}.train", *TINY, "--epochs", "1", "--output-dir", str(out)],
+            cwd=ROOT,
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert f"--output-dir {out}" in proc.stderr and expected in proc.stderr, proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("flag", [["--compile"], ["--amp-dtype", "fp16"], ["--gpu-decode"], ["--decoder", "pillow"],
-                                  ["--startup-steps", "3"], ["--loss-scale-init", "1024"], ["--shuffle-buffer", "9"],
-                                  ["--cache-decoded"]])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--compile"],
+        ["--amp-dtype", "fp16"],
+        ["--gpu-decode"],
+        ["--decoder", "pillow"],
+        ["--startup-steps", "3"],
+        ["--loss-scale-init", "1024"],
+        ["--shuffle-buffer", "9"],
+        ["--cache-decoded"],
+    ],
+)
 def test_pytorch_only_options_are_refused_by_the_tensorflow_payloads(flag, tmp_path):
     from payloads.tensorflow import launch
     from payloads.tensorflow.train import GROUPS
@@ -204,4 +290,4 @@ def test_pytorch_only_options_are_refused_by_the_tensorflow_payloads(flag, tmp_p
     out = ["--output-dir", str(tmp_path)]
     with pytest.raises(ConfigError, match=f"{flag[0]} is an option of the PyTorch payloads"):
         launch.parse(flag + out, "train", "", GROUPS)
-    config.parse(flag + out, "train", "", MODELS)     # and accepted by the PyTorch payload
+    config.parse(flag + out, "train", "", MODELS)  # and accepted by the PyTorch payload

@@ -1,4 +1,5 @@
 """The benchmarks that print figures run end to end (their figures are not judged here: see benchmarks/)."""
+
 import json
 import subprocess
 import sys
@@ -10,8 +11,14 @@ def test_gpu_benchmark_runs_on_a_cpu_and_writes_every_row(tmp_path):
     """`python -m benchmarks.gpu` is meant for a GPU; --quick --device cpu runs the same code at toy sizes, so a
     GPU user never finds it broken."""
     out = tmp_path / "gpu.json"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--quick", "--device", "cpu", "--workers", "1",
-                           "--json", str(out)], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu", "--quick", "--device", "cpu", "--workers", "1", "--json", str(out)],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     kinds = [r["kind"] for r in rows]

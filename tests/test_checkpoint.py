@@ -1,5 +1,6 @@
 """Checkpoints and metrics without rename: a crash at any point leaves the previous complete checkpoint or the new
 complete one as the newest resumable file, never a truncated one; rename and folder fsync may fail."""
+
 import errno
 import json
 import os
@@ -8,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import ROOT
+
 from payloads.common import checkpoint, durable
 from payloads.common.metrics import MetricsFile, read, spare_for
 
@@ -47,7 +48,10 @@ def test_a_failed_save_leaves_the_previous_checkpoint_and_no_partial_file(tmp_pa
 
     with pytest.raises(RuntimeError):
         checkpoint.write(checkpoint.path_for(tmp_path, 2, ".pt"), crash)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".checkpoint-epoch-0001.pt.complete", "checkpoint-epoch-0001.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".checkpoint-epoch-0001.pt.complete",
+        "checkpoint-epoch-0001.pt",
+    ]
     assert checkpoint.latest(tmp_path, ".pt")[1].read_text() == "good"
 
 
@@ -98,18 +102,30 @@ POINTS = ["in_save", "marker_removed", "mid_copy", "before_marker", "mid_marker"
 def test_a_crash_at_any_point_leaves_a_complete_checkpoint_newest(tmp_path, point, resave):
     one, old_two, new_two = (bytes([i]) * (3 << 20) + bytes(range(i)) for i in (1, 2, 3))
     _write(checkpoint.path_for(tmp_path / "ck", 1, ".pt"), one)
-    if resave:   # epoch 2 was saved before, and the resumed run saves epoch 2 again
+    if resave:  # epoch 2 was saved before, and the resumed run saves epoch 2 again
         _write(checkpoint.path_for(tmp_path / "ck", 2, ".pt"), old_two)
     (tmp_path / "data").write_bytes(new_two)
-    proc = subprocess.run([sys.executable, "-c", _CRASHER, point, str(checkpoint.path_for(tmp_path / "ck", 2, ".pt")),
-                           str(tmp_path / "data")], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 9, proc.stderr   # it died where it was told to
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _CRASHER,
+            point,
+            str(checkpoint.path_for(tmp_path / "ck", 2, ".pt")),
+            str(tmp_path / "data"),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 9, proc.stderr  # it died where it was told to
     epoch, path = checkpoint.latest(tmp_path / "ck", ".pt")
     got = path.read_bytes()
     if point == "after_marker":
         assert (epoch, got) == (2, new_two)
-    elif resave and point == "in_save":   # the old epoch-2 file was not touched yet
+    elif resave and point == "in_save":  # the old epoch-2 file was not touched yet
         assert (epoch, got) == (2, old_two)
     else:
         assert (epoch, got) == (1, one), f"crash at {point}: chose epoch {epoch} of {len(got)} bytes"
@@ -118,10 +134,10 @@ def test_a_crash_at_any_point_leaves_a_complete_checkpoint_newest(tmp_path, poin
 def test_a_file_that_differs_from_its_marker_is_not_resumed(tmp_path, caplog):
     _write(checkpoint.path_for(tmp_path, 1, ".pt"), "one")
     _write(checkpoint.path_for(tmp_path, 2, ".pt"), "two")
-    checkpoint.path_for(tmp_path, 2, ".pt").write_text("tw0")    # same size, other bytes
+    checkpoint.path_for(tmp_path, 2, ".pt").write_text("tw0")  # same size, other bytes
     assert checkpoint.latest(tmp_path, ".pt")[0] == 1
     assert "does not match the SHA-256" in caplog.text
-    checkpoint.path_for(tmp_path, 1, ".pt").write_text("on")     # truncated: not even listed
+    checkpoint.path_for(tmp_path, 1, ".pt").write_text("on")  # truncated: not even listed
     assert checkpoint.list_checkpoints(tmp_path, ".pt") == [(2, checkpoint.path_for(tmp_path, 2, ".pt"))]
     assert checkpoint.latest(tmp_path, ".pt") is None
 
@@ -135,14 +151,16 @@ def test_files_without_a_marker_are_named_when_nothing_resumes(tmp_path, caplog)
 @pytest.fixture
 def no_rename(monkeypatch):
     """A file system where rename raises, as a mount without rename would (EXDEV, as for a cross-device move)."""
+
     def refuse(*args, **kwargs):
         raise OSError(errno.EXDEV, "rename not supported here")
+
     for name in ("rename", "replace", "renames"):
         monkeypatch.setattr(os, name, refuse)
 
 
 def test_checkpoints_and_metrics_need_no_rename(tmp_path, no_rename):
-    with pytest.raises(OSError):   # the fixture bites
+    with pytest.raises(OSError):  # the fixture bites
         os.replace(tmp_path / "a", tmp_path / "b")
     for e in (1, 2):
         _write(checkpoint.path_for(tmp_path, e, ".pt"), f"epoch {e}")
@@ -164,6 +182,7 @@ def test_a_folder_fsync_the_file_system_lacks_is_skipped(tmp_path, monkeypatch, 
         if os.path.isdir(f"/proc/self/fd/{fd}"):
             raise OSError(code, "not supported")
         return real(fd)
+
     monkeypatch.setattr(os, "fsync", fsync)
     _write(checkpoint.path_for(tmp_path, 1, ".pt"), "one")
     assert checkpoint.latest(tmp_path, ".pt")[0] == 1
@@ -172,6 +191,7 @@ def test_a_folder_fsync_the_file_system_lacks_is_skipped(tmp_path, monkeypatch, 
 def test_a_real_write_error_is_not_hidden(tmp_path, monkeypatch):
     def fsync(fd):
         raise OSError(errno.EIO, "I/O error")
+
     monkeypatch.setattr(os, "fsync", fsync)
     with pytest.raises(OSError, match="I/O error"):
         _write(checkpoint.path_for(tmp_path, 1, ".pt"), "one")

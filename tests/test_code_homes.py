@@ -4,6 +4,7 @@ module imports a payload's entry point, and none reaches into another module's p
 Folders match roles: a payload imports nothing outside payloads/ (a job's snapshot holds payloads/ only:
 .amlignore), the platform library has one import name (`trainingplatform`, installed from infra/pyproject.toml),
 and no module edits sys.path. Read from the source (AST): nothing is imported or run."""
+
 from __future__ import annotations
 
 import ast
@@ -14,8 +15,13 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAYLOADS = ROOT / "payloads"
 # The project's import roots: the packages at the repository root, and the platform library installed from infra/.
-PACKAGES = {"payloads": ROOT / "payloads", "datatools": ROOT / "datatools", "launcher": ROOT / "launcher",
-            "benchmarks": ROOT / "benchmarks", "trainingplatform": ROOT / "infra" / "trainingplatform"}
+PACKAGES = {
+    "payloads": ROOT / "payloads",
+    "datatools": ROOT / "datatools",
+    "launcher": ROOT / "launcher",
+    "benchmarks": ROOT / "benchmarks",
+    "trainingplatform": ROOT / "infra" / "trainingplatform",
+}
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -59,9 +65,9 @@ def imports(name: str, is_package: bool, tree: ast.AST):
                 continue
             for alias in node.names:
                 sub = f"{source}.{alias.name}"
-                if is_module(sub):   # `from . import runtime`: the module itself
+                if is_module(sub):  # `from . import runtime`: the module itself
                     yield node.lineno, sub, alias.asname or alias.name, ()
-                else:                # `from .x import name`: a name of module x
+                else:  # `from .x import name`: a name of module x
                     yield node.lineno, source, None, (alias.name,)
 
 
@@ -78,9 +84,14 @@ def violations(name: str, source: str, is_package: bool = False) -> list[str]:
                 found.append(f"{name}:{line} imports {imported}'s private {n}")
         if bound:
             modules[bound] = imported
-    for node in ast.walk(tree):   # module._private, where module is a payloads module bound by an import
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
-                and node.attr.startswith("_") and not node.attr.startswith("__")):
+    for node in ast.walk(tree):  # module._private, where module is a payloads module bound by an import
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
             found.append(f"{name}:{node.lineno} uses {modules[node.value.id]}'s private {node.attr}")
     for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
@@ -88,29 +99,49 @@ def violations(name: str, source: str, is_package: bool = False) -> list[str]:
             for target in [module or "", *(a.name for a in node.names)]:
                 if target == "infra" or target.startswith("infra."):
                     found.append(f"{name}:{node.lineno} imports {target}: import trainingplatform (one name)")
-        if (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
-                and node.value.id == "sys"):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "path"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+        ):
             found.append(f"{name}:{node.lineno} uses sys.path: import installed or root packages instead")
     return found
 
 
 # Every module of the project that is not a test: payloads, data tools, launcher, benchmarks, the platform library,
 # the stacks' programs, the policy pack and the toolchain's scripts.
-SOURCES = sorted(p for p in [*ROOT.glob("*/**/*.py")]
-                 if p.relative_to(ROOT).parts[0] in {*PACKAGES, "infra", "policy", "toolchain", "images", "scripts"}
-                 and not any(part in {"node_modules", "venv"} or part.startswith(".") for part in p.parts))
+SOURCES = sorted(
+    p
+    for p in [*ROOT.glob("*/**/*.py")]
+    if p.relative_to(ROOT).parts[0] in {*PACKAGES, "infra", "policy", "toolchain", "images", "scripts"}
+    and not any(part in {"node_modules", "venv"} or part.startswith(".") for part in p.parts)
+)
 
 
 def test_entry_points_are_found():
-    assert {"payloads.pytorch.train", "payloads.tensorflow.train", "payloads.keras.train",
-            "payloads.segmentation.train", "payloads.healthcheck"} <= ENTRY_POINTS
+    assert {
+        "payloads.pytorch.train",
+        "payloads.tensorflow.train",
+        "payloads.keras.train",
+        "payloads.segmentation.train",
+        "payloads.healthcheck",
+    } <= ENTRY_POINTS
 
 
 def test_every_folder_with_code_is_scanned():
     names = {module_name(p) for p in SOURCES}
-    for expected in ("payloads.pytorch.train", "datatools.prepare", "datatools.landcover.prepare", "launcher.jobspec",
-                     "benchmarks.planner", "trainingplatform.vm_sizes", "policy.training_policies",
-                     "infra.__main__", "infra.data-stack.__main__"):
+    for expected in (
+        "payloads.pytorch.train",
+        "datatools.prepare",
+        "datatools.landcover.prepare",
+        "launcher.jobspec",
+        "benchmarks.planner",
+        "trainingplatform.vm_sizes",
+        "policy.training_policies",
+        "infra.__main__",
+        "infra.data-stack.__main__",
+    ):
         assert expected in names
 
 
@@ -119,21 +150,30 @@ def test_no_module_imports_an_entry_point_or_private_names(path):
     assert violations(module_name(path), path.read_text(), path.name == "__init__.py") == []
 
 
-@pytest.mark.parametrize("source, expected", [
-    # What the Keras payload did before payloads/tensorflow/launch.py held the shared part.
-    ("from ..tensorflow import train as tf_train\ntf_train.main([])\n", "imports the entry point payloads.tensorflow.train"),
-    ("import payloads.pytorch.train\n", "imports the entry point payloads.pytorch.train"),
-    ("from ..pytorch.train import StepClock\n", "imports the entry point payloads.pytorch.train"),
-    # What datatools/prepare.py did with the TFRecord example encoder.
-    ("from ..tensorflow.tfrecords import _features\n", "payloads.tensorflow.tfrecords's private _features"),
-    ("from ..tensorflow import tfrecords\ntfrecords._features(b'', 0)\n", "uses payloads.tensorflow.tfrecords's private"),
-    # What the launcher and the policy pack did before infra/pyproject.toml: two names, two ConfigError classes.
-    ("from infra.trainingplatform import vm_sizes\n", "imports infra.trainingplatform: import trainingplatform"),
-    ("import sys, pathlib\nsys.path.insert(0, str(pathlib.Path('infra')))\n", "uses sys.path"),
-    # A payload that needs a data tool or the launcher fails in Azure ML, whose snapshot has payloads/ only.
-    ("from datatools import prepare\n", "imports datatools.prepare, which a job's code snapshot does not hold"),
-    ("from trainingplatform import vm_sizes\n", "imports trainingplatform.vm_sizes, which a job's code snapshot"),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # What the Keras payload did before payloads/tensorflow/launch.py held the shared part.
+        (
+            "from ..tensorflow import train as tf_train\ntf_train.main([])\n",
+            "imports the entry point payloads.tensorflow.train",
+        ),
+        ("import payloads.pytorch.train\n", "imports the entry point payloads.pytorch.train"),
+        ("from ..pytorch.train import StepClock\n", "imports the entry point payloads.pytorch.train"),
+        # What datatools/prepare.py did with the TFRecord example encoder.
+        ("from ..tensorflow.tfrecords import _features\n", "payloads.tensorflow.tfrecords's private _features"),
+        (
+            "from ..tensorflow import tfrecords\ntfrecords._features(b'', 0)\n",
+            "uses payloads.tensorflow.tfrecords's private",
+        ),
+        # What the launcher and the policy pack did before infra/pyproject.toml: two names, two ConfigError classes.
+        ("from infra.trainingplatform import vm_sizes\n", "imports infra.trainingplatform: import trainingplatform"),
+        ("import sys, pathlib\nsys.path.insert(0, str(pathlib.Path('infra')))\n", "uses sys.path"),
+        # A payload that needs a data tool or the launcher fails in Azure ML, whose snapshot has payloads/ only.
+        ("from datatools import prepare\n", "imports datatools.prepare, which a job's code snapshot does not hold"),
+        ("from trainingplatform import vm_sizes\n", "imports trainingplatform.vm_sizes, which a job's code snapshot"),
+    ],
+)
 def test_the_check_catches_what_it_names(source, expected):
     found = violations("payloads.keras.train", source)
     assert any(expected in v for v in found), found

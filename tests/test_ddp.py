@@ -5,14 +5,15 @@ equals a 1-process run on the same global batch within a tolerance, and a contro
 (one process stepping on a half batch) lands beyond it; resume equals a straight run; and a Horovod run and a
 DDP run of the same seed agree within the same tolerance, and resume each other's checkpoints.
 """
+
 import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
-
 from helpers import ROOT, TINY, env, final_weights, metrics, train
+
 from payloads.common import config
 from payloads.common.errors import ConfigError
 
@@ -76,8 +77,10 @@ def test_backward_passes_per_step_accumulate_then_average(fp32, tmp_path):
     processes x 2 passes = 0.1."""
     _, one, control = fp32
     out = tmp_path / "micro"
-    ddp(2, FP32 + ["--batch-size", "8", "--backward-passes-per-step", "2", "--base-lr", "0.025",
-                   "--output-dir", str(out)])
+    ddp(
+        2,
+        FP32 + ["--batch-size", "8", "--backward-passes-per-step", "2", "--base-lr", "0.025", "--output-dir", str(out)],
+    )
     m = metrics(out)
     assert m["summary"]["ranks_identical"] is True
     assert m["epochs"][0]["images"] == 128, "every sample once per epoch, micro-batches included"
@@ -95,8 +98,9 @@ def test_fp16_allreduce_averages_through_the_compression_hook(fp32, tmp_path):
     got = final_weights(out)
     diff, away = _max_diff(got, one), _max_diff(control, one)
     compressed = _max_diff(got, two)
-    print(f"fp16 allreduce: max |DDP 2 - 1 process| = {diff:.3g}; vs fp32 allreduce {compressed:.3g}; "
-          f"control {away:.3g}")
+    print(
+        f"fp16 allreduce: max |DDP 2 - 1 process| = {diff:.3g}; vs fp32 allreduce {compressed:.3g}; control {away:.3g}"
+    )
     assert diff < 2e-3, diff
     assert away > 10 * 2e-3, away
     assert compressed > 0, "the compression hook changed nothing: it did not run"
@@ -122,9 +126,18 @@ def test_resume_equals_straight_and_checkpoints_cross_backends(tmp_path):
     resumed at another scale would unscale the averaged gradient by another factor and drift from the others.
     DDP 1 epoch + resume 1 = DDP 2 epochs, bitwise; a Horovod checkpoint resumes under DDP and a DDP one under
     Horovod, each within the averaging tolerance of the straight run."""
-    init = 2.0 ** 24
-    args = TINY + ["--batch-size", "8", "--warmup-epochs", "1", "--amp", "--amp-dtype", "fp16",
-                   "--loss-scale-init", str(init)]
+    init = 2.0**24
+    args = TINY + [
+        "--batch-size",
+        "8",
+        "--warmup-epochs",
+        "1",
+        "--amp",
+        "--amp-dtype",
+        "fp16",
+        "--loss-scale-init",
+        str(init),
+    ]
     straight, resumed, from_horovod, from_ddp = (tmp_path / n for n in ("straight", "resumed", "hvd-ddp", "ddp-hvd"))
     ddp(2, args + ["--epochs", "2", "--output-dir", str(straight)])
     ddp(2, args + ["--epochs", "1", "--output-dir", str(resumed)])
@@ -142,7 +155,7 @@ def test_resume_equals_straight_and_checkpoints_cross_backends(tmp_path):
     a, b = final_weights(straight), final_weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a), f"max diff {_max_diff(a, b)}"
 
-    train(2, args + ["--epochs", "1", "--output-dir", str(from_horovod)])       # Horovod's checkpoint ...
+    train(2, args + ["--epochs", "1", "--output-dir", str(from_horovod)])  # Horovod's checkpoint ...
     proc = ddp(2, args + ["--epochs", "2", "--output-dir", str(from_horovod)])  # ... resumed under DDP
     proc_back = train(2, args + ["--epochs", "2", "--output-dir", str(from_ddp)])  # and DDP's under Horovod
     for out, p, backend in ((from_horovod, proc, "ddp"), (from_ddp, proc_back, "horovod")):
@@ -156,21 +169,46 @@ def test_resume_equals_straight_and_checkpoints_cross_backends(tmp_path):
 
 
 def test_options_ddp_lacks_are_refused_naming_the_backend(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "payloads.pytorch.train", "--backend", "ddp", "--adasum"], cwd=ROOT,
-                          env=env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "payloads.pytorch.train", "--backend", "ddp", "--adasum"],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "--adasum is a Horovod option: PyTorch DDP (--backend ddp) has no Adasum reduction" in proc.stderr
-    with pytest.raises(ConfigError, match="--backend is an option of the PyTorch payloads"):   # TensorFlow, Keras
-        config.parse(["--backend", "ddp", "--output-dir", str(tmp_path / "tf")], "tf", "tf", ["resnet50"],
-                     groups=(*config.COMMON, config.CLASSIFICATION_INPUT, config.HOROVOD, config.TENSORFLOW))
+    with pytest.raises(ConfigError, match="--backend is an option of the PyTorch payloads"):  # TensorFlow, Keras
+        config.parse(
+            ["--backend", "ddp", "--output-dir", str(tmp_path / "tf")],
+            "tf",
+            "tf",
+            ["resnet50"],
+            groups=(*config.COMMON, config.CLASSIFICATION_INPUT, config.HOROVOD, config.TENSORFLOW),
+        )
     # A DDP process that mpirun started (no rendezvous variables) would train alone: refused before training.
     e = env()
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         e.pop(k, None)
     e["OMPI_COMM_WORLD_SIZE"] = "2"
-    proc = subprocess.run([sys.executable, "-m", "payloads.pytorch.train", "--backend", "ddp", *TINY,
-                           "--output-dir", str(tmp_path / "out")],
-                          cwd=ROOT, env=e, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "payloads.pytorch.train",
+            "--backend",
+            "ddp",
+            *TINY,
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        cwd=ROOT,
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "--backend ddp in a process started by mpirun or horovodrun" in proc.stderr
     assert not (tmp_path / "out" / "checkpoints").exists()

@@ -6,11 +6,11 @@ the 2-process run equals a 1-process run on the same global batch within a toler
 skips the averaging lands farther away than that tolerance (so the tolerance could catch gradients never
 averaged); resume equals a straight run where the flag has state worth restoring.
 """
+
 import subprocess
 
 import pytest
 import torch
-
 from helpers import ROOT, TINY, env, final_weights, horovodrun, metrics, train
 
 
@@ -58,10 +58,13 @@ def test_channels_last_resume_equals_a_straight_run(tmp_path):
     assert metrics(resumed)["summary"]["ranks_identical"] is True
 
 
-@pytest.mark.parametrize("flags,tolerance", [
-    # fp16 compression rounds each gradient to 11 significant bits on the wire.
-    (["--fp16-allreduce"], 2e-3),
-])
+@pytest.mark.parametrize(
+    "flags,tolerance",
+    [
+        # fp16 compression rounds each gradient to 11 significant bits on the wire.
+        (["--fp16-allreduce"], 2e-3),
+    ],
+)
 def test_channels_last_with_fp16_allreduce(tmp_path, flags, tolerance):
     _averaging_holds(tmp_path, ["--channels-last", *flags], tolerance=tolerance)
 
@@ -70,8 +73,11 @@ def test_channels_last_with_backward_passes_per_step(tmp_path):
     """2 processes x 2 micro-batches x 8 = 1 process x 32, in channels_last."""
     two, one = tmp_path / "two", tmp_path / "one"
     common = TINY + ["--epochs", "2", "--channels-last"]
-    train(2, common + ["--batch-size", "8", "--backward-passes-per-step", "2", "--base-lr", "0.05",
-                       "--output-dir", str(two)])
+    train(
+        2,
+        common
+        + ["--batch-size", "8", "--backward-passes-per-step", "2", "--base-lr", "0.05", "--output-dir", str(two)],
+    )
     assert metrics(two)["summary"]["ranks_identical"] is True
     train(1, common + ["--batch-size", "32", "--base-lr", "0.2", "--output-dir", str(one)])
     diff = _max_diff(final_weights(two), final_weights(one))
@@ -86,9 +92,11 @@ def test_channels_last_with_adasum_equals_the_contiguous_adasum_run(tmp_path):
     runs = {}
     for layout in ("--channels-last", "--no-channels-last"):
         out = tmp_path / layout.strip("-")
-        cmd = horovodrun(2, TINY + ["--epochs", "2", "--batch-size", "16", "--adasum", layout, "--output-dir", str(out)])
+        cmd = horovodrun(
+            2, TINY + ["--epochs", "2", "--batch-size", "16", "--adasum", layout, "--output-dir", str(out)]
+        )
         i = cmd.index("--gloo")
-        cmd[i:i + 1] = ["--mpi", "--mpi-args=--bind-to none"]
+        cmd[i : i + 1] = ["--mpi", "--mpi-args=--bind-to none"]
         proc = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert metrics(out)["summary"]["ranks_identical"] is True
@@ -110,14 +118,24 @@ def test_fp16_loss_scaler_state_is_restored_on_every_rank(tmp_path):
     overflowing steps, so after a resume a rank restarted at 2^24 would overflow where the others do not, and
     then unscale the averaged gradient by another factor. Resumed equals straight, bitwise, and ranks agree."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    init = 2.0 ** 24
-    args = TINY + ["--batch-size", "8", "--warmup-epochs", "1", "--amp", "--amp-dtype", "fp16",
-                   "--loss-scale-init", str(init)]
+    init = 2.0**24
+    args = TINY + [
+        "--batch-size",
+        "8",
+        "--warmup-epochs",
+        "1",
+        "--amp",
+        "--amp-dtype",
+        "fp16",
+        "--loss-scale-init",
+        str(init),
+    ]
     train(2, args + ["--epochs", "3", "--output-dir", str(straight)])
     train(2, args + ["--epochs", "1", "--output-dir", str(resumed)])
     saved = torch.load(resumed / "checkpoints" / "checkpoint-epoch-0001.pt", map_location="cpu", weights_only=False)
-    assert saved["scaler"] and saved["scaler"]["scale"] < init, \
+    assert saved["scaler"] and saved["scaler"]["scale"] < init, (
         f"the scale never left {init}: this test could not tell a restored scaler from a fresh one"
+    )
     proc = train(2, args + ["--epochs", "3", "--output-dir", str(resumed)])
     assert "resuming from" in proc.stdout
     m = metrics(resumed)

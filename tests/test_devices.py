@@ -1,11 +1,14 @@
 """payloads/common/devices.py: the start-up report of driver and CUDA versions, and the mismatch it names,
 with fake /proc/driver/nvidia/version contents."""
+
 import pytest
 
 from payloads.common import devices
 
-PROPRIETARY = ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  {v}  Fri Mar 14 04:12:31 UTC 2025\n"
-               "GCC version:  gcc version 11.4.0 (Ubuntu 11.4.0-1ubuntu1~22.04)\n")
+PROPRIETARY = (
+    "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {v}  Fri Mar 14 04:12:31 UTC 2025\n"
+    "GCC version:  gcc version 11.4.0 (Ubuntu 11.4.0-1ubuntu1~22.04)\n"
+)
 OPEN = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {v}  Release Build  (dvs-builder@U16)\n"
 
 
@@ -24,11 +27,20 @@ def test_driver_version_reads_both_kernel_modules(tmp_path, text):
 
 # NVIDIA, CUDA Compatibility (minor version compatibility): CUDA 13.x needs a driver >= 580, CUDA 12.x >= 525;
 # the drivers are ones Azure/azhpc-images has shipped (535, 550, 560, 570, 580 branches).
-@pytest.mark.parametrize("driver, cuda, bad", [
-    ("570.133.20", "13.0", True), ("535.247.01", "13.0", True), ("580.65.05", "13.0", True),
-    ("580.65.06", "13.0", False), ("580.126.16", "13.0", False), ("595.12.01", "13.0", False),
-    ("535.247.01", "12.2", False), ("525.60.13", "12.2", False), ("470.256.02", "12.2", True),
-])
+@pytest.mark.parametrize(
+    "driver, cuda, bad",
+    [
+        ("570.133.20", "13.0", True),
+        ("535.247.01", "13.0", True),
+        ("580.65.05", "13.0", True),
+        ("580.65.06", "13.0", False),
+        ("580.126.16", "13.0", False),
+        ("595.12.01", "13.0", False),
+        ("535.247.01", "12.2", False),
+        ("525.60.13", "12.2", False),
+        ("470.256.02", "12.2", True),
+    ],
+)
 def test_mismatch_follows_nvidias_minimum_drivers(driver, cuda, bad):
     problem = devices.mismatch(driver, cuda)
     assert (problem is not None) == bad, problem
@@ -47,7 +59,7 @@ def test_report_says_when_the_forward_compatibility_driver_serves_an_older_host(
     env = {devices.FORWARD_COMPAT: "libcuda 580.82.07 from /usr/local/cuda/compat (host driver 570.133.20)"}
     line = devices.report("PyTorch", "13.0", _file(tmp_path, OPEN.format(v="570.133.20")), environ=env)
     assert "forward compatibility: libcuda 580.82.07" in line
-    assert "MISMATCH" in line and "data-centre GPUs" in line   # it may still fail: say on which condition
+    assert "MISMATCH" in line and "data-centre GPUs" in line  # it may still fail: say on which condition
 
 
 @pytest.mark.parametrize("driver, cuda", [("580.126.16", "13.0"), ("535.247.01", "12.2")])

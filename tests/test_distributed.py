@@ -1,4 +1,5 @@
 """Two real Horovod processes over Gloo: gradients are averaged, ranks agree, resume is exact."""
+
 import os
 import signal
 import subprocess
@@ -6,8 +7,8 @@ import time
 
 import psutil
 import torch
-
 from helpers import ROOT, TINY, env, final_weights, horovodrun, metrics, train
+
 from payloads.pytorch.models import parameters_digest
 
 
@@ -79,7 +80,9 @@ def test_resume_equals_a_straight_run(tmp_path):
 def _rank_pid(launcher: psutil.Process, rank: int) -> int | None:
     for child in launcher.children(recursive=True):
         try:
-            if child.environ().get("HOROVOD_RANK") == str(rank) and "payloads.pytorch.train" in " ".join(child.cmdline()):
+            if child.environ().get("HOROVOD_RANK") == str(rank) and "payloads.pytorch.train" in " ".join(
+                child.cmdline()
+            ):
                 return child.pid
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -89,11 +92,18 @@ def _rank_pid(launcher: psutil.Process, rank: int) -> int | None:
 def test_a_killed_worker_ends_the_job_and_the_last_checkpoint_resumes(tmp_path):
     out = tmp_path / "run"
     args = TINY + ["--synthetic-samples", "2048", "--batch-size", "8", "--epochs", "200", "--output-dir", str(out)]
-    job = subprocess.Popen(horovodrun(2, args), cwd=ROOT, env=env(), stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    job = subprocess.Popen(
+        horovodrun(2, args),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 120
-        while not list((out / "checkpoints").glob(".checkpoint-epoch-*.pt.complete")):   # the marker comes last
+        while not list((out / "checkpoints").glob(".checkpoint-epoch-*.pt.complete")):  # the marker comes last
             assert job.poll() is None, job.stdout.read()
             assert time.time() < deadline, "no checkpoint within 120 s"
             time.sleep(0.2)
@@ -113,6 +123,7 @@ def test_a_killed_worker_ends_the_job_and_the_last_checkpoint_resumes(tmp_path):
     state = final_weights(out)
     assert state
     from payloads.common import checkpoint
+
     done, _ = checkpoint.latest(out / "checkpoints", ".pt")
     proc = train(2, args[:-4] + ["--epochs", str(done + 1), "--output-dir", str(out)])
     assert "resuming from" in proc.stdout
@@ -136,8 +147,11 @@ def test_backward_passes_per_step_accumulate_then_average_across_processes(tmp_p
     hooks exist only with 2+ processes: a 1-process run cannot see an optimizer built for the wrong N."""
     two, one, micro = tmp_path / "two", tmp_path / "one", tmp_path / "micro"
     common = TINY + ["--epochs", "2"]
-    train(2, common + ["--batch-size", "8", "--backward-passes-per-step", "2", "--base-lr", "0.05",
-                       "--output-dir", str(two)])
+    train(
+        2,
+        common
+        + ["--batch-size", "8", "--backward-passes-per-step", "2", "--base-lr", "0.05", "--output-dir", str(two)],
+    )
     m = metrics(two)
     assert m["summary"]["ranks_identical"] is True
     assert m["epochs"][0]["images"] == 128, "every sample once per epoch, micro-batches included"
@@ -146,8 +160,11 @@ def test_backward_passes_per_step_accumulate_then_average_across_processes(tmp_p
     assert diff < 1e-5, f"2 processes x 2 passes differ from 1 process x 32 by {diff}"
     # The local half: 4 micro-batches of 8 in one process is the same step as one batch of 32
     # (each micro-batch's mean loss is weighted by its share of the batch).
-    train(1, common + ["--batch-size", "8", "--backward-passes-per-step", "4", "--base-lr", "0.05",
-                       "--output-dir", str(micro)])
+    train(
+        1,
+        common
+        + ["--batch-size", "8", "--backward-passes-per-step", "4", "--base-lr", "0.05", "--output-dir", str(micro)],
+    )
     local = _max_diff(final_weights(micro), final_weights(one))
     assert local < 1e-5, f"1 process x 4 passes differs from 1 process x 32 by {local}"
     print(f"max |2x2x8 - 1x32| = {diff:.3g}; |1x4x8 - 1x32| = {local:.3g}")
@@ -156,7 +173,7 @@ def test_backward_passes_per_step_accumulate_then_average_across_processes(tmp_p
 def _mpi(cmd: list[str]) -> list[str]:
     """The same horovodrun command under Horovod's MPI controller (Adasum exists only there)."""
     i = cmd.index("--gloo")
-    return cmd[:i] + ["--mpi", "--mpi-args=--bind-to none"] + cmd[i + 1:]
+    return cmd[:i] + ["--mpi", "--mpi-args=--bind-to none"] + cmd[i + 1 :]
 
 
 def _adasum_pair(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -210,7 +227,7 @@ def test_adasum_two_processes_follow_adasums_definition(tmp_path):
     out = tmp_path / "adasum"
     args = TINY + ["--epochs", "2", "--batch-size", "16", "--adasum", "--output-dir", str(out)]
     e = env()
-    e["OMPI_MCA_mpi_yield_when_idle"] = "1"   # 2 ranks on 2 shared cores (launcher/interconnect.py)
+    e["OMPI_MCA_mpi_yield_when_idle"] = "1"  # 2 ranks on 2 shared cores (launcher/interconnect.py)
     proc = subprocess.run(_mpi(horovodrun(2, args)), cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     m = metrics(out)
@@ -230,8 +247,19 @@ def test_adasum_two_processes_follow_adasums_definition(tmp_path):
     # With 2 micro-batches of 8 per step, Horovod's Adasum optimizer steps after the second backward pass on
     # their mean gradient: the same updates at half the base LR (the LR scales by the passes).
     micro = tmp_path / "adasum-micro"
-    args = TINY + ["--epochs", "2", "--batch-size", "8", "--backward-passes-per-step", "2", "--base-lr", "0.025",
-                   "--adasum", "--output-dir", str(micro)]
+    args = TINY + [
+        "--epochs",
+        "2",
+        "--batch-size",
+        "8",
+        "--backward-passes-per-step",
+        "2",
+        "--base-lr",
+        "0.025",
+        "--adasum",
+        "--output-dir",
+        str(micro),
+    ]
     proc = subprocess.run(_mpi(horovodrun(2, args)), cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert metrics(micro)["summary"]["ranks_identical"] is True

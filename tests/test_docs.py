@@ -5,6 +5,7 @@ lands on a page and a heading that exist, every command the docs show exists (sc
 executable, `python -m` modules import, `.venv/bin/` entries are in the venv), the README's two commands
 come first, and its folder map is the repository's top-level folders. Runs on whatever tree it is in, so
 after a merge it checks the merged pages too."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -59,7 +60,7 @@ def anchors(page: pathlib.Path) -> set[str]:
         s = slug(m.group(2))
         n = seen.get(s, 0)
         seen[s] = n + 1
-        found.add(s if n == 0 else f"{s}-{n}")   # GitHub numbers repeated headings
+        found.add(s if n == 0 else f"{s}-{n}")  # GitHub numbers repeated headings
     return found
 
 
@@ -70,8 +71,10 @@ def strip_inline_code(line: str) -> str:
 def test_slug_matches_github():
     assert slug("Why torch 2.14.1 + torchvision 0.29.1") == "why-torch-2141--torchvision-0291"
     assert slug("`allowedClientIps`") == "allowedclientips"
-    assert slug("The dev stack against Microsoft's secure-training reference") == \
-        "the-dev-stack-against-microsofts-secure-training-reference"
+    assert (
+        slug("The dev stack against Microsoft's secure-training reference")
+        == "the-dev-stack-against-microsofts-secure-training-reference"
+    )
     assert slug("channels_last through Horovod") == "channels_last-through-horovod"
 
 
@@ -83,7 +86,7 @@ def _links(page: pathlib.Path) -> list[str]:
 def broken_links(page: pathlib.Path) -> list[str]:
     broken = []
     for target in _links(page):
-        if re.match(r"^[a-z][a-z0-9+.-]*:", target):       # https:, mailto:
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
             continue
         path, _, anchor = target.partition("#")
         dest = (page.parent / path).resolve() if path else page
@@ -103,15 +106,20 @@ def test_every_relative_link_and_anchor_resolves(page):
 def test_the_link_check_catches_a_missing_page_and_anchor(tmp_path):
     (tmp_path / "a.md").write_text("# A page\n\n## Its part\n\n```bash\n# not a heading\n```\n")
     page = tmp_path / "b.md"
-    page.write_text("[ok](a.md#its-part) [ok](#b) [gone](c.md) [no anchor](a.md#not-a-heading) "
-                    "`[in code](c.md)` [web](https://example.com/x.md)\n\n# B\n")
-    assert broken_links(page) == ["c.md: no such file", "a.md#not-a-heading: no heading with anchor "
-                                  "#not-a-heading in a.md"]
+    page.write_text(
+        "[ok](a.md#its-part) [ok](#b) [gone](c.md) [no anchor](a.md#not-a-heading) "
+        "`[in code](c.md)` [web](https://example.com/x.md)\n\n# B\n"
+    )
+    assert broken_links(page) == [
+        "c.md: no such file",
+        "a.md#not-a-heading: no heading with anchor #not-a-heading in a.md",
+    ]
 
 
 def _repository_files() -> list[pathlib.Path]:
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True
+    )
     if out.returncode != 0:
         pytest.skip("not a git checkout: " + out.stderr.strip())
     return [ROOT / p for p in out.stdout.splitlines() if (ROOT / p).is_file()]
@@ -135,7 +143,7 @@ def test_every_pointer_in_the_repository_resolves():
                 broken.append(f"{where}: no such page")
             elif anchor and anchor not in anchors(dest):
                 broken.append(f"{where}: no heading #{anchor}")
-    assert checked > 20                                         # the scan found the code's pointers
+    assert checked > 20  # the scan found the code's pointers
     assert not broken, "\n".join(broken)
 
 
@@ -165,20 +173,20 @@ def _check_command(line: str) -> list[str]:
     problems = []
     for i, tok in enumerate(tokens):
         tok = tok.rstrip(";")
-        if re.fullmatch(r"(scripts|toolchain|\.ci)/[\w.-]+", tok) and (i == 0 or tokens[i - 1] in
-                                                                        ("bash", "&&", "||", "|", ";", "exec")
-                                                                        or re.fullmatch(r"\w+=\S*", tokens[i - 1])):
+        if re.fullmatch(r"(scripts|toolchain|\.ci)/[\w.-]+", tok) and (
+            i == 0 or tokens[i - 1] in ("bash", "&&", "||", "|", ";", "exec") or re.fullmatch(r"\w+=\S*", tokens[i - 1])
+        ):
             p = ROOT / tok
             if not p.is_file():
                 problems.append(f"{tok}: no such file")
-            elif tokens[i - 1:i] != ["bash"] and not os.access(p, os.X_OK):
+            elif tokens[i - 1 : i] != ["bash"] and not os.access(p, os.X_OK):
                 problems.append(f"{tok}: not executable")
         if tok == "-m" and i > 0 and re.search(r"(^|/)python3?(\.\d+)?$", tokens[i - 1]) and i + 1 < len(tokens):
             module = tokens[i + 1]
             if importlib.util.find_spec(module) is None:
                 problems.append(f"python -m {module}: no such module")
         if tok.startswith(".venv/bin/"):
-            name = tok[len(".venv/bin/"):]
+            name = tok[len(".venv/bin/") :]
             venv_bin = ROOT / ".venv" / "bin"
             if venv_bin.is_dir():
                 if not (venv_bin / name).exists():
@@ -190,9 +198,8 @@ def _check_command(line: str) -> list[str]:
 
 def test_every_command_the_docs_show_exists():
     commands = _commands()
-    assert len(commands) > 30                                   # the scan found the docs' commands
-    broken = [f"{page.relative_to(ROOT)}: {line.strip()}: {p}" for page, line in commands
-              for p in _check_command(line)]
+    assert len(commands) > 30  # the scan found the docs' commands
+    broken = [f"{page.relative_to(ROOT)}: {line.strip()}: {p}" for page, line in commands for p in _check_command(line)]
     assert not broken, "\n".join(broken)
 
 
@@ -215,10 +222,11 @@ def test_the_readme_folder_map_is_the_repository():
     files = _repository_files()
     top = {f.relative_to(ROOT).parts[0] for f in files if len(f.relative_to(ROOT).parts) > 1}
     text = (ROOT / "README.md").read_text()
-    table = text[text.index("## Folders"):].split("\n## ", 1)[0]
+    table = text[text.index("## Folders") :].split("\n## ", 1)[0]
     listed = set(re.findall(r"^\| `([^`/]+)/` \|", table, flags=re.M))
-    assert listed == top, f"README's folder map lists {sorted(listed - top)} that git does not have and " \
-                          f"misses {sorted(top - listed)}"
+    assert listed == top, (
+        f"README's folder map lists {sorted(listed - top)} that git does not have and misses {sorted(top - listed)}"
+    )
     assert len(text.splitlines()) <= 150
 
 

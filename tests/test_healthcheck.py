@@ -5,6 +5,7 @@ InfiniBand, which the health check must report as such. Its training part is fai
 code, the way real clusters fail: a sitecustomize.py on PYTHONPATH breaks the interpreter or one rank's
 optimizer before the health check starts.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,10 +16,10 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 import helpers
+import pytest
 from helpers import ROOT, TINY, train
+
 from payloads import healthcheck
 from payloads.common import devices
 from payloads.common.errors import ConfigError
@@ -26,9 +27,28 @@ from payloads.pytorch import models
 
 
 def healthcheck_run(tmp_path, *args: str, env: dict | None = None, np: int = 2) -> subprocess.CompletedProcess:
-    cmd = [str(pathlib.Path(sys.executable).with_name("horovodrun")), "-np", str(np),
-           "-H", f"localhost:{np}", "--gloo", sys.executable, "-m", "payloads.healthcheck", "--sizes-mb", "1,2",
-           "--iterations", "2", "--model", "tiny_cnn", "--image-size", "32", "--output", str(tmp_path / "allreduce.json"), *args]
+    cmd = [
+        str(pathlib.Path(sys.executable).with_name("horovodrun")),
+        "-np",
+        str(np),
+        "-H",
+        f"localhost:{np}",
+        "--gloo",
+        sys.executable,
+        "-m",
+        "payloads.healthcheck",
+        "--sizes-mb",
+        "1,2",
+        "--iterations",
+        "2",
+        "--model",
+        "tiny_cnn",
+        "--image-size",
+        "32",
+        "--output",
+        str(tmp_path / "allreduce.json"),
+        *args,
+    ]
     e = helpers.env()
     e.pop(healthcheck.MIN_BUSBW, None)
     e.pop(devices.GPUS_PER_NODE, None)
@@ -79,6 +99,7 @@ def test_without_a_floor_bandwidth_is_reported_not_judged(tmp_path):
 
 # ---- the training part: what a training job does, failed the ways real clusters fail it ----------------------
 
+
 def fault(tmp_path, code: str, name: str = "fault") -> dict:
     """Environment whose worker processes (horovodrun sets HOROVOD_RANK) run `code` at interpreter start-up."""
     d = tmp_path / name
@@ -101,7 +122,10 @@ def test_training_passes_with_channels_last_and_mixed_precision_on_the_cpu(tmp_p
     t = json.loads((tmp_path / "allreduce.json").read_text())["training"]
     assert (t["model"], t["precision"], t["memory_format"], t["steps"]) == (model, amp_dtype, "channels_last", 5)
     assert t["ranks_agree"] is True and math.isfinite(t["loss"]) and t["failed_part"] is None
-    assert f"training {model} 32px x 8 per process, 2 process(es), {amp_dtype}, channels_last: 5 steps in" in proc.stdout and "ranks agree" in proc.stdout
+    assert (
+        f"training {model} 32px x 8 per process, 2 process(es), {amp_dtype}, channels_last: 5 steps in" in proc.stdout
+        and "ranks agree" in proc.stdout
+    )
 
 
 def test_a_rank_whose_weights_drift_fails_the_agreement(tmp_path):
@@ -126,7 +150,9 @@ def test_a_rank_whose_weights_drift_fails_the_agreement(tmp_path):
     assert t["ranks_agree"] is False and t["failed_part"] == "agreement" and math.isfinite(t["loss"])
     assert report["bandwidth"]["ok"] is True and all(r["correct"] for r in report["results"])
     assert "RANKS DIFFER" in proc.stdout
-    assert "healthcheck FAILED: training agreement failed: after 2 steps the parameters of rank(s) 1 differ" in proc.stdout
+    assert (
+        "healthcheck FAILED: training agreement failed: after 2 steps the parameters of rank(s) 1 differ" in proc.stdout
+    )
 
 
 @pytest.mark.parametrize("model,part", [("tiny_cnn", "step"), ("resnet18", "import")])
@@ -140,8 +166,10 @@ def test_a_broken_torch_dynamo_fails_the_check_where_bandwidth_alone_passes(tmp_
     assert t["failed_part"] == part and t["ranks_agree"] is None
     assert [e["rank"] for e in t["errors"]] == [0, 1] and {e["part"] for e in t["errors"]} == {part}
     assert f"{part.upper()} FAILED" in proc.stdout
-    assert (f"healthcheck FAILED: training {part} failed on rank(s) 0, 1: AttributeError: module 'sys' has no "
-            "attribute 'get_int_max_str_digits'") in proc.stdout
+    assert (
+        f"healthcheck FAILED: training {part} failed on rank(s) 0, 1: AttributeError: module 'sys' has no "
+        "attribute 'get_int_max_str_digits'"
+    ) in proc.stdout
     assert "torch/_dynamo" in proc.stderr, "the traceback shows where"
     assert len(report["failures"]) == 1
 
@@ -152,26 +180,33 @@ def test_one_failing_rank_is_named_and_the_others_do_not_hang(tmp_path):
     proc = healthcheck_run(tmp_path, "--model", "tiny_cnn", env=fault(tmp_path, code))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     t = json.loads((tmp_path / "allreduce.json").read_text())["training"]
-    assert t["errors"] == [{"rank": 1, "part": "step",
-                            "error": "AttributeError: module 'sys' has no attribute 'get_int_max_str_digits'"}]
+    assert t["errors"] == [
+        {"rank": 1, "part": "step", "error": "AttributeError: module 'sys' has no attribute 'get_int_max_str_digits'"}
+    ]
     assert "healthcheck FAILED: training step failed on rank(s) 1: AttributeError" in proc.stdout
 
 
 def test_a_non_finite_loss_fails_the_step():
     ok = {"failed": None, "error": None, "seconds": 1.0, "digest": "d"}
-    verdict, failures = healthcheck.judge_training([{**ok, "rank": 0, "losses": [2.3, 2.2]},
-                                                    {**ok, "rank": 1, "losses": [2.3, float("nan")]}], 2)
+    verdict, failures = healthcheck.judge_training(
+        [{**ok, "rank": 0, "losses": [2.3, 2.2]}, {**ok, "rank": 1, "losses": [2.3, float("nan")]}], 2
+    )
     assert verdict["failed_part"] == "step" and verdict["ranks_agree"] is True
-    assert failures == ["training step failed on rank(s) 1: the loss is not finite ([2.3, nan]): a training job "
-                        "would diverge the same way"]
+    assert failures == [
+        "training step failed on rank(s) 1: the loss is not finite ([2.3, nan]): a training job "
+        "would diverge the same way"
+    ]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--train-steps", "0"], "--train-steps 0: at least 1"),
-    (["--model", "mlp"], "--model 'mlp': choose one of resnet18"),
-    (["--batch-size", "1"], "--batch-size 1: at least 2 per process"),
-    (["--image-size", "8"], "--image-size 8: at least 16 pixels"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--train-steps", "0"], "--train-steps 0: at least 1"),
+        (["--model", "mlp"], "--model 'mlp': choose one of resnet18"),
+        (["--batch-size", "1"], "--batch-size 1: at least 2 per process"),
+        (["--image-size", "8"], "--image-size 8: at least 16 pixels"),
+    ],
+)
 def test_bad_training_options_are_refused_before_anything_runs(args, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         healthcheck.parse(args)
@@ -193,15 +228,21 @@ def test_one_process_is_never_judged_on_bandwidth():
 
 @pytest.mark.parametrize("value", ["fast", "-3", "0"])
 def test_a_bad_floor_is_refused_before_anything_runs(value, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "payloads.healthcheck", "--output", str(tmp_path / "r.json")],
-                          cwd=ROOT, env={**helpers.env(), healthcheck.MIN_BUSBW: value}, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "payloads.healthcheck", "--output", str(tmp_path / "r.json")],
+        cwd=ROOT,
+        env={**helpers.env(), healthcheck.MIN_BUSBW: value},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert f"{healthcheck.MIN_BUSBW} {value!r}: a bus bandwidth floor in GB/s" in proc.stderr
     assert not (tmp_path / "r.json").exists()
 
 
 # ---- a GPU cluster's process that sees no GPU --------------------------------------------------------------
+
 
 def _says_the_cause(text: str, framework: str) -> None:
     assert f"this node should have 1 GPUs ({devices.GPUS_PER_NODE}" in text
@@ -216,8 +257,9 @@ def test_health_check_refuses_a_gpu_node_without_visible_gpus(tmp_path):
     assert not (tmp_path / "allreduce.json").exists(), "nothing measured"
 
 
-@pytest.mark.parametrize("payload,framework", [("pytorch", "PyTorch"), ("tensorflow", "TensorFlow"),
-                                               ("keras", "TensorFlow")])
+@pytest.mark.parametrize(
+    "payload,framework", [("pytorch", "PyTorch"), ("tensorflow", "TensorFlow"), ("keras", "TensorFlow")]
+)
 def test_payloads_refuse_a_gpu_node_without_visible_gpus(tmp_path, monkeypatch, payload, framework):
     """Two real processes: each fails at start-up (before data or model) instead of training on the CPU."""
     monkeypatch.setenv(devices.GPUS_PER_NODE, "1")
@@ -239,11 +281,11 @@ def test_the_message_names_the_driver_cuda_needs(monkeypatch):
 
 def test_enough_gpus_or_a_cpu_cluster_pass():
     devices.require_gpus(8, 8, "PyTorch", "13.0", environ={devices.GPUS_PER_NODE: "8"})
-    devices.require_gpus(2, 2, "PyTorch", "13.0", environ={devices.GPUS_PER_NODE: "8"})   # 2 of 8 used
+    devices.require_gpus(2, 2, "PyTorch", "13.0", environ={devices.GPUS_PER_NODE: "8"})  # 2 of 8 used
     devices.require_gpus(0, 2, "PyTorch", None, environ={devices.GPUS_PER_NODE: "0"})
     devices.require_gpus(0, 2, "PyTorch", None, environ={})
     with pytest.raises(devices.GpuError):
-        devices.require_gpus(1, 2, "PyTorch", "13.0", environ={devices.GPUS_PER_NODE: "2"})   # one short
+        devices.require_gpus(1, 2, "PyTorch", "13.0", environ={devices.GPUS_PER_NODE: "2"})  # one short
 
 
 def test_a_bad_gpu_count_names_the_variable():

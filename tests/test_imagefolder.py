@@ -1,12 +1,13 @@
 """imagefolder.scan_shared: rank 0 lists the tree once and every rank gets its listing (or its error)."""
+
 import json
 import pathlib
 import subprocess
 import sys
 
 import pytest
-
 from helpers import ROOT, env
+
 from payloads.common import imagefolder
 from payloads.common.errors import ConfigError
 
@@ -15,7 +16,7 @@ def _tree(root: pathlib.Path, classes=("cat", "dog", "émeu"), per_class=3) -> p
     for c in classes:
         (root / c).mkdir(parents=True)
         for i in range(per_class):
-            (root / c / f"img {i}\nline.JPEG").write_bytes(b"x")   # spaces, a newline: still one file each
+            (root / c / f"img {i}\nline.JPEG").write_bytes(b"x")  # spaces, a newline: still one file each
         (root / c / "notes.txt").write_text("not an image")
     (root / ".hidden").mkdir()
     return root
@@ -23,17 +24,20 @@ def _tree(root: pathlib.Path, classes=("cat", "dog", "émeu"), per_class=3) -> p
 
 class _Wire:
     """Two ranks in one process: rank 0's broadcast_object records, rank 1's returns it (pickled, as Horovod's)."""
+
     def __init__(self):
         self.sent = None
 
     def rank0(self, obj):
         import pickle
+
         self.sent = pickle.dumps(obj)
         return obj
 
     def rank1(self, obj):
         assert obj is None
         import pickle
+
         return pickle.loads(self.sent)
 
 
@@ -59,6 +63,7 @@ def test_rank0s_config_error_is_raised_on_every_rank(tmp_path):
 def test_any_other_failure_of_rank0_fails_the_others_too(tmp_path, monkeypatch):
     def broken(root, what):
         raise PermissionError(13, "Permission denied", str(root))
+
     monkeypatch.setattr(imagefolder, "scan", broken)
     wire = _Wire()
     with pytest.raises(PermissionError):
@@ -70,8 +75,18 @@ def test_any_other_failure_of_rank0_fails_the_others_too(tmp_path, monkeypatch):
 def _two_ranks(tree: pathlib.Path, out: pathlib.Path) -> tuple[subprocess.CompletedProcess, dict, dict]:
     out.mkdir()
     horovodrun = str(pathlib.Path(sys.executable).with_name("horovodrun"))
-    cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
-           str(ROOT / "tests" / "scan_shared_worker.py"), str(tree), str(out)]
+    cmd = [
+        horovodrun,
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        "--gloo",
+        sys.executable,
+        str(ROOT / "tests" / "scan_shared_worker.py"),
+        str(tree),
+        str(out),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=180)
     ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
     return proc, ranks[0], ranks[1]
@@ -81,15 +96,15 @@ def test_two_horovod_processes_list_the_tree_once(tmp_path):
     tree = _tree(tmp_path / "train", classes=[f"n{i:08d}" for i in range(5)], per_class=4)
     proc, zero, one = _two_ranks(tree, tmp_path / "out")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert zero["listings"] >= 6, zero    # the count sees rank 0's scan (root + 5 class folders)...
-    assert one["listings"] == 0, one      # ...and rank 1 never lists the tree
+    assert zero["listings"] >= 6, zero  # the count sees rank 0's scan (root + 5 class folders)...
+    assert one["listings"] == 0, one  # ...and rank 1 never lists the tree
     assert one["samples"] == zero["samples"] == 20
     assert (one["digest"], one["classes"], one["first"]) == (zero["digest"], zero["classes"], zero["first"])
 
 
 def test_two_horovod_processes_both_raise_rank0s_error(tmp_path):
     tree = _tree(tmp_path / "train", classes=["a", "b"], per_class=1)
-    (tree / "c").mkdir()   # a class folder with no images
+    (tree / "c").mkdir()  # a class folder with no images
     proc, zero, one = _two_ranks(tree, tmp_path / "out")
     assert proc.returncode != 0
     assert zero["config_error"] == one["config_error"], (zero, one)

@@ -1,6 +1,7 @@
 """The input pipeline the training loop consumes (payloads/pytorch/inputs.py): uint8 out of every loader,
 normalised on the device, channels_last, synthetic data made on the device, shard decoding in worker
 processes, the decoders and the --gpu-decode CPU fallback."""
+
 from __future__ import annotations
 
 import os
@@ -11,9 +12,9 @@ import pytest
 import torch
 from PIL import Image
 
+from datatools import prepare
 from payloads.common import config, sharding
 from payloads.common.errors import ConfigError
-from datatools import prepare
 from payloads.pytorch import data, decoders, inputs, shards
 
 CPU = torch.device("cpu")
@@ -43,8 +44,16 @@ def shard_set(tmp_path_factory):
 
 
 def _cfg(**kw) -> config.TrainConfig:
-    base = dict(data="synthetic", image_size=16, num_classes=4, synthetic_samples=40, seed=5, workers=0,
-                channels_last=False, batch_size=8)
+    base = dict(
+        data="synthetic",
+        image_size=16,
+        num_classes=4,
+        synthetic_samples=40,
+        seed=5,
+        workers=0,
+        channels_last=False,
+        batch_size=8,
+    )
     base.update(kw)
     # decoder and gpu_decode are read with getattr until TrainConfig has them (see docs/input-pipeline.md).
     extra = {k: base.pop(k) for k in ("decoder", "gpu_decode") if k in base}
@@ -77,8 +86,9 @@ def test_device_normalisation_is_bitwise_the_host_normalisation_and_honours_chan
     from torchvision import transforms
 
     rng = np.random.default_rng(0)
-    batches = [(torch.from_numpy(rng.integers(0, 256, (4, 12, 10, 3), dtype=np.uint8)), torch.arange(4), 0)
-               for _ in range(3)]
+    batches = [
+        (torch.from_numpy(rng.integers(0, 256, (4, 12, 10, 3), dtype=np.uint8)), torch.arange(4), 0) for _ in range(3)
+    ]
     host = transforms.Compose([transforms.ToTensor(), transforms.Normalize(data.MEAN, data.STD)])
     for channels_last in (False, True):
         got = list(inputs.Prefetched(_HostBatches(batches), CPU, channels_last))
@@ -117,7 +127,7 @@ def test_synthetic_batches_on_two_ranks_are_the_one_rank_batch_split(channels_la
             assert x.is_contiguous(memory_format=torch.channels_last) == channels_last
             seen.append(x)
         epochs.append(torch.cat(seen))
-    assert not torch.equal(epochs[0], epochs[1])   # reshuffled per epoch
+    assert not torch.equal(epochs[0], epochs[1])  # reshuffled per epoch
     # The same set, in another order: the per-sample images do not change between epochs.
     assert torch.equal(epochs[0].sum((1, 2, 3)).sort().values, epochs[1].sum((1, 2, 3)).sort().values)
 
@@ -143,7 +153,7 @@ def test_synthetic_samples_are_per_index_learnable_and_bounded():
     assert small.pool == 10 and small.images.shape == (10, 16, 16, 3) and small.images.dtype == torch.uint8
     for i in (3, 13, 993):
         assert torch.equal(small[i][0], small[3][0]) and small[i][1] == small[3][1]
-    assert torch.equal(small.images, ds.images[:10])   # image j does not depend on the pool size
+    assert torch.equal(small.images, ds.images[:10])  # image j does not depend on the pool size
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -151,7 +161,9 @@ def test_synthetic_pool_is_the_same_on_the_gpu_and_the_cpu():
     """Integer hashing only: a resumed run on other hardware sees the same data."""
     gpu = data.SyntheticImages(64, 10, 32, seed=3, device="cuda")
     cpu = data.SyntheticImages(64, 10, 32, seed=3)
-    assert gpu.images.is_cuda and torch.equal(gpu.images.cpu(), cpu.images) and torch.equal(gpu.labels.cpu(), cpu.labels)
+    assert (
+        gpu.images.is_cuda and torch.equal(gpu.images.cpu(), cpu.images) and torch.equal(gpu.labels.cpu(), cpu.labels)
+    )
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -211,7 +223,7 @@ def test_shard_decoding_runs_in_worker_processes_with_one_intra_op_thread_each(s
         px = images.numpy().astype(np.int64)
         pids |= set((px[:, 0, 0, 0] << 16 | px[:, 0, 0, 1] << 8 | px[:, 0, 0, 2]).tolist())
         threads |= set(px[:, 0, 1, 0].tolist())
-    workers = {p.pid for p in shards.pool(2)._pool}   # noqa: SLF001 - the pool's processes
+    workers = {p.pid for p in shards.pool(2)._pool}
     assert os.getpid() not in pids and pids <= workers and pids, (pids, workers, os.getpid())
     assert threads == {1}
     # With --workers 0 the same work runs in this process (the CPU-only test configuration).
@@ -226,7 +238,7 @@ def test_gpu_decode_cpu_fallback_runs_and_matches_the_cpu_decoder(shard_set):
     integer IDCT (the same pixels); the two antialiased bilinear resizers round differently: at most 1 grey
     level apart, on a few per cent of the pixels (measured 0.010-0.025 levels on average)."""
     train, _, _ = shards.open_set(shard_set)
-    for shuffle in (True, False):   # RandomResizedCrop + flip, and the evaluation crop
+    for shuffle in (True, False):  # RandomResizedCrop + flip, and the evaluation crop
         cfg = _cfg(data="shards", image_size=24, workers=2, gpu_decode=True)
         gpu = shards.gpu_loader(train, cfg, 0, 1, 6, shuffle, CPU).on_device(CPU, False)
         cpu = inputs.Prefetched(shards.loader(train, cfg, 0, 1, 6, shuffle, CPU, decoder="pillow"), CPU, False)
@@ -238,7 +250,7 @@ def test_gpu_decode_cpu_fallback_runs_and_matches_the_cpu_decoder(shard_set):
         d = torch.cat(diffs)
         print(f"gpu-decode CPU fallback vs CPU path (shuffle={shuffle}): mean {d.mean():.3f}, max {d.max():.2f} levels")
         assert len(diffs) == len(gpu) == 3
-        assert d.mean() < 0.1 and d.max() < 1.01   # 1 level, plus float rounding of the normalisation
+        assert d.mean() < 0.1 and d.max() < 1.01  # 1 level, plus float rounding of the normalisation
 
 
 def test_gpu_decode_flag_through_build_and_its_errors(shard_set, tmp_path):

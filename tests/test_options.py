@@ -1,6 +1,7 @@
 """Each payload declares its own options: what its --help lists it accepts, acts on, and starts from the default
 shown; the options of other payloads are refused by name. Read from each payload's real --help, parsed by its
 real main() up to the point where training would start."""
+
 from __future__ import annotations
 
 import ast
@@ -10,10 +11,10 @@ import pathlib
 import re
 
 import pytest
+from test_code_homes import ROOT, imports, module_name
 
 from payloads.common import config
 from payloads.common.errors import ConfigError
-from test_code_homes import ROOT, imports, module_name
 
 PAYLOADS = {
     "pytorch": "payloads.pytorch.train",
@@ -36,7 +37,7 @@ def isolated(tmp_path, monkeypatch):
 
 
 def baseline(payload: str, tmp: pathlib.Path) -> list[str]:
-    return ["--data-dir", str(tmp / "data")] if payload == "segmentation" else []   # land cover needs its tiles
+    return ["--data-dir", str(tmp / "data")] if payload == "segmentation" else []  # land cover needs its tiles
 
 
 def configured(payload: str, argv: list[str], monkeypatch) -> dict:
@@ -61,7 +62,7 @@ class Listed:
     flags: list[str]
     takes_value: bool
     choices: list[str]
-    default: str | None      # as --help shows it; None: not shown
+    default: str | None  # as --help shows it; None: not shown
 
 
 def listed_options(payload: str, capsys) -> list[Listed]:
@@ -77,7 +78,7 @@ def listed_options(payload: str, capsys) -> list[Listed]:
             entries.append(line.strip())
             current = len(entries) - 1
         elif current is not None and line.startswith("    "):
-            entries[current] += "  " + line.strip()   # two spaces: the invocation ends at the first
+            entries[current] += "  " + line.strip()  # two spaces: the invocation ends at the first
         else:
             current = None
     options = []
@@ -97,7 +98,7 @@ def listed_options(payload: str, capsys) -> list[Listed]:
 def sample(payload: str, option: Listed, tmp: pathlib.Path) -> list[str]:
     """Arguments that set `option` to a value other than its default, valid for the payload."""
     flag = option.flags[0]
-    if not option.takes_value:   # a switch: the spelling that differs from the default
+    if not option.takes_value:  # a switch: the spelling that differs from the default
         return [option.flags[-1] if option.default == "True" else option.flags[0]]
     special = {
         "--model": [MODEL[payload]],
@@ -108,11 +109,14 @@ def sample(payload: str, option: Listed, tmp: pathlib.Path) -> list[str]:
         "--output-dir": [str(tmp / "elsewhere")],
         "--decoder": ["pillow"],
     }
-    if flag == "--image-size":   # land cover: a multiple of the encoder's stride
+    if flag == "--image-size":  # land cover: a multiple of the encoder's stride
         return [flag, str(2 * int(option.default))]
     if flag == "--data-dir":
-        return (["--data-dir", str(tmp / "other-data")] if payload == "segmentation" else
-                ["--data", "imagefolder" if payload == "pytorch" else "tfrecord", "--data-dir", str(tmp / "data")])
+        return (
+            ["--data-dir", str(tmp / "other-data")]
+            if payload == "segmentation"
+            else ["--data", "imagefolder" if payload == "pytorch" else "tfrecord", "--data-dir", str(tmp / "data")]
+        )
     if flag in special:
         return [flag, *special[flag]]
     if option.choices:
@@ -139,7 +143,7 @@ def closure(entry: str) -> list[pathlib.Path]:
         files.append(path)
         for _, imported, _, _ in imports(module_name(path), path.name == "__init__.py", ast.parse(path.read_text())):
             parts = imported.split(".")
-            todo += [".".join(parts[:i]) for i in range(2, len(parts) + 1)]   # packages run their __init__
+            todo += [".".join(parts[:i]) for i in range(2, len(parts) + 1)]  # packages run their __init__
     return files
 
 
@@ -149,16 +153,29 @@ def fields_read(entry: str) -> set[str]:
     found = set()
     for path in closure(entry):
         tree = ast.parse(path.read_text())
-        checks = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in ("validate", "to_json")
-                  for n in ast.walk(f)}
+        checks = {
+            id(n)
+            for f in ast.walk(tree)
+            if isinstance(f, ast.FunctionDef) and f.name in ("validate", "to_json")
+            for n in ast.walk(f)
+        }
         for node in ast.walk(tree):
             if id(node) in checks:
                 continue
-            if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and isinstance(node.value, ast.Name)
-                    and node.value.id in ("cfg", "seg") + (("self",) if path.name == "config.py" else ())):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Load)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("cfg", "seg") + (("self",) if path.name == "config.py" else ())
+            ):
                 found.add(node.attr)
-            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
-                  and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)):
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "getattr"
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+            ):
                 found.add(node.args[1].value)
     return found
 
@@ -193,7 +210,7 @@ def test_every_option_in_help_is_accepted_used_and_starts_at_the_default_shown(p
         if unread:
             problems.append(f"{args}: sets {unread}, which {payload}'s code never reads")
         dest = _dest(option, changed)
-        if base[dest] is None and dest in config.DEVICE_DEPENDENT:   # decided by the device: the help says how
+        if base[dest] is None and dest in config.DEVICE_DEPENDENT:  # decided by the device: the help says how
             if "GPU" not in (option.default or ""):
                 problems.append(f"{option.flags}: decided by the device, and its help does not say how")
         elif option.default is not None and option.default != str(base[dest]):
@@ -223,8 +240,11 @@ REFUSALS = [
     ("keras", ["--adasum"], "--adasum is not available in the Keras payload"),
     ("tensorflow", ["--no-channels-last"], "TensorFlow always trains NHWC"),
     ("pytorch", ["--xla"], "--xla is an option of the TensorFlow and Keras payloads"),
-    ("segmentation", ["--shuffle-buffer", "100"], "--shuffle-buffer is an option of the PyTorch payloads (image "
-                                                  "classification only)"),
+    (
+        "segmentation",
+        ["--shuffle-buffer", "100"],
+        "--shuffle-buffer is an option of the PyTorch payloads (image classification only)",
+    ),
     ("segmentation", ["--startup-steps", "3"], "--startup-steps is an option of the PyTorch payloads"),
     ("segmentation", ["--workers", "2"], "--workers is not an option of the segmentation payload"),
     ("segmentation", ["--xla"], "--xla is an option of the TensorFlow and Keras payloads"),
@@ -239,7 +259,7 @@ def test_options_of_other_payloads_are_refused_by_name(payload, argv, message, i
     assert module.main(baseline(payload, isolated) + argv) == 2
     err = capsys.readouterr().err
     assert message in err, err
-    with pytest.raises(SystemExit):   # an option no payload has is argparse's usage error, exit 2 too
+    with pytest.raises(SystemExit):  # an option no payload has is argparse's usage error, exit 2 too
         module.main(baseline(payload, isolated) + ["--no-such-option"])
 
 
@@ -247,7 +267,7 @@ def test_a_declared_option_is_one_add_argument_in_its_group():
     """The groups are the only place options are declared: every TrainConfig field but the bookkeeping one is
     declared by exactly one group, so a new option is one line in one group."""
     owners: dict[str, list[str]] = {}
-    for flag, (dest, group) in config.owners_of_flags().items():
+    for dest, group in config.owners_of_flags().values():
         owners.setdefault(dest, [])
         if group.title not in owners[dest]:
             owners[dest].append(group.title)

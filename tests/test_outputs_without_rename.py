@@ -1,6 +1,7 @@
 """The payloads on an output folder where rename raises (as on a blob mount without it: BlobFuse documents
 renames as a copy and a delete, learn.microsoft.com/azure/storage/blobs/blobfuse2-compare-linux-file-system):
 two real Horovod processes train, save, resume, and the resumed run equals a straight one."""
+
 import errno
 import os
 import pathlib
@@ -10,7 +11,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from helpers import TINY, env, final_weights, metrics, train
 
 HOOK = pathlib.Path(__file__).with_name("no_rename")
@@ -26,9 +26,18 @@ def no_rename(tmp_path, monkeypatch):
     monkeypatch.setenv("NO_RENAME_UNDER", str(runs))
     monkeypatch.setenv("NO_RENAME_LOG", str(log))
     # The hook bites: a process under it cannot rename inside the output folder.
-    probe = subprocess.run([sys.executable, "-c", "import os, sys; open(sys.argv[1], 'w').close(); "
-                            "os.replace(sys.argv[1], sys.argv[1] + '.b')", str(runs / "probe")],
-                           env=env(), capture_output=True, text=True, timeout=60)
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; open(sys.argv[1], 'w').close(); os.replace(sys.argv[1], sys.argv[1] + '.b')",
+            str(runs / "probe"),
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert probe.returncode != 0 and f"[Errno {errno.EXDEV}]" in probe.stderr, probe.stderr
     return runs, log
 

@@ -1,9 +1,11 @@
 """The scaling planner's model (arithmetic, no timing)."""
+
 import subprocess
 import sys
 
-from benchmarks import planner
 from helpers import ROOT
+
+from benchmarks import planner
 
 
 def test_planner_reproduces_the_seed_figures_it_was_not_fitted_on():
@@ -24,8 +26,12 @@ def test_model_basics():
 
 
 def test_planner_command_rejects_a_cpu_size():
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.planner", "--vm-size", "Standard_D4s_v5",
-                           "--gpu-images-per-sec", "100"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.planner", "--vm-size", "Standard_D4s_v5", "--gpu-images-per-sec", "100"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and "not a GPU size" in proc.stderr
 
 
@@ -33,7 +39,7 @@ def test_planner_command_rejects_a_cpu_size():
 # 80GB)": mixed precision 2470 img/s on 1 GPU, 16621 on 8, "Mixed Precision Strong Scaling 6.72 x".
 def test_the_fitted_overhead_reproduces_nvidias_8_gpu_amp_speedup_within_1_percent():
     assert abs(planner.speedup_8("A100 80GB AMP") - 6.72) / 6.72 < 0.01
-    assert planner.speedup_8("A100 80GB AMP", sync=0.0) == 8.0      # what the planner predicted before the term
+    assert planner.speedup_8("A100 80GB AMP", sync=0.0) == 8.0  # what the planner predicted before the term
 
 
 def test_the_overhead_term_holds_on_the_published_rows_it_was_not_fitted_on():
@@ -71,7 +77,8 @@ def test_this_machines_measurements_are_within_their_noise_of_the_term():
 
 
 def test_overhead_command_prints_the_fit():
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.planner", "--check-overhead"], cwd=ROOT,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.planner", "--check-overhead"], cwd=ROOT, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     assert "A100 80GB AMP" in proc.stdout and "6.73x" in proc.stdout and "fit" in proc.stdout

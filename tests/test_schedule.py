@@ -13,7 +13,9 @@ def test_warmup_goes_linearly_from_base_to_scaled_lr():
 
 def test_step_decay_at_30_60_80():
     lr = lambda epoch: learning_rate(0.1, 4, epoch, 0, steps_per_epoch=10)
-    assert [lr(e) for e in (29, 30, 59, 60, 79, 80, 89)] == pytest.approx([0.4, 0.04, 0.04, 0.004, 0.004, 0.0004, 0.0004])
+    assert [lr(e) for e in (29, 30, 59, 60, 79, 80, 89)] == pytest.approx(
+        [0.4, 0.04, 0.04, 0.004, 0.004, 0.0004, 0.0004]
+    )
 
 
 def test_no_warmup():

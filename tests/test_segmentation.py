@@ -1,4 +1,5 @@
 """The land-cover segmentation payload (issue 14): real 2-process Horovod runs on synthetic GeoTIFF tiles."""
+
 import json
 import pathlib
 import shutil
@@ -6,16 +7,29 @@ import shutil
 import numpy as np
 import pytest
 import torch
-
 from helpers import final_weights, metrics, train
+
 from datatools.landcover import prepare, synthetic
 from payloads.segmentation import data, labels, models, tiling
 from payloads.segmentation.train import pixel_loss
 
 PATCH, BATCH = 32, 8
 # Small enough for seconds per epoch on 2 cores; GroupNorm so that a 2-process step equals a 1-process one.
-SEG = ["--model", "unet_tiny", "--norm", "group", "--image-size", str(PATCH), "--patches-per-epoch", "64",
-       "--threads", "1", "--no-progress", "--warmup-epochs", "0"]
+SEG = [
+    "--model",
+    "unet_tiny",
+    "--norm",
+    "group",
+    "--image-size",
+    str(PATCH),
+    "--patches-per-epoch",
+    "64",
+    "--threads",
+    "1",
+    "--no-progress",
+    "--warmup-epochs",
+    "0",
+]
 
 
 def seg(np_: int, args: list[str], check: bool = True):
@@ -28,8 +42,9 @@ def _max_diff(a: dict, b: dict) -> float:
 
 
 def _weights(out: pathlib.Path, epoch: int) -> dict:
-    return torch.load(out / "checkpoints" / f"checkpoint-epoch-{epoch:04d}.pt", map_location="cpu",
-                      weights_only=False)["model"]
+    return torch.load(out / "checkpoints" / f"checkpoint-epoch-{epoch:04d}.pt", map_location="cpu", weights_only=False)[
+        "model"
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +55,7 @@ def tiles(tmp_path_factory) -> pathlib.Path:
     pairs = synthetic.write_tiles(root / "raw", 3, 128, 128, 6)
     val = synthetic.tile(96, 96, 6, seed=99)
     synthetic.write_pair(root / "raw/val_naip.tif", root / "raw/val_lc.tif", *val)
-    prepare.prepare(root / "prepared", pairs[:2], [(root / "raw/val_naip.tif", root / "raw/val_lc.tif")],
-                    block_size=64)
+    prepare.prepare(root / "prepared", pairs[:2], [(root / "raw/val_naip.tif", root / "raw/val_lc.tif")], block_size=64)
     return root / "prepared"
 
 
@@ -126,9 +140,11 @@ def test_iou_is_exact_across_ranks(straight, tiles):
         windows = data.val_windows(store, PATCH, rank, 2)
         r_inter, r_union = np.zeros_like(inter), np.zeros_like(union)
         for i in range(0, len(windows), BATCH):
-            x, t = data.inputs(*data.batch(store, windows[i:i + BATCH], PATCH),
-                               torch.as_tensor(manifest.band_mean).view(-1, 1, 1),
-                               torch.as_tensor(manifest.band_std).view(-1, 1, 1))
+            x, t = data.inputs(
+                *data.batch(store, windows[i : i + BATCH], PATCH),
+                torch.as_tensor(manifest.band_mean).view(-1, 1, 1),
+                torch.as_tensor(manifest.band_std).view(-1, 1, 1),
+            )
             with torch.no_grad():
                 pred = model(x).argmax(1).numpy()
             t = t.numpy()
@@ -141,7 +157,7 @@ def test_iou_is_exact_across_ranks(straight, tiles):
         inter += r_inter
         union += r_union
         per_rank_miou.append(np.mean([i / u for i, u in zip(r_inter, r_union) if u]))
-    assert abs(np.mean(per_rank_miou) - last["val_miou"]) > 1e-3    # averaging per-rank scores would be caught
+    assert abs(np.mean(per_rank_miou) - last["val_miou"]) > 1e-3  # averaging per-rank scores would be caught
     direct = {name: (inter[c] / union[c] if union[c] else None) for c, name in enumerate(manifest.class_names)}
     assert last["val_iou"] == direct
     assert last["val_miou"] == pytest.approx(np.mean([v for v in direct.values() if v is not None]), abs=1e-12)
@@ -154,7 +170,7 @@ def test_tiling_covers_every_pixel_once(tmp_path):
         count = np.zeros((h, w), dtype=int)
         for win in tiling.windows(h, w, size):
             assert 0 < win.height <= size and 0 < win.width <= size
-            count[win.row:win.row + win.height, win.col:win.col + win.width] += 1
+            count[win.row : win.row + win.height, win.col : win.col + win.width] += 1
         assert (count == 1).all(), (h, w, size)
     # prepared blocks put back at their windows rebuild both rasters exactly, short edge blocks included
     image, lab = synthetic.tile(100, 75, 6, seed=3)
@@ -166,8 +182,8 @@ def test_tiling_covers_every_pixel_once(tmp_path):
     for entry in manifest.train:
         r, c, h, w = entry["window"]
         block_img, block_lab = data.read_block(manifest.root, entry, 6)
-        rebuilt_img[:, r:r + h, c:c + w] = block_img
-        rebuilt_lab[r:r + h, c:c + w] = block_lab
+        rebuilt_img[:, r : r + h, c : c + w] = block_img
+        rebuilt_lab[r : r + h, c : c + w] = block_lab
     assert np.array_equal(rebuilt_img, image) and np.array_equal(rebuilt_lab, lab)
     # validation windows over a 64 x 64 block with 48 px patches: 4 windows, each pixel once
     store = data.BlockStore(manifest, [{"height": 64, "width": 64}], cache=False)
@@ -183,8 +199,9 @@ def test_no_data_never_counts(straight, tiles):
     loss, ce = pixel_loss(logits, target, valid, 1)
     loss.backward()
     assert logits.grad[:, :, :, :3].abs().max() == 0 and logits.grad[:, :, :, 3:].abs().max() > 0
-    expected = torch.nn.functional.cross_entropy(logits.permute(0, 2, 3, 1)[target != labels.IGNORE],
-                                                 target[target != labels.IGNORE])
+    expected = torch.nn.functional.cross_entropy(
+        logits.permute(0, 2, 3, 1)[target != labels.IGNORE], target[target != labels.IGNORE]
+    )
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     changed = logits.detach().clone()
     changed[:, :, :, :3] = 1e3 * torch.randn_like(changed[:, :, :, :3])
@@ -194,12 +211,10 @@ def test_no_data_never_counts(straight, tiles):
     m = metrics(straight[0])
     manifest = json.loads((tiles / "manifest.json").read_text())
     labelled_val = sum(manifest["class_pixels"]["val"][1:])
-    assert manifest["class_pixels"]["val"][0] > 0          # the synthetic tiles do have no data
+    assert manifest["class_pixels"]["val"][0] > 0  # the synthetic tiles do have no data
     for e in m["epochs"]:
         assert np.sum(e["val_confusion_matrix"]) == labelled_val
         assert np.sum(e["train_confusion_matrix"]) == e["valid_pixels"] < e["patches"] * PATCH * PATCH
-
-
 
 
 @pytest.mark.parametrize("case", ["mismatched grid", "wrong band count", "label beyond the classes", "unreadable file"])
@@ -216,15 +231,33 @@ def test_bad_input_stops_before_anything_is_written(case, tmp_path, capsys):
         "label beyond the classes": (lab_path, "--label-map chesapeake"),
         "unreadable file": (img_path, "re-download"),
     }[case]
-    if case == "mismatched grid":      # the labels shifted by 10 m: same size, another transform
-        with rasterio.open(lab_path, "w", driver="GTiff", height=64, width=64, count=1, dtype="uint8",
-                           crs=synthetic.CRS, transform=from_origin(400_010.0, 4_300_000.0, 1, 1)) as dst:
+    if case == "mismatched grid":  # the labels shifted by 10 m: same size, another transform
+        with rasterio.open(
+            lab_path,
+            "w",
+            driver="GTiff",
+            height=64,
+            width=64,
+            count=1,
+            dtype="uint8",
+            crs=synthetic.CRS,
+            transform=from_origin(400_010.0, 4_300_000.0, 1, 1),
+        ) as dst:
             dst.write(lab[None])
     elif case == "wrong band count":
-        with rasterio.open(img_path, "w", driver="GTiff", height=64, width=64, count=3, dtype="uint8",
-                           crs=synthetic.CRS, transform=from_origin(400_000.0, 4_300_000.0, 1, 1)) as dst:
+        with rasterio.open(
+            img_path,
+            "w",
+            driver="GTiff",
+            height=64,
+            width=64,
+            count=3,
+            dtype="uint8",
+            crs=synthetic.CRS,
+            transform=from_origin(400_000.0, 4_300_000.0, 1, 1),
+        ) as dst:
             dst.write(image[:3])
-    elif case == "label beyond the classes":     # 15: Chesapeake's raw no-data value
+    elif case == "label beyond the classes":  # 15: Chesapeake's raw no-data value
         lab[40:, 40:] = 15
         synthetic.write_pair(img_path, lab_path, image, lab)
     else:
@@ -234,9 +267,23 @@ def test_bad_input_stops_before_anything_is_written(case, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and str(named) in err and fix in err, err
     assert not out.exists() and not list(tmp_path.glob(".prepared.tmp-*"))
-    if case == "label beyond the classes":       # the fix named works: 15 becomes no data
-        assert prepare.main(["--output-dir", str(tmp_path / "mapped"), "--block-size", "32", "--label-map",
-                             "chesapeake", "--train", str(img_path), str(lab_path)]) == 0
+    if case == "label beyond the classes":  # the fix named works: 15 becomes no data
+        assert (
+            prepare.main(
+                [
+                    "--output-dir",
+                    str(tmp_path / "mapped"),
+                    "--block-size",
+                    "32",
+                    "--label-map",
+                    "chesapeake",
+                    "--train",
+                    str(img_path),
+                    str(lab_path),
+                ]
+            )
+            == 0
+        )
         counts = json.loads((tmp_path / "mapped/manifest.json").read_text())["class_pixels"]["train"]
         assert counts[0] == int((lab == 15).sum() + (lab == 0).sum()) and sum(counts) == lab.size
     # an existing folder is never overwritten
@@ -253,10 +300,15 @@ def test_a_damaged_block_stops_every_rank_before_training(tiles, tmp_path):
     shutil.copytree(tiles, damaged)
     manifest = json.loads((damaged / "manifest.json").read_text())
     block = damaged / manifest["train"][5]["labels"]
-    block.write_bytes(block.read_bytes()[:100])                  # truncated
+    block.write_bytes(block.read_bytes()[:100])  # truncated
     out = tmp_path / "out"
-    proc = seg(2, SEG + ["--data-dir", str(damaged), "--batch-size", "8", "--epochs", "1", "--output-dir", str(out)],
-               check=False)
+    proc = seg(
+        2,
+        SEG + ["--data-dir", str(damaged), "--batch-size", "8", "--epochs", "1", "--output-dir", str(out)],
+        check=False,
+    )
     assert proc.returncode != 0
-    assert f"cannot read block {block}" in proc.stderr and "datatools.landcover.prepare" in proc.stderr, proc.stderr[-3000:]
+    assert f"cannot read block {block}" in proc.stderr and "datatools.landcover.prepare" in proc.stderr, proc.stderr[
+        -3000:
+    ]
     assert not (out / "checkpoints").exists() and not (out / "metrics.json").exists()

@@ -1,12 +1,11 @@
 """TensorFlow (DistributedGradientTape) and Keras (model.fit + DistributedOptimizer) payloads, run as two
 real Horovod processes: gradients averaged (the Keras 3 failure mode would fail here), ranks agree,
 resume is exact, the LR schedule is the PyTorch payload's, TFRecord input is sharded and checked."""
-import json
 
 import numpy as np
 import pytest
-
 from helpers import TINY, metrics, train
+
 from payloads.common import schedule
 
 PAYLOADS = ["tensorflow", "keras"]
@@ -31,8 +30,8 @@ def max_diff(a, b) -> float:
 # batch's gradients round differently from a whole batch's (measured here: 0.0167, control 0.337, both payloads).
 FLAGS = {
     "": (1e-5, 1e-4, "float32"),
-    "--amp": (0.05, 5e-3, "mixed_bfloat16"),   # on a GPU --amp is mixed_float16 with loss scaling
-    "--xla": (1e-5, 1e-4, "float32"),     # measured here: 1.15e-07, control 0.34
+    "--amp": (0.05, 5e-3, "mixed_bfloat16"),  # on a GPU --amp is mixed_float16 with loss scaling
+    "--xla": (1e-5, 1e-4, "float32"),  # measured here: 1.15e-07, control 0.34
 }
 
 
@@ -40,7 +39,7 @@ FLAGS = {
 @pytest.mark.parametrize("payload", PAYLOADS)
 def test_two_processes_average_gradients_exactly(tmp_path, monkeypatch, payload, flag):
     tolerance, loss_rel, policy = FLAGS[flag]
-    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")   # TensorFlow's INFO line says when XLA compiled a cluster
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # TensorFlow's INFO line says when XLA compiled a cluster
     two, one, unaveraged = tmp_path / "two", tmp_path / "one", tmp_path / "unaveraged"
     common = TINY + ["--epochs", "3"] + ([flag] if flag else [])
     proc = train(2, common + ["--batch-size", "16", "--base-lr", "0.05", "--output-dir", str(two)], payload=payload)
@@ -49,7 +48,7 @@ def test_two_processes_average_gradients_exactly(tmp_path, monkeypatch, payload,
     assert losses[-1] < 0.8 * losses[0], losses
     world = m["run"]["world"]
     assert world["processes"] == 2 and world["keras"].startswith("2.")
-    assert world["onednn"] is True   # the payload turns oneDNN on where TensorFlow would not
+    assert world["onednn"] is True  # the payload turns oneDNN on where TensorFlow would not
     assert world["precision"] == policy and world["xla"] is (flag == "--xla")
     # XLA on a CPU compiles only with --tf_xla_cpu_global_jit (TensorFlow's XLA guide, auto-clustering),
     # which the payload adds: without it --xla would run, uncompiled. TensorFlow logs this once per process.
@@ -65,8 +64,10 @@ def test_two_processes_average_gradients_exactly(tmp_path, monkeypatch, payload,
     train(1, common + ["--batch-size", "16", "--base-lr", "0.1", "--output-dir", str(unaveraged)], payload=payload)
     control = max_diff(weights(unaveraged), weights(one))
     loss_diff = max(abs(a / b - 1) for a, b in zip(losses, one_losses))
-    print(f"{payload} {flag or 'float32'}: max |2-process - 1-process| = {diff:.3g} (losses {loss_diff:.3g} "
-          f"relative); unaveraged control = {control:.3g}")
+    print(
+        f"{payload} {flag or 'float32'}: max |2-process - 1-process| = {diff:.3g} (losses {loss_diff:.3g} "
+        f"relative); unaveraged control = {control:.3g}"
+    )
     # Every payload reports the cross-entropy alone as train_loss (Keras' own "loss" adds weight decay).
     assert losses == pytest.approx(one_losses, rel=loss_rel)
     assert diff < tolerance, f"2-process weights differ from the 1-process run by {diff}"
@@ -90,7 +91,7 @@ def test_resume_continues_exactly_and_schedule_matches(tmp_path, payload):
     want = [schedule.learning_rate(0.02, 2, e, steps - 1, steps, 1.5, (3,)) for e in range(4)]
     got = [e["lr"] for e in metrics(straight)["epochs"]]
     assert got == pytest.approx(want, rel=1e-6), (got, want)
-    assert want[0] < want[1] == want[2] and want[3] == pytest.approx(want[2] / 10)   # warm-up, plateau, decay
+    assert want[0] < want[1] == want[2] and want[3] == pytest.approx(want[2] / 10)  # warm-up, plateau, decay
 
 
 def _images(root, classes=3, per_class=8, size=20):
@@ -137,11 +138,11 @@ def test_tfrecord_shards_are_written_counted_and_planned_disjoint_and_complete(t
     assert (shards / "train-classes.txt").read_text().split() == ["class0", "class1", "class2"]
     for size in (1, 2, 3, 4, 5):
         plans = [tfrecords.plan(train_files, counts, r, size, 2) for r in range(size)]
-        assert len({p.steps for p in plans}) == 1                          # same step count on every rank
-        if len(train_files) % size == 0:                                    # whole files: disjoint, complete
+        assert len({p.steps for p in plans}) == 1  # same step count on every rank
+        if len(train_files) % size == 0:  # whole files: disjoint, complete
             opened = [f for p in plans for f in p.files]
             assert sorted(opened) == sorted(train_files)
-        else:                                                               # records: every size-th one
+        else:  # records: every size-th one
             assert all(p.record_shard and p.files == tuple(train_files) for p in plans)
             assert sum(p.samples for p in plans) == 24
         assert all(p.steps * 2 <= p.samples for p in plans)
@@ -168,11 +169,28 @@ def test_trains_on_tfrecord_shards_with_validation(tmp_path, payload):
     _images(tmp_path / "images" / "val", per_class=4)
     shards = _write_shards(tmp_path / "images", tmp_path / "shards")
     out = tmp_path / "out"
-    train(2, TINY + ["--data", "tfrecord", "--data-dir", str(shards), "--num-classes", "3",
-                     "--batch-size", "4", "--epochs", "2", "--output-dir", str(out)], payload=payload)
+    train(
+        2,
+        TINY
+        + [
+            "--data",
+            "tfrecord",
+            "--data-dir",
+            str(shards),
+            "--num-classes",
+            "3",
+            "--batch-size",
+            "4",
+            "--epochs",
+            "2",
+            "--output-dir",
+            str(out),
+        ],
+        payload=payload,
+    )
     m = metrics(out)
     assert m["summary"]["ranks_identical"] is True
-    assert [e["images"] for e in m["epochs"]] == [24, 24]                  # 3 steps x 4 x 2 ranks
+    assert [e["images"] for e in m["epochs"]] == [24, 24]  # 3 steps x 4 x 2 ranks
     assert [e["skipped_images"] for e in m["epochs"]] == [0, 0]
     assert all(0.0 <= e["val_accuracy"] <= 1.0 and e["val_loss"] > 0 for e in m["epochs"])
 
@@ -181,10 +199,22 @@ def test_corrupt_record_fails_with_the_fix_then_skips_when_asked(tmp_path):
     from payloads.tensorflow import tfrecords
 
     shards = _write_shards(_images(tmp_path / "images"), tmp_path / "shards", shards=2)
-    _corrupt_record(tfrecords.shard_files(shards, "train")[0])   # rank 0 reads this file: 13 records, 12 good
+    _corrupt_record(tfrecords.shard_files(shards, "train")[0])  # rank 0 reads this file: 13 records, 12 good
     assert [line.split("#")[1].split(":")[0] for line in tfrecords.check(shards)] == ["12"]
-    args = TINY + ["--data", "tfrecord", "--data-dir", str(shards), "--num-classes", "3",
-                   "--batch-size", "4", "--epochs", "3", "--output-dir", str(tmp_path / "out")]
+    args = TINY + [
+        "--data",
+        "tfrecord",
+        "--data-dir",
+        str(shards),
+        "--num-classes",
+        "3",
+        "--batch-size",
+        "4",
+        "--epochs",
+        "3",
+        "--output-dir",
+        str(tmp_path / "out"),
+    ]
     proc = train(2, args, check=False, payload="tensorflow")
     assert proc.returncode != 0
     assert "payloads.tensorflow.tfrecords --check" in proc.stdout + proc.stderr
@@ -193,7 +223,7 @@ def test_corrupt_record_fails_with_the_fix_then_skips_when_asked(tmp_path):
         train(2, args + ["--skip-corrupt-images", "--output-dir", str(out)], payload=payload)
         m = metrics(out)
         assert m["summary"]["ranks_identical"] is True
-        assert [e["images"] for e in m["epochs"]] == [24, 24, 24]        # batches stay full: the stream repeats
+        assert [e["images"] for e in m["epochs"]] == [24, 24, 24]  # batches stay full: the stream repeats
         skipped = [e["skipped_images"] for e in m["epochs"]]
         # Rank 0 trains on 12 records an epoch from a share of 13 (12 good): each pass's bad record falls in the
         # epoch of that pass or the next, so an epoch may meet it twice (counted once) or not at all.
@@ -207,11 +237,12 @@ def test_a_corrupt_record_counts_once_per_epoch_however_often_the_stream_meets_i
 
     from payloads.tensorflow import data
 
-    records = [0, 1, 2, 1, 0, 1, 2, 1, 0, 1]           # the share's positions as the stream meets them
-    ok = [r != 1 for r in records]                       # record 1 does not decode; 2 good records an epoch
+    records = [0, 1, 2, 1, 0, 1, 2, 1, 0, 1]  # the share's positions as the stream meets them
+    ok = [r != 1 for r in records]  # record 1 does not decode; 2 good records an epoch
     counter = data.SkipCounter(records=3, per_epoch=2, epochs=3)
-    ds = tf.data.Dataset.from_tensor_slices((tf.zeros([10, 2]), tf.zeros([10], tf.int32),
-                                             tf.constant(records, tf.int64), tf.constant(ok)))
+    ds = tf.data.Dataset.from_tensor_slices(
+        (tf.zeros([10, 2]), tf.zeros([10], tf.int32), tf.constant(records, tf.int64), tf.constant(ok))
+    )
     ds = ds.map(counter.see).filter(lambda image, label, good: good).batch(2).prefetch(4)
     batches = iter(ds)
     per_epoch = []
@@ -234,8 +265,17 @@ def test_a_shard_with_one_corrupt_record_is_read_to_full_batches_and_counted_onc
     shards = _write_shards(_images(tmp_path / "images", classes=2, per_class=1), tmp_path / "shards", shards=1)
     (shard,) = tfrecords.shard_files(shards, "train")
     _corrupt_record(shard)
-    cfg = types.SimpleNamespace(data="tfrecord", data_dir=shards, image_size=8, num_classes=2, seed=42, epochs=4,
-                                max_steps_per_epoch=0, workers=2, skip_corrupt_images=True)
+    cfg = types.SimpleNamespace(
+        data="tfrecord",
+        data_dir=shards,
+        image_size=8,
+        num_classes=2,
+        seed=42,
+        epochs=4,
+        max_steps_per_epoch=0,
+        workers=2,
+        skip_corrupt_images=True,
+    )
     inputs = data.build(cfg, rank=0, size=1, batch=3, start_epoch=0, threads=2)
     assert inputs.steps == 1
     batches = iter(inputs.train)
@@ -257,22 +297,42 @@ def test_corrupt_validation_records_are_skipped_and_counted_per_pass(tmp_path, p
     shards = _write_shards(tmp_path / "images", tmp_path / "shards")
     _corrupt_record(tfrecords.shard_files(shards, "validation")[0], label=2)
     out = tmp_path / "out"
-    train(2, TINY + ["--data", "tfrecord", "--data-dir", str(shards), "--num-classes", "3",
-                     "--batch-size", "4", "--epochs", "2", "--output-dir", str(out), "--skip-corrupt-images"],
-          payload=payload)
+    train(
+        2,
+        TINY
+        + [
+            "--data",
+            "tfrecord",
+            "--data-dir",
+            str(shards),
+            "--num-classes",
+            "3",
+            "--batch-size",
+            "4",
+            "--epochs",
+            "2",
+            "--output-dir",
+            str(out),
+            "--skip-corrupt-images",
+        ],
+        payload=payload,
+    )
     epochs = metrics(out)["epochs"]
-    assert [e["val_skipped_images"] for e in epochs] == [1, 1]      # one bad record, met once per pass
+    assert [e["val_skipped_images"] for e in epochs] == [1, 1]  # one bad record, met once per pass
     assert [e["skipped_images"] for e in epochs] == [0, 0]
     assert all(0.0 <= e["val_accuracy"] <= 1.0 for e in epochs)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--data", "imagefolder", "--data-dir", "x"], "convert class folders to TFRecord shards"),
-    (["--backward-passes-per-step", "2"], "PyTorch payload option"),
-    (["--no-channels-last"], "TensorFlow always trains NHWC"),
-    (["--shuffle-buffer", "100"], "is an option of the PyTorch payloads"),
-    (["--model", "resnet18"], "unknown model 'resnet18'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--data", "imagefolder", "--data-dir", "x"], "convert class folders to TFRecord shards"),
+        (["--backward-passes-per-step", "2"], "PyTorch payload option"),
+        (["--no-channels-last"], "TensorFlow always trains NHWC"),
+        (["--shuffle-buffer", "100"], "is an option of the PyTorch payloads"),
+        (["--model", "resnet18"], "unknown model 'resnet18'"),
+    ],
+)
 def test_bad_input_names_the_problem_and_the_fix(tmp_path, args, message):
     proc = train(1, TINY + ["--epochs", "1", "--output-dir", str(tmp_path), *args], check=False, payload="keras")
     assert proc.returncode != 0
@@ -282,9 +342,26 @@ def test_bad_input_names_the_problem_and_the_fix(tmp_path, args, message):
 
 def test_label_beyond_num_classes_is_explained(tmp_path):
     shards = _write_shards(_images(tmp_path / "images"), tmp_path / "shards")
-    proc = train(1, TINY + ["--data", "tfrecord", "--data-dir", str(shards), "--num-classes", "2",
-                            "--batch-size", "4", "--epochs", "1", "--output-dir", str(tmp_path / "out")],
-                 check=False, payload="tensorflow")
+    proc = train(
+        1,
+        TINY
+        + [
+            "--data",
+            "tfrecord",
+            "--data-dir",
+            str(shards),
+            "--num-classes",
+            "2",
+            "--batch-size",
+            "4",
+            "--epochs",
+            "1",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        check=False,
+        payload="tensorflow",
+    )
     assert proc.returncode != 0
     assert "not below --num-classes" in proc.stderr + proc.stdout
 
@@ -324,7 +401,9 @@ def _two_rank_reference_tf(epochs: int, batch: int, base_lr: float, mean: bool =
                 with tf.GradientTape() as tape:
                     loss = loss_fn(labels, model(images, training=True)) + runtime.weight_decay_loss(cfg, model)
                 grads.append(tape.gradient(loss, model.trainable_variables))
-            optimizer.learning_rate.assign(schedule.learning_rate(base_lr, 1, epoch, step, len(shards[0]), 0, (30, 60, 80)))
+            optimizer.learning_rate.assign(
+                schedule.learning_rate(base_lr, 1, epoch, step, len(shards[0]), 0, (30, 60, 80))
+            )
             optimizer.apply_gradients(zip([combine(a, b) for a, b in zip(*grads)], model.trainable_variables))
     return model.get_weights()
 
@@ -335,17 +414,18 @@ def test_tensorflow_adasum_two_processes_follow_adasums_definition(tmp_path):
     from helpers import ROOT, env, horovodrun
 
     out = tmp_path / "adasum"
-    cmd = horovodrun(2, TINY + ["--epochs", "2", "--batch-size", "16", "--adasum", "--output-dir", str(out)],
-                     "tensorflow")
+    cmd = horovodrun(
+        2, TINY + ["--epochs", "2", "--batch-size", "16", "--adasum", "--output-dir", str(out)], "tensorflow"
+    )
     i = cmd.index("--gloo")
-    cmd[i:i + 1] = ["--mpi", "--mpi-args=--bind-to none"]   # Adasum exists only under MPI
+    cmd[i : i + 1] = ["--mpi", "--mpi-args=--bind-to none"]  # Adasum exists only under MPI
     e = env()
     e["OMPI_MCA_mpi_yield_when_idle"] = "1"
     proc = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert metrics(out)["summary"]["ranks_identical"] is True
     diff = max_diff(weights(out), _two_rank_reference_tf(2, 16, 0.05))
-    control = max_diff(weights(out), _two_rank_reference_tf(2, 16, 0.05, mean=True))   # averaged gradients
+    control = max_diff(weights(out), _two_rank_reference_tf(2, 16, 0.05, mean=True))  # averaged gradients
     print(f"TensorFlow Adasum vs its definition: {diff:.3g}; vs averaged gradients {control:.3g}")
     assert diff < 1e-5, diff
     assert control > 100 * max(diff, 1e-7), (diff, control)
@@ -357,7 +437,7 @@ def test_synthetic_pool_is_made_once_deterministic_per_index_capped_and_learnabl
     from payloads.tensorflow import data
 
     a = data.SyntheticImages(128, 4, 16, 42)
-    capped = data.SyntheticImages(128, 4, 16, 42, max_bytes=50 * 16 * 16 * 3 * 4)   # room for 50 images
+    capped = data.SyntheticImages(128, 4, 16, 42, max_bytes=50 * 16 * 16 * 3 * 4)  # room for 50 images
     assert (a.distinct, capped.distinct) == (128, 50)
     # Image i depends on (seed, i) alone: the capped pool is the full one's first 50 images.
     assert np.array_equal(capped.images.numpy(), a.images.numpy()[:50])
@@ -382,11 +462,12 @@ def test_synthetic_input_ships_positions_not_images(tmp_path):
     from payloads.common import sharding
     from payloads.tensorflow import data
 
-    cfg = types.SimpleNamespace(synthetic_samples=128, num_classes=4, image_size=16, seed=42, epochs=2,
-                                max_steps_per_epoch=0, data="synthetic")
+    cfg = types.SimpleNamespace(
+        synthetic_samples=128, num_classes=4, image_size=16, seed=42, epochs=2, max_steps_per_epoch=0, data="synthetic"
+    )
     inputs = data.build(cfg, rank=1, size=2, batch=8, start_epoch=0, threads=3)
     x_spec, y_spec = inputs.train.element_spec
-    assert x_spec.dtype.name == "int32" and tuple(x_spec.shape) == (8,)     # 32 bytes a step, not 8 images
+    assert x_spec.dtype.name == "int32" and tuple(x_spec.shape) == (8,)  # 32 bytes a step, not 8 images
     assert inputs.private_threads() == 3
     pool = data.SyntheticImages(128, 4, 16, 42)
     batches = list(inputs.train.as_numpy_iterator())
@@ -401,17 +482,17 @@ def test_thread_plan_sizes_pools_from_cores_per_local_process(tmp_path, monkeypa
     from payloads.tensorflow import runtime
 
     T = runtime.Threads
-    assert runtime.thread_plan(0, 96, 8, 2) == T(12, 12, 12)     # ND96 with 8 GPUs: 12 cores per process
-    assert runtime.thread_plan(0, 96, 8, 16) == T(12, 12, 16)    # tf.data's pool runs every --workers decode
-    assert runtime.thread_plan(0, 2, 4, 0) == T(1, 1, 1)         # more processes than cores: one each
-    assert runtime.thread_plan(3, 96, 8, 2) == T(3, 3, 3)        # --threads overrides the share
+    assert runtime.thread_plan(0, 96, 8, 2) == T(12, 12, 12)  # ND96 with 8 GPUs: 12 cores per process
+    assert runtime.thread_plan(0, 96, 8, 16) == T(12, 12, 16)  # tf.data's pool runs every --workers decode
+    assert runtime.thread_plan(0, 2, 4, 0) == T(1, 1, 1)  # more processes than cores: one each
+    assert runtime.thread_plan(3, 96, 8, 2) == T(3, 3, 3)  # --threads overrides the share
     # Cores: the affinity mask, capped by a cgroup v2 quota (kernel cgroup-v2 docs: cpu.max holds
     # "$MAX $PERIOD", "max" when unlimited).
     monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: set(range(64)))
     cpu_max = tmp_path / "cpu.max"
     cpu_max.write_text("max 100000\n")
     assert runtime.available_cores(cpu_max) == 64
-    cpu_max.write_text("250000 100000\n")                       # 2.5 CPUs: 3 threads may run
+    cpu_max.write_text("250000 100000\n")  # 2.5 CPUs: 3 threads may run
     assert runtime.available_cores(cpu_max) == 3
     assert runtime.available_cores(tmp_path / "absent") == 64
 
@@ -422,14 +503,35 @@ def test_two_process_run_records_the_threads_it_got(tmp_path, payload, threads):
 
     out = tmp_path / "out"
     i = TINY.index("--threads")
-    args = TINY[:i] + TINY[i + 2:]
-    train(2, args + ["--threads", threads, "--workers", "3", "--epochs", "1", "--max-steps-per-epoch", "2",
-                     "--batch-size", "8", "--output-dir", str(out)], payload=payload)
+    args = TINY[:i] + TINY[i + 2 :]
+    train(
+        2,
+        args
+        + [
+            "--threads",
+            threads,
+            "--workers",
+            "3",
+            "--epochs",
+            "1",
+            "--max-steps-per-epoch",
+            "2",
+            "--batch-size",
+            "8",
+            "--output-dir",
+            str(out),
+        ],
+        payload=payload,
+    )
     world = metrics(out)["run"]["world"]
     cores = runtime.available_cores()
     want = runtime.thread_plan(int(threads), cores, 2, 3)
     # Read back from TensorFlow and from the training dataset's options by the payload.
-    assert world["threads"] == {"intra_op": want.intra_op, "inter_op": want.inter_op, "tf_data_private": want.data,
-                                "cores_available": cores}
+    assert world["threads"] == {
+        "intra_op": want.intra_op,
+        "inter_op": want.inter_op,
+        "tf_data_private": want.data,
+        "cores_available": cores,
+    }
     assert world["threads_per_process"] == want.intra_op
     assert world["synthetic"]["distinct_images"] == 128 and world["synthetic"]["device"].endswith("CPU:0")

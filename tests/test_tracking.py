@@ -1,13 +1,14 @@
 """Metrics in the Azure ML studio: rank 0 logs the run to MLflow where MLFLOW_TRACKING_URI points (Azure ML sets
 it, with MLFLOW_RUN_ID, in every job). Tested with real 2-process jobs against MLflow's file store: one run,
 params and per-epoch metrics equal to metrics.json, for every payload; bad tracking set-ups fail before training."""
+
 import pathlib
 import re
 import subprocess
 
 import pytest
-
 from helpers import ROOT, TINY, env, horovodrun, metrics
+
 from payloads.common import tracking
 from payloads.common.errors import ConfigError
 from payloads.common.metrics import MetricsFile
@@ -16,9 +17,14 @@ from payloads.common.metrics import MetricsFile
 def _store_env(store: pathlib.Path, **extra) -> dict:
     e = env()
     e.pop("MLFLOW_RUN_ID", None)
-    e.update({"MLFLOW_TRACKING_URI": store.as_uri(),
-              # MLflow 3.x refuses new file stores unless asked (it wants a database; skinny has no SQL store)
-              "MLFLOW_ALLOW_FILE_STORE": "true", **extra})
+    e.update(
+        {
+            "MLFLOW_TRACKING_URI": store.as_uri(),
+            # MLflow 3.x refuses new file stores unless asked (it wants a database; skinny has no SQL store)
+            "MLFLOW_ALLOW_FILE_STORE": "true",
+            **extra,
+        }
+    )
     return e
 
 
@@ -40,9 +46,8 @@ def _runs(store: pathlib.Path):
 @pytest.mark.parametrize("payload", ["pytorch", "tensorflow", "keras"])
 def test_rank_zero_logs_one_run_equal_to_metrics_json(tmp_path, monkeypatch, payload):
     store, out = tmp_path / "mlruns", tmp_path / "out"
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")   # for this process's client
-    proc = _run(2, TINY + ["--epochs", "2", "--batch-size", "8", "--output-dir", str(out)], _store_env(store),
-                payload)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # for this process's client
+    proc = _run(2, TINY + ["--epochs", "2", "--batch-size", "8", "--output-dir", str(out)], _store_env(store), payload)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     m = metrics(out)
 
@@ -76,8 +81,11 @@ def test_the_job_run_named_by_azure_ml_is_continued(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     client = _client(store)
     job_run = client.create_run(client.create_experiment("job-experiment")).info.run_id
-    proc = _run(2, TINY + ["--epochs", "1", "--batch-size", "8", "--output-dir", str(out)],
-                _store_env(store, MLFLOW_RUN_ID=job_run))
+    proc = _run(
+        2,
+        TINY + ["--epochs", "1", "--batch-size", "8", "--output-dir", str(out)],
+        _store_env(store, MLFLOW_RUN_ID=job_run),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _, runs = _runs(store)
     assert [r.info.run_id for r in runs] == [job_run]
@@ -94,19 +102,25 @@ def test_no_tracking_without_the_variable_or_with_no_mlflow(tmp_path, monkeypatc
 
 def test_azure_ml_uri_without_the_plugin_fails_before_training(tmp_path):
     """.venv has no azureml-mlflow (the images do): an azureml:// URI is exactly the set-up that cannot track."""
-    uri = "azureml://westeurope.api.azureml.ms/mlflow/v1.0/subscriptions/s/resourceGroups/g/providers/" \
-          "Microsoft.MachineLearningServices/workspaces/w"
+    uri = (
+        "azureml://westeurope.api.azureml.ms/mlflow/v1.0/subscriptions/s/resourceGroups/g/providers/"
+        "Microsoft.MachineLearningServices/workspaces/w"
+    )
     with pytest.raises(ConfigError, match=r"azureml-mlflow plugin is not installed: install .*--no-mlflow"):
         tracking.check(True, {tracking.URI: uri})
-    tracking.check(False, {tracking.URI: uri})   # --no-mlflow: nothing to check
-    proc = _run(2, TINY + ["--epochs", "1", "--batch-size", "8", "--output-dir", str(tmp_path)],
-                {**env(), tracking.URI: uri})
+    tracking.check(False, {tracking.URI: uri})  # --no-mlflow: nothing to check
+    proc = _run(
+        2, TINY + ["--epochs", "1", "--batch-size", "8", "--output-dir", str(tmp_path)], {**env(), tracking.URI: uri}
+    )
     assert proc.returncode != 0
     assert "azureml-mlflow plugin is not installed" in proc.stderr
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.json").exists()
     # --no-mlflow trains without it
-    ok = _run(1, TINY + ["--epochs", "1", "--batch-size", "8", "--no-mlflow", "--output-dir", str(tmp_path / "ok")],
-              {**env(), tracking.URI: uri})
+    ok = _run(
+        1,
+        TINY + ["--epochs", "1", "--batch-size", "8", "--no-mlflow", "--output-dir", str(tmp_path / "ok")],
+        {**env(), tracking.URI: uri},
+    )
     assert ok.returncode == 0, ok.stderr[-3000:]
 
 
@@ -164,7 +178,9 @@ def test_a_restarted_job_with_changed_params_keeps_training(tmp_path, monkeypatc
 
 def _pins(path: str) -> dict[str, str]:
     text = (ROOT / path).read_text()
-    return {m.group(1).lower(): m.group(2) for m in re.finditer(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==(\S+)", text, re.M)}
+    return {
+        m.group(1).lower(): m.group(2) for m in re.finditer(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==(\S+)", text, re.M)
+    }
 
 
 def test_both_images_carry_mlflow_and_the_azure_ml_plugin_at_the_same_pins():

@@ -18,6 +18,7 @@ check, in order:
   5. `horovodrun --check-build` shows the framework, Gloo and every --require'd controller and op.
 All steps run and all failures are listed; the exit status is 1 when any failed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,17 +48,22 @@ LR = 0.1
 def check_interpreter(version_info=sys.version_info, sys_module=sys) -> list[str]:
     problems = []
     if tuple(version_info[:2]) != (3, 11):
-        problems.append(f"Python {'.'.join(map(str, version_info[:3]))}: the pins (TensorFlow 2.15 stops at 3.11) "
-                        "need CPython 3.11")
+        problems.append(
+            f"Python {'.'.join(map(str, version_info[:3]))}: the pins (TensorFlow 2.15 stops at 3.11) need CPython 3.11"
+        )
     if version_info.releaselevel != "final":
-        problems.append(f"Python {'.'.join(map(str, version_info[:3]))}{version_info.releaselevel} is a pre-release "
-                        "(Ubuntu 22.04's apt python3.11 is 3.11.0~rc1): install a released CPython 3.11 "
-                        "(images/*/Dockerfile take a pinned python-build-standalone build)")
+        problems.append(
+            f"Python {'.'.join(map(str, version_info[:3]))}{version_info.releaselevel} is a pre-release "
+            "(Ubuntu 22.04's apt python3.11 is 3.11.0~rc1): install a released CPython 3.11 "
+            "(images/*/Dockerfile take a pinned python-build-standalone build)"
+        )
     missing = [name for name in SYS_NEEDS if not hasattr(sys_module, name)]
     if missing:
-        problems.append(f"this interpreter lacks sys.{', sys.'.join(missing)} (added in CPython 3.11.0rc2): "
-                        "torch._dynamo calls it at import and every optimizer step imports torch._dynamo, so "
-                        "every training job would die with AttributeError; install a released CPython 3.11")
+        problems.append(
+            f"this interpreter lacks sys.{', sys.'.join(missing)} (added in CPython 3.11.0rc2): "
+            "torch._dynamo calls it at import and every optimizer step imports torch._dynamo, so "
+            "every training job would die with AttributeError; install a released CPython 3.11"
+        )
     return problems
 
 
@@ -74,7 +80,7 @@ def check_imports(modules: list[str]) -> list[str]:
 def xla_cuda_data_dir(environ=os.environ) -> str | None:
     for item in environ.get("XLA_FLAGS", "").split():
         if item.startswith(XLA_DIR_FLAG):
-            return item[len(XLA_DIR_FLAG):]
+            return item[len(XLA_DIR_FLAG) :]
     return None
 
 
@@ -83,13 +89,17 @@ def check_libdevice(environ=os.environ) -> list[str]:
     cuda_libdevice_path.cc looks for <dir>/nvvm/libdevice/libdevice.10.bc and <dir>/bin/ptxas)."""
     where = xla_cuda_data_dir(environ)
     if where is None:
-        return [f"XLA_FLAGS does not set {XLA_DIR_FLAG}<dir>: TensorFlow's --xla jobs on a GPU would look for "
-                "libdevice in /usr/local/cuda, which the image does not have; set XLA_FLAGS in the Dockerfile to "
-                "the nvidia-cuda-nvcc wheel's folder (site-packages/nvidia/cuda_nvcc)"]
+        return [
+            f"XLA_FLAGS does not set {XLA_DIR_FLAG}<dir>: TensorFlow's --xla jobs on a GPU would look for "
+            "libdevice in /usr/local/cuda, which the image does not have; set XLA_FLAGS in the Dockerfile to "
+            "the nvidia-cuda-nvcc wheel's folder (site-packages/nvidia/cuda_nvcc)"
+        ]
     problems = []
     if not (pathlib.Path(where) / LIBDEVICE).is_file():
-        problems.append(f"{where}/{LIBDEVICE} is missing: XLA on a GPU fails with 'libdevice not found'; install "
-                        "the nvidia-cuda-nvcc wheel (tensorflow[and-cuda]) or point XLA_FLAGS at a CUDA toolkit")
+        problems.append(
+            f"{where}/{LIBDEVICE} is missing: XLA on a GPU fails with 'libdevice not found'; install "
+            "the nvidia-cuda-nvcc wheel (tensorflow[and-cuda]) or point XLA_FLAGS at a CUDA toolkit"
+        )
     ptxas = pathlib.Path(where) / "bin" / "ptxas"
     try:
         out = subprocess.run([str(ptxas), "--version"], capture_output=True, text=True, timeout=60)
@@ -120,11 +130,14 @@ def check_cuda_compat(compat_dir: str, cuda: str | None) -> list[str]:
     elif need is None:
         problems.append(f"the framework reports CUDA {cuda}: no driver branch known for it")
     elif max(int(v) for v in versions) < need:
-        problems.append(f"{compat_dir} holds driver branch {max(int(v) for v in versions)}, older than CUDA {cuda} "
-                        f"needs ({need})")
+        problems.append(
+            f"{compat_dir} holds driver branch {max(int(v) for v in versions)}, older than CUDA {cuda} needs ({need})"
+        )
     if importlib.util.find_spec("cuda_forward_compat") is None:
-        problems.append("cuda_forward_compat is not importable: the start-up hook (a .pth in site-packages) that "
-                        "loads the forward-compatibility driver is missing")
+        problems.append(
+            "cuda_forward_compat is not importable: the start-up hook (a .pth in site-packages) that "
+            "loads the forward-compatibility driver is missing"
+        )
     return problems
 
 
@@ -142,16 +155,28 @@ def check_build(framework: str, require: list[str], horovodrun: str, timeout: fl
     have = marked(out.stdout)
     want = [CHECK_BUILD_NAME[framework], "Gloo", *require]
     lacking = [name for name in want if name not in have]
-    return [f"Horovod was built without {', '.join(lacking)} (horovodrun --check-build):\n{out.stdout}"] if lacking else []
+    return (
+        [f"Horovod was built without {', '.join(lacking)} (horovodrun --check-build):\n{out.stdout}"] if lacking else []
+    )
 
 
 def check_step(framework: str, horovodrun: str, timeout: float) -> list[str]:
     env = dict(os.environ)
     env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "60")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env["CUDA_VISIBLE_DEVICES"] = ""   # the CPU path, as at build time, also where a build machine has a GPU
-    cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, os.path.abspath(__file__),
-           "--worker", framework]
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU path, as at build time, also where a build machine has a GPU
+    cmd = [
+        horovodrun,
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        "--gloo",
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        framework,
+    ]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -165,6 +190,7 @@ def check_step(framework: str, horovodrun: str, timeout: float) -> list[str]:
 
 # ---- worker side: runs under horovodrun, one process per rank ----
 
+
 def _close(a, b, what: str) -> None:
     import numpy as np
 
@@ -177,28 +203,32 @@ def worker_pytorch() -> list[str]:
     import torch
 
     hvd.init()
-    torch.manual_seed(0)   # the same initial weights on both ranks; broadcast anyway, as the payloads do
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
-                                torch.nn.Linear(4 * 6 * 6, 2))
+    torch.manual_seed(0)  # the same initial weights on both ranks; broadcast anyway, as the payloads do
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 2)
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    gen = torch.Generator().manual_seed(100 + hvd.rank())   # different data on each rank
+    gen = torch.Generator().manual_seed(100 + hvd.rank())  # different data on each rank
     x, y = torch.randn(4, 3, 8, 8, generator=gen), torch.randint(0, 2, (4,), generator=gen)
 
     before = [p.detach().clone() for p in model.parameters()]
     model.zero_grad()
     torch.nn.functional.cross_entropy(model(x), y).backward()
     local = [p.grad.detach().clone() for p in model.parameters()]
-    expected = [b - LR * hvd.allreduce(g, op=hvd.Average, name=f"expected.{i}")
-                for i, (b, g) in enumerate(zip(before, local))]
-    if hvd.size() > 1 and all(torch.allclose(g, hvd.allreduce(g, op=hvd.Average, name=f"avg.{i}"))
-                              for i, g in enumerate(local)):
+    expected = [
+        b - LR * hvd.allreduce(g, op=hvd.Average, name=f"expected.{i}") for i, (b, g) in enumerate(zip(before, local))
+    ]
+    if hvd.size() > 1 and all(
+        torch.allclose(g, hvd.allreduce(g, op=hvd.Average, name=f"avg.{i}")) for i, g in enumerate(local)
+    ):
         raise AssertionError("both ranks computed the same gradient: the check would not see averaging")
 
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
-                                         named_parameters=model.named_parameters(), op=hvd.Average)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=LR), named_parameters=model.named_parameters(), op=hvd.Average
+    )
     optimizer.zero_grad()
     torch.nn.functional.cross_entropy(model(x), y).backward()
-    optimizer.step()   # torch.optim imports torch._dynamo here: what a 3.11 pre-release broke
+    optimizer.step()  # torch.optim imports torch._dynamo here: what a 3.11 pre-release broke
     for p, e in zip(model.parameters(), expected):
         _close(p.detach().numpy(), e.numpy(), "PyTorch SGD step with Horovod's averaged gradient")
     return ["pytorch-sgd"]
@@ -215,8 +245,13 @@ def worker_tensorflow() -> list[str]:
 
     def model():
         tf.keras.utils.set_random_seed(0)
-        m = tf.keras.Sequential([tf.keras.layers.Conv2D(4, 3, activation="relu", input_shape=(8, 8, 3)),
-                                 tf.keras.layers.Flatten(), tf.keras.layers.Dense(2)])
+        m = tf.keras.Sequential(
+            [
+                tf.keras.layers.Conv2D(4, 3, activation="relu", input_shape=(8, 8, 3)),
+                tf.keras.layers.Flatten(),
+                tf.keras.layers.Dense(2),
+            ]
+        )
         hvd.broadcast_variables(m.variables, root_rank=0)
         return m
 
@@ -284,14 +319,31 @@ WORKERS = {"pytorch": worker_pytorch, "tensorflow": worker_tensorflow}
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--framework", choices=sorted(MODULES))
-    ap.add_argument("--require", action="append", default=[], metavar="NAME",
-                    help="a controller or op `horovodrun --check-build` must mark (MPI, NCCL); Gloo always")
-    ap.add_argument("--import", dest="extra", action="append", default=[], metavar="MODULE",
-                    help="another module the image's jobs import (azureml.mlflow)")
-    ap.add_argument("--require-libdevice", action="store_true",
-                    help="XLA_FLAGS must name a CUDA data dir with libdevice and ptxas (TensorFlow GPU image)")
-    ap.add_argument("--cuda-compat", metavar="DIR",
-                    help="the forward-compatibility driver's folder must serve torch's CUDA (PyTorch GPU image)")
+    ap.add_argument(
+        "--require",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a controller or op `horovodrun --check-build` must mark (MPI, NCCL); Gloo always",
+    )
+    ap.add_argument(
+        "--import",
+        dest="extra",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="another module the image's jobs import (azureml.mlflow)",
+    )
+    ap.add_argument(
+        "--require-libdevice",
+        action="store_true",
+        help="XLA_FLAGS must name a CUDA data dir with libdevice and ptxas (TensorFlow GPU image)",
+    )
+    ap.add_argument(
+        "--cuda-compat",
+        metavar="DIR",
+        help="the forward-compatibility driver's folder must serve torch's CUDA (PyTorch GPU image)",
+    )
     ap.add_argument("--step-timeout", type=float, default=600)
     ap.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -305,8 +357,10 @@ def main(argv=None) -> int:
 
     horovodrun = str(pathlib.Path(sys.executable).with_name("horovodrun"))
     print(f"[check] Python {sys.version.split()[0]} ({sys.version_info.releaselevel}) at {sys.executable}", flush=True)
-    steps = [("interpreter", lambda: check_interpreter()),
-             ("imports", lambda: check_imports(MODULES[args.framework] + args.extra))]
+    steps = [
+        ("interpreter", lambda: check_interpreter()),
+        ("imports", lambda: check_imports(MODULES[args.framework] + args.extra)),
+    ]
     failed: list[str] = []
     for name, run in steps:
         problems = run()
@@ -326,15 +380,21 @@ def main(argv=None) -> int:
         cuda = None
         if not any(f.startswith("imports:") for f in failed):
             import torch
+
             cuda = torch.version.cuda
         problems = check_cuda_compat(args.cuda_compat, cuda)
         failed += [f"cuda forward compatibility: {p}" for p in problems]
-        print(f"[check] CUDA forward compatibility ({args.cuda_compat}, CUDA {cuda}): {'FAILED' if problems else 'ok'}",
-              flush=True)
+        print(
+            f"[check] CUDA forward compatibility ({args.cuda_compat}, CUDA {cuda}): {'FAILED' if problems else 'ok'}",
+            flush=True,
+        )
     problems = check_build(args.framework, args.require, horovodrun)
     failed += [f"horovod build: {p}" for p in problems]
-    print(f"[check] horovodrun --check-build ({', '.join([CHECK_BUILD_NAME[args.framework], 'Gloo', *args.require])}): "
-          f"{'FAILED' if problems else 'ok'}", flush=True)
+    print(
+        f"[check] horovodrun --check-build ({', '.join([CHECK_BUILD_NAME[args.framework], 'Gloo', *args.require])}): "
+        f"{'FAILED' if problems else 'ok'}",
+        flush=True,
+    )
 
     if failed:
         print(f"[check] the {args.framework} training path FAILED:", file=sys.stderr)

@@ -7,6 +7,7 @@ build something half-patched.
 
     python patch_horovod.py SRC_DIR --cxx-standard 20 [--cpu-only]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,36 +82,56 @@ def _edits(cxx: int, cpu_only: bool) -> list[tuple]:
             f"    set(CMAKE_CXX_STANDARD {cxx})  {MARK}\n",
             "PyTorch >= 2.13 headers need C++17, >= 2.14 C++20",
         ),
-        ("horovod/torch/mpi_ops.py", "def _allreduce_function_factory(tensor):\n", _STAGING,
-         "any memory format: stage non-default layouts as contiguous copies"),
-        ("horovod/torch/mpi_ops.py",
-         "    output = tensor.new(tensor.shape)\n    return _allreduce_async(",
-         f"    tensor = _default_layout(tensor)  {MARK}\n    output = tensor.new(tensor.shape)\n    return _allreduce_async(",
-         "allreduce_async: any memory format"),
-        ("horovod/torch/mpi_ops.py",
-         "    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)\n",
-         _IN_PLACE.format(op="allreduce", args="name, op, prescale_factor, postscale_factor, process_set"),
-         "allreduce_async_: any memory format, in place"),
-        ("horovod/torch/mpi_ops.py",
-         "    outputs = [t.new(t.shape) for t in tensors]\n    return _grouped_allreduce_async(",
-         f"    tensors = [_default_layout(t) for t in tensors]  {MARK}\n"
-         "    outputs = [t.new(t.shape) for t in tensors]\n    return _grouped_allreduce_async(",
-         "grouped_allreduce_async: any memory format"),
-        ("horovod/torch/mpi_ops.py",
-         "    return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor, process_set)\n",
-         _GROUPED_IN_PLACE, "grouped_allreduce_async_: any memory format, in place"),
-        ("horovod/torch/mpi_ops.py",
-         "    output = tensor.new(tensor.shape)\n    return _broadcast_async(",
-         f"    tensor = _default_layout(tensor)  {MARK}\n    output = tensor.new(tensor.shape)\n    return _broadcast_async(",
-         "broadcast_async: any memory format"),
-        ("horovod/torch/mpi_ops.py",
-         "    return _broadcast_async(tensor, tensor, root_rank, name, process_set)\n",
-         _IN_PLACE.format(op="broadcast", args="root_rank, name, process_set"),
-         "broadcast_async_: any memory format, in place"),
-        ("horovod/torch/mpi_ops.py",
-         "        mpi_lib.horovod_torch_wait_and_clear(handle)\n        output = _handle_map.pop(handle)[-1]\n"
-         "        return output\n    except RuntimeError as e:\n        _handle_map.pop(handle, None)\n",
-         _SYNCHRONIZE, "synchronize: staged in-place results written back"),
+        (
+            "horovod/torch/mpi_ops.py",
+            "def _allreduce_function_factory(tensor):\n",
+            _STAGING,
+            "any memory format: stage non-default layouts as contiguous copies",
+        ),
+        (
+            "horovod/torch/mpi_ops.py",
+            "    output = tensor.new(tensor.shape)\n    return _allreduce_async(",
+            f"    tensor = _default_layout(tensor)  {MARK}\n    output = tensor.new(tensor.shape)\n    return _allreduce_async(",
+            "allreduce_async: any memory format",
+        ),
+        (
+            "horovod/torch/mpi_ops.py",
+            "    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)\n",
+            _IN_PLACE.format(op="allreduce", args="name, op, prescale_factor, postscale_factor, process_set"),
+            "allreduce_async_: any memory format, in place",
+        ),
+        (
+            "horovod/torch/mpi_ops.py",
+            "    outputs = [t.new(t.shape) for t in tensors]\n    return _grouped_allreduce_async(",
+            f"    tensors = [_default_layout(t) for t in tensors]  {MARK}\n"
+            "    outputs = [t.new(t.shape) for t in tensors]\n    return _grouped_allreduce_async(",
+            "grouped_allreduce_async: any memory format",
+        ),
+        (
+            "horovod/torch/mpi_ops.py",
+            "    return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor, process_set)\n",
+            _GROUPED_IN_PLACE,
+            "grouped_allreduce_async_: any memory format, in place",
+        ),
+        (
+            "horovod/torch/mpi_ops.py",
+            "    output = tensor.new(tensor.shape)\n    return _broadcast_async(",
+            f"    tensor = _default_layout(tensor)  {MARK}\n    output = tensor.new(tensor.shape)\n    return _broadcast_async(",
+            "broadcast_async: any memory format",
+        ),
+        (
+            "horovod/torch/mpi_ops.py",
+            "    return _broadcast_async(tensor, tensor, root_rank, name, process_set)\n",
+            _IN_PLACE.format(op="broadcast", args="root_rank, name, process_set"),
+            "broadcast_async_: any memory format, in place",
+        ),
+        (
+            "horovod/torch/mpi_ops.py",
+            "        mpi_lib.horovod_torch_wait_and_clear(handle)\n        output = _handle_map.pop(handle)[-1]\n"
+            "        return output\n    except RuntimeError as e:\n        _handle_map.pop(handle, None)\n",
+            _SYNCHRONIZE,
+            "synchronize: staged in-place results written back",
+        ),
     ]
     if cpu_only:
         edits.append(

@@ -7,19 +7,20 @@ class's spectral signature plus noise, so a U-Net can learn the classes from col
 one edge is no data (label 0, image 0), as NAIP tiles have at their borders. Written in the CRS of the NAIP
 tiles over the Chesapeake watershed (UTM 18N, 1 m pixels) so that the preparation step sees real GeoTIFFs.
 """
+
 from __future__ import annotations
 
 import argparse
 import pathlib
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from payloads.segmentation.labels import NODATA
 from payloads.segmentation.models import BANDS
 
-CRS = "EPSG:26918"    # NAD83 / UTM zone 18N
+CRS = "EPSG:26918"  # NAD83 / UTM zone 18N
 
 
 def tile(height: int, width: int, num_classes: int, seed: int, cell: int = 16) -> tuple[np.ndarray, np.ndarray]:
@@ -36,22 +37,30 @@ def tile(height: int, width: int, num_classes: int, seed: int, cell: int = 16) -
     return np.clip(image, 0, 255).astype(np.uint8), labels
 
 
-def write_pair(image_path: pathlib.Path, labels_path: pathlib.Path, image: np.ndarray, labels: np.ndarray,
-               origin: tuple[float, float] = (400_000.0, 4_300_000.0)) -> None:
+def write_pair(
+    image_path: pathlib.Path,
+    labels_path: pathlib.Path,
+    image: np.ndarray,
+    labels: np.ndarray,
+    origin: tuple[float, float] = (400_000.0, 4_300_000.0),
+) -> None:
     import rasterio
     from rasterio.transform import from_origin
 
     transform = from_origin(origin[0], origin[1], 1.0, 1.0)
     common = dict(driver="GTiff", height=labels.shape[0], width=labels.shape[1], crs=CRS, transform=transform)
     # MINISBLACK: the fourth band is near-infrared, not an alpha channel (GDAL's default for 4 x uint8)
-    with rasterio.open(image_path, "w", count=BANDS, dtype="uint8", nodata=0, photometric="MINISBLACK", **common) as dst:
+    with rasterio.open(
+        image_path, "w", count=BANDS, dtype="uint8", nodata=0, photometric="MINISBLACK", **common
+    ) as dst:
         dst.write(image)
     with rasterio.open(labels_path, "w", count=1, dtype="uint8", **common) as dst:
         dst.write(labels[None])
 
 
-def write_tiles(output_dir: pathlib.Path, tiles: int, height: int, width: int, num_classes: int,
-                seed: int = 0) -> list[tuple[pathlib.Path, pathlib.Path]]:
+def write_tiles(
+    output_dir: pathlib.Path, tiles: int, height: int, width: int, num_classes: int, seed: int = 0
+) -> list[tuple[pathlib.Path, pathlib.Path]]:
     output_dir.mkdir(parents=True, exist_ok=True)
     pairs = []
     for i in range(tiles):

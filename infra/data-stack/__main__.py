@@ -2,13 +2,11 @@
 
 The platform (../../Pulumi.yaml) reads these outputs through a StackReference (trainingplatform/datastack.py).
 """
-import pathlib
-import sys
 
 import pulumi
 
 from trainingplatform import dataconfig, datastack  # installed from infra/ (docs/deploying.md#deploy)
 
-settings = dataconfig.from_pulumi()   # raises with every config problem listed, before anything is declared
+settings = dataconfig.from_pulumi()  # raises with every config problem listed, before anything is declared
 for key, value in datastack.build(settings).items():
     pulumi.export(key, value)

@@ -24,6 +24,7 @@ Who "users" are by default: whoever runs `pulumi up`, as a User. A service princ
 `users` instead: Azure refuses an assignment whose principalType does not match (UnmatchedPrincipalType),
 and the deployer's type cannot be read from getClientConfig (`deployer_users`).
 """
+
 from __future__ import annotations
 
 import os
@@ -53,8 +54,8 @@ _NAMESPACE = uuid.UUID("5b0f3c3e-7d55-4c6a-9a53-2f1d7c8e9b10")
 
 @dataclass(frozen=True)
 class Grant:
-    label: str                       # logical-name part; unique within one AccessGrants
-    role: str                        # a key of ROLES
+    label: str  # logical-name part; unique within one AccessGrants
+    role: str  # a key of ROLES
     principal_id: pulumi.Input[str]
     scope: pulumi.Input[str]
     # "ServicePrincipal" | "User" | "Group": Azure needs it for principals created moments ago (managed
@@ -67,8 +68,9 @@ def container_scope(account_id: pulumi.Input[str], container_name: pulumi.Input[
 
 
 def role_definition_id(subscription_id: pulumi.Input[str], role: str) -> pulumi.Output[str]:
-    return pulumi.Output.concat("/subscriptions/", subscription_id,
-                                "/providers/Microsoft.Authorization/roleDefinitions/", ROLES[role])
+    return pulumi.Output.concat(
+        "/subscriptions/", subscription_id, "/providers/Microsoft.Authorization/roleDefinitions/", ROLES[role]
+    )
 
 
 def assignment_name(scope: str, principal_id: str, role_definition: str, stack: str) -> str:
@@ -80,8 +82,14 @@ def assignment_name(scope: str, principal_id: str, role_definition: str, stack: 
 # managed identity rather than through the Azure CLI's user login
 # (https://www.pulumi.com/registry/packages/azure-native/installation-configuration/).
 _SP_SETTINGS = ("clientId", "clientSecret", "clientCertificatePath", "useMsi", "useOidc", "oidcToken")
-_SP_ENVIRONMENT = ("ARM_CLIENT_ID", "ARM_CLIENT_SECRET", "ARM_CLIENT_CERTIFICATE_PATH", "ARM_USE_MSI", "ARM_USE_OIDC",
-                   "ARM_OIDC_TOKEN")
+_SP_ENVIRONMENT = (
+    "ARM_CLIENT_ID",
+    "ARM_CLIENT_SECRET",
+    "ARM_CLIENT_CERTIFICATE_PATH",
+    "ARM_USE_MSI",
+    "ARM_USE_OIDC",
+    "ARM_OIDC_TOKEN",
+)
 
 
 def signed_in_as_service_principal() -> list[str]:
@@ -98,22 +106,31 @@ def deployer_users(users: tuple[Principal, ...] | None, project: str) -> tuple[P
         return users
     service = signed_in_as_service_principal()
     if service:
-        raise ConfigError([
-            f"users is not set, so the user roles would go to whoever runs `pulumi up`, as a User; this deployment "
-            f"signs in as a service principal ({', '.join(service)}), and Azure refuses a role assignment whose "
-            "principalType does not match (UnmatchedPrincipalType): list the people explicitly, e.g. "
-            f"`pulumi config set --path '{project}:users[0].objectId' <object id>` and "
-            f"`pulumi config set --path '{project}:users[0].type' User` (Group for a group; add the service "
-            "principal itself with type ServicePrincipal if it needs the roles)"])
-    deployer = authorization.get_client_config().object_id.lower()   # as config.py writes listed ids
+        raise ConfigError(
+            [
+                f"users is not set, so the user roles would go to whoever runs `pulumi up`, as a User; this deployment "
+                f"signs in as a service principal ({', '.join(service)}), and Azure refuses a role assignment whose "
+                "principalType does not match (UnmatchedPrincipalType): list the people explicitly, e.g. "
+                f"`pulumi config set --path '{project}:users[0].objectId' <object id>` and "
+                f"`pulumi config set --path '{project}:users[0].type' User` (Group for a group; add the service "
+                "principal itself with type ServicePrincipal if it needs the roles)"
+            ]
+        )
+    deployer = authorization.get_client_config().object_id.lower()  # as config.py writes listed ids
     return (Principal(object_id=deployer, type="User"),)
 
 
 class AccessGrants(pulumi.ComponentResource):
     """`assignments`: {label: RoleAssignment}, so that other resources can depend on a grant."""
 
-    def __init__(self, name: str, subscription_id: pulumi.Input[str], stack: str, grants: list[Grant],
-                 opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        subscription_id: pulumi.Input[str],
+        stack: str,
+        grants: list[Grant],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("trainingplatform:access:AccessGrants", name, None, opts)
         labels = [g.label for g in grants]
         duplicates = sorted({label for label in labels if labels.count(label) > 1})
@@ -125,8 +142,13 @@ class AccessGrants(pulumi.ComponentResource):
             self.assignments[g.label] = authorization.RoleAssignment(
                 f"{name}-{g.label}",
                 role_assignment_name=pulumi.Output.all(g.scope, g.principal_id, definition).apply(
-                    lambda a: assignment_name(*a, stack)),
-                principal_id=g.principal_id, principal_type=g.principal_type, scope=g.scope,
-                role_definition_id=definition, description=f"{g.role}: {g.label}",
-                opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))
+                    lambda a: assignment_name(*a, stack)
+                ),
+                principal_id=g.principal_id,
+                principal_type=g.principal_type,
+                scope=g.scope,
+                role_definition_id=definition,
+                description=f"{g.role}: {g.label}",
+                opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
+            )
         self.register_outputs({})

@@ -5,12 +5,14 @@ Nodes sit in the compute subnet with no public IP; clusters scale to `minNodes` 
 admin user's key on the nodes, and SSH works from inside the VNet (a jump host, Bastion or VPN) to a
 node's private IP (`az ml compute list-nodes`), which the NSG's default AllowVnetInBound rule admits.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import pulumi
-from pulumi_azure_native import machinelearningservices as ml, managedidentity
+from pulumi_azure_native import machinelearningservices as ml
+from pulumi_azure_native import managedidentity
 
 from . import naming
 from .config import Cluster
@@ -33,11 +35,13 @@ REPLACE_ON_CHANGES = (
 )
 
 
-def compute_identity(name: str, resource_group, location: str, tags: dict,
-                     opts: pulumi.ResourceOptions | None = None) -> managedidentity.UserAssignedIdentity:
+def compute_identity(
+    name: str, resource_group, location: str, tags: dict, opts: pulumi.ResourceOptions | None = None
+) -> managedidentity.UserAssignedIdentity:
     """The clusters' one identity, declared on its own so its role grants can exist before any cluster."""
-    return managedidentity.UserAssignedIdentity(f"{name}-identity", resource_group_name=resource_group,
-                                                location=location, tags=tags, opts=opts)
+    return managedidentity.UserAssignedIdentity(
+        f"{name}-identity", resource_group_name=resource_group, location=location, tags=tags, opts=opts
+    )
 
 
 class ComputeClusters(pulumi.ComponentResource):
@@ -48,10 +52,21 @@ class ComputeClusters(pulumi.ComponentResource):
     first job pulls its image with it).
     """
 
-    def __init__(self, name: str, *, resource_group, location: str, workspace_name, subnet_id,
-                 clusters: tuple[Cluster, ...], tags: dict, identity: managedidentity.UserAssignedIdentity,
-                 ssh_public_key: pulumi.Input[str] | None = None, depends_on: Sequence[pulumi.Resource] = (),
-                 opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        *,
+        resource_group,
+        location: str,
+        workspace_name,
+        subnet_id,
+        clusters: tuple[Cluster, ...],
+        tags: dict,
+        identity: managedidentity.UserAssignedIdentity,
+        ssh_public_key: pulumi.Input[str] | None = None,
+        depends_on: Sequence[pulumi.Resource] = (),
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("trainingplatform:compute:ComputeClusters", name, None, opts)
         self.identity = identity
         self.clusters: dict[str, ml.Compute] = {}
@@ -59,33 +74,49 @@ class ComputeClusters(pulumi.ComponentResource):
             ssh = None
             if c.ssh_enabled:
                 if ssh_public_key is None:
-                    raise ValueError(f"cluster {c.name} has sshEnabled but no sshPublicKey secret is set: "
-                                     "pulumi config set --secret sshPublicKey \"$(cat ~/.ssh/id_rsa.pub)\"")
-                ssh = ml.UserAccountCredentialsArgs(admin_user_name="azureuser", admin_user_ssh_public_key=ssh_public_key)
+                    raise ValueError(
+                        f"cluster {c.name} has sshEnabled but no sshPublicKey secret is set: "
+                        "pulumi config set --secret sshPublicKey \"$(cat ~/.ssh/id_rsa.pub)\""
+                    )
+                ssh = ml.UserAccountCredentialsArgs(
+                    admin_user_name="azureuser", admin_user_ssh_public_key=ssh_public_key
+                )
             priority = "LowPriority" if c.low_priority else "Dedicated"
             self.clusters[c.name] = ml.Compute(
-                f"{name}-{c.name}", compute_name=naming.cluster(c.name, c.vm_size, priority, subnet_id),
-                resource_group_name=resource_group, workspace_name=workspace_name,
+                f"{name}-{c.name}",
+                compute_name=naming.cluster(c.name, c.vm_size, priority, subnet_id),
+                resource_group_name=resource_group,
+                workspace_name=workspace_name,
                 location=location,
                 identity=ml.ManagedServiceIdentityArgs(type="UserAssigned", user_assigned_identities=[identity.id]),
                 properties=ml.AmlComputeArgs(
-                    compute_type="AmlCompute", disable_local_auth=True,
+                    compute_type="AmlCompute",
+                    disable_local_auth=True,
                     description=f"{c.size.gpus}x {c.size.gpu_model or 'CPU'}"
-                                f"{', InfiniBand ' + c.size.infiniband if c.size.infiniband else ''}",
+                    f"{', InfiniBand ' + c.size.infiniband if c.size.infiniband else ''}",
                     properties=ml.AmlComputePropertiesArgs(
-                        vm_size=c.vm_size, vm_priority=priority,
-                        os_type="Linux", enable_node_public_ip=False, isolated_network=False,
+                        vm_size=c.vm_size,
+                        vm_priority=priority,
+                        os_type="Linux",
+                        enable_node_public_ip=False,
+                        isolated_network=False,
                         # Nodes have no public IP, so there is no public SSH port to open; with sshEnabled
                         # the key below admits SSH from inside the VNet.
                         remote_login_port_public_access="Disabled",
                         user_account_credentials=ssh,
                         subnet=ml.ResourceIdArgs(id=subnet_id),
                         scale_settings=ml.ScaleSettingsArgs(
-                            min_node_count=c.min_nodes, max_node_count=c.max_nodes,
-                            node_idle_time_before_scale_down=f"PT{c.idle_seconds_before_scale_down}S"))),
+                            min_node_count=c.min_nodes,
+                            max_node_count=c.max_nodes,
+                            node_idle_time_before_scale_down=f"PT{c.idle_seconds_before_scale_down}S",
+                        ),
+                    ),
+                ),
                 tags=tags,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends_on),
-                                            replace_on_changes=list(REPLACE_ON_CHANGES)))
+                opts=pulumi.ResourceOptions(
+                    parent=self, depends_on=list(depends_on), replace_on_changes=list(REPLACE_ON_CHANGES)
+                ),
+            )
         self.register_outputs({"identity": identity.principal_id})
 
 
@@ -93,7 +124,17 @@ def describe(c: Cluster, compute_name: pulumi.Input[str]) -> dict:
     """What job submission needs to know about a cluster (it becomes a stack output). `compute_name` is the
     cluster's Azure ML name, which jobs are submitted to; `name` is the config's (the launcher's --cluster)."""
     s = c.size
-    return {"name": c.name, "compute_name": compute_name, "vm_size": c.vm_size, "gpus_per_node": s.gpus, "gpu_model": s.gpu_model,
-            "infiniband": bool(s.infiniband), "infiniband_generation": s.infiniband, "intra_node": s.intra_node,
-            "min_nodes": c.min_nodes, "max_nodes": c.max_nodes, "low_priority": c.low_priority,
-            "vcpus_per_node": s.vcpus}
+    return {
+        "name": c.name,
+        "compute_name": compute_name,
+        "vm_size": c.vm_size,
+        "gpus_per_node": s.gpus,
+        "gpu_model": s.gpu_model,
+        "infiniband": bool(s.infiniband),
+        "infiniband_generation": s.infiniband,
+        "intra_node": s.intra_node,
+        "min_nodes": c.min_nodes,
+        "max_nodes": c.max_nodes,
+        "low_priority": c.low_priority,
+        "vcpus_per_node": s.vcpus,
+    }

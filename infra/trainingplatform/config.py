@@ -4,6 +4,7 @@
 PlatformConfig or raises ConfigError listing every problem, each naming the key, the bad value and what
 is allowed. It runs before any resource is declared.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -41,8 +42,9 @@ class Network:
 @dataclass(frozen=True, kw_only=True)
 class Principal:
     """An Entra user, group or service principal that uses the platform (config `users`)."""
+
     object_id: str
-    type: str                     # User | Group | ServicePrincipal (Azure's principalType)
+    type: str  # User | Group | ServicePrincipal (Azure's principalType)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,33 +99,57 @@ class PlatformConfig:
 
 _LOCATION = re.compile(r"^[a-z]+[a-z0-9]*$")
 PREFIX_NAME = re.compile(r"^[a-z][a-z0-9]{1,7}$")
-_CLUSTER = re.compile(r"^[a-zA-Z][a-zA-Z0-9-]{1,14}[a-zA-Z0-9]$")   # AML: 3-16 chars
+_CLUSTER = re.compile(r"^[a-zA-Z][a-zA-Z0-9-]{1,14}[a-zA-Z0-9]$")  # AML: 3-16 chars
 CONTAINER_NAME = re.compile(r"^[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]$")
 SHARE_NAME = CONTAINER_NAME
 _GUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _STACK_REF = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 # A subnet's ARM id. Resource group: 1-90 letters, digits, _ - . ( ) not ending in a period; VNet 2-64 and
 # subnet 1-80 letters, digits, _ - . (resource-name-rules, Microsoft.Network).
-_SUBNET_ID = re.compile(r"^/subscriptions/[0-9a-fA-F-]{36}/resourceGroups/[-\w.()]{0,89}[-\w()]"
-                        r"/providers/Microsoft\.Network/virtualNetworks/[-\w.]{2,64}/subnets/[-\w.]{1,80}$",
-                        re.IGNORECASE)
+_SUBNET_ID = re.compile(
+    r"^/subscriptions/[0-9a-fA-F-]{36}/resourceGroups/[-\w.()]{0,89}[-\w()]"
+    r"/providers/Microsoft\.Network/virtualNetworks/[-\w.]{2,64}/subnets/[-\w.]{1,80}$",
+    re.IGNORECASE,
+)
 PRINCIPAL_TYPES = ("User", "Group", "ServicePrincipal")
 # Docker's default bridge network on Azure ML compute nodes (the jobs run in containers there): a VNet that
 # overlaps it makes the nodes route part of the VNet into the bridge, so the node cannot reach those
 # addresses (https://learn.microsoft.com/azure/machine-learning/how-to-secure-training-vnet: don't use
 # 172.17.0.0/16 for the compute's VNet, the range Docker uses inside the nodes).
 DOCKER_BRIDGE = ipaddress.IPv4Network("172.17.0.0/16")
-SAME_REGION_NOTE = ("IP rules have no effect on requests from the same Azure region as the storage account "
-                    "(https://learn.microsoft.com/azure/storage/common/storage-network-security, \"IP network "
-                    "rules\"): a VM, Bastion host or CI runner in that region gets in only through a VNet rule "
-                    "(allowedSubnetIds, a subnet with the Microsoft.Storage service endpoint) or a private endpoint")
+SAME_REGION_NOTE = (
+    "IP rules have no effect on requests from the same Azure region as the storage account "
+    "(https://learn.microsoft.com/azure/storage/common/storage-network-security, \"IP network "
+    "rules\"): a VM, Bastion host or CI runner in that region gets in only through a VNet rule "
+    "(allowedSubnetIds, a subnet with the Microsoft.Storage service endpoint) or a private endpoint"
+)
 
 # Every setting each level knows; anything else is refused (with the closest name), never ignored.
-PLATFORM_KEYS = ("prefix", "network", "clusters", "imageBuildCluster", "maxTotalGpus", "maxTotalNodes",
-                 "workspacePublicAccess", "registryPublicAccess", "keyVaultPublicAccess", "tags", "users",
-                 "dataStack", "mountNfs", "sshPublicKey", "access")
-NETWORK_KEYS = ("vnetCidr", "computeSubnetCidr", "privateEndpointSubnetCidr", "allowedClientIps", "allowedSubnetIds",
-                "restrictOutbound")
+PLATFORM_KEYS = (
+    "prefix",
+    "network",
+    "clusters",
+    "imageBuildCluster",
+    "maxTotalGpus",
+    "maxTotalNodes",
+    "workspacePublicAccess",
+    "registryPublicAccess",
+    "keyVaultPublicAccess",
+    "tags",
+    "users",
+    "dataStack",
+    "mountNfs",
+    "sshPublicKey",
+    "access",
+)
+NETWORK_KEYS = (
+    "vnetCidr",
+    "computeSubnetCidr",
+    "privateEndpointSubnetCidr",
+    "allowedClientIps",
+    "allowedSubnetIds",
+    "restrictOutbound",
+)
 CLUSTER_KEYS = ("name", "vmSize", "minNodes", "maxNodes", "priority", "idleSecondsBeforeScaleDown", "sshEnabled")
 PRINCIPAL_KEYS = ("objectId", "type")
 # Keys refused with a message of their own (moved to the data stack) rather than as unknown.
@@ -148,8 +174,10 @@ class Reader:
                 continue
             close = difflib.get_close_matches(str(key), keys, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]}?" if close else f"the settings here are {', '.join(keys)}"
-            self.problems.append(f"{path}{key} is not a setting: {hint} (an unknown key is refused rather than "
-                                 "ignored, which would deploy the default)")
+            self.problems.append(
+                f"{path}{key} is not a setting: {hint} (an unknown key is refused rather than "
+                "ignored, which would deploy the default)"
+            )
 
     def get(self, d: dict, key: str, path: str, kind: type, default: Any = ..., allowed: str = "") -> Any:
         full = f"{path}{key}"
@@ -197,17 +225,24 @@ def _network(r: Reader, raw: dict, key: str) -> Network | None:
         except ValueError as e:
             r.bad(p + k, text, f"not a valid IPv4 CIDR ({e}); use the network address, e.g. 10.40.0.0/16")
     if "vnetCidr" in nets and nets["vnetCidr"].overlaps(DOCKER_BRIDGE):
-        r.bad(p + "vnetCidr", str(nets["vnetCidr"]), f"overlaps {DOCKER_BRIDGE}, the Docker bridge network inside "
-              "Azure ML compute nodes: the nodes could not reach those VNet addresses and jobs fail "
-              "(how-to-secure-training-vnet); use a range outside it, e.g. 10.40.0.0/16")
+        r.bad(
+            p + "vnetCidr",
+            str(nets["vnetCidr"]),
+            f"overlaps {DOCKER_BRIDGE}, the Docker bridge network inside "
+            "Azure ML compute nodes: the nodes could not reach those VNet addresses and jobs fail "
+            "(how-to-secure-training-vnet); use a range outside it, e.g. 10.40.0.0/16",
+        )
     if len(nets) == 3:
         vnet = nets["vnetCidr"]
         for k in ("computeSubnetCidr", "privateEndpointSubnetCidr"):
             if not nets[k].subnet_of(vnet):
                 r.bad(p + k, str(nets[k]), f"must lie inside vnetCidr {vnet}")
         if nets["computeSubnetCidr"].overlaps(nets["privateEndpointSubnetCidr"]):
-            r.bad(p + "privateEndpointSubnetCidr", str(nets["privateEndpointSubnetCidr"]),
-                  f"overlaps computeSubnetCidr {nets['computeSubnetCidr']}; subnets must not overlap")
+            r.bad(
+                p + "privateEndpointSubnetCidr",
+                str(nets["privateEndpointSubnetCidr"]),
+                f"overlaps computeSubnetCidr {nets['computeSubnetCidr']}; subnets must not overlap",
+            )
         if nets["privateEndpointSubnetCidr"].num_addresses < 16:
             r.bad(p + "privateEndpointSubnetCidr", str(nets["privateEndpointSubnetCidr"]), "needs /28 or larger")
     ips = read_client_ips(r, n, p)
@@ -215,9 +250,14 @@ def _network(r: Reader, raw: dict, key: str) -> Network | None:
     restrict = r.get(n, "restrictOutbound", p, bool, False)
     if len(nets) < 3:
         return None
-    return Network(vnet_cidr=str(nets["vnetCidr"]), compute_subnet_cidr=str(nets["computeSubnetCidr"]),
-                   private_endpoint_subnet_cidr=str(nets["privateEndpointSubnetCidr"]), allowed_client_ips=ips,
-                   restrict_outbound=restrict, allowed_subnet_ids=subnets)
+    return Network(
+        vnet_cidr=str(nets["vnetCidr"]),
+        compute_subnet_cidr=str(nets["computeSubnetCidr"]),
+        private_endpoint_subnet_cidr=str(nets["privateEndpointSubnetCidr"]),
+        allowed_client_ips=ips,
+        restrict_outbound=restrict,
+        allowed_subnet_ids=subnets,
+    )
 
 
 def read_client_ips(r: Reader, n: dict, p: str) -> tuple[str, ...]:
@@ -237,17 +277,28 @@ def read_client_ips(r: Reader, n: dict, p: str) -> tuple[str, ...]:
         try:
             net = ipaddress.ip_network(text, strict=False)
         except ValueError:
-            r.bad(key, ip, "not an IP address or CIDR; write an address such as 52.10.20.30 or a range such as "
-                  "52.10.20.0/24")
+            r.bad(
+                key,
+                ip,
+                "not an IP address or CIDR; write an address such as 52.10.20.30 or a range such as 52.10.20.0/24",
+            )
             continue
         if net.version == 6:
-            r.bad(key, ip, "Azure Storage firewalls take IPv4 only; find your IPv4 address with "
-                  "`curl -4 ifconfig.me` and list that")
+            r.bad(
+                key,
+                ip,
+                "Azure Storage firewalls take IPv4 only; find your IPv4 address with "
+                "`curl -4 ifconfig.me` and list that",
+            )
             continue
         if net.is_private or not net.is_global:
-            r.bad(key, ip, "storage firewall rules take public internet addresses only (not 10.x, 172.16-31.x, "
-                  "192.168.x or other reserved ranges); machines inside a VNet get in through a VNet rule: list "
-                  "their subnet in allowedSubnetIds")
+            r.bad(
+                key,
+                ip,
+                "storage firewall rules take public internet addresses only (not 10.x, 172.16-31.x, "
+                "192.168.x or other reserved ranges); machines inside a VNet get in through a VNet rule: list "
+                "their subnet in allowedSubnetIds",
+            )
             continue
         if "/" in text and net.prefixlen >= 31:
             fix = " and ".join(str(a) for a in (net if net.prefixlen == 31 else [net.network_address]))
@@ -272,9 +323,13 @@ def read_subnet_ids(r: Reader, n: dict, p: str) -> tuple[str, ...]:
     for item in items or []:
         text = str(item).strip()
         if not _SUBNET_ID.match(text):
-            r.bad(key, item, "a subnet's full resource id: /subscriptions/<id>/resourceGroups/<group>/providers/"
-                  "Microsoft.Network/virtualNetworks/<vnet>/subnets/<subnet> (`az network vnet subnet show -g <group> "
-                  "--vnet-name <vnet> -n <subnet> --query id -o tsv`)")
+            r.bad(
+                key,
+                item,
+                "a subnet's full resource id: /subscriptions/<id>/resourceGroups/<group>/providers/"
+                "Microsoft.Network/virtualNetworks/<vnet>/subnets/<subnet> (`az network vnet subnet show -g <group> "
+                "--vnet-name <vnet> -n <subnet> --query id -o tsv`)",
+            )
             continue
         if text.lower() in (o.lower() for o in out):
             r.bad(key, item, "listed twice; list each subnet once")
@@ -297,13 +352,29 @@ def read_users(r: Reader, raw: dict) -> tuple[Principal, ...] | None:
             r.bad(f"users[{i}]", u, "expected {objectId: <guid>, type: User|Group|ServicePrincipal}")
             continue
         r.known(u, p, PRINCIPAL_KEYS)
-        oid = r.get(u, "objectId", p, str, allowed="the Entra object id: `az ad user show --id you@example.com "
-                    "--query id -o tsv` or `az ad group show --group NAME --query id -o tsv`")
+        oid = r.get(
+            u,
+            "objectId",
+            p,
+            str,
+            allowed="the Entra object id: `az ad user show --id you@example.com "
+            "--query id -o tsv` or `az ad group show --group NAME --query id -o tsv`",
+        )
         if oid is not None and not _GUID.match(oid):
-            r.bad(p + "objectId", oid, "an Entra object id (a GUID), not a name or e-mail: "
-                  "`az ad user show --id you@example.com --query id -o tsv`")
-        kind = r.choice(u, "type", p, "User", PRINCIPAL_TYPES, "User, Group or ServicePrincipal (Azure's principalType; "
-                        "a wrong type makes the role assignment fail)")
+            r.bad(
+                p + "objectId",
+                oid,
+                "an Entra object id (a GUID), not a name or e-mail: "
+                "`az ad user show --id you@example.com --query id -o tsv`",
+            )
+        kind = r.choice(
+            u,
+            "type",
+            p,
+            "User",
+            PRINCIPAL_TYPES,
+            "User, Group or ServicePrincipal (Azure's principalType; a wrong type makes the role assignment fail)",
+        )
         if oid is not None and _GUID.match(oid):
             if oid.lower() in seen:
                 r.bad(p + "objectId", oid, "listed twice; list each principal once")
@@ -335,11 +406,19 @@ def _clusters(r: Reader, raw: dict, today: dt.date) -> tuple[Cluster, ...]:
         size_name = r.get(c, "vmSize", p, str)
         size = vm_sizes.lookup(size_name) if size_name else None
         if size_name and size is None:
-            r.bad(p + "vmSize", size_name, "not in the VM-size catalog (infra/trainingplatform/vm_sizes.py); "
-                  f"available: {', '.join(vm_sizes.available(today))}")
+            r.bad(
+                p + "vmSize",
+                size_name,
+                "not in the VM-size catalog (infra/trainingplatform/vm_sizes.py); "
+                f"available: {', '.join(vm_sizes.available(today))}",
+            )
         elif size and size.retired and size.retired <= today:
-            r.bad(p + "vmSize", size_name, f"retired by Azure on {size.retired.isoformat()}; "
-                  f"use a current size instead: {', '.join(size.successors)}")
+            r.bad(
+                p + "vmSize",
+                size_name,
+                f"retired by Azure on {size.retired.isoformat()}; "
+                f"use a current size instead: {', '.join(size.successors)}",
+            )
         lo = r.get(c, "minNodes", p, int, 0)
         hi = r.get(c, "maxNodes", p, int)
         if lo is not None and lo < 0:
@@ -352,32 +431,51 @@ def _clusters(r: Reader, raw: dict, today: dt.date) -> tuple[Cluster, ...]:
         idle = r.within(c, "idleSecondsBeforeScaleDown", p, 600, 60, 86400, "60 to 86400 seconds")
         ssh = r.get(c, "sshEnabled", p, bool, False)
         if None not in (name, size, hi, lo, idle) and not (size.retired and size.retired <= today):
-            out.append(Cluster(name=name, vm_size=size.name, min_nodes=lo, max_nodes=hi,
-                               low_priority=priority == "LowPriority", idle_seconds_before_scale_down=idle,
-                               ssh_enabled=ssh))
+            out.append(
+                Cluster(
+                    name=name,
+                    vm_size=size.name,
+                    min_nodes=lo,
+                    max_nodes=hi,
+                    low_priority=priority == "LowPriority",
+                    idle_seconds_before_scale_down=idle,
+                    ssh_enabled=ssh,
+                )
+            )
     return tuple(out)
 
 
 def location_and_subscription(r: Reader, location: str | None, subscription_id: str | None, where: str = "") -> None:
     """The two azure-native settings a stack must set: the region, and the subscription its names hash."""
     if not location:
-        r.problems.append("azure-native:location is missing: set the Azure region, e.g. "
-                          f"`pulumi config set azure-native:location westeurope`{where}")
+        r.problems.append(
+            "azure-native:location is missing: set the Azure region, e.g. "
+            f"`pulumi config set azure-native:location westeurope`{where}"
+        )
     elif not _LOCATION.match(location):
-        r.bad("azure-native:location", location, "an Azure region's short name such as westeurope or eastus2 "
-              "(lowercase, no spaces)")
+        r.bad(
+            "azure-native:location",
+            location,
+            "an Azure region's short name such as westeurope or eastus2 (lowercase, no spaces)",
+        )
     if not subscription_id:
-        r.problems.append("azure-native:subscriptionId is missing: resource names hash the subscription, so the "
-                          "stack must name it rather than follow whichever subscription is the CLI's default (another "
-                          "default would plan replacing every globally named resource): `pulumi config set "
-                          f"azure-native:subscriptionId <id>`{where} (`az account show --query id -o tsv`)")
+        r.problems.append(
+            "azure-native:subscriptionId is missing: resource names hash the subscription, so the "
+            "stack must name it rather than follow whichever subscription is the CLI's default (another "
+            "default would plan replacing every globally named resource): `pulumi config set "
+            f"azure-native:subscriptionId <id>`{where} (`az account show --query id -o tsv`)"
+        )
     elif not _GUID.match(subscription_id):
-        r.bad("azure-native:subscriptionId", subscription_id, "a subscription id (a GUID), not its name: "
-              "`az account show --subscription <name> --query id -o tsv`")
+        r.bad(
+            "azure-native:subscriptionId",
+            subscription_id,
+            "a subscription id (a GUID), not its name: `az account show --subscription <name> --query id -o tsv`",
+        )
 
 
-def load(raw: dict, stack: str, location: str | None, subscription_id: str | None = None,
-         today: dt.date | None = None) -> PlatformConfig:
+def load(
+    raw: dict, stack: str, location: str | None, subscription_id: str | None = None, today: dt.date | None = None
+) -> PlatformConfig:
     """Validate the project's config dict (keys without the project prefix) for `stack`."""
     today = today or dt.date.today()
     r = Reader()
@@ -385,39 +483,57 @@ def load(raw: dict, stack: str, location: str | None, subscription_id: str | Non
     r.known(raw, "", PLATFORM_KEYS, also=_MOVED)
     prefix = r.get(raw, "prefix", "", str, allowed="2-8 lowercase letters and digits, starting with a letter")
     if prefix is not None and not PREFIX_NAME.match(prefix):
-        r.bad("prefix", prefix, "2-8 lowercase letters and digits, starting with a letter (it goes into "
-              "storage account names)")
+        r.bad(
+            "prefix",
+            prefix,
+            "2-8 lowercase letters and digits, starting with a letter (it goes into storage account names)",
+        )
     network = _network(r, raw, "network")
     for moved in _MOVED:
         if moved in raw:
-            r.problems.append(f"{moved} is set in the platform's stack file, but the durable data has a stack of its "
-                              f"own now: move the key to infra/data-stack/Pulumi.<stack>.yaml (as "
-                              f"azure-horovod-training-data:{moved}) and remove it here (docs/deploying.md#two-stacks)")
+            r.problems.append(
+                f"{moved} is set in the platform's stack file, but the durable data has a stack of its "
+                f"own now: move the key to infra/data-stack/Pulumi.<stack>.yaml (as "
+                f"azure-horovod-training-data:{moved}) and remove it here (docs/deploying.md#two-stacks)"
+            )
     users = read_users(r, raw)
     mount_nfs = r.get(raw, "mountNfs", "", bool, True)
     data_stack = r.get(raw, "dataStack", "", str, None)
     if data_stack is not None and not _STACK_REF.match(data_stack):
-        r.bad("dataStack", data_stack, "a fully qualified stack name <organization>/<project>/<stack>, e.g. "
-              "acme/azure-horovod-training-data/dev; leave it out to use the data stack of the same name")
+        r.bad(
+            "dataStack",
+            data_stack,
+            "a fully qualified stack name <organization>/<project>/<stack>, e.g. "
+            "acme/azure-horovod-training-data/dev; leave it out to use the data stack of the same name",
+        )
     clusters = _clusters(r, raw, today)
     max_gpus = r.get(raw, "maxTotalGpus", "", int, 64)
     max_nodes = r.get(raw, "maxTotalNodes", "", int, 32)
     if clusters and max_gpus is not None:
         total = sum(c.max_nodes * c.size.gpus for c in clusters)
         if total > max_gpus:
-            r.bad("clusters", [f"{c.name}: {c.max_nodes} x {c.size.gpus} GPUs" for c in clusters if c.size.gpus],
-                  f"together they can scale to {total} GPUs, above maxTotalGpus = {max_gpus}; lower maxNodes or "
-                  "raise maxTotalGpus (and your subscription's quota) deliberately")
+            r.bad(
+                "clusters",
+                [f"{c.name}: {c.max_nodes} x {c.size.gpus} GPUs" for c in clusters if c.size.gpus],
+                f"together they can scale to {total} GPUs, above maxTotalGpus = {max_gpus}; lower maxNodes or "
+                "raise maxTotalGpus (and your subscription's quota) deliberately",
+            )
     if clusters and max_nodes is not None:
         nodes = sum(c.max_nodes for c in clusters)
         if nodes > max_nodes:
-            r.bad("clusters", f"{nodes} nodes at most", f"above maxTotalNodes = {max_nodes}; lower maxNodes or "
-                  "raise maxTotalNodes")
+            r.bad(
+                "clusters",
+                f"{nodes} nodes at most",
+                f"above maxTotalNodes = {max_nodes}; lower maxNodes or raise maxTotalNodes",
+            )
         if network is not None:
             usable = ipaddress.IPv4Network(network.compute_subnet_cidr).num_addresses - 5  # Azure keeps 5
             if nodes > usable:
-                r.bad("network.computeSubnetCidr", network.compute_subnet_cidr,
-                      f"has {usable} usable addresses for up to {nodes} nodes; use a larger subnet")
+                r.bad(
+                    "network.computeSubnetCidr",
+                    network.compute_subnet_cidr,
+                    f"has {usable} usable addresses for up to {nodes} nodes; use a larger subnet",
+                )
     build = _image_build_cluster(r, raw, clusters)
     ws_public = r.get(raw, "workspacePublicAccess", "", bool, True)
     acr_public = r.get(raw, "registryPublicAccess", "", bool, True)
@@ -427,12 +543,25 @@ def load(raw: dict, stack: str, location: str | None, subscription_id: str | Non
     if r.problems:
         raise ConfigError(r.problems)
     return PlatformConfig(
-        stack=stack, subscription_id=subscription_id.lower(), prefix=prefix, location=location, network=network,
-        clusters=clusters, workspace_public_access=ws_public, registry_public_access=acr_public,
-        image_build_cluster=build, max_total_gpus=max_gpus, max_total_nodes=max_nodes,
+        stack=stack,
+        subscription_id=subscription_id.lower(),
+        prefix=prefix,
+        location=location,
+        network=network,
+        clusters=clusters,
+        workspace_public_access=ws_public,
+        registry_public_access=acr_public,
+        image_build_cluster=build,
+        max_total_gpus=max_gpus,
+        max_total_nodes=max_nodes,
         tags={"project": PROJECT, "stack": stack, **{str(k): str(v) for k, v in tags.items()}},
-        key_vault_public_access=kv_public, data_stack=data_stack, users=users, mount_nfs=mount_nfs,
-        warnings=tuple(r.warnings), access=access)
+        key_vault_public_access=kv_public,
+        data_stack=data_stack,
+        users=users,
+        mount_nfs=mount_nfs,
+        warnings=tuple(r.warnings),
+        access=access,
+    )
 
 
 def _image_build_cluster(r: Reader, raw: dict, clusters: tuple[Cluster, ...]) -> str | None:
@@ -446,12 +575,20 @@ def _image_build_cluster(r: Reader, raw: dict, clusters: tuple[Cluster, ...]) ->
         if chosen is None:
             r.bad("imageBuildCluster", build, f"not a declared cluster; one of {', '.join(c.name for c in clusters)}")
         elif chosen.size.gpus:
-            r.bad("imageBuildCluster", build, f"is a GPU cluster ({chosen.vm_size}); Azure ML builds images on CPU "
-                  f"compute only: name a CPU cluster ({', '.join(cpu) if cpu else 'declare one, e.g. Standard_D4s_v5'})")
+            r.bad(
+                "imageBuildCluster",
+                build,
+                f"is a GPU cluster ({chosen.vm_size}); Azure ML builds images on CPU "
+                f"compute only: name a CPU cluster ({', '.join(cpu) if cpu else 'declare one, e.g. Standard_D4s_v5'})",
+            )
     if build is None and clusters:
         if not cpu:
-            r.bad("clusters", [c.name for c in clusters], "no CPU cluster to build images on (Azure ML builds images "
-                  "on CPU compute only): add one, e.g. {name: cpu-build, vmSize: Standard_D4s_v5, maxNodes: 1}")
+            r.bad(
+                "clusters",
+                [c.name for c in clusters],
+                "no CPU cluster to build images on (Azure ML builds images "
+                "on CPU compute only): add one, e.g. {name: cpu-build, vmSize: Standard_D4s_v5, maxNodes: 1}",
+            )
         build = cpu[0] if cpu else None
     return build
 
@@ -488,7 +625,7 @@ def pulumi_settings(project: str) -> tuple[dict, str, str | None, str | None]:
 def from_pulumi() -> PlatformConfig:
     """Read the current stack's config through Pulumi (the program's entry point)."""
     raw, stack, location, subscription = pulumi_settings(PROJECT)
-    raw.pop("sshPublicKey", None)   # a secret, read by the entry point itself
+    raw.pop("sshPublicKey", None)  # a secret, read by the entry point itself
     return load(raw, stack, location, subscription)
 
 
@@ -500,8 +637,11 @@ _ACCESS_KEYS = {
     "hub": {"mode", "hubVnetId", "useHubGateway", "resolverSubnetCidr"},
     "none": {"mode"},
 }
-_VNET_ID = re.compile(r"^/subscriptions/([0-9a-fA-F-]{36})/resourceGroups/([^/]+)/providers/Microsoft\.Network/"
-                      r"virtualNetworks/([^/]+)$", re.IGNORECASE)
+_VNET_ID = re.compile(
+    r"^/subscriptions/([0-9a-fA-F-]{36})/resourceGroups/([^/]+)/providers/Microsoft\.Network/"
+    r"virtualNetworks/([^/]+)$",
+    re.IGNORECASE,
+)
 _VM_SIZE = re.compile(r"^Standard_[A-Za-z0-9_]+$")
 
 
@@ -511,6 +651,7 @@ class AccessConfig:
     template deploys the same pair by default). `hub`: peering with an existing hub VNet (VPN or ExpressRoute
     gateway, its own jump hosts) and the private DNS zones linked to it too; optionally a DNS private resolver
     inbound endpoint for clients whose DNS is not Azure's. `none`: nobody outside the VNet (public profile)."""
+
     mode: str = "none"
     bastion_subnet_cidr: str | None = None
     jump_host_subnet_cidr: str | None = None
@@ -531,23 +672,38 @@ def _access(r: Reader, raw: dict, network: Network | None, workspace_public: boo
     p = "access."
     if a is None:
         if workspace_public is False:
-            r.problems.append("access is missing while workspacePublicAccess is false: with public access off on the "
-                              "workspace, nobody outside the VNet can submit jobs, upload data or open the studio; "
-                              "declare the way in, e.g. access: {mode: bastion, bastionSubnetCidr: <a /26 in the VNet>, "
-                              "jumpHostSubnetCidr: <a /29 or larger>} or access: {mode: hub, hubVnetId: <resource id>} "
-                              "(docs/private-access.md)")
+            r.problems.append(
+                "access is missing while workspacePublicAccess is false: with public access off on the "
+                "workspace, nobody outside the VNet can submit jobs, upload data or open the studio; "
+                "declare the way in, e.g. access: {mode: bastion, bastionSubnetCidr: <a /26 in the VNet>, "
+                "jumpHostSubnetCidr: <a /29 or larger>} or access: {mode: hub, hubVnetId: <resource id>} "
+                "(docs/private-access.md)"
+            )
         return None
     mode = r.choice(a, "mode", p, "none", ACCESS_MODES, "bastion, hub or none")
     if mode not in ACCESS_MODES:
         return None
     for k in sorted(set(a) - _ACCESS_KEYS[mode]):
-        r.bad(p + k, a[k], f"not a setting of mode {mode} (its settings: {', '.join(sorted(_ACCESS_KEYS[mode]))}); "
-              "remove it")
+        r.bad(
+            p + k,
+            a[k],
+            f"not a setting of mode {mode} (its settings: {', '.join(sorted(_ACCESS_KEYS[mode]))}); remove it",
+        )
     if mode == "none" and workspace_public is False:
-        r.bad(p + "mode", mode, "workspacePublicAccess is false, so nobody could reach the workspace: choose bastion "
-              "(a jump host behind Azure Bastion) or hub (peering with your hub VNet)")
-    taken = [] if network is None else [ipaddress.IPv4Network(network.compute_subnet_cidr),
-                                        ipaddress.IPv4Network(network.private_endpoint_subnet_cidr)]
+        r.bad(
+            p + "mode",
+            mode,
+            "workspacePublicAccess is false, so nobody could reach the workspace: choose bastion "
+            "(a jump host behind Azure Bastion) or hub (peering with your hub VNet)",
+        )
+    taken = (
+        []
+        if network is None
+        else [
+            ipaddress.IPv4Network(network.compute_subnet_cidr),
+            ipaddress.IPv4Network(network.private_endpoint_subnet_cidr),
+        ]
+    )
 
     def subnet(key: str, min_addresses: int, rule: str, required: bool) -> str | None:
         text = r.get(a, key, p, str, ... if required else None, f"an IPv4 CIDR inside network.vnetCidr ({rule})")
@@ -572,21 +728,37 @@ def _access(r: Reader, raw: dict, network: Network | None, workspace_public: boo
     if mode == "bastion":
         # https://learn.microsoft.com/azure/bastion/configuration-settings#subnet: "The subnet must be /26 or
         # larger" and be named AzureBastionSubnet (wayin.py names it).
-        bastion = subnet("bastionSubnetCidr", 64, "Azure Bastion needs a subnet of /26 or larger "
-                         "(learn.microsoft.com/azure/bastion/configuration-settings)", True)
+        bastion = subnet(
+            "bastionSubnetCidr",
+            64,
+            "Azure Bastion needs a subnet of /26 or larger (learn.microsoft.com/azure/bastion/configuration-settings)",
+            True,
+        )
         # Azure's smallest subnet is /29 (https://learn.microsoft.com/azure/virtual-network/virtual-networks-faq).
         jump = subnet("jumpHostSubnetCidr", 8, "Azure's smallest subnet is a /29", True)
         size = r.get(a, "jumpHostVmSize", p, str, "Standard_D4s_v5")
         if size is not None and not _VM_SIZE.match(size):
-            r.bad(p + "jumpHostVmSize", size, "an Azure VM size such as Standard_D4s_v5 (it builds the images: "
-                  "4 vCPUs or more)")
+            r.bad(
+                p + "jumpHostVmSize",
+                size,
+                "an Azure VM size such as Standard_D4s_v5 (it builds the images: 4 vCPUs or more)",
+            )
         return AccessConfig("bastion", bastion, jump, size or "Standard_D4s_v5")
     if mode == "hub":
-        hub = r.get(a, "hubVnetId", p, str, allowed="the hub VNet's resource id: `az network vnet show -g RG -n NAME "
-                    "--query id -o tsv`")
+        hub = r.get(
+            a,
+            "hubVnetId",
+            p,
+            str,
+            allowed="the hub VNet's resource id: `az network vnet show -g RG -n NAME --query id -o tsv`",
+        )
         if hub is not None and not _VNET_ID.match(hub):
-            r.bad(p + "hubVnetId", hub, "a VNet resource id /subscriptions/<id>/resourceGroups/<rg>/providers/"
-                  "Microsoft.Network/virtualNetworks/<name> (`az network vnet show ... --query id -o tsv`)")
+            r.bad(
+                p + "hubVnetId",
+                hub,
+                "a VNet resource id /subscriptions/<id>/resourceGroups/<rg>/providers/"
+                "Microsoft.Network/virtualNetworks/<name> (`az network vnet show ... --query id -o tsv`)",
+            )
         gateway = r.get(a, "useHubGateway", p, bool, False)
         # DNS private resolver: inbound endpoints need a dedicated subnet of /28 to /24
         # (https://learn.microsoft.com/azure/dns/dns-private-resolver-overview#subnet-restrictions).

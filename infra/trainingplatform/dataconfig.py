@@ -4,6 +4,7 @@
 Same rules as the platform's config (config.py): every problem is listed, with the key, the bad value and
 what is allowed, before anything is declared.
 """
+
 from __future__ import annotations
 
 import re
@@ -29,7 +30,7 @@ NFS_KEYS = ("enabled", "shareName", "quotaGiB", "rootSquash")
 class Storage:
     data_container: str
     logs_container: str
-    replication: str              # LRS | ZRS
+    replication: str  # LRS | ZRS
     soft_delete_days: int
 
 
@@ -44,7 +45,7 @@ class Nfs:
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     stack: str
-    subscription_id: str          # azure-native:subscriptionId, required (see config.PlatformConfig)
+    subscription_id: str  # azure-native:subscriptionId, required (see config.PlatformConfig)
     prefix: str
     location: str
     allowed_client_ips: tuple[str, ...]
@@ -71,8 +72,14 @@ def _storage(r: Reader, raw: dict) -> Storage:
     for k, v in (("dataContainer", data), ("logsContainer", logs)):
         if v is not None and not CONTAINER_NAME.match(v):
             r.bad(p + k, v, "3-63 lowercase letters, digits and single hyphens")
-    repl = r.choice(s, "replication", p, "LRS", ("LRS", "ZRS"),
-                    "LRS or ZRS (premium block blob and file storage offer no geo-replication)")
+    repl = r.choice(
+        s,
+        "replication",
+        p,
+        "LRS",
+        ("LRS", "ZRS"),
+        "LRS or ZRS (premium block blob and file storage offer no geo-replication)",
+    )
     days = r.within(s, "softDeleteDays", p, 14, 1, 365, "1 to 365 days")
     _retired_retain_key(r, s, p)
     return Storage(data_container=data, logs_container=logs, replication=repl, soft_delete_days=days)
@@ -87,8 +94,14 @@ def _nfs(r: Reader, raw: dict) -> Nfs:
     if share is not None and not SHARE_NAME.match(share):
         r.bad(p + "shareName", share, "3-63 lowercase letters, digits and single hyphens")
     quota = r.within(n, "quotaGiB", p, 100, 100, 102400, "premium NFS shares take 100 to 102400 GiB")
-    squash = r.choice(n, "rootSquash", p, "RootSquash", ("RootSquash", "NoRootSquash", "AllSquash"),
-                      "RootSquash, NoRootSquash or AllSquash")
+    squash = r.choice(
+        n,
+        "rootSquash",
+        p,
+        "RootSquash",
+        ("RootSquash", "NoRootSquash", "AllSquash"),
+        "RootSquash, NoRootSquash or AllSquash",
+    )
     _retired_retain_key(r, n, p)
     return Nfs(enabled=enabled, share_name=share, quota_gib=quota, root_squash=squash)
 
@@ -96,8 +109,12 @@ def _nfs(r: Reader, raw: dict) -> Nfs:
 def _retired_retain_key(r: Reader, d: dict, p: str) -> None:
     # A silently ignored "retainOnDelete: false" would let a user believe `pulumi destroy` removes the data.
     if "retainOnDelete" in d:
-        r.bad(p + "retainOnDelete", d["retainOnDelete"], "no longer a setting: the data stack's resources are always "
-              "protected; remove the key (to delete the data for good see docs/deploying.md#deleting-the-data-for-good)")
+        r.bad(
+            p + "retainOnDelete",
+            d["retainOnDelete"],
+            "no longer a setting: the data stack's resources are always "
+            "protected; remove the key (to delete the data for good see docs/deploying.md#deleting-the-data-for-good)",
+        )
 
 
 def load(raw: dict, stack: str, location: str | None, subscription_id: str | None = None) -> DataConfig:
@@ -106,8 +123,11 @@ def load(raw: dict, stack: str, location: str | None, subscription_id: str | Non
     r.known(raw, "", DATA_KEYS)
     prefix = r.get(raw, "prefix", "", str, allowed="2-8 lowercase letters and digits, starting with a letter")
     if prefix is not None and not config.PREFIX_NAME.match(prefix):
-        r.bad("prefix", prefix, "2-8 lowercase letters and digits, starting with a letter (it goes into "
-              "storage account names)")
+        r.bad(
+            "prefix",
+            prefix,
+            "2-8 lowercase letters and digits, starting with a letter (it goes into storage account names)",
+        )
     ips = config.read_client_ips(r, raw, "")
     subnets = config.read_subnet_ids(r, raw, "")
     storage = _storage(r, raw)
@@ -119,10 +139,20 @@ def load(raw: dict, stack: str, location: str | None, subscription_id: str | Non
     tags = r.get(raw, "tags", "", dict, {})
     if r.problems:
         raise ConfigError(r.problems)
-    return DataConfig(stack=stack, subscription_id=subscription_id.lower(), prefix=prefix, location=location,
-                      allowed_client_ips=tuple(str(i) for i in ips), storage=storage, nfs=nfs,
-                      tags={"project": PROJECT, "stack": stack, **{str(k): str(v) for k, v in tags.items()}},
-                      allowed_subnet_ids=subnets, users=users, resource_group_name=group, warnings=tuple(r.warnings))
+    return DataConfig(
+        stack=stack,
+        subscription_id=subscription_id.lower(),
+        prefix=prefix,
+        location=location,
+        allowed_client_ips=tuple(str(i) for i in ips),
+        storage=storage,
+        nfs=nfs,
+        tags={"project": PROJECT, "stack": stack, **{str(k): str(v) for k, v in tags.items()}},
+        allowed_subnet_ids=subnets,
+        users=users,
+        resource_group_name=group,
+        warnings=tuple(r.warnings),
+    )
 
 
 def from_pulumi() -> DataConfig:

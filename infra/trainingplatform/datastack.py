@@ -11,6 +11,7 @@ name juggling. Deleting the data is a deliberate act on this stack (docs/deployi
 
 The outputs are the contract with the platform (program.py reads them by these names).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,41 +25,76 @@ from .dataconfig import PROJECT, DataConfig
 from .nfs import MOUNT_OPTIONS, NfsShare
 from .storage import TrainingStorage
 
-OUTPUTS = ("subscription_id", "location", "resource_group", "data_account_name", "data_account_id",
-           "data_container", "logs_account_name", "logs_account_id", "logs_container", "nfs")
+OUTPUTS = (
+    "subscription_id",
+    "location",
+    "resource_group",
+    "data_account_name",
+    "data_account_id",
+    "data_container",
+    "logs_account_name",
+    "logs_account_id",
+    "logs_container",
+    "nfs",
+)
 
 
 def default_reference(organization: str, platform_stack: str) -> str:
     """The data stack a platform stack reads unless config `dataStack` says otherwise: same org, same stack name."""
     from .dataconfig import PROJECT
+
     return f"{organization}/{PROJECT}/{platform_stack}"
 
 
 def build(cfg: DataConfig) -> dict[str, pulumi.Input]:
-    users = deployer_users(cfg.users, PROJECT)   # before anything is declared: it may refuse
+    users = deployer_users(cfg.users, PROJECT)  # before anything is declared: it may refuse
     for warning in cfg.warnings:
         pulumi.log.warn(warning)
     suffix = naming.global_suffix(cfg.subscription_id, cfg.prefix, cfg.stack, cfg.location)
     protect = pulumi.ResourceOptions(protect=True)
     group = resources.ResourceGroup(
-        "data", resource_group_name=cfg.resource_group_name or naming.dashed(cfg.prefix, cfg.stack, "data-rg"),
-        location=cfg.location, tags=cfg.tags, opts=protect)
-    store = TrainingStorage("storage", resource_group=group.name, location=cfg.location, prefix=cfg.prefix,
-                            stack=cfg.stack, suffix=suffix, cfg=cfg.storage, allowed_client_ips=cfg.allowed_client_ips,
-                            allowed_subnet_ids=cfg.allowed_subnet_ids, tags=cfg.tags, opts=protect)
+        "data",
+        resource_group_name=cfg.resource_group_name or naming.dashed(cfg.prefix, cfg.stack, "data-rg"),
+        location=cfg.location,
+        tags=cfg.tags,
+        opts=protect,
+    )
+    store = TrainingStorage(
+        "storage",
+        resource_group=group.name,
+        location=cfg.location,
+        prefix=cfg.prefix,
+        stack=cfg.stack,
+        suffix=suffix,
+        cfg=cfg.storage,
+        allowed_client_ips=cfg.allowed_client_ips,
+        allowed_subnet_ids=cfg.allowed_subnet_ids,
+        tags=cfg.tags,
+        opts=protect,
+    )
     data_scope = container_scope(store.data_account.id, store.data_container.name)
     logs_scope = container_scope(store.logs_account.id, store.logs_container.name)
     grants = []
     for u in users:
-        grants += [Grant(f"user-{u.object_id}-uploads-data", "Storage Blob Data Contributor", u.object_id, data_scope,
-                         u.type),
-                   Grant(f"user-{u.object_id}-reads-logs", "Storage Blob Data Reader", u.object_id, logs_scope, u.type)]
+        grants += [
+            Grant(f"user-{u.object_id}-uploads-data", "Storage Blob Data Contributor", u.object_id, data_scope, u.type),
+            Grant(f"user-{u.object_id}-reads-logs", "Storage Blob Data Reader", u.object_id, logs_scope, u.type),
+        ]
     # Not protected: access is no data, and a changed users list must be able to revoke.
     AccessGrants("access", cfg.subscription_id, cfg.stack, grants)
     nfs = None
     if cfg.nfs.enabled:
-        nfs = NfsShare("nfs", resource_group=group.name, location=cfg.location, prefix=cfg.prefix, stack=cfg.stack,
-                       suffix=suffix, cfg=cfg.nfs, tags=cfg.tags, opts=protect)
+        nfs = NfsShare(
+            "nfs",
+            resource_group=group.name,
+            location=cfg.location,
+            prefix=cfg.prefix,
+            stack=cfg.stack,
+            suffix=suffix,
+            cfg=cfg.nfs,
+            tags=cfg.tags,
+            opts=protect,
+        )
     return {
         "subscription_id": cfg.subscription_id,
         "location": cfg.location,
@@ -69,14 +105,24 @@ def build(cfg: DataConfig) -> dict[str, pulumi.Input]:
         "logs_account_name": store.logs_account.name,
         "logs_account_id": store.logs_account.id,
         "logs_container": store.logs_container.name,
-        "nfs": ({"account_name": nfs.account.name, "account_id": nfs.account.id, "share": nfs.share.name,
-                 "mount_target": nfs.mount_target, "mount_options": MOUNT_OPTIONS} if nfs else None),
+        "nfs": (
+            {
+                "account_name": nfs.account.name,
+                "account_id": nfs.account.id,
+                "share": nfs.share.name,
+                "mount_target": nfs.mount_target,
+                "mount_options": MOUNT_OPTIONS,
+            }
+            if nfs
+            else None
+        ),
     }
 
 
 @dataclass(frozen=True)
 class Named:
     """A data-stack resource as the platform sees it: its Azure name and id."""
+
     name: pulumi.Output
     id: pulumi.Output
 
@@ -92,7 +138,8 @@ class DataStackReference:
         self.stack = pulumi.StackReference("data-stack", stack_name=reference)
         out = self.stack.require_output
         checked = pulumi.Output.all(out("location"), self.stack.get_output("nfs")).apply(
-            lambda a: _check(reference, a[0], location, a[1], mount_nfs))
+            lambda a: _check(reference, a[0], location, a[1], mount_nfs)
+        )
 
         def read(key: str) -> pulumi.Output:
             return pulumi.Output.all(checked, out(key)).apply(lambda a: a[1])
@@ -108,11 +155,15 @@ class DataStackReference:
 def _check(reference: str, data_location: str, location: str, nfs, mount_nfs: bool) -> bool:
     problems = []
     if data_location != location:
-        problems.append(f"the data stack {reference} is in {data_location}, this platform in {location}: set "
-                        f"azure-native:location to {data_location} here (jobs would read their data across regions)")
+        problems.append(
+            f"the data stack {reference} is in {data_location}, this platform in {location}: set "
+            f"azure-native:location to {data_location} here (jobs would read their data across regions)"
+        )
     if mount_nfs and not nfs:
-        problems.append(f"the data stack {reference} has no NFS share (nfs.enabled is false there): set "
-                        "`pulumi config set mountNfs false` here, or enable nfs in the data stack and `pulumi up` it first")
+        problems.append(
+            f"the data stack {reference} has no NFS share (nfs.enabled is false there): set "
+            "`pulumi config set mountNfs false` here, or enable nfs in the data stack and `pulumi up` it first"
+        )
     if problems:
         raise ValueError("the platform does not fit its data stack:\n  - " + "\n  - ".join(problems))
     return True

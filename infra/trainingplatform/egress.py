@@ -17,9 +17,10 @@ endpoints (the data, logs, NFS and, in the private profile, workspace accounts) 
 regions is not reached over the service endpoint at all (the NSG allows `Storage.<region>` only); other
 Azure services the NSG allows (AzureMonitor, AzureFrontDoor.Frontend, ...) are not storage and not covered.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import pulumi
 from pulumi_azure_native import network
@@ -29,33 +30,57 @@ from pulumi_azure_native import network
 AML_ALIAS = "/services/Azure/MachineLearning"
 
 
-def storage_account_id(subscription_id: pulumi.Input[str], resource_group: pulumi.Input[str],
-                       account_name: pulumi.Input[str]) -> pulumi.Output[str]:
+def storage_account_id(
+    subscription_id: pulumi.Input[str], resource_group: pulumi.Input[str], account_name: pulumi.Input[str]
+) -> pulumi.Output[str]:
     """An account's ARM id from its parts: the policy must exist before the subnet, and the workspace
     storage (whose network rule names the subnet) after it, so its id cannot come from the resource."""
-    return pulumi.Output.concat("/subscriptions/", subscription_id, "/resourceGroups/", resource_group,
-                                "/providers/Microsoft.Storage/storageAccounts/", account_name)
+    return pulumi.Output.concat(
+        "/subscriptions/",
+        subscription_id,
+        "/resourceGroups/",
+        resource_group,
+        "/providers/Microsoft.Storage/storageAccounts/",
+        account_name,
+    )
 
 
 class StorageEgressPolicy(pulumi.ComponentResource):
     """A service endpoint policy admitting `account_ids` and Azure ML's alias. Attach `policy.id` to the
     compute subnet (network.py: `service_endpoint_policies`)."""
 
-    def __init__(self, name: str, resource_group, location: str, account_ids: Sequence[pulumi.Input[str]], tags: dict,
-                 opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        resource_group,
+        location: str,
+        account_ids: Sequence[pulumi.Input[str]],
+        tags: dict,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("trainingplatform:egress:StorageEgressPolicy", name, None, opts)
         if not account_ids:
             raise ValueError("a storage egress policy needs at least the workspace storage account")
         self.policy = network.ServiceEndpointPolicy(
-            f"{name}-policy", resource_group_name=resource_group, location=location,
+            f"{name}-policy",
+            resource_group_name=resource_group,
+            location=location,
             service_endpoint_policy_definitions=[
                 network.ServiceEndpointPolicyDefinitionArgs(
-                    name="stack-accounts", service="Microsoft.Storage", service_resources=list(account_ids),
-                    description="The stack's own storage accounts"),
+                    name="stack-accounts",
+                    service="Microsoft.Storage",
+                    service_resources=list(account_ids),
+                    description="The stack's own storage accounts",
+                ),
                 # Aliases go in a definition of their own, with service "Global" (the form the portal writes).
                 network.ServiceEndpointPolicyDefinitionArgs(
-                    name="azure-machine-learning", service="Global", service_resources=[AML_ALIAS],
-                    description="Microsoft-managed storage that Azure ML and Batch need"),
+                    name="azure-machine-learning",
+                    service="Global",
+                    service_resources=[AML_ALIAS],
+                    description="Microsoft-managed storage that Azure ML and Batch need",
+                ),
             ],
-            tags=tags, opts=pulumi.ResourceOptions(parent=self))
+            tags=tags,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         self.register_outputs({"policy_id": self.policy.id})

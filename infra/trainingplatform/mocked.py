@@ -6,6 +6,7 @@ login server), so relationships between resources can be asserted. Two programs 
 (`run_data`) and the platform (`run`), which reads the data stack's outputs through a StackReference; the
 mocks answer that reference with outputs given to them (`stack_outputs`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,9 +25,9 @@ from . import config, dataconfig, datastack, program
 
 SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
 TENANT = "11111111-1111-1111-1111-111111111111"
-DEPLOYER = "22222222-2222-2222-2222-222222222222"   # object id of whoever runs `pulumi up` (getClientConfig)
-ORGANIZATION = "organization"                       # what the Pulumi CLI's self-managed backends call the org
-DATA_DIR = pathlib.Path(__file__).resolve().parents[1] / "data-stack"   # the data project (its stack files)
+DEPLOYER = "22222222-2222-2222-2222-222222222222"  # object id of whoever runs `pulumi up` (getClientConfig)
+ORGANIZATION = "organization"  # what the Pulumi CLI's self-managed backends call the org
+DATA_DIR = pathlib.Path(__file__).resolve().parents[1] / "data-stack"  # the data project (its stack files)
 
 
 @dataclass
@@ -38,15 +39,19 @@ class Resource:
 
 
 class RecordingMocks(Mocks):
-    def __init__(self, subscription: str = SUBSCRIPTION, random_result: str = "x7k2q",
-                 stack_outputs: dict[str, dict] | None = None):
+    def __init__(
+        self,
+        subscription: str = SUBSCRIPTION,
+        random_result: str = "x7k2q",
+        stack_outputs: dict[str, dict] | None = None,
+    ):
         self.subscription = subscription
-        self.random_result = random_result           # what pulumi_random answers (a new stack life: a new value)
-        self.stack_outputs = dict(stack_outputs or {})   # fully qualified stack name -> its outputs
+        self.random_result = random_result  # what pulumi_random answers (a new stack life: a new value)
+        self.stack_outputs = dict(stack_outputs or {})  # fully qualified stack name -> its outputs
         self.resources: list[Resource] = []
-        self.retained: set[str] = set()   # logical names declared with retain_on_delete
+        self.retained: set[str] = set()  # logical names declared with retain_on_delete
         self.protected: set[str] = set()  # logical names declared with protect
-        self.options: dict[str, pulumi.ResourceOptions] = {}   # logical name -> the options it was declared with
+        self.options: dict[str, pulumi.ResourceOptions] = {}  # logical name -> the options it was declared with
 
     def new_resource(self, args: MockResourceArgs):
         typ, name, inputs = args.typ, args.name, dict(args.inputs)
@@ -62,7 +67,9 @@ class RecordingMocks(Mocks):
         identity = inputs.get("identity")
         if isinstance(identity, dict) and isinstance(identity.get("userAssignedIdentities"), list):
             # Azure takes a list of identity ids and answers with a map keyed by them.
-            state["identity"] = dict(identity, userAssignedIdentities={i: {} for i in identity["userAssignedIdentities"]})
+            state["identity"] = dict(
+                identity, userAssignedIdentities={i: {} for i in identity["userAssignedIdentities"]}
+            )
         if typ == "random:index/randomString:RandomString":
             state["result"] = self.random_result
         elif typ == "azure-native:managedidentity:UserAssignedIdentity":
@@ -78,8 +85,12 @@ class RecordingMocks(Mocks):
 
     def call(self, args: MockCallArgs):
         if args.token == "azure-native:authorization:getClientConfig":
-            return {"subscriptionId": self.subscription, "tenantId": TENANT, "clientId": "client",
-                    "objectId": DEPLOYER}, []
+            return {
+                "subscriptionId": self.subscription,
+                "tenantId": TENANT,
+                "clientId": "client",
+                "objectId": DEPLOYER,
+            }, []
         raise NotImplementedError(f"no mock for {args.token}")
 
     def of_type(self, suffix: str) -> list[Resource]:
@@ -89,7 +100,11 @@ class RecordingMocks(Mocks):
         """Logical names of the resources `name` was declared to depend on (explicit depends_on only)."""
         opts = self.options.get(name)
         deps = (opts.depends_on if opts else None) or []
-        return {d.pulumi_resource_name for d in (deps if isinstance(deps, list) else [deps]) if isinstance(d, pulumi.Resource)}
+        return {
+            d.pulumi_resource_name
+            for d in (deps if isinstance(deps, list) else [deps])
+            if isinstance(d, pulumi.Resource)
+        }
 
 
 # Which input holds the Azure name of each resource type (others fall back to the logical name).
@@ -158,8 +173,9 @@ def data_stack_file(stack: str) -> pathlib.Path:
     return DATA_DIR / f"Pulumi.{stack}.yaml"
 
 
-def run_data(raw: dict, stack: str, location: str | None,
-             mocks: RecordingMocks | None = None) -> tuple[RecordingMocks, dict[str, Any]]:
+def run_data(
+    raw: dict, stack: str, location: str | None, mocks: RecordingMocks | None = None
+) -> tuple[RecordingMocks, dict[str, Any]]:
     """Validate and declare the data stack (project azure-horovod-training-data) under mocks."""
     mocks = mocks or RecordingMocks()
     # The stack's azure-native:subscriptionId (required): here, the mocked subscription.
@@ -167,8 +183,9 @@ def run_data(raw: dict, stack: str, location: str | None,
     return mocks, _declare(mocks, dataconfig.PROJECT, stack, lambda: datastack.build(cfg))
 
 
-def run(raw: dict, stack: str, location: str | None, mocks: RecordingMocks | None = None,
-        data_outputs: dict | None = None) -> tuple[RecordingMocks, dict[str, Any]]:
+def run(
+    raw: dict, stack: str, location: str | None, mocks: RecordingMocks | None = None, data_outputs: dict | None = None
+) -> tuple[RecordingMocks, dict[str, Any]]:
     """Validate and declare the platform stack under mocks; returns the recorded resources and resolved outputs.
 
     The platform reads its data stack's outputs: `data_outputs`, or else those of the committed data stack
@@ -180,10 +197,13 @@ def run(raw: dict, stack: str, location: str | None, mocks: RecordingMocks | Non
     if reference not in mocks.stack_outputs:
         if data_outputs is None:
             if not data_stack_file(stack).is_file():
-                raise FileNotFoundError(f"no data stack file {data_stack_file(stack)} for stack {stack}: copy "
-                                        "infra/data-stack/Pulumi.dev.yaml to it (docs/deploying.md#deploy)")
+                raise FileNotFoundError(
+                    f"no data stack file {data_stack_file(stack)} for stack {stack}: copy "
+                    "infra/data-stack/Pulumi.dev.yaml to it (docs/deploying.md#deploy)"
+                )
             data_raw, data_location = read_stack_file(data_stack_file(stack), dataconfig.PROJECT)
             _, data_outputs = run_data(data_raw, stack, data_location, RecordingMocks(subscription=mocks.subscription))
         mocks.stack_outputs[reference] = data_outputs
-    return mocks, _declare(mocks, config.PROJECT, stack,
-                           lambda: program.build(cfg, ssh_public_key=raw.get("sshPublicKey")))
+    return mocks, _declare(
+        mocks, config.PROJECT, stack, lambda: program.build(cfg, ssh_public_key=raw.get("sshPublicKey"))
+    )

@@ -16,6 +16,7 @@
 Azure's rules (learn.microsoft.com/azure/azure-resource-manager/management/resource-name-rules) are
 checked for each name in tests/infra/test_naming.py.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,9 +24,9 @@ import re
 
 import pulumi
 
-SUFFIX_LENGTH = 8   # 32 bits of hash: the storage name still fits 24 characters with an 8-letter prefix
+SUFFIX_LENGTH = 8  # 32 bits of hash: the storage name still fits 24 characters with an 8-letter prefix
 STACK_HASH_LENGTH = 4
-STACK_TEXT_LENGTH = 3   # with the hash: 7 characters, so a Key Vault name fits 24 (vault_name)
+STACK_TEXT_LENGTH = 3  # with the hash: 7 characters, so a Key Vault name fits 24 (vault_name)
 
 
 def _clean(text: str) -> str:
@@ -41,8 +42,9 @@ def stack_id(stack: str) -> str:
     return _clean(stack)[:STACK_TEXT_LENGTH] + stable_suffix("stack", stack, length=STACK_HASH_LENGTH)
 
 
-def global_suffix(subscription_id: pulumi.Input[str] | str, prefix: str, stack: str,
-                  location: str) -> pulumi.Output[str] | str:
+def global_suffix(
+    subscription_id: pulumi.Input[str] | str, prefix: str, stack: str, location: str
+) -> pulumi.Output[str] | str:
     """The suffix of globally unique names: deterministic per subscription, prefix, stack and region."""
     if isinstance(subscription_id, str):
         return stable_suffix(subscription_id.lower(), prefix, stack, location)
@@ -82,9 +84,11 @@ def workspace_name(prefix: str, stack: str, random_suffix, *dependencies):
     Azure ML cannot move a workspace to another storage account or vault ("Storage Account update is not
     supported yet"), so a new one must be a new workspace, and under a new name (the old one's is held while
     soft-deleted). At most 8 + 1 + 7 + 1 + 3 + 5 + 4 = 29."""
+
     def name(values):
         rand, *deps = values
         return f"{_clean(prefix)}-{stack_id(stack)}-mlw{rand}{stable_suffix(*(str(d).lower() for d in deps), length=4)}"
+
     return pulumi.Output.all(random_suffix, *dependencies).apply(name)
 
 
@@ -93,8 +97,10 @@ def cluster(name: str, vm_size: str, priority: str, subnet_id):
     or digit. What Azure ML cannot change on a cluster (VM size, priority, subnet: compute.py) is hashed into
     the name, so a change creates a new cluster beside the old one instead of a PUT to the old one, which
     Azure answers with success while keeping the old size. At most 11 + 1 + 4 = 16."""
+
     def make(subnet):
         return f"{name[:11].rstrip('-')}-{stable_suffix(name, vm_size, priority, str(subnet).lower(), length=4)}"
+
     if isinstance(subnet_id, str):
         return make(subnet_id)
     return pulumi.Output.from_input(subnet_id).apply(make)

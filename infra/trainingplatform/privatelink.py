@@ -12,9 +12,10 @@ Two pieces, so that endpoints can share zones:
 
 The zone names per group id are Azure's documented ones for the public cloud (`ZONES`; same page).
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import pulumi
 from pulumi_azure_native import network, privatedns
@@ -45,8 +46,15 @@ class PrivateDnsZones(pulumi.ComponentResource):
     zones: {zone name: PrivateZone}; `ensure()` adds one on first use, so callers never create zones.
     """
 
-    def __init__(self, name: str, resource_group: pulumi.Input[str], vnet_id: pulumi.Input[str], tags: dict,
-                 zone_names: Sequence[str] = (), opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        resource_group: pulumi.Input[str],
+        vnet_id: pulumi.Input[str],
+        tags: dict,
+        zone_names: Sequence[str] = (),
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("trainingplatform:privatelink:PrivateDnsZones", name, None, opts)
         self._name, self._resource_group, self._vnet_id, self._tags = name, resource_group, vnet_id, tags
         self.zones: dict[str, privatedns.PrivateZone] = {}
@@ -59,13 +67,24 @@ class PrivateDnsZones(pulumi.ComponentResource):
         if zone_name not in self.zones:
             child = pulumi.ResourceOptions(parent=self)
             slug = zone_slug(zone_name)
-            zone = privatedns.PrivateZone(f"{self._name}-{slug}", private_zone_name=zone_name,
-                                          resource_group_name=self._resource_group, location="Global",
-                                          tags=self._tags, opts=child)
+            zone = privatedns.PrivateZone(
+                f"{self._name}-{slug}",
+                private_zone_name=zone_name,
+                resource_group_name=self._resource_group,
+                location="Global",
+                tags=self._tags,
+                opts=child,
+            )
             self.links[zone_name] = privatedns.VirtualNetworkLink(
-                f"{self._name}-{slug}-link", private_zone_name=zone.name, resource_group_name=self._resource_group,
-                location="Global", registration_enabled=False,
-                virtual_network=privatedns.SubResourceArgs(id=self._vnet_id), tags=self._tags, opts=child)
+                f"{self._name}-{slug}-link",
+                private_zone_name=zone.name,
+                resource_group_name=self._resource_group,
+                location="Global",
+                registration_enabled=False,
+                virtual_network=privatedns.SubResourceArgs(id=self._vnet_id),
+                tags=self._tags,
+                opts=child,
+            )
             self.zones[zone_name] = zone
         return self.zones[zone_name]
 
@@ -77,29 +96,53 @@ class PrivateLink(pulumi.ComponentResource):
     DNS zone group) for anything that must resolve the target privately (compute clusters).
     """
 
-    def __init__(self, name: str, resource_group: pulumi.Input[str], location: str, target_id: pulumi.Input[str],
-                 group_id: str, subnet_id: pulumi.Input[str], dns: PrivateDnsZones, tags: dict,
-                 zone_names: Sequence[str] | None = None, opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        resource_group: pulumi.Input[str],
+        location: str,
+        target_id: pulumi.Input[str],
+        group_id: str,
+        subnet_id: pulumi.Input[str],
+        dns: PrivateDnsZones,
+        tags: dict,
+        zone_names: Sequence[str] | None = None,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("trainingplatform:privatelink:PrivateLink", name, None, opts)
         if zone_names is None:
             if group_id not in ZONES:
-                raise ValueError(f"no private DNS zone known for group id {group_id!r}: pass zone_names "
-                                 f"(known: {', '.join(sorted(ZONES))})")
+                raise ValueError(
+                    f"no private DNS zone known for group id {group_id!r}: pass zone_names "
+                    f"(known: {', '.join(sorted(ZONES))})"
+                )
             zone_names = ZONES[group_id]
         child = pulumi.ResourceOptions(parent=self)
         self.endpoint = network.PrivateEndpoint(
-            f"{name}-endpoint", resource_group_name=resource_group, location=location,
+            f"{name}-endpoint",
+            resource_group_name=resource_group,
+            location=location,
             subnet=network.SubnetArgs(id=subnet_id),
-            private_link_service_connections=[network.PrivateLinkServiceConnectionArgs(
-                name=group_id, private_link_service_id=target_id, group_ids=[group_id])],
-            tags=tags, opts=child)
+            private_link_service_connections=[
+                network.PrivateLinkServiceConnectionArgs(
+                    name=group_id, private_link_service_id=target_id, group_ids=[group_id]
+                )
+            ],
+            tags=tags,
+            opts=child,
+        )
         zones = [dns.ensure(z) for z in zone_names]
         # Links first: a record in a zone the VNet does not see yet resolves to the public address.
         self.zone_group = network.PrivateDnsZoneGroup(
-            f"{name}-zone-group", private_endpoint_name=self.endpoint.name, resource_group_name=resource_group,
+            f"{name}-zone-group",
+            private_endpoint_name=self.endpoint.name,
+            resource_group_name=resource_group,
             private_dns_zone_group_name="default",
-            private_dns_zone_configs=[network.PrivateDnsZoneConfigArgs(name=zone_slug(z), private_dns_zone_id=zone.id)
-                                      for z, zone in zip(zone_names, zones)],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[dns.links[z] for z in zone_names]))
+            private_dns_zone_configs=[
+                network.PrivateDnsZoneConfigArgs(name=zone_slug(z), private_dns_zone_id=zone.id)
+                for z, zone in zip(zone_names, zones)
+            ],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[dns.links[z] for z in zone_names]),
+        )
         self.ready: list[pulumi.Resource] = [self.endpoint, self.zone_group]
         self.register_outputs({"endpoint_id": self.endpoint.id})

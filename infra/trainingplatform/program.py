@@ -4,6 +4,7 @@ The durable data (accounts, containers, NFS share) belongs to the data stack (da
 through a StackReference; everything this program declares is of the platform's lifecycle, so
 `pulumi destroy` and a later `pulumi up` of this stack never meet a resource that outlived it.
 """
+
 from __future__ import annotations
 
 import pulumi
@@ -22,7 +23,7 @@ from .workspace import Workspace
 
 
 def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) -> dict[str, pulumi.Input]:
-    users = deployer_users(cfg.users, PROJECT)   # before anything is declared: it may refuse
+    users = deployer_users(cfg.users, PROJECT)  # before anything is declared: it may refuse
     for warning in cfg.warnings:
         pulumi.log.warn(warning)
     client = authorization.get_client_config_output()
@@ -31,36 +32,74 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
     suffix = naming.global_suffix(cfg.subscription_id, cfg.prefix, cfg.stack, cfg.location)
     # New each time the stack is created: soft-deleted vaults and workspaces keep their names for days.
     rand = random.RandomString("name-suffix", length=5, special=False, upper=False, numeric=True)
-    data = DataStackReference(cfg.data_stack or default_reference(pulumi.get_organization(), cfg.stack),
-                              cfg.location, cfg.mount_nfs)
+    data = DataStackReference(
+        cfg.data_stack or default_reference(pulumi.get_organization(), cfg.stack), cfg.location, cfg.mount_nfs
+    )
 
-    group = resources.ResourceGroup("platform", resource_group_name=naming.dashed(cfg.prefix, cfg.stack, "rg"),
-                                    location=cfg.location, tags=tags)
+    group = resources.ResourceGroup(
+        "platform", resource_group_name=naming.dashed(cfg.prefix, cfg.stack, "rg"), location=cfg.location, tags=tags
+    )
     egress = private.egress_policy(cfg, client.subscription_id, group.name, suffix, data)
-    net = PlatformNetwork("net", group.name, cfg.location, cfg.network, tags,
-                          service_endpoint_policies=[egress.policy.id] if egress else ())
+    net = PlatformNetwork(
+        "net",
+        group.name,
+        cfg.location,
+        cfg.network,
+        tags,
+        service_endpoint_policies=[egress.policy.id] if egress else (),
+    )
     # Every private endpoint registers in these zones (one per zone name, linked to the VNet).
     dns = PrivateDnsZones("dns", group.name, net.vnet.id, tags)
     endpoints = net.private_endpoint_subnet.id
+
     # The data accounts admit no VNet (their rules must not name a VNet that dies with this stack): compute
     # reaches them through endpoints created, and deleted, with each life of this stack.
     def link(name: str, target_id, group_id: str) -> PrivateLink:
-        return PrivateLink(name, resource_group=group.name, location=cfg.location, target_id=target_id,
-                           group_id=group_id, subnet_id=endpoints, dns=dns, tags=tags)
+        return PrivateLink(
+            name,
+            resource_group=group.name,
+            location=cfg.location,
+            target_id=target_id,
+            group_id=group_id,
+            subnet_id=endpoints,
+            dns=dns,
+            tags=tags,
+        )
 
     links = [link("data-blob", data.data_account.id, "blob"), link("logs-blob", data.logs_account.id, "blob")]
     if data.nfs is not None:
         links.append(link("nfs", data.nfs.apply(lambda n: n["account_id"]), "file"))
 
-    registry = Registry("registry", resource_group=group.name, location=cfg.location, prefix=cfg.prefix,
-                        stack=cfg.stack, suffix=suffix, public_access=cfg.registry_public_access, tags=tags,
-                        endpoint_subnet_id=endpoints, dns=dns)
-    ws = Workspace("ml", resource_group=group.name, location=cfg.location, cfg=cfg, tenant_id=client.tenant_id,
-                   random_suffix=rand.result, stable_suffix=suffix, registry_id=registry.registry.id,
-                   compute_subnet_id=net.compute_subnet.id, data_storage=data, tags=tags,
-                   endpoint_subnet_id=endpoints, dns=dns, depends_on=registry.link.ready if registry.link else ())
+    registry = Registry(
+        "registry",
+        resource_group=group.name,
+        location=cfg.location,
+        prefix=cfg.prefix,
+        stack=cfg.stack,
+        suffix=suffix,
+        public_access=cfg.registry_public_access,
+        tags=tags,
+        endpoint_subnet_id=endpoints,
+        dns=dns,
+    )
+    ws = Workspace(
+        "ml",
+        resource_group=group.name,
+        location=cfg.location,
+        cfg=cfg,
+        tenant_id=client.tenant_id,
+        random_suffix=rand.result,
+        stable_suffix=suffix,
+        registry_id=registry.registry.id,
+        compute_subnet_id=net.compute_subnet.id,
+        data_storage=data,
+        tags=tags,
+        endpoint_subnet_id=endpoints,
+        dns=dns,
+        depends_on=registry.link.ready if registry.link else (),
+    )
     identity = compute_identity("compute", group.name, cfg.location, tags)
-    way_in = private.way_in(cfg, group.name, net, dns, tags, ssh_public_key)   # after every private endpoint
+    way_in = private.way_in(cfg, group.name, net, dns, tags, ssh_public_key)  # after every private endpoint
 
     job_identity = identity.principal_id
     workspace_identity = ws.workspace.identity.apply(lambda i: i.principal_id)
@@ -80,30 +119,55 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
     # data stack's grant (its `users`): two platforms on one data stack would otherwise both claim the same
     # (scope, principal, role), which Azure holds once (access.py).
     for u in users:
-        label = f"user-{u.object_id}"   # from the object id alone: listing the deployer keeps the same resources
+        label = f"user-{u.object_id}"  # from the object id alone: listing the deployer keeps the same resources
         grants += [
             # Submitting a job uploads its code snapshot to the workspace storage with the user's token
             # (blob), and the studio's file views need the file share (how-to-disable-local-auth-storage).
             Grant(f"{label}-workspace-blob", "Storage Blob Data Contributor", u.object_id, ws.storage.id, u.type),
-            Grant(f"{label}-workspace-files", "Storage File Data Privileged Contributor", u.object_id, ws.storage.id,
-                  u.type),
+            Grant(
+                f"{label}-workspace-files",
+                "Storage File Data Privileged Contributor",
+                u.object_id,
+                ws.storage.id,
+                u.type,
+            ),
             Grant(f"{label}-submits-jobs", "AzureML Data Scientist", u.object_id, ws.workspace.id, u.type),
         ]
     # The studio reads the datastores' accounts and the workspace storage (not the NFS share: no datastore).
-    studio_links = [links[0], links[1], *(l for k, l in ws.links.items() if k.startswith("storage"))]
-    grants += private.grants(cfg, [(f"user-{u.object_id}", u.object_id, u.type) for u in users],
-                             workspace_identity, registry, way_in, studio_links)
+    studio_links = [links[0], links[1], *(link for k, link in ws.links.items() if k.startswith("storage"))]
+    grants += private.grants(
+        cfg,
+        [(f"user-{u.object_id}", u.object_id, u.type) for u in users],
+        workspace_identity,
+        registry,
+        way_in,
+        studio_links,
+    )
     access = AccessGrants("access", cfg.subscription_id, cfg.stack, grants)
     # Clusters come last: no-public-IP nodes need the workspace endpoint, and the first job's image pull the grant.
-    compute = ComputeClusters("compute", resource_group=group.name, location=cfg.location,
-                              workspace_name=ws.workspace.name, subnet_id=net.compute_subnet.id, clusters=cfg.clusters,
-                              tags=tags, identity=identity, ssh_public_key=ssh_public_key,
-                              depends_on=[*ws.endpoint.ready, access.assignments["compute-pulls-images"]])
+    compute = ComputeClusters(
+        "compute",
+        resource_group=group.name,
+        location=cfg.location,
+        workspace_name=ws.workspace.name,
+        subnet_id=net.compute_subnet.id,
+        clusters=cfg.clusters,
+        tags=tags,
+        identity=identity,
+        ssh_public_key=ssh_public_key,
+        depends_on=[*ws.endpoint.ready, access.assignments["compute-pulls-images"]],
+    )
 
     nfs = None
     if data.nfs is not None:
-        nfs = data.nfs.apply(lambda n: {"mount_target": n["mount_target"], "account": n["account_name"],
-                                        "share": n["share"], "mount_options": n["mount_options"]})
+        nfs = data.nfs.apply(
+            lambda n: {
+                "mount_target": n["mount_target"],
+                "account": n["account_name"],
+                "share": n["share"],
+                "mount_options": n["mount_options"],
+            }
+        )
     return {
         "subscription_id": client.subscription_id,
         "tenant_id": client.tenant_id,
@@ -117,10 +181,16 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
         "compute_identity_id": compute.identity.id,
         "clusters": {c.name: describe(c, compute.clusters[c.name].name) for c in cfg.clusters},
         "datastores": {
-            "data": {"name": ws.datastores["data"].name, "account": data.data_account.name,
-                     "container": data.data_container.name},
-            "logs": {"name": ws.datastores["logs"].name, "account": data.logs_account.name,
-                     "container": data.logs_container.name},
+            "data": {
+                "name": ws.datastores["data"].name,
+                "account": data.data_account.name,
+                "container": data.data_container.name,
+            },
+            "logs": {
+                "name": ws.datastores["logs"].name,
+                "account": data.logs_account.name,
+                "container": data.logs_container.name,
+            },
         },
         "nfs": nfs,
         "nat_public_ip": net.nat_ip.ip_address,

@@ -5,6 +5,7 @@ With `registryPublicAccess: false` the registry is reached only through its priv
 (group `registry`, zone `privatelink.azurecr.io`); without one, neither the clusters nor Azure ML's image
 builds could pull or push (https://learn.microsoft.com/azure/container-registry/container-registry-private-link).
 """
+
 from __future__ import annotations
 
 import pulumi
@@ -15,22 +16,50 @@ from .privatelink import PrivateDnsZones, PrivateLink
 
 
 class Registry(pulumi.ComponentResource):
-    def __init__(self, name: str, resource_group, location: str, prefix: str, stack: str, suffix: str,
-                 public_access: bool, tags: dict, endpoint_subnet_id=None, dns: PrivateDnsZones | None = None,
-                 opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        resource_group,
+        location: str,
+        prefix: str,
+        stack: str,
+        suffix: str,
+        public_access: bool,
+        tags: dict,
+        endpoint_subnet_id=None,
+        dns: PrivateDnsZones | None = None,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("trainingplatform:registry:Registry", name, None, opts)
         self.registry = containerregistry.Registry(
-            f"{name}-acr", registry_name=naming.registry(prefix, stack, suffix), resource_group_name=resource_group,
-            location=location, sku=containerregistry.SkuArgs(name="Premium"), admin_user_enabled=False,
-            anonymous_pull_enabled=False, public_network_access="Enabled" if public_access else "Disabled",
-            network_rule_bypass_options="AzureServices", tags=tags, opts=pulumi.ResourceOptions(parent=self))
+            f"{name}-acr",
+            registry_name=naming.registry(prefix, stack, suffix),
+            resource_group_name=resource_group,
+            location=location,
+            sku=containerregistry.SkuArgs(name="Premium"),
+            admin_user_enabled=False,
+            anonymous_pull_enabled=False,
+            public_network_access="Enabled" if public_access else "Disabled",
+            network_rule_bypass_options="AzureServices",
+            tags=tags,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         self.link = None
         if not public_access:
             if dns is None or endpoint_subnet_id is None:
-                raise ValueError("a registry without public access needs endpoint_subnet_id and dns for its "
-                                 "private endpoint")
-            self.link = PrivateLink(f"{name}-acr-link", resource_group=resource_group, location=location,
-                                    target_id=self.registry.id, group_id="registry", subnet_id=endpoint_subnet_id,
-                                    dns=dns, tags=tags, opts=pulumi.ResourceOptions(parent=self))
+                raise ValueError(
+                    "a registry without public access needs endpoint_subnet_id and dns for its private endpoint"
+                )
+            self.link = PrivateLink(
+                f"{name}-acr-link",
+                resource_group=resource_group,
+                location=location,
+                target_id=self.registry.id,
+                group_id="registry",
+                subnet_id=endpoint_subnet_id,
+                dns=dns,
+                tags=tags,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
         self.login_server = self.registry.login_server
         self.register_outputs({"login_server": self.login_server})

@@ -9,13 +9,15 @@ resource is listed with its settings, sorted, one setting a line, so a pull requ
 platform shows the change as a diff of `infra/review/<stack>.txt` (the tests fail when that file is out
 of date). Values Azure would compute appear as mock placeholders.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import pathlib
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from . import config, dataconfig, mocked
 
@@ -41,11 +43,15 @@ def render(stack_file: pathlib.Path) -> str:
         project = config.PROJECT
         raw, location = mocked.read_stack_file(stack_file)
         mocks, outputs = mocked.run(raw, stack, location)
-    lines = [f"# {project} stack {stack}: {len(mocks.resources)} resources "
-             "(rendered under mocks by trainingplatform.review; ids are placeholders)", ""]
+    lines = [
+        f"# {project} stack {stack}: {len(mocks.resources)} resources "
+        "(rendered under mocks by trainingplatform.review; ids are placeholders)",
+        "",
+    ]
     for r in sorted(mocks.resources, key=lambda r: (r.type, r.name)):
-        marks = ("  [protected]" if r.name in mocks.protected else "") + \
-                ("  [retained on destroy]" if r.name in mocks.retained else "")
+        marks = ("  [protected]" if r.name in mocks.protected else "") + (
+            "  [retained on destroy]" if r.name in mocks.retained else ""
+        )
         lines.append(f"{r.type} {r.name}{marks}")
         lines.extend(f"    {k} = {v}" for k, v in _flatten(r.inputs) if not k.startswith("tags."))
         lines.append("")

@@ -13,6 +13,7 @@ originating from the same Azure region as the storage account":
 https://learn.microsoft.com/azure/storage/common/storage-network-security): a VM or CI runner in the region
 gets in through a VNet rule (a subnet with the Microsoft.Storage service endpoint) or a private endpoint.
 """
+
 from __future__ import annotations
 
 import pulumi
@@ -23,37 +24,68 @@ from .config import Network
 from .dataconfig import Storage
 
 
-def network_rules(net: Network, compute_subnet_id: pulumi.Input[str],
-                  *other_subnet_ids: pulumi.Input[str]) -> storage.NetworkRuleSetArgs:
+def network_rules(
+    net: Network, compute_subnet_id: pulumi.Input[str], *other_subnet_ids: pulumi.Input[str]
+) -> storage.NetworkRuleSetArgs:
     """Deny by default; admit the compute subnet (service endpoint), any other subnets given (the private
     endpoints' subnet, for the studio), the listed subnets and client IPs, and trusted Azure services.
 
     For accounts of the platform's own lifecycle (the workspace storage)."""
     return storage.NetworkRuleSetArgs(
-        default_action="Deny", bypass="AzureServices",
-        virtual_network_rules=[storage.VirtualNetworkRuleArgs(virtual_network_resource_id=s, action="Allow")
-                               for s in (compute_subnet_id, *other_subnet_ids, *net.allowed_subnet_ids)],
-        ip_rules=[storage.IPRuleArgs(i_p_address_or_range=ip, action="Allow") for ip in net.allowed_client_ips])
+        default_action="Deny",
+        bypass="AzureServices",
+        virtual_network_rules=[
+            storage.VirtualNetworkRuleArgs(virtual_network_resource_id=s, action="Allow")
+            for s in (compute_subnet_id, *other_subnet_ids, *net.allowed_subnet_ids)
+        ],
+        ip_rules=[storage.IPRuleArgs(i_p_address_or_range=ip, action="Allow") for ip in net.allowed_client_ips],
+    )
 
 
-def closed_rules(allowed_client_ips: tuple[str, ...], allowed_subnet_ids: tuple[str, ...] = ()) -> storage.NetworkRuleSetArgs:
+def closed_rules(
+    allowed_client_ips: tuple[str, ...], allowed_subnet_ids: tuple[str, ...] = ()
+) -> storage.NetworkRuleSetArgs:
     """Deny by default; admit only the listed subnets and client IPs (and trusted Azure services)."""
     return storage.NetworkRuleSetArgs(
-        default_action="Deny", bypass="AzureServices",
-        virtual_network_rules=[storage.VirtualNetworkRuleArgs(virtual_network_resource_id=s, action="Allow")
-                               for s in allowed_subnet_ids],
-        ip_rules=[storage.IPRuleArgs(i_p_address_or_range=ip, action="Allow") for ip in allowed_client_ips])
+        default_action="Deny",
+        bypass="AzureServices",
+        virtual_network_rules=[
+            storage.VirtualNetworkRuleArgs(virtual_network_resource_id=s, action="Allow") for s in allowed_subnet_ids
+        ],
+        ip_rules=[storage.IPRuleArgs(i_p_address_or_range=ip, action="Allow") for ip in allowed_client_ips],
+    )
 
 
-def secure_account(name: str, account_name: pulumi.Input[str], resource_group, location: str, kind: str, sku: str,
-                   rules: storage.NetworkRuleSetArgs, tags: dict, opts: pulumi.ResourceOptions,
-                   **extra) -> storage.StorageAccount:
+def secure_account(
+    name: str,
+    account_name: pulumi.Input[str],
+    resource_group,
+    location: str,
+    kind: str,
+    sku: str,
+    rules: storage.NetworkRuleSetArgs,
+    tags: dict,
+    opts: pulumi.ResourceOptions,
+    **extra,
+) -> storage.StorageAccount:
     return storage.StorageAccount(
-        name, account_name=account_name, resource_group_name=resource_group, location=location, kind=kind,
-        sku=storage.SkuArgs(name=sku), enable_https_traffic_only=True,
-        minimum_tls_version="TLS1_2", allow_blob_public_access=False, allow_shared_key_access=False,
-        default_to_o_auth_authentication=True, allow_cross_tenant_replication=False, network_rule_set=rules,
-        tags=tags, opts=opts, **extra)
+        name,
+        account_name=account_name,
+        resource_group_name=resource_group,
+        location=location,
+        kind=kind,
+        sku=storage.SkuArgs(name=sku),
+        enable_https_traffic_only=True,
+        minimum_tls_version="TLS1_2",
+        allow_blob_public_access=False,
+        allow_shared_key_access=False,
+        default_to_o_auth_authentication=True,
+        allow_cross_tenant_replication=False,
+        network_rule_set=rules,
+        tags=tags,
+        opts=opts,
+        **extra,
+    )
 
 
 # Jobs write their outputs to runs/<job>/<job name>/ in the logs container (jobs/*.yaml), checkpoints
@@ -81,13 +113,20 @@ def run_versions_rule(logs_container: str) -> storage.ManagementPolicyRuleArgs:
     TensorBoard events, rewritten as a run goes) has nothing in its previous versions worth more than the
     checkpoints' do: the current version of every blob stays."""
     return storage.ManagementPolicyRuleArgs(
-        name="delete-old-run-versions", enabled=True, type="Lifecycle",
+        name="delete-old-run-versions",
+        enabled=True,
+        type="Lifecycle",
         definition=storage.ManagementPolicyDefinitionArgs(
-            filters=storage.ManagementPolicyFilterArgs(blob_types=["blockBlob"],
-                                                       prefix_match=[f"{logs_container}/{RUNS_PREFIX}"]),
+            filters=storage.ManagementPolicyFilterArgs(
+                blob_types=["blockBlob"], prefix_match=[f"{logs_container}/{RUNS_PREFIX}"]
+            ),
             actions=storage.ManagementPolicyActionArgs(
                 version=storage.ManagementPolicyVersionArgs(
-                    delete=storage.DateAfterCreationArgs(days_after_creation_greater_than=RUN_VERSION_DAYS)))))
+                    delete=storage.DateAfterCreationArgs(days_after_creation_greater_than=RUN_VERSION_DAYS)
+                )
+            ),
+        ),
+    )
 
 
 class TrainingStorage(pulumi.ComponentResource):
@@ -96,9 +135,20 @@ class TrainingStorage(pulumi.ComponentResource):
     Every resource is protected: Pulumi refuses to delete it, by `destroy` or by a replacement (a changed
     name), until someone unprotects it on purpose (docs/deploying.md#deleting-the-data-for-good)."""
 
-    def __init__(self, name: str, resource_group, location: str, prefix: str, stack: str,
-                 suffix: pulumi.Input[str], cfg: Storage, allowed_client_ips: tuple[str, ...], tags: dict,
-                 allowed_subnet_ids: tuple[str, ...] = (), opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        resource_group,
+        location: str,
+        prefix: str,
+        stack: str,
+        suffix: pulumi.Input[str],
+        cfg: Storage,
+        allowed_client_ips: tuple[str, ...],
+        tags: dict,
+        allowed_subnet_ids: tuple[str, ...] = (),
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("trainingplatform:storage:TrainingStorage", name, None, opts)
         keep = pulumi.ResourceOptions(parent=self, protect=True)
         rules = closed_rules(allowed_client_ips, allowed_subnet_ids)
@@ -106,31 +156,67 @@ class TrainingStorage(pulumi.ComponentResource):
         # public endpoint too); without any, it is off altogether.
         public = "Enabled" if allowed_client_ips or allowed_subnet_ids else "Disabled"
         self.data_account = secure_account(
-            f"{name}-data", naming.storage_account(prefix, stack, "data", suffix), resource_group,
-            location, "BlockBlobStorage", f"Premium_{cfg.replication}", rules, tags, keep,
-            public_network_access=public)
+            f"{name}-data",
+            naming.storage_account(prefix, stack, "data", suffix),
+            resource_group,
+            location,
+            "BlockBlobStorage",
+            f"Premium_{cfg.replication}",
+            rules,
+            tags,
+            keep,
+            public_network_access=public,
+        )
         self.logs_account = secure_account(
-            f"{name}-logs", naming.storage_account(prefix, stack, "logs", suffix), resource_group, location, "StorageV2",
-            f"Standard_{cfg.replication}", rules, tags, keep, access_tier="Hot", public_network_access=public)
-        self.data_container = self._container(f"{name}-data", self.data_account, resource_group, cfg.data_container, cfg)
-        self.logs_container = self._container(f"{name}-logs", self.logs_account, resource_group, cfg.logs_container, cfg,
-                                              versioning=True)
+            f"{name}-logs",
+            naming.storage_account(prefix, stack, "logs", suffix),
+            resource_group,
+            location,
+            "StorageV2",
+            f"Standard_{cfg.replication}",
+            rules,
+            tags,
+            keep,
+            access_tier="Hot",
+            public_network_access=public,
+        )
+        self.data_container = self._container(
+            f"{name}-data", self.data_account, resource_group, cfg.data_container, cfg
+        )
+        self.logs_container = self._container(
+            f"{name}-logs", self.logs_account, resource_group, cfg.logs_container, cfg, versioning=True
+        )
         # An account has one management policy, named "default" (Microsoft.Storage managementPolicies).
         self.logs_lifecycle = storage.ManagementPolicy(
-            f"{name}-logs-lifecycle", account_name=self.logs_account.name, resource_group_name=resource_group,
+            f"{name}-logs-lifecycle",
+            account_name=self.logs_account.name,
+            resource_group_name=resource_group,
             management_policy_name="default",
-            policy=storage.ManagementPolicySchemaArgs(rules=[run_versions_rule(cfg.logs_container)]), opts=keep)
+            policy=storage.ManagementPolicySchemaArgs(rules=[run_versions_rule(cfg.logs_container)]),
+            opts=keep,
+        )
         self.register_outputs({"data_account": self.data_account.name, "logs_account": self.logs_account.name})
 
     def _container(self, name, account, resource_group, container, cfg: Storage, versioning=False):
         keep = pulumi.ResourceOptions(parent=self, protect=True)
         retention = storage.DeleteRetentionPolicyArgs(enabled=True, days=cfg.soft_delete_days)
         storage.BlobServiceProperties(
-            f"{name}-blob-service", account_name=account.name, resource_group_name=resource_group,
-            blob_services_name="default", delete_retention_policy=retention,
+            f"{name}-blob-service",
+            account_name=account.name,
+            resource_group_name=resource_group,
+            blob_services_name="default",
+            delete_retention_policy=retention,
             container_delete_retention_policy=retention,
             # Versioning is not offered on premium block blob accounts; the logs account keeps versions
             # of overwritten checkpoints and metrics.
-            is_versioning_enabled=versioning or None, opts=keep)
-        return storage.BlobContainer(f"{name}-container", account_name=account.name, resource_group_name=resource_group,
-                                     container_name=container, public_access="None", opts=keep)
+            is_versioning_enabled=versioning or None,
+            opts=keep,
+        )
+        return storage.BlobContainer(
+            f"{name}-container",
+            account_name=account.name,
+            resource_group_name=resource_group,
+            container_name=container,
+            public_access="None",
+            opts=keep,
+        )

@@ -3,6 +3,7 @@
 Job submission reads GPUs per node from the stack outputs, which come from here. Retirement dates are
 Azure's published ones; a retired size fails validation with its successors named.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -16,9 +17,9 @@ class VmSize:
     gpu_model: str | None
     gpu_memory_gib: int
     vcpus: int
-    infiniband: str | None        # IB generation (EDR/HDR/NDR) with SR-IOV for MPI/NCCL, or None
-    ib_gbps_per_node: int         # aggregate InfiniBand bandwidth per node
-    intra_node: str               # how the GPUs of one node talk: nvlink | pcie | none
+    infiniband: str | None  # IB generation (EDR/HDR/NDR) with SR-IOV for MPI/NCCL, or None
+    ib_gbps_per_node: int  # aggregate InfiniBand bandwidth per node
+    intra_node: str  # how the GPUs of one node talk: nvlink | pcie | none
     retired: dt.date | None = None
     successors: tuple[str, ...] = ()
     # NCCL topology file Azure's HPC images ship for the size (Azure/azhpc-images topology/); the images
@@ -29,8 +30,12 @@ class VmSize:
     min_busbw_gbytes_per_sec: float | None = None
 
 
-IB_SUCCESSORS = ("Standard_ND96asr_v4", "Standard_ND96amsr_A100_v4", "Standard_ND96isr_H100_v5",
-                 "Standard_ND96isr_H200_v5")
+IB_SUCCESSORS = (
+    "Standard_ND96asr_v4",
+    "Standard_ND96amsr_A100_v4",
+    "Standard_ND96isr_H100_v5",
+    "Standard_ND96isr_H200_v5",
+)
 
 _SIZES = [
     # CPU sizes: smoke runs of the same jobs (Horovod's MPI operations over shared memory/TCP), image builds.
@@ -53,15 +58,55 @@ _SIZES = [
     # (below NCCL-tests' 8-16 GB peak): floors of 10 and 20 GB/s pass it, while NCCL falling back to TCP
     # sockets on the Ethernet NIC (80 Gb/s = 10 GB/s line rate at most on these sizes, and NCCL's sockets
     # stay well under line rate) does not reach them.
-    VmSize("Standard_ND96asr_v4", 8, "A100", 40, 96, "HDR", 1600, "nvlink",
-           nccl_topology="ndv4-topo.xml", min_busbw_gbytes_per_sec=10.0),
-    VmSize("Standard_ND96amsr_A100_v4", 8, "A100", 80, 96, "HDR", 1600, "nvlink",
-           nccl_topology="ndv4-topo.xml", min_busbw_gbytes_per_sec=10.0),
+    VmSize(
+        "Standard_ND96asr_v4",
+        8,
+        "A100",
+        40,
+        96,
+        "HDR",
+        1600,
+        "nvlink",
+        nccl_topology="ndv4-topo.xml",
+        min_busbw_gbytes_per_sec=10.0,
+    ),
+    VmSize(
+        "Standard_ND96amsr_A100_v4",
+        8,
+        "A100",
+        80,
+        96,
+        "HDR",
+        1600,
+        "nvlink",
+        nccl_topology="ndv4-topo.xml",
+        min_busbw_gbytes_per_sec=10.0,
+    ),
     # The H200 v5 is the H100 v5 host with H200 GPUs: Azure's health checks use ndv5-topo.xml for both.
-    VmSize("Standard_ND96isr_H100_v5", 8, "H100", 80, 96, "NDR", 3200, "nvlink",
-           nccl_topology="ndv5-topo.xml", min_busbw_gbytes_per_sec=20.0),
-    VmSize("Standard_ND96isr_H200_v5", 8, "H200", 141, 96, "NDR", 3200, "nvlink",
-           nccl_topology="ndv5-topo.xml", min_busbw_gbytes_per_sec=20.0),
+    VmSize(
+        "Standard_ND96isr_H100_v5",
+        8,
+        "H100",
+        80,
+        96,
+        "NDR",
+        3200,
+        "nvlink",
+        nccl_topology="ndv5-topo.xml",
+        min_busbw_gbytes_per_sec=20.0,
+    ),
+    VmSize(
+        "Standard_ND96isr_H200_v5",
+        8,
+        "H200",
+        141,
+        96,
+        "NDR",
+        3200,
+        "nvlink",
+        nccl_topology="ndv5-topo.xml",
+        min_busbw_gbytes_per_sec=20.0,
+    ),
     # The source documents' sizes, all retired.
     VmSize("Standard_NC24rs_v3", 4, "V100", 16, 24, "EDR", 100, "pcie", dt.date(2025, 9, 30), IB_SUCCESSORS),
     VmSize("Standard_NC24rs_v2", 4, "P100", 16, 24, "FDR", 56, "pcie", dt.date(2023, 9, 6), IB_SUCCESSORS),

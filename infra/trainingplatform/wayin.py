@@ -18,6 +18,7 @@ that no longer exists).
   resolver whose inbound endpoint answers clients whose DNS is not Azure's (on-premises DNS forwarders, VPN).
 - `none`: nothing (the public profile; config.py refuses it when the workspace is private).
 """
+
 from __future__ import annotations
 
 import base64
@@ -54,9 +55,20 @@ class WayIn(pulumi.ComponentResource):
     Create it after every private endpoint: hub mode links every zone `dns` holds at that point.
     """
 
-    def __init__(self, name: str, resource_group, location: str, cfg: AccessConfig, vnet: network.VirtualNetwork,
-                 after_subnet: network.Subnet, nat_gateway_id, dns: PrivateDnsZones, tags: dict,
-                 ssh_public_key: pulumi.Input[str] | None = None, opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        resource_group,
+        location: str,
+        cfg: AccessConfig,
+        vnet: network.VirtualNetwork,
+        after_subnet: network.Subnet,
+        nat_gateway_id,
+        dns: PrivateDnsZones,
+        tags: dict,
+        ssh_public_key: pulumi.Input[str] | None = None,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         super().__init__("trainingplatform:wayin:WayIn", name, None, opts)
         self.cfg = cfg
         self.bastion: network.BastionHost | None = None
@@ -74,9 +86,14 @@ class WayIn(pulumi.ComponentResource):
 
     def _subnet(self, label: str, cidr: str, **extra) -> network.Subnet:
         # Azure changes one subnet of a VNet at a time: each waits for the one before.
-        subnet = network.Subnet(f"{self._name}-{label}", resource_group_name=self._rg,
-                                virtual_network_name=self._vnet.name, address_prefix=cidr,
-                                opts=pulumi.ResourceOptions(parent=self, depends_on=[self._after]), **extra)
+        subnet = network.Subnet(
+            f"{self._name}-{label}",
+            resource_group_name=self._rg,
+            virtual_network_name=self._vnet.name,
+            address_prefix=cidr,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self._after]),
+            **extra,
+        )
         self._after = subnet
         return subnet
 
@@ -84,112 +101,202 @@ class WayIn(pulumi.ComponentResource):
         cfg, child = self.cfg, pulumi.ResourceOptions(parent=self)
         bastion_subnet = self._subnet("bastion-subnet", cfg.bastion_subnet_cidr, subnet_name=BASTION_SUBNET)
         # Bastion needs a Standard, static public IP (https://learn.microsoft.com/azure/bastion/configuration-settings#public-ip).
-        ip = network.PublicIPAddress(f"{self._name}-bastion-ip", resource_group_name=self._rg, location=self._location,
-                                     sku=network.PublicIPAddressSkuArgs(name="Standard"),
-                                     public_ip_allocation_method="Static", tags=self._tags, opts=child)
+        ip = network.PublicIPAddress(
+            f"{self._name}-bastion-ip",
+            resource_group_name=self._rg,
+            location=self._location,
+            sku=network.PublicIPAddressSkuArgs(name="Standard"),
+            public_ip_allocation_method="Static",
+            tags=self._tags,
+            opts=child,
+        )
         self.bastion = network.BastionHost(
-            f"{self._name}-bastion", resource_group_name=self._rg, location=self._location,
+            f"{self._name}-bastion",
+            resource_group_name=self._rg,
+            location=self._location,
             sku=network.SkuArgs(name="Standard"),
             # Native client (`az network bastion ssh` / `tunnel`): SSH from a laptop's own terminal, and a port
             # forward for a browser's SOCKS proxy to the studio (docs/private-access.md). Standard SKU or higher.
             enable_tunneling=True,
-            ip_configurations=[network.BastionHostIPConfigurationArgs(
-                name="ipconfig", subnet=network.SubResourceArgs(id=bastion_subnet.id),
-                public_ip_address=network.SubResourceArgs(id=ip.id))],
-            tags=self._tags, opts=child)
+            ip_configurations=[
+                network.BastionHostIPConfigurationArgs(
+                    name="ipconfig",
+                    subnet=network.SubResourceArgs(id=bastion_subnet.id),
+                    public_ip_address=network.SubResourceArgs(id=ip.id),
+                )
+            ],
+            tags=self._tags,
+            opts=child,
+        )
         # The jump host's subnet: no public IP on the VM (Bastion is the only way to it), outbound through the
         # platform's NAT gateway, open to the internet: image builds fetch from PyPI, GitHub and NVIDIA. No
         # NSG: with no public IP, nothing from the internet reaches it, and an NSG without the outbound deny
         # would be exactly what the private profile's policy refuses (docs/private-access.md, "Egress").
-        jump_subnet = self._subnet("jumphost-subnet", cfg.jump_host_subnet_cidr,
-                                   nat_gateway=network.SubResourceArgs(id=nat_gateway_id),
-                                   default_outbound_access=False)
+        jump_subnet = self._subnet(
+            "jumphost-subnet",
+            cfg.jump_host_subnet_cidr,
+            nat_gateway=network.SubResourceArgs(id=nat_gateway_id),
+            default_outbound_access=False,
+        )
         nic = network.NetworkInterface(
-            f"{self._name}-jumphost-nic", resource_group_name=self._rg, location=self._location,
-            ip_configurations=[network.NetworkInterfaceIPConfigurationArgs(
-                name="ipconfig", subnet=network.SubnetArgs(id=jump_subnet.id), private_ip_allocation_method="Dynamic")],
-            tags=self._tags, opts=child)
+            f"{self._name}-jumphost-nic",
+            resource_group_name=self._rg,
+            location=self._location,
+            ip_configurations=[
+                network.NetworkInterfaceIPConfigurationArgs(
+                    name="ipconfig",
+                    subnet=network.SubnetArgs(id=jump_subnet.id),
+                    private_ip_allocation_method="Dynamic",
+                )
+            ],
+            tags=self._tags,
+            opts=child,
+        )
         if ssh_public_key is not None:
             linux = compute.LinuxConfigurationArgs(
                 disable_password_authentication=True,
-                ssh=compute.SshConfigurationArgs(public_keys=[compute.SshPublicKeyArgs(
-                    path=f"/home/{ADMIN_USER}/.ssh/authorized_keys", key_data=ssh_public_key)]))
+                ssh=compute.SshConfigurationArgs(
+                    public_keys=[
+                        compute.SshPublicKeyArgs(
+                            path=f"/home/{ADMIN_USER}/.ssh/authorized_keys", key_data=ssh_public_key
+                        )
+                    ]
+                ),
+            )
             password = None
         else:
             # Azure wants an admin credential; people sign in with Entra ID. A random password that only the
             # stack's state holds (encrypted as a secret), never an output: break-glass for stack admins.
             linux = compute.LinuxConfigurationArgs(disable_password_authentication=False)
-            password = random.RandomPassword(f"{self._name}-jumphost-admin", length=32, special=True,
-                                             min_lower=1, min_upper=1, min_numeric=1, min_special=1, opts=child).result
+            password = random.RandomPassword(
+                f"{self._name}-jumphost-admin",
+                length=32,
+                special=True,
+                min_lower=1,
+                min_upper=1,
+                min_numeric=1,
+                min_special=1,
+                opts=child,
+            ).result
         self.jump_host = compute.VirtualMachine(
-            f"{self._name}-jumphost", resource_group_name=self._rg, location=self._location,
+            f"{self._name}-jumphost",
+            resource_group_name=self._rg,
+            location=self._location,
             hardware_profile=compute.HardwareProfileArgs(vm_size=cfg.jump_host_vm_size),
             identity=compute.VirtualMachineIdentityArgs(type="SystemAssigned"),
-            network_profile=compute.NetworkProfileArgs(network_interfaces=[
-                compute.NetworkInterfaceReferenceArgs(id=nic.id, primary=True)]),
+            network_profile=compute.NetworkProfileArgs(
+                network_interfaces=[compute.NetworkInterfaceReferenceArgs(id=nic.id, primary=True)]
+            ),
             os_profile=compute.OSProfileArgs(
-                computer_name="jumphost", admin_username=ADMIN_USER, admin_password=password,
+                computer_name="jumphost",
+                admin_username=ADMIN_USER,
+                admin_password=password,
                 linux_configuration=linux,
-                custom_data=base64.b64encode(CLOUD_INIT.encode()).decode()),
+                custom_data=base64.b64encode(CLOUD_INIT.encode()).decode(),
+            ),
             storage_profile=compute.StorageProfileArgs(
-                image_reference=compute.ImageReferenceArgs(publisher="Canonical", offer="0001-com-ubuntu-server-jammy",
-                                                           sku="22_04-lts-gen2", version="latest"),
+                image_reference=compute.ImageReferenceArgs(
+                    publisher="Canonical", offer="0001-com-ubuntu-server-jammy", sku="22_04-lts-gen2", version="latest"
+                ),
                 # Room for the Docker layers of both CUDA images and their build stages (docs/images.md, "Size").
-                os_disk=compute.OSDiskArgs(create_option="FromImage", disk_size_gb=256, delete_option="Delete",
-                                           managed_disk=compute.ManagedDiskParametersArgs(
-                                               storage_account_type="Premium_LRS"))),
-            tags=self._tags, opts=child)
+                os_disk=compute.OSDiskArgs(
+                    create_option="FromImage",
+                    disk_size_gb=256,
+                    delete_option="Delete",
+                    managed_disk=compute.ManagedDiskParametersArgs(storage_account_type="Premium_LRS"),
+                ),
+            ),
+            tags=self._tags,
+            opts=child,
+        )
         # Entra ID sign-in over SSH (https://learn.microsoft.com/entra/identity/devices/howto-vm-sign-in-azure-ad-linux):
         # users need "Virtual Machine Administrator Login" on the VM (program.py grants it).
         compute.VirtualMachineExtension(
-            f"{self._name}-jumphost-entra-login", resource_group_name=self._rg, location=self._location,
-            vm_name=self.jump_host.name, vm_extension_name="AADSSHLoginForLinux",
-            publisher="Microsoft.Azure.ActiveDirectory", type="AADSSHLoginForLinux", type_handler_version="1.0",
-            auto_upgrade_minor_version=True, tags=self._tags, opts=child)
+            f"{self._name}-jumphost-entra-login",
+            resource_group_name=self._rg,
+            location=self._location,
+            vm_name=self.jump_host.name,
+            vm_extension_name="AADSSHLoginForLinux",
+            publisher="Microsoft.Azure.ActiveDirectory",
+            type="AADSSHLoginForLinux",
+            type_handler_version="1.0",
+            auto_upgrade_minor_version=True,
+            tags=self._tags,
+            opts=child,
+        )
 
     def _hub(self, dns: PrivateDnsZones) -> None:
         cfg, child = self.cfg, pulumi.ResourceOptions(parent=self)
         hub_subscription, hub_group, hub_name = cfg.hub
         # The hub may sit in another subscription (a landing zone's connectivity subscription): its side of
         # the peering is declared through a provider for that subscription.
-        hub_provider = azure_native.Provider(f"{self._name}-hub-provider", subscription_id=hub_subscription,
-                                             opts=child)
+        hub_provider = azure_native.Provider(f"{self._name}-hub-provider", subscription_id=hub_subscription, opts=child)
         # https://learn.microsoft.com/azure/virtual-network/virtual-network-peering-overview: a peering is two
         # resources, one on each VNet; gateway transit needs allowGatewayTransit on the hub and
         # useRemoteGateways here (Azure refuses the latter if the hub has no gateway).
         # The hub's side first: its allowGatewayTransit must be in place before this side asks for the
         # hub's gateway (useRemoteGateways).
         from_hub = network.VirtualNetworkPeering(
-            f"{self._name}-from-hub", resource_group_name=hub_group, virtual_network_name=hub_name,
+            f"{self._name}-from-hub",
+            resource_group_name=hub_group,
+            virtual_network_name=hub_name,
             virtual_network_peering_name=pulumi.Output.concat("to-", self._vnet.name),
-            remote_virtual_network=network.SubResourceArgs(id=self._vnet.id), allow_virtual_network_access=True,
-            allow_forwarded_traffic=True, allow_gateway_transit=cfg.use_hub_gateway,
-            opts=pulumi.ResourceOptions(parent=self, provider=hub_provider))
+            remote_virtual_network=network.SubResourceArgs(id=self._vnet.id),
+            allow_virtual_network_access=True,
+            allow_forwarded_traffic=True,
+            allow_gateway_transit=cfg.use_hub_gateway,
+            opts=pulumi.ResourceOptions(parent=self, provider=hub_provider),
+        )
         to_hub = network.VirtualNetworkPeering(
-            f"{self._name}-to-hub", resource_group_name=self._rg, virtual_network_name=self._vnet.name,
-            remote_virtual_network=network.SubResourceArgs(id=cfg.hub_vnet_id), allow_virtual_network_access=True,
-            allow_forwarded_traffic=True, use_remote_gateways=cfg.use_hub_gateway,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[from_hub]))
+            f"{self._name}-to-hub",
+            resource_group_name=self._rg,
+            virtual_network_name=self._vnet.name,
+            remote_virtual_network=network.SubResourceArgs(id=cfg.hub_vnet_id),
+            allow_virtual_network_access=True,
+            allow_forwarded_traffic=True,
+            use_remote_gateways=cfg.use_hub_gateway,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[from_hub]),
+        )
         self.peerings = [from_hub, to_hub]
         # Clients in the hub resolve the private endpoints only through zones linked to the hub VNet.
         for zone_name, zone in dns.zones.items():
             self.zone_links[zone_name] = privatedns.VirtualNetworkLink(
-                f"{self._name}-{zone_slug(zone_name)}-hub-link", private_zone_name=zone.name, resource_group_name=self._rg,
-                location="Global", registration_enabled=False,
-                virtual_network=privatedns.SubResourceArgs(id=cfg.hub_vnet_id), tags=self._tags, opts=child)
+                f"{self._name}-{zone_slug(zone_name)}-hub-link",
+                private_zone_name=zone.name,
+                resource_group_name=self._rg,
+                location="Global",
+                registration_enabled=False,
+                virtual_network=privatedns.SubResourceArgs(id=cfg.hub_vnet_id),
+                tags=self._tags,
+                opts=child,
+            )
         if cfg.resolver_subnet_cidr:
-            subnet = self._subnet("resolver-subnet", cfg.resolver_subnet_cidr, delegations=[network.DelegationArgs(
-                name="dns-resolver", service_name=RESOLVER_DELEGATION)])
-            resolver = dnsresolver.DnsResolver(f"{self._name}-resolver", resource_group_name=self._rg,
-                                               location=self._location,
-                                               virtual_network=dnsresolver.SubResourceArgs(id=self._vnet.id),
-                                               tags=self._tags, opts=child)
+            subnet = self._subnet(
+                "resolver-subnet",
+                cfg.resolver_subnet_cidr,
+                delegations=[network.DelegationArgs(name="dns-resolver", service_name=RESOLVER_DELEGATION)],
+            )
+            resolver = dnsresolver.DnsResolver(
+                f"{self._name}-resolver",
+                resource_group_name=self._rg,
+                location=self._location,
+                virtual_network=dnsresolver.SubResourceArgs(id=self._vnet.id),
+                tags=self._tags,
+                opts=child,
+            )
             self.resolver_endpoint = dnsresolver.InboundEndpoint(
-                f"{self._name}-resolver-inbound", resource_group_name=self._rg, location=self._location,
+                f"{self._name}-resolver-inbound",
+                resource_group_name=self._rg,
+                location=self._location,
                 dns_resolver_name=resolver.name,
-                ip_configurations=[dnsresolver.IpConfigurationArgs(subnet=dnsresolver.SubResourceArgs(id=subnet.id),
-                                                                   private_ip_allocation_method="Dynamic")],
-                tags=self._tags, opts=child)
+                ip_configurations=[
+                    dnsresolver.IpConfigurationArgs(
+                        subnet=dnsresolver.SubResourceArgs(id=subnet.id), private_ip_allocation_method="Dynamic"
+                    )
+                ],
+                tags=self._tags,
+                opts=child,
+            )
 
     def describe(self) -> dict:
         out: dict = {"mode": self.cfg.mode}
@@ -199,5 +306,6 @@ class WayIn(pulumi.ComponentResource):
             out["hub_vnet_id"] = self.cfg.hub_vnet_id
         if self.resolver_endpoint is not None:
             out["dns_resolver_inbound_ip"] = self.resolver_endpoint.ip_configurations.apply(
-                lambda c: c[0].private_ip_address if c else None)
+                lambda c: c[0].private_ip_address if c else None
+            )
         return out

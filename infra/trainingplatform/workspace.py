@@ -19,17 +19,18 @@ steps already replaced the account. So the workspace is declared to be replaced 
 workspace under a new name, created before the old one is deleted (the old name stays held while
 soft-deleted), instead of a failing update.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import pulumi
-from pulumi_azure_native import applicationinsights, keyvault, machinelearningservices as ml, operationalinsights
+from pulumi_azure_native import applicationinsights, keyvault, operationalinsights
+from pulumi_azure_native import machinelearningservices as ml
 
 from . import naming
 from .privatelink import PrivateDnsZones, PrivateLink
 from .storage import network_rules, secure_account
-
 
 # The workspace inputs Azure ML cannot update (see the module docstring).
 REPLACE_ON_CHANGES = ("storageAccount", "keyVault")
@@ -38,89 +39,174 @@ REPLACE_ON_CHANGES = ("storageAccount", "keyVault")
 class Workspace(pulumi.ComponentResource):
     """Outputs: workspace_name, datastores {data, logs}."""
 
-    def __init__(self, name: str, *, resource_group, location: str, cfg, tenant_id, random_suffix, stable_suffix: str,
-                 registry_id, compute_subnet_id, data_storage, tags: dict, endpoint_subnet_id, dns: PrivateDnsZones,
-                 depends_on: Sequence[pulumi.Resource] = (), opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self,
+        name: str,
+        *,
+        resource_group,
+        location: str,
+        cfg,
+        tenant_id,
+        random_suffix,
+        stable_suffix: str,
+        registry_id,
+        compute_subnet_id,
+        data_storage,
+        tags: dict,
+        endpoint_subnet_id,
+        dns: PrivateDnsZones,
+        depends_on: Sequence[pulumi.Resource] = (),
+        opts: pulumi.ResourceOptions | None = None,
+    ):
         """depends_on: private endpoints of the workspace's dependencies declared elsewhere (the registry's)."""
         super().__init__("trainingplatform:workspace:Workspace", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        ready: list[pulumi.Resource] = list(depends_on)   # dependency endpoints the workspace waits for
+        ready: list[pulumi.Resource] = list(depends_on)  # dependency endpoints the workspace waits for
 
         def link(label: str, target_id, group_id: str) -> PrivateLink:
-            return PrivateLink(f"{name}-{label}-link", resource_group=resource_group, location=location,
-                               target_id=target_id, group_id=group_id, subnet_id=endpoint_subnet_id, dns=dns,
-                               tags=tags, opts=child)
+            return PrivateLink(
+                f"{name}-{label}-link",
+                resource_group=resource_group,
+                location=location,
+                target_id=target_id,
+                group_id=group_id,
+                subnet_id=endpoint_subnet_id,
+                dns=dns,
+                tags=tags,
+                opts=child,
+            )
 
         self.vault = keyvault.Vault(
-            f"{name}-kv", vault_name=naming.vault_name(cfg.prefix, cfg.stack, random_suffix),
-            resource_group_name=resource_group, location=location,
+            f"{name}-kv",
+            vault_name=naming.vault_name(cfg.prefix, cfg.stack, random_suffix),
+            resource_group_name=resource_group,
+            location=location,
             properties=keyvault.VaultPropertiesArgs(
-                tenant_id=tenant_id, sku=keyvault.SkuArgs(family="A", name="standard"),
-                enable_rbac_authorization=True, enable_soft_delete=True, soft_delete_retention_in_days=7,
+                tenant_id=tenant_id,
+                sku=keyvault.SkuArgs(family="A", name="standard"),
+                enable_rbac_authorization=True,
+                enable_soft_delete=True,
+                soft_delete_retention_in_days=7,
                 enable_purge_protection=True,
                 public_network_access="Enabled" if cfg.key_vault_public_access else "Disabled",
                 network_acls=keyvault.NetworkRuleSetArgs(
-                    default_action="Deny", bypass="AzureServices",
-                    virtual_network_rules=[keyvault.VirtualNetworkRuleArgs(id=s) for s in
-                                           (compute_subnet_id, *cfg.network.allowed_subnet_ids)],
-                    ip_rules=[keyvault.IPRuleArgs(value=ip) for ip in cfg.network.allowed_client_ips])),
-            tags=tags, opts=child)
+                    default_action="Deny",
+                    bypass="AzureServices",
+                    virtual_network_rules=[
+                        keyvault.VirtualNetworkRuleArgs(id=s)
+                        for s in (compute_subnet_id, *cfg.network.allowed_subnet_ids)
+                    ],
+                    ip_rules=[keyvault.IPRuleArgs(value=ip) for ip in cfg.network.allowed_client_ips],
+                ),
+            ),
+            tags=tags,
+            opts=child,
+        )
         self.links: dict[str, PrivateLink] = {}
         if not cfg.key_vault_public_access:
             self.links["vault"] = link("kv", self.vault.id, "vault")
         self.logs = operationalinsights.Workspace(
-            f"{name}-log-analytics", resource_group_name=resource_group, location=location,
-            sku=operationalinsights.WorkspaceSkuArgs(name="PerGB2018"), retention_in_days=30, tags=tags, opts=child)
+            f"{name}-log-analytics",
+            resource_group_name=resource_group,
+            location=location,
+            sku=operationalinsights.WorkspaceSkuArgs(name="PerGB2018"),
+            retention_in_days=30,
+            tags=tags,
+            opts=child,
+        )
         self.insights = applicationinsights.Component(
-            f"{name}-insights", resource_group_name=resource_group, location=location, kind="web",
-            application_type="web", ingestion_mode="LogAnalytics", workspace_resource_id=self.logs.id, tags=tags,
-            opts=child)
+            f"{name}-insights",
+            resource_group_name=resource_group,
+            location=location,
+            kind="web",
+            application_type="web",
+            ingestion_mode="LogAnalytics",
+            workspace_resource_id=self.logs.id,
+            tags=tags,
+            opts=child,
+        )
         self.storage = secure_account(
-            f"{name}-storage", naming.storage_account(cfg.prefix, cfg.stack, "mlws", stable_suffix), resource_group,
-            location, "StorageV2", "Standard_LRS", network_rules(cfg.network, compute_subnet_id, endpoint_subnet_id), tags, child,
-            public_network_access="Enabled" if cfg.workspace_public_access else "Disabled")
+            f"{name}-storage",
+            naming.storage_account(cfg.prefix, cfg.stack, "mlws", stable_suffix),
+            resource_group,
+            location,
+            "StorageV2",
+            "Standard_LRS",
+            network_rules(cfg.network, compute_subnet_id, endpoint_subnet_id),
+            tags,
+            child,
+            public_network_access="Enabled" if cfg.workspace_public_access else "Disabled",
+        )
         if not cfg.workspace_public_access:
             # Azure ML reaches its storage's blob (snapshots, outputs) and file (code share) endpoints.
             self.links["storage-blob"] = link("storage-blob", self.storage.id, "blob")
             self.links["storage-file"] = link("storage-file", self.storage.id, "file")
-        for l in self.links.values():
-            ready.extend(l.ready)
+        for endpoint in self.links.values():
+            ready.extend(endpoint.ready)
         self.workspace = ml.Workspace(
             f"{name}-workspace",
-            workspace_name=naming.workspace_name(cfg.prefix, cfg.stack, random_suffix, self.storage.name, self.vault.name),
-            resource_group_name=resource_group, location=location, kind="Default",
+            workspace_name=naming.workspace_name(
+                cfg.prefix, cfg.stack, random_suffix, self.storage.name, self.vault.name
+            ),
+            resource_group_name=resource_group,
+            location=location,
+            kind="Default",
             identity=ml.ManagedServiceIdentityArgs(type="SystemAssigned"),
             sku=ml.SkuArgs(name="Basic", tier="Basic"),
-            key_vault=self.vault.id, application_insights=self.insights.id, storage_account=self.storage.id,
-            container_registry=registry_id, image_build_compute=cfg.image_build_cluster,
+            key_vault=self.vault.id,
+            application_insights=self.insights.id,
+            storage_account=self.storage.id,
+            container_registry=registry_id,
+            image_build_compute=cfg.image_build_cluster,
             public_network_access="Enabled" if cfg.workspace_public_access else "Disabled",
-            system_datastores_auth_mode="identity",   # the workspace storage has shared keys off
-            v1_legacy_mode=False, hbi_workspace=False, tags=tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=ready, replace_on_changes=list(REPLACE_ON_CHANGES)))
+            system_datastores_auth_mode="identity",  # the workspace storage has shared keys off
+            v1_legacy_mode=False,
+            hbi_workspace=False,
+            tags=tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=ready, replace_on_changes=list(REPLACE_ON_CHANGES)),
+        )
         # Always: no-public-IP clusters need it (module docstring). Clusters depend on `self.endpoint.ready`.
         self.endpoint = link("workspace", self.workspace.id, "amlworkspace")
         self.datastores = {
-            "data": self._datastore("training_data", "Training data (premium blob), read by jobs",
-                                    data_storage.data_account, data_storage.data_container, resource_group),
-            "logs": self._datastore("training_logs", "Checkpoints, TensorBoard logs, metrics and models",
-                                    data_storage.logs_account, data_storage.logs_container, resource_group),
+            "data": self._datastore(
+                "training_data",
+                "Training data (premium blob), read by jobs",
+                data_storage.data_account,
+                data_storage.data_container,
+                resource_group,
+            ),
+            "logs": self._datastore(
+                "training_logs",
+                "Checkpoints, TensorBoard logs, metrics and models",
+                data_storage.logs_account,
+                data_storage.logs_container,
+                resource_group,
+            ),
         }
         self.register_outputs({"workspace_name": self.workspace.name})
 
     def _datastore(self, datastore_name, description, account, container, resource_group) -> ml.Datastore:
         # Identity-based ("None" credentials): each job reads/writes with its compute identity's roles.
         return ml.Datastore(
-            f"datastore-{datastore_name}", name=datastore_name, resource_group_name=resource_group,
+            f"datastore-{datastore_name}",
+            name=datastore_name,
+            resource_group_name=resource_group,
             workspace_name=self.workspace.name,
             properties=ml.AzureBlobDatastoreArgs(
-                datastore_type="AzureBlob", account_name=account.name, container_name=container.name,
-                credentials=ml.NoneDatastoreCredentialsArgs(credentials_type="None"), description=description,
-                service_data_access_auth_identity="WorkspaceSystemAssignedIdentity", protocol="https",
-                endpoint="core.windows.net"),
+                datastore_type="AzureBlob",
+                account_name=account.name,
+                container_name=container.name,
+                credentials=ml.NoneDatastoreCredentialsArgs(credentials_type="None"),
+                description=description,
+                service_data_access_auth_identity="WorkspaceSystemAssignedIdentity",
+                protocol="https",
+                endpoint="core.windows.net",
+            ),
             # Azure ML validates a new datastore by reaching the account from its service, which the data
             # accounts' firewalls never admit (public access off; reached through private endpoints only): the
             # `up` would fail. Datastores - Create Or Update takes `skipValidation`
             # (learn.microsoft.com/rest/api/azureml/datastores/create-or-update); whether the datastore works is
             # checked after deployment from inside the VNet.
             skip_validation=True,
-            opts=pulumi.ResourceOptions(parent=self))
+            opts=pulumi.ResourceOptions(parent=self),
+        )

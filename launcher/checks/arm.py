@@ -6,12 +6,19 @@ management SDK uses (bearer token for management.azure.com, retries, ARM error f
 azure-core's exceptions as those SDKs do; this spares .venv three more management SDKs
 (azure-mgmt-resource, -authorization, -machinelearningservices) for seven GETs.
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
-from azure.core.exceptions import (ClientAuthenticationError, HttpResponseError, ResourceExistsError,
-                                   ResourceNotFoundError, map_error)
+from azure.core.exceptions import (
+    ClientAuthenticationError,
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceNotFoundError,
+    map_error,
+)
 from azure.core.pipeline import policies
 from azure.core.rest import HttpRequest
 from azure.mgmt.core import ARMPipelineClient
@@ -21,10 +28,10 @@ from azure.mgmt.core.policies import ARMChallengeAuthenticationPolicy, ARMHttpLo
 ENDPOINT = "https://management.azure.com"
 SCOPE = ENDPOINT + "/.default"
 # REST API versions, each the stable one whose documented response shape the parsers read.
-ML_API = "2024-04-01"                  # Microsoft.MachineLearningServices: usages, vmSizes, workspaces, datastores
-PROVIDERS_API = "2021-04-01"           # Microsoft.Resources: providers
-SUBSCRIPTIONS_API = "2022-12-01"       # Microsoft.Resources: subscriptions
-PERMISSIONS_API = "2022-04-01"         # Microsoft.Authorization: permissions
+ML_API = "2024-04-01"  # Microsoft.MachineLearningServices: usages, vmSizes, workspaces, datastores
+PROVIDERS_API = "2021-04-01"  # Microsoft.Resources: providers
+SUBSCRIPTIONS_API = "2022-12-01"  # Microsoft.Resources: subscriptions
+PERMISSIONS_API = "2022-04-01"  # Microsoft.Authorization: permissions
 _ERRORS = {401: ClientAuthenticationError, 404: ResourceNotFoundError, 409: ResourceExistsError}
 
 
@@ -32,14 +39,27 @@ class Arm:
     """GETs against ARM with `credential` (DefaultAzureCredential in use; any azure-core TokenCredential)."""
 
     def __init__(self, credential, transport=None, endpoint: str = ENDPOINT):
-        self._client = ARMPipelineClient(base_url=endpoint, transport=transport, policies=[
-            policies.RequestIdPolicy(), policies.HeadersPolicy(), policies.UserAgentPolicy("azure-horovod-training-checks"),
-            policies.RetryPolicy(), ARMChallengeAuthenticationPolicy(credential, SCOPE),
-            policies.RedirectPolicy(), ARMHttpLoggingPolicy()])
+        self._client = ARMPipelineClient(
+            base_url=endpoint,
+            transport=transport,
+            policies=[
+                policies.RequestIdPolicy(),
+                policies.HeadersPolicy(),
+                policies.UserAgentPolicy("azure-horovod-training-checks"),
+                policies.RetryPolicy(),
+                ARMChallengeAuthenticationPolicy(credential, SCOPE),
+                policies.RedirectPolicy(),
+                ARMHttpLoggingPolicy(),
+            ],
+        )
 
     def get(self, path: str, api_version: str) -> dict[str, Any]:
-        request = HttpRequest("GET", self._client.format_url(path), params={"api-version": api_version},
-                              headers={"Accept": "application/json"})
+        request = HttpRequest(
+            "GET",
+            self._client.format_url(path),
+            params={"api-version": api_version},
+            headers={"Accept": "application/json"},
+        )
         return self._send(request)
 
     def list(self, path: str, api_version: str) -> Iterator[dict[str, Any]]:
@@ -70,7 +90,7 @@ def error_code(error: HttpResponseError) -> str:
 
 def first_line(text: object, limit: int = 240) -> str:
     line = next((x.strip() for x in str(text).splitlines() if x.strip()), "")
-    return line if len(line) <= limit else line[:limit - 3] + "..."
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def describe(error: Exception, doing: str) -> str:
@@ -79,13 +99,17 @@ def describe(error: Exception, doing: str) -> str:
         return f"{doing}: not signed in to Azure ({first_line(error.message)})"
     if isinstance(error, HttpResponseError):
         code, status = error_code(error), error.status_code
-        message = first_line(error.message or str(error)).removeprefix(f"({code}) ")   # azure-core repeats the code
+        message = first_line(error.message or str(error)).removeprefix(f"({code}) ")  # azure-core repeats the code
         if status == 403:
-            return (f"{doing}: Azure refused it (403 {code or 'Forbidden'}): your identity lacks the permission"
-                    f"{': ' + message if message else ''}")
+            return (
+                f"{doing}: Azure refused it (403 {code or 'Forbidden'}): your identity lacks the permission"
+                f"{': ' + message if message else ''}"
+            )
         return f"{doing}: Azure answered {status} {code}: {message}"
     return f"{doing}: {first_line(error) or type(error).__name__}"
 
 
-SIGN_IN = ("sign in: `az login` (and `az account set --subscription <id>`), or give DefaultAzureCredential a "
-           "managed identity or AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET")
+SIGN_IN = (
+    "sign in: `az login` (and `az account set --subscription <id>`), or give DefaultAzureCredential a "
+    "managed identity or AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET"
+)

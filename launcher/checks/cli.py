@@ -1,4 +1,5 @@
 """`python -m launcher preflight --stack dev` and `python -m launcher doctor --stack dev`."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,10 +12,14 @@ COMMANDS = ("preflight", "doctor")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m launcher", description=(
-        "preflight: before `pulumi up`, check the subscription, resource providers, your permissions and every "
-        "cluster's quota against Pulumi.<stack>.yaml. doctor: after it, check that you can use the deployed "
-        "platform from here (workspace DNS, datastores, code upload, images, quota)."))
+    p = argparse.ArgumentParser(
+        prog="python -m launcher",
+        description=(
+            "preflight: before `pulumi up`, check the subscription, resource providers, your permissions and every "
+            "cluster's quota against Pulumi.<stack>.yaml. doctor: after it, check that you can use the deployed "
+            "platform from here (workspace DNS, datastores, code upload, images, quota)."
+        ),
+    )
     sub = p.add_subparsers(dest="command", required=True)
     pre = sub.add_parser("preflight", help="before pulumi up: reads Pulumi.<stack>.yaml")
     pre.add_argument("--stack", required=True, help="the platform stack, e.g. dev (reads Pulumi.<stack>.yaml)")
@@ -31,8 +36,13 @@ def main(argv: list[str]) -> int:
     logging.getLogger("azure").setLevel(logging.ERROR)
     if args.command == "preflight":
         from . import preflight, stackfile
+
         return preflight.run(stackfile.read(args.stack))
     from . import doctor
-    outputs = (stack_outputs.load_file(args.stack_outputs) if args.stack_outputs
-               else stack_outputs.load_from_pulumi(args.stack))
+
+    outputs = (
+        stack_outputs.load_file(args.stack_outputs)
+        if args.stack_outputs
+        else stack_outputs.load_from_pulumi(args.stack)
+    )
     return doctor.run(outputs)

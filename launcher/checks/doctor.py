@@ -1,6 +1,7 @@
 """After `pulumi up`: can this person use the platform from here? The workspace by name (privately when
 its public access is off), its datastores, a code-snapshot upload, every job's image in the registry, and
 every cluster's quota; each failure with its fix. Exit status 1 when anything fails."""
+
 from __future__ import annotations
 
 import sys
@@ -15,12 +16,15 @@ from .preflight import quota_findings
 
 
 def needs(outputs: StackOutputs) -> list[quota.Need]:
-    return [quota.Need(name, c["vm_size"], int(c["max_nodes"]), bool(c.get("low_priority")))
-            for name, c in sorted(outputs["clusters"].items())]
+    return [
+        quota.Need(name, c["vm_size"], int(c["max_nodes"]), bool(c.get("low_priority")))
+        for name, c in sorted(outputs["clusters"].items())
+    ]
 
 
-def findings(outputs: StackOutputs, credential, transport=None, resolver=workspace.resolve,
-             job_images=None) -> list[Finding]:
+def findings(
+    outputs: StackOutputs, credential, transport=None, resolver=workspace.resolve, job_images=None
+) -> list[Finding]:
     arm = Arm(credential, transport)
     sub, ws_name = outputs["subscription_id"], outputs["workspace_name"]
     ws_id = workspace.resource_id(sub, outputs["resource_group"], ws_name)
@@ -30,9 +34,15 @@ def findings(outputs: StackOutputs, credential, transport=None, resolver=workspa
         except ClientAuthenticationError:
             raise
         except AzureError as e:
-            return [Finding(FAIL, "workspace", describe(e, f"reading workspace {ws_name}"),
-                            "are the stack outputs this stack's (pulumi stack output --json), and are you on its "
-                            f"subscription {sub} (`az account show`)? You need a role on the workspace: `users`")]
+            return [
+                Finding(
+                    FAIL,
+                    "workspace",
+                    describe(e, f"reading workspace {ws_name}"),
+                    "are the stack outputs this stack's (pulumi stack output --json), and are you on its "
+                    f"subscription {sub} (`az account show`)? You need a role on the workspace: `users`",
+                )
+            ]
         found = workspace.check_dns(ws, resolver)
         project = {role: d["name"] for role, d in sorted(outputs["datastores"].items())}
         stores, blobstore = workspace.check_datastores(arm, ws_id, project)
@@ -40,10 +50,20 @@ def findings(outputs: StackOutputs, credential, transport=None, resolver=workspa
         if blobstore and blobstore.get("accountName") and blobstore.get("containerName"):
             found += upload.check(blobstore["accountName"], blobstore["containerName"], credential, transport)
         else:
-            found.append(Finding(FAIL, "code upload", "not tried: workspaceblobstore is missing or unreadable",
-                                 "fix the datastore findings above"))
-        found += images.check(outputs["registry_login_server"], credential,
-                              images.job_images() if job_images is None else job_images, transport)
+            found.append(
+                Finding(
+                    FAIL,
+                    "code upload",
+                    "not tried: workspaceblobstore is missing or unreadable",
+                    "fix the datastore findings above",
+                )
+            )
+        found += images.check(
+            outputs["registry_login_server"],
+            credential,
+            images.job_images() if job_images is None else job_images,
+            transport,
+        )
         location = outputs.values.get("location") or ws.get("location")
         return found + quota_findings(arm, sub, location, needs(outputs), workspace_id=ws_id)
     except ClientAuthenticationError as e:
@@ -53,7 +73,11 @@ def findings(outputs: StackOutputs, credential, transport=None, resolver=workspa
 def run(outputs: StackOutputs, credential=None, transport=None, resolver=workspace.resolve, out=sys.stdout) -> int:
     if credential is None:
         from azure.identity import DefaultAzureCredential
+
         credential = DefaultAzureCredential()
-    print(f"doctor for workspace {outputs['workspace_name']} ({outputs['resource_group']}, subscription "
-          f"{outputs['subscription_id']})", file=out)
+    print(
+        f"doctor for workspace {outputs['workspace_name']} ({outputs['resource_group']}, subscription "
+        f"{outputs['subscription_id']})",
+        file=out,
+    )
     return report(findings(outputs, credential, transport, resolver), out)

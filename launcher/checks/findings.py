@@ -1,4 +1,5 @@
 """What a check found: a status, a one-line finding and the fix, printed as one block per check."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,8 +9,8 @@ OK, WARN, FAIL = "ok", "WARN", "FAIL"
 
 @dataclass(frozen=True)
 class Finding:
-    status: str          # OK | WARN | FAIL
-    check: str           # which check, e.g. "quota gpu-ib"
+    status: str  # OK | WARN | FAIL
+    check: str  # which check, e.g. "quota gpu-ib"
     message: str
     fix: str = ""
 

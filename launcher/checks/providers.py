@@ -5,6 +5,7 @@ the resources before it exist. The namespaces come from the modules of the azure
 the two programs declare (tests/launcher/test_preflight.py runs both programs under mocks and fails when
 a declared module is missing here).
 """
+
 from __future__ import annotations
 
 from azure.core.exceptions import AzureError, ClientAuthenticationError
@@ -23,7 +24,7 @@ NAMESPACES = {
     "applicationinsights": "Microsoft.Insights",
     "operationalinsights": "Microsoft.OperationalInsights",
     "managedidentity": "Microsoft.ManagedIdentity",
-    "compute": "Microsoft.Compute",     # the jump host of access.mode bastion (wayin.py)
+    "compute": "Microsoft.Compute",  # the jump host of access.mode bastion (wayin.py)
     # Registered in every subscription (learn.microsoft.com/azure/azure-resource-manager/management/
     # resource-providers-and-types, "registered by default"): nothing to check.
     "resources": None,
@@ -40,15 +41,27 @@ def check(arm: Arm, subscription: str, namespaces: tuple[str, ...] = REQUIRED) -
         except ClientAuthenticationError:
             raise
         except AzureError as e:
-            findings.append(Finding(FAIL, f"provider {ns}", describe(e, f"reading {ns}'s registration"),
-                                    f"`az provider show -n {ns} --subscription {subscription}` with an identity that "
-                                    "can read the subscription"))
+            findings.append(
+                Finding(
+                    FAIL,
+                    f"provider {ns}",
+                    describe(e, f"reading {ns}'s registration"),
+                    f"`az provider show -n {ns} --subscription {subscription}` with an identity that "
+                    "can read the subscription",
+                )
+            )
             continue
         if state == "Registered":
             findings.append(Finding(OK, f"provider {ns}", "registered"))
         else:
-            findings.append(Finding(FAIL, f"provider {ns}", f"{state or 'NotRegistered'} in subscription {subscription}: "
-                                    "deploying its resources fails with MissingSubscriptionRegistration",
-                                    f"az provider register --namespace {ns} --subscription {subscription} --wait "
-                                    "(needs */register/action, e.g. Contributor on the subscription)"))
+            findings.append(
+                Finding(
+                    FAIL,
+                    f"provider {ns}",
+                    f"{state or 'NotRegistered'} in subscription {subscription}: "
+                    "deploying its resources fails with MissingSubscriptionRegistration",
+                    f"az provider register --namespace {ns} --subscription {subscription} --wait "
+                    "(needs */register/action, e.g. Contributor on the subscription)",
+                )
+            )
     return findings

@@ -17,6 +17,7 @@ Quotas - List): once the workspace exists, that caps its dedicated clusters too.
 Rows are read from Usages - List, Quotas - List and Virtual Machine Sizes - List (REST, api-version
 2024-04-01; the documented response shapes are in tests/launcher/test_preflight.py and test_doctor.py).
 """
+
 from __future__ import annotations
 
 import re
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from .arm import ML_API, Arm
 from .findings import FAIL, OK, WARN, Finding
 
-REQUEST_URL = "https://ml.azure.com/quota"     # the studio's quota page (how-to-manage-quotas: "filing a support ticket")
+REQUEST_URL = "https://ml.azure.com/quota"  # the studio's quota page (how-to-manage-quotas: "filing a support ticket")
 HOW_TO = "https://learn.microsoft.com/azure/machine-learning/how-to-manage-quotas#request-quota-and-limit-increases"
 LOW_PRIORITY_LABEL = "Total Cluster LowPriority Regional vCPUs"
 DEDICATED_LABEL = "Total Cluster Dedicated Regional vCPUs"
@@ -34,6 +35,7 @@ DEDICATED_LABEL = "Total Cluster Dedicated Regional vCPUs"
 @dataclass(frozen=True)
 class Need:
     """What one cluster asks of the quota."""
+
     cluster: str
     vm_size: str
     max_nodes: int
@@ -42,16 +44,16 @@ class Need:
 
 @dataclass(frozen=True)
 class Pool:
-    label: str           # as the portal and the studio name it
-    limit: int           # < 0: no limit at this level
+    label: str  # as the portal and the studio name it
+    limit: int  # < 0: no limit at this level
     used: int
 
 
 @dataclass
 class Region:
     location: str
-    sizes: dict[str, dict] = field(default_factory=dict)      # lowercased size name -> vmSizes item
-    families: dict[str, Pool] = field(default_factory=dict)   # family key -> dedicated pool
+    sizes: dict[str, dict] = field(default_factory=dict)  # lowercased size name -> vmSizes item
+    families: dict[str, Pool] = field(default_factory=dict)  # family key -> dedicated pool
     dedicated_total: Pool | None = None
     low_priority: Pool | None = None
     workspace: dict[str, Pool] = field(default_factory=dict)  # family key -> the workspace's own dedicated quota
@@ -94,13 +96,18 @@ def read_workspace_quotas(arm: Arm, region: Region, subscription: str, workspace
     limit: none set, the subscription's applies)."""
     base = f"/subscriptions/{subscription}/providers/Microsoft.MachineLearningServices/locations/{region.location}"
     prefix = workspace_id.lower().rstrip("/") + "/"
-    used = {family_key(str(r.get("id", "")).rsplit("/", 1)[-1]): int(r.get("currentValue", 0))
-            for r in region.usage_rows if str(r.get("type", "")).lower().endswith("/workspaces/usages")
-            and str(r.get("id", "")).lower().startswith(prefix)}
+    used = {
+        family_key(str(r.get("id", "")).rsplit("/", 1)[-1]): int(r.get("currentValue", 0))
+        for r in region.usage_rows
+        if str(r.get("type", "")).lower().endswith("/workspaces/usages")
+        and str(r.get("id", "")).lower().startswith(prefix)
+    }
     name = workspace_id.rstrip("/").rsplit("/", 1)[-1]
     for row in arm.list(f"{base}/quotas", ML_API):
-        if not (str(row.get("type", "")).lower().endswith("/workspaces/quotas")
-                and str(row.get("id", "")).lower().startswith(prefix)):
+        if not (
+            str(row.get("type", "")).lower().endswith("/workspaces/quotas")
+            and str(row.get("id", "")).lower().startswith(prefix)
+        ):
             continue
         label = (row.get("name") or {}).get("localizedValue") or (row.get("name") or {}).get("value") or ""
         key, limit = family_key(label), int(row.get("limit", -1))
@@ -109,8 +116,10 @@ def read_workspace_quotas(arm: Arm, region: Region, subscription: str, workspace
 
 
 def _request(cluster_need: Need, vcpus: int, label: str, location: str) -> str:
-    return (f"request {cluster_need.max_nodes * vcpus} vCPUs of '{label}' in {location}: {REQUEST_URL} "
-            f"(Quota, then the subscription and region; steps: {HOW_TO})")
+    return (
+        f"request {cluster_need.max_nodes * vcpus} vCPUs of '{label}' in {location}: {REQUEST_URL} "
+        f"(Quota, then the subscription and region; steps: {HOW_TO})"
+    )
 
 
 def check(region: Region, need: Need, nodes: int | None = None) -> list[Finding]:
@@ -119,49 +128,97 @@ def check(region: Region, need: Need, nodes: int | None = None) -> list[Finding]
     size = region.sizes.get(need.vm_size.lower())
     types = [t.lower() for t in (size or {}).get("supportedComputeTypes") or ["amlcompute"]]
     if size is None or "amlcompute" not in types:
-        return [Finding(FAIL, name, f"{need.vm_size} is not offered for Azure ML compute clusters in {region.location}",
-                        f"pick a size that is: `az ml compute list-sizes --location {region.location} --type "
-                        "AmlCompute -o table`, or another region (azure-native:location)")]
+        return [
+            Finding(
+                FAIL,
+                name,
+                f"{need.vm_size} is not offered for Azure ML compute clusters in {region.location}",
+                f"pick a size that is: `az ml compute list-sizes --location {region.location} --type "
+                "AmlCompute -o table`, or another region (azure-native:location)",
+            )
+        ]
     vcpus, family = int(size.get("vCPUs") or 0), str(size.get("family", "?"))
     if need.low_priority:
         if size.get("lowPriorityCapable") is False:
-            return [Finding(FAIL, name, f"{need.vm_size} cannot run as LowPriority in {region.location}",
-                            "set priority: Dedicated for this cluster in Pulumi.<stack>.yaml")]
+            return [
+                Finding(
+                    FAIL,
+                    name,
+                    f"{need.vm_size} cannot run as LowPriority in {region.location}",
+                    "set priority: Dedicated for this cluster in Pulumi.<stack>.yaml",
+                )
+            ]
         pool, kind = region.low_priority, "low-priority (one regional pool for every family)"
         pools = [pool] if pool else []
     else:
         key = family_key(family) or ""
         pool, kind = region.families.get(key), "dedicated"
         pools = [p for p in (pool, region.workspace.get(key), region.dedicated_total) if p]
-    facts = (f"VM family {family}, {vcpus} vCPUs per node, {need.max_nodes * vcpus} for maxNodes {need.max_nodes}; "
-             f"{kind} quota: " + ", ".join(f"'{p.label}' {p.limit if p.limit >= 0 else 'unlimited'} "
-                                           f"({p.used} in use)" for p in pools))
+    facts = (
+        f"VM family {family}, {vcpus} vCPUs per node, {need.max_nodes * vcpus} for maxNodes {need.max_nodes}; "
+        f"{kind} quota: "
+        + ", ".join(f"'{p.label}' {p.limit if p.limit >= 0 else 'unlimited'} ({p.used} in use)" for p in pools)
+    )
     if pool is None:
-        return [Finding(WARN, name, f"{facts}none: no {kind} quota row for family {family} in {region.location}; "
-                        "not judged", f"look it up in the studio: {REQUEST_URL}")]
+        return [
+            Finding(
+                WARN,
+                name,
+                f"{facts}none: no {kind} quota row for family {family} in {region.location}; not judged",
+                f"look it up in the studio: {REQUEST_URL}",
+            )
+        ]
     limited = [p for p in pools if p.limit >= 0]
     if not limited:
         return [Finding(OK, name, facts)]
     tight = min(limited, key=lambda p: p.limit)
     fix = _request(need, vcpus, tight.label, region.location)
     if vcpus > tight.limit:
-        return [Finding(FAIL, name, f"{facts}. One node ({vcpus} vCPUs) exceeds '{tight.label}' ({tight.limit}): "
-                        "Azure refuses to create the cluster (ClusterMinNodesExceedCoreQuota), even with minNodes 0", fix)]
+        return [
+            Finding(
+                FAIL,
+                name,
+                f"{facts}. One node ({vcpus} vCPUs) exceeds '{tight.label}' ({tight.limit}): "
+                "Azure refuses to create the cluster (ClusterMinNodesExceedCoreQuota), even with minNodes 0",
+                fix,
+            )
+        ]
     findings = []
     if need.max_nodes * vcpus > tight.limit:
-        findings.append(Finding(WARN, name, f"{facts}. maxNodes {need.max_nodes} needs {need.max_nodes * vcpus} "
-                                f"vCPUs, above '{tight.label}' ({tight.limit}): at most {tight.limit // vcpus} nodes "
-                                "run at once; a job needing more waits in the queue for good", fix + ", or lower maxNodes"))
+        findings.append(
+            Finding(
+                WARN,
+                name,
+                f"{facts}. maxNodes {need.max_nodes} needs {need.max_nodes * vcpus} "
+                f"vCPUs, above '{tight.label}' ({tight.limit}): at most {tight.limit // vcpus} nodes "
+                "run at once; a job needing more waits in the queue for good",
+                fix + ", or lower maxNodes",
+            )
+        )
     if nodes is not None:
         free = min(p.limit - p.used for p in limited)
         if nodes * vcpus > tight.limit:
-            return [Finding(FAIL, name, f"{facts}. The job needs {nodes} nodes = {nodes * vcpus} vCPUs, above "
-                            f"'{tight.label}' ({tight.limit}): it would wait in the queue for good",
-                            _request(Need(need.cluster, need.vm_size, nodes, need.low_priority), vcpus, tight.label,
-                                     region.location) + f", or run on {tight.limit // vcpus} nodes (--nodes)")]
+            return [
+                Finding(
+                    FAIL,
+                    name,
+                    f"{facts}. The job needs {nodes} nodes = {nodes * vcpus} vCPUs, above "
+                    f"'{tight.label}' ({tight.limit}): it would wait in the queue for good",
+                    _request(
+                        Need(need.cluster, need.vm_size, nodes, need.low_priority), vcpus, tight.label, region.location
+                    )
+                    + f", or run on {tight.limit // vcpus} nodes (--nodes)",
+                )
+            ]
         if nodes * vcpus > free:
-            findings.append(Finding(WARN, name, f"{facts}. The job needs {nodes * vcpus} vCPUs; {max(free, 0)} are free "
-                                    "now: it waits until other work releases nodes"))
+            findings.append(
+                Finding(
+                    WARN,
+                    name,
+                    f"{facts}. The job needs {nodes * vcpus} vCPUs; {max(free, 0)} are free "
+                    "now: it waits until other work releases nodes",
+                )
+            )
     return findings or [Finding(OK, name, facts)]
 
 
@@ -172,12 +229,21 @@ def check_totals(region: Region, needs: list[Need]) -> list[Finding]:
         size = region.sizes.get(need.vm_size.lower())
         if not size:
             continue
-        pool = region.low_priority if need.low_priority else region.families.get(family_key(str(size.get("family"))) or "")
+        pool = (
+            region.low_priority if need.low_priority else region.families.get(family_key(str(size.get("family"))) or "")
+        )
         if pool is None or pool.limit < 0:
             continue
         _, members, total = groups.get(pool.label, (pool, [], 0))
         groups[pool.label] = (pool, members + [need], total + need.max_nodes * int(size.get("vCPUs") or 0))
-    return [Finding(WARN, f"quota '{label}'", f"clusters {', '.join(n.cluster for n in members)} together need "
-                    f"{total} vCPUs at maxNodes, above {pool.limit}: they cannot all be at full size at once",
-                    f"request more at {REQUEST_URL}, or lower their maxNodes")
-            for label, (pool, members, total) in groups.items() if len(members) > 1 and total > pool.limit]
+    return [
+        Finding(
+            WARN,
+            f"quota '{label}'",
+            f"clusters {', '.join(n.cluster for n in members)} together need "
+            f"{total} vCPUs at maxNodes, above {pool.limit}: they cannot all be at full size at once",
+            f"request more at {REQUEST_URL}, or lower their maxNodes",
+        )
+        for label, (pool, members, total) in groups.items()
+        if len(members) > 1 and total > pool.limit
+    ]

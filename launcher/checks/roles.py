@@ -12,6 +12,7 @@ user roles to the right kind of principal.
   one without is an application's (learn.microsoft.com/entra/identity-platform/access-token-claims-reference).
   The token is read, not verified: it describes ourselves to ourselves.
 """
+
 from __future__ import annotations
 
 import base64
@@ -25,8 +26,8 @@ from .findings import FAIL, OK, WARN, Finding
 
 NEEDED = {
     "Microsoft.Authorization/roleAssignments/write": "the stack assigns roles (data access, AcrPull, AzureML Data "
-                                                     "Scientist): Owner, User Access Administrator or Role Based "
-                                                     "Access Control Administrator",
+    "Scientist): Owner, User Access Administrator or Role Based "
+    "Access Control Administrator",
     "Microsoft.Resources/subscriptions/resourceGroups/write": "the stack creates its resource group: Contributor",
 }
 
@@ -55,6 +56,7 @@ def _allowed(action: str, permissions: list[dict]) -> bool:
 
     def hit(patterns):
         return any(fnmatch.fnmatchcase(a, str(p).lower()) for p in patterns or [])
+
     return any(hit(p.get("actions")) and not hit(p.get("notActions")) for p in permissions)
 
 
@@ -63,23 +65,35 @@ def check_permissions(arm: Arm, subscription: str, resource_group: str) -> list[
     try:
         try:
             permissions = list(arm.list(f"{scope}/providers/Microsoft.Authorization/permissions", PERMISSIONS_API))
-        except ResourceNotFoundError:     # the resource group comes with the first `pulumi up`
+        except ResourceNotFoundError:  # the resource group comes with the first `pulumi up`
             scope = f"/subscriptions/{subscription}"
             permissions = list(arm.list(f"{scope}/providers/Microsoft.Authorization/permissions", PERMISSIONS_API))
     except ClientAuthenticationError:
         raise
     except AzureError as e:
-        return [Finding(FAIL, "permissions", describe(e, f"reading your permissions on {scope}"),
-                        "ask the subscription's owner for Contributor and User Access Administrator on it")]
+        return [
+            Finding(
+                FAIL,
+                "permissions",
+                describe(e, f"reading your permissions on {scope}"),
+                "ask the subscription's owner for Contributor and User Access Administrator on it",
+            )
+        ]
     findings = []
     for action, why in NEEDED.items():
         if _allowed(action, permissions):
             findings.append(Finding(OK, "permissions", f"{action} allowed on {scope}"))
         else:
-            findings.append(Finding(FAIL, "permissions", f"you may not {action} on {scope}; {why}",
-                                    f"az role assignment create --assignee <you> --role \"User Access Administrator\" "
-                                    f"--scope /subscriptions/{subscription} (by an Owner), or let someone who has it "
-                                    "run pulumi up"))
+            findings.append(
+                Finding(
+                    FAIL,
+                    "permissions",
+                    f"you may not {action} on {scope}; {why}",
+                    f"az role assignment create --assignee <you> --role \"User Access Administrator\" "
+                    f"--scope /subscriptions/{subscription} (by an Owner), or let someone who has it "
+                    "run pulumi up",
+                )
+            )
     return findings
 
 
@@ -89,16 +103,40 @@ def check_principal(token_claims: dict, users) -> list[Finding]:
     who = f"{kind or 'unknown principal'} {oid or '?'}"
     if users is not None:
         if not users:
-            return [Finding(WARN, "users", "users is an empty list: nobody gets the roles to submit jobs or upload "
-                            "data", "list the people (or a group) in `users` in Pulumi.<stack>.yaml")]
+            return [
+                Finding(
+                    WARN,
+                    "users",
+                    "users is an empty list: nobody gets the roles to submit jobs or upload data",
+                    "list the people (or a group) in `users` in Pulumi.<stack>.yaml",
+                )
+            ]
         return [Finding(OK, "users", f"deploying as {who}; the user roles go to the {len(users)} listed principal(s)")]
     if kind == "ServicePrincipal":
-        return [Finding(FAIL, "users", f"deploying as {who} with no `users`: the stack would assign the user roles "
-                        "to it as principalType User, which Azure refuses (UnmatchedPrincipalType)",
-                        "list the people who submit jobs in `users` (objectId and type: User or Group), or this "
-                        f"service principal itself: - objectId: {oid}  type: ServicePrincipal")]
+        return [
+            Finding(
+                FAIL,
+                "users",
+                f"deploying as {who} with no `users`: the stack would assign the user roles "
+                "to it as principalType User, which Azure refuses (UnmatchedPrincipalType)",
+                "list the people who submit jobs in `users` (objectId and type: User or Group), or this "
+                f"service principal itself: - objectId: {oid}  type: ServicePrincipal",
+            )
+        ]
     if kind is None:
-        return [Finding(WARN, "users", "cannot tell from the sign-in whether you are a user or a service principal",
-                        "list the platform's users in `users` (objectId, type) to be independent of who deploys")]
-    return [Finding(OK, "users", f"deploying as {who}; without `users` the user roles go to you (the last to run "
-                    "pulumi up): list everyone in `users` when several people deploy")]
+        return [
+            Finding(
+                WARN,
+                "users",
+                "cannot tell from the sign-in whether you are a user or a service principal",
+                "list the platform's users in `users` (objectId, type) to be independent of who deploys",
+            )
+        ]
+    return [
+        Finding(
+            OK,
+            "users",
+            f"deploying as {who}; without `users` the user roles go to you (the last to run "
+            "pulumi up): list everyone in `users` when several people deploy",
+        )
+    ]

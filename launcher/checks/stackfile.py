@@ -1,5 +1,6 @@
 """A platform stack's settings from Pulumi.<stack>.yaml, validated by the program's own config.load, plus the
 subscription it pins; read without the Pulumi CLI (preflight runs before there is anything to ask it)."""
+
 from __future__ import annotations
 
 import pathlib
@@ -17,7 +18,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 @dataclass(frozen=True)
 class StackFile:
     settings: config.PlatformConfig
-    subscription: str | None            # azure-native:subscriptionId
+    subscription: str | None  # azure-native:subscriptionId
 
 
 def read(stack: str, root: pathlib.Path | None = None) -> StackFile:

@@ -13,6 +13,7 @@ Only a file whose marker names it, with its size (and, for the one resumed from,
 checkpoint. A crash anywhere before step 4 ends leaves no valid marker for the new file, so the previous complete
 checkpoint stays the newest resumable one; after it, the new one is. A truncated file is never chosen.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ import logging
 import pathlib
 import re
 import tempfile
-from typing import Callable
+from collections.abc import Callable
 
 from . import durable
 
@@ -43,9 +44,13 @@ def _record(path: pathlib.Path) -> dict | None:
     """The marker's record when it vouches for `path` as it is now (same name and size), else None."""
     try:
         record = json.loads(marker_for(path).read_text())
-        ok = (isinstance(record, dict) and record.get("file") == path.name and isinstance(record.get("sha256"), str)
-              and record.get("bytes") == path.stat().st_size)
-    except (OSError, ValueError):   # no marker, a torn one, or no data file
+        ok = (
+            isinstance(record, dict)
+            and record.get("file") == path.name
+            and isinstance(record.get("sha256"), str)
+            and record.get("bytes") == path.stat().st_size
+        )
+    except (OSError, ValueError):  # no marker, a torn one, or no data file
         return None
     return record if ok else None
 
@@ -79,14 +84,20 @@ def latest(directory: pathlib.Path, suffix: str) -> tuple[int, pathlib.Path] | N
         if record is not None and durable.sha256(path) == record["sha256"]:
             newer = [p.name for e, p in unfinished if e > epoch]
             if newer:
-                log.warning("skipped %s: no completion marker (a write cut short); resuming from %s",
-                            ", ".join(newer), path.name)
+                log.warning(
+                    "skipped %s: no completion marker (a write cut short); resuming from %s",
+                    ", ".join(newer),
+                    path.name,
+                )
             return epoch, path
         log.warning("skipped %s: its content does not match the SHA-256 its marker records", path)
     if unfinished:
-        log.warning("no complete checkpoint in %s: %s have no completion marker (a write cut short, or written "
-                    "before markers existed), so training starts over", directory,
-                    ", ".join(p.name for _, p in unfinished))
+        log.warning(
+            "no complete checkpoint in %s: %s have no completion marker (a write cut short, or written "
+            "before markers existed), so training starts over",
+            directory,
+            ", ".join(p.name for _, p in unfinished),
+        )
     return None
 
 
@@ -97,8 +108,8 @@ def write(path: pathlib.Path, save: Callable[[pathlib.Path], None]) -> None:
     marker = marker_for(path)
     with tempfile.TemporaryDirectory(prefix="checkpoint-") as tmp:
         local = pathlib.Path(tmp) / path.name
-        save(local)                       # a failure here leaves the output folder untouched
-        marker.unlink(missing_ok=True)    # an old marker must never vouch for bytes being replaced
+        save(local)  # a failure here leaves the output folder untouched
+        marker.unlink(missing_ok=True)  # an old marker must never vouch for bytes being replaced
         try:
             size, digest = durable.copy(local, path)
         except BaseException:

@@ -4,17 +4,18 @@ Shared by every framework's payload so that a job definition's arguments mean th
 PyTorch, TensorFlow and Keras. Checks that need the world size run after Horovod starts, still before
 any data is read or any step is trained.
 """
+
 from __future__ import annotations
 
 import argparse
 import os
 import pathlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from . import tracking
 from .errors import ConfigError
-
 
 # Flags whose default depends on the device (a GPU switches them on, or picks their value), with the command-line
 # spellings of each value. The test suite's rule (tests/README.md): each value runs in a two-process test on the
@@ -24,8 +25,8 @@ DEVICE_DEPENDENT: dict[str, tuple[tuple[str, ...], ...]] = {
     "amp": (("--amp",), ("--no-amp",)),
     "amp_dtype": (("--amp-dtype", "bf16"), ("--amp-dtype", "fp16")),
     "channels_last": (("--channels-last",), ("--no-channels-last",)),
-    "compile": (("--compile",), ()),            # off by default on every device until a GPU figure says otherwise
-    "gpu_decode": (("--gpu-decode",), ()),      # off by default; without a GPU it runs its CPU fallback
+    "compile": (("--compile",), ()),  # off by default on every device until a GPU figure says otherwise
+    "gpu_decode": (("--gpu-decode",), ()),  # off by default; without a GPU it runs its CPU fallback
 }
 
 # PyTorch's collective layers (payloads/pytorch/backends.py); Horovod is the default.
@@ -38,17 +39,17 @@ LR_PER_256 = 0.1
 @dataclass
 class TrainConfig:
     model: str = "resnet50"
-    data: str = "synthetic"                  # synthetic | imagefolder, shards (PyTorch) | tfrecord (TensorFlow, Keras)
+    data: str = "synthetic"  # synthetic | imagefolder, shards (PyTorch) | tfrecord (TensorFlow, Keras)
     data_dir: pathlib.Path | None = None
-    synthetic_samples: int = 1024             # per epoch, whole job
+    synthetic_samples: int = 1024  # per epoch, whole job
     image_size: int = 224
-    num_classes: int = 1000                   # synthetic only; imagefolder counts its class folders
+    num_classes: int = 1000  # synthetic only; imagefolder counts its class folders
     epochs: int = 90
-    batch_size: int | None = 32               # per process (Horovod's convention)
-    global_batch_size: int | None = None      # alternative: split evenly over the processes
-    max_steps_per_epoch: int = 0              # 0 = the whole epoch
-    startup_steps: int = 10                   # first steps of a run: timed as start-up, not in the throughput
-    base_lr: float | None = None              # one process at its batch; None = LR_PER_256 x batch / 256
+    batch_size: int | None = 32  # per process (Horovod's convention)
+    global_batch_size: int | None = None  # alternative: split evenly over the processes
+    max_steps_per_epoch: int = 0  # 0 = the whole epoch
+    startup_steps: int = 10  # first steps of a run: timed as start-up, not in the throughput
+    base_lr: float | None = None  # one process at its batch; None = LR_PER_256 x batch / 256
     momentum: float = 0.9
     weight_decay: float = 5e-5
     warmup_epochs: float = 5.0
@@ -61,23 +62,23 @@ class TrainConfig:
     resume: bool = True
     seed: int = 42
     workers: int = 2
-    threads: int = 0                          # torch intra-op threads per process; 0 = cores / local processes
-    amp: bool | None = None                   # None = on when a GPU is used
-    amp_dtype: str = "auto"                   # PyTorch: auto = bf16 on compute capability 8.0+ and CPUs, else fp16
-    loss_scale_init: float = 2.0 ** 16        # PyTorch fp16: the loss scaler's first scale (GradScaler's default)
-    compile: bool = False                     # PyTorch: torch.compile the model
-    channels_last: bool | None = None         # None = on when a GPU is used (PyTorch; TensorFlow is NHWC)
-    xla: bool = False                         # TensorFlow/Keras: compile the step with XLA
+    threads: int = 0  # torch intra-op threads per process; 0 = cores / local processes
+    amp: bool | None = None  # None = on when a GPU is used
+    amp_dtype: str = "auto"  # PyTorch: auto = bf16 on compute capability 8.0+ and CPUs, else fp16
+    loss_scale_init: float = 2.0**16  # PyTorch fp16: the loss scaler's first scale (GradScaler's default)
+    compile: bool = False  # PyTorch: torch.compile the model
+    channels_last: bool | None = None  # None = on when a GPU is used (PyTorch; TensorFlow is NHWC)
+    xla: bool = False  # TensorFlow/Keras: compile the step with XLA
     skip_corrupt_images: bool = False
-    shuffle_buffer: int = 5000                # shards: samples held for shuffling per process
-    decoder: str = "auto"                     # PyTorch: the CPU JPEG decoder (payloads/pytorch/decoders.py)
-    gpu_decode: bool = False                  # PyTorch shards: decode JPEGs on the GPU (nvJPEG through torchvision)
-    cache_decoded: bool = False               # shards: keep the decoded images in memory after epoch 1
+    shuffle_buffer: int = 5000  # shards: samples held for shuffling per process
+    decoder: str = "auto"  # PyTorch: the CPU JPEG decoder (payloads/pytorch/decoders.py)
+    gpu_decode: bool = False  # PyTorch shards: decode JPEGs on the GPU (nvJPEG through torchvision)
+    cache_decoded: bool = False  # shards: keep the decoded images in memory after epoch 1
     progress: bool = True
-    mlflow: bool = True                       # log to MLflow when MLFLOW_TRACKING_URI is set (Azure ML sets it)
+    mlflow: bool = True  # log to MLflow when MLFLOW_TRACKING_URI is set (Azure ML sets it)
     # The options the payload declared (its --help); to_json() records these. Empty: every field.
     options: tuple[str, ...] = field(default=(), repr=False, compare=False)
-    backend: str = "horovod"                  # PyTorch: horovod | ddp (DistributedDataParallel under torchrun)
+    backend: str = "horovod"  # PyTorch: horovod | ddp (DistributedDataParallel under torchrun)
 
     @property
     def checkpoint_dir(self) -> pathlib.Path:
@@ -96,26 +97,40 @@ class TrainConfig:
         if self.model not in models:
             raise ConfigError(f"unknown model {self.model!r}: choose one of {', '.join(sorted(models))}")
         if self.data not in data_kinds:
-            hint = {"tfrecord": " (TFRecord shards are read by the TensorFlow and Keras payloads)",
-                    "shards": " (WebDataset shards are read by the PyTorch payload; here use --data tfrecord "
-                              "on the tfrecord folder that datatools.prepare writes beside them)",
-                    "imagefolder": " (convert class folders to TFRecord shards: python -m datatools.prepare "
-                                    "--formats tfrecord, then --data-dir OUTPUT/tfrecord)",
-                    }.get(self.data, "")
+            hint = {
+                "tfrecord": " (TFRecord shards are read by the TensorFlow and Keras payloads)",
+                "shards": " (WebDataset shards are read by the PyTorch payload; here use --data tfrecord "
+                "on the tfrecord folder that datatools.prepare writes beside them)",
+                "imagefolder": " (convert class folders to TFRecord shards: python -m datatools.prepare "
+                "--formats tfrecord, then --data-dir OUTPUT/tfrecord)",
+            }.get(self.data, "")
             raise ConfigError(f"unknown --data {self.data!r}: choose {' or '.join(data_kinds)}{hint}")
         if self.data == "imagefolder" and self.data_dir is None:
             raise ConfigError("--data imagefolder needs --data-dir: a folder with one sub-folder of images per class")
         if self.data == "tfrecord" and self.data_dir is None:
-            raise ConfigError("--data tfrecord needs --data-dir: a folder of TFRecord shards (train-* files, "
-                              "optionally validation-*)")
+            raise ConfigError(
+                "--data tfrecord needs --data-dir: a folder of TFRecord shards (train-* files, optionally validation-*)"
+            )
         if self.data == "shards" and self.data_dir is None:
-            raise ConfigError("--data shards needs --data-dir: the webdataset folder written by "
-                              "python -m datatools.prepare (local, downloaded or an Azure ML mount)")
+            raise ConfigError(
+                "--data shards needs --data-dir: the webdataset folder written by "
+                "python -m datatools.prepare (local, downloaded or an Azure ML mount)"
+            )
         if self.data == "synthetic" and self.data_dir is not None:
             raise ConfigError("--data-dir was given with --data synthetic: add --data imagefolder to train on it")
         _positive(self, "epochs", "image_size", "synthetic_samples", "num_classes", "backward_passes_per_step")
-        _non_negative(self, "max_steps_per_epoch", "startup_steps", "keep_checkpoints", "workers", "threads", "weight_decay", "shuffle_buffer",
-                      "warmup_epochs", "momentum")
+        _non_negative(
+            self,
+            "max_steps_per_epoch",
+            "startup_steps",
+            "keep_checkpoints",
+            "workers",
+            "threads",
+            "weight_decay",
+            "shuffle_buffer",
+            "warmup_epochs",
+            "momentum",
+        )
         if self.base_lr is not None and self.base_lr <= 0:
             raise ConfigError(f"--base-lr must be positive, got {self.base_lr}")
         if self.loss_scale_init <= 0:
@@ -135,8 +150,10 @@ class TrainConfig:
         if self.backend not in BACKENDS:
             raise ConfigError(f"--backend {self.backend!r}: choose {' or '.join(BACKENDS)}")
         if self.backend == "ddp" and self.adasum:
-            raise ConfigError("--adasum is a Horovod option: PyTorch DDP (--backend ddp) has no Adasum reduction, "
-                              "only averaging: drop --adasum, or train with --backend horovod")
+            raise ConfigError(
+                "--adasum is a Horovod option: PyTorch DDP (--backend ddp) has no Adasum reduction, "
+                "only averaging: drop --adasum, or train with --backend horovod"
+            )
         if self.adasum and self.fp16_allreduce:
             raise ConfigError("--adasum and --fp16-allreduce cannot be combined: Adasum reduces in full precision")
 
@@ -172,12 +189,16 @@ class TrainConfig:
         if not self.adasum or world_size == 1:
             return
         if not mpi_controller:
-            raise ConfigError("--adasum needs Horovod's MPI controller (Adasum is implemented over MPI): start the "
-                              "job with mpirun (Azure ML's MPI distribution, horovodrun --mpi), or drop --adasum")
+            raise ConfigError(
+                "--adasum needs Horovod's MPI controller (Adasum is implemented over MPI): start the "
+                "job with mpirun (Azure ML's MPI distribution, horovodrun --mpi), or drop --adasum"
+            )
         if world_size & (world_size - 1):
             low = 1 << (world_size.bit_length() - 1)
-            raise ConfigError(f"--adasum needs a power-of-two number of processes, this job has {world_size}: "
-                              f"use {low} or {low * 2} processes, or drop --adasum")
+            raise ConfigError(
+                f"--adasum needs a power-of-two number of processes, this job has {world_size}: "
+                f"use {low} or {low * 2} processes, or drop --adasum"
+            )
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -201,8 +222,10 @@ def check_output_dir(path: pathlib.Path) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise ConfigError(f"--output-dir {path} is not writable ({e.strerror or e}): pass a folder you can write "
-                          "(on Azure ML, the job's outputs folder)") from None
+        raise ConfigError(
+            f"--output-dir {path} is not writable ({e.strerror or e}): pass a folder you can write "
+            "(on Azure ML, the job's outputs folder)"
+        ) from None
 
 
 def _positive(cfg: TrainConfig, *names: str) -> None:
@@ -229,25 +252,27 @@ def _epochs(text: str) -> tuple[int, ...]:
 # --help only when that payload uses it, and the default shown is the one it trains with. An option of
 # another payload is refused with the name of the payloads that take it (tests/test_options.py checks both).
 
+
 class Declared(NamedTuple):
     """What a group needs to declare its options for one payload."""
-    defaults: TrainConfig                     # the payload's defaults (TrainConfig's, with its own overrides)
+
+    defaults: TrainConfig  # the payload's defaults (TrainConfig's, with its own overrides)
     models: Sequence[str]
     data_kinds: Sequence[str]
 
 
 @dataclass(frozen=True)
 class Group:
-    title: str                                # the --help section; groups with one title share a section
-    owners: str                               # the payloads that take these options (named when refused elsewhere)
-    add: Callable[[Any, Declared], None]      # adds the options to an argparse argument group
+    title: str  # the --help section; groups with one title share a section
+    owners: str  # the payloads that take these options (named when refused elsewhere)
+    add: Callable[[Any, Declared], None]  # adds the options to an argparse argument group
 
 
 DATA_DIR_HELP = {
     "imagefolder": "imagefolder: root/<class>/<image>, or root/train and root/val in that layout",
     "shards": "shards: a WebDataset folder with manifest.json (python -m datatools.prepare)",
     "tfrecord": "tfrecord: a folder of train-* (and validation-*) TFRecord shards (python -m datatools.prepare "
-                "--formats tfrecord writes one: its tfrecord/ folder)",
+    "--formats tfrecord writes one: its tfrecord/ folder)",
     "tiles": "a folder made by python -m datatools.landcover.prepare (blocks and manifest.json)",
 }
 
@@ -255,111 +280,210 @@ DATA_DIR_HELP = {
 def _model_and_data(g, c: Declared) -> None:
     d = c.defaults
     g.add_argument("--model", default=d.model, help=f"one of {', '.join(c.models)}" if c.models else "the model")
-    g.add_argument("--data-dir", type=pathlib.Path, default=None,
-                   help="; ".join(DATA_DIR_HELP[k] for k in c.data_kinds if k in DATA_DIR_HELP))
+    g.add_argument(
+        "--data-dir",
+        type=pathlib.Path,
+        default=None,
+        help="; ".join(DATA_DIR_HELP[k] for k in c.data_kinds if k in DATA_DIR_HELP),
+    )
     g.add_argument("--image-size", type=int, default=d.image_size, help="side of the square images trained on, pixels")
 
 
 def _classification_input(g, c: Declared) -> None:
     d = c.defaults
     g.add_argument("--data", default=d.data, help=" | ".join(c.data_kinds))
-    g.add_argument("--num-classes", type=int, default=d.num_classes,
-                   help="synthetic: the classes generated; imagefolder counts its class folders; shards and "
-                        "tfrecord: labels must be below it")
+    g.add_argument(
+        "--num-classes",
+        type=int,
+        default=d.num_classes,
+        help="synthetic: the classes generated; imagefolder counts its class folders; shards and "
+        "tfrecord: labels must be below it",
+    )
     g.add_argument("--synthetic-samples", type=int, default=d.synthetic_samples, help="per epoch, whole job")
-    g.add_argument("--skip-corrupt-images", action="store_true", default=d.skip_corrupt_images,
-                   help="skip and count undecodable images instead of failing on the first one")
-    g.add_argument("--workers", type=int, default=d.workers,
-                   help="parallel image decodes per training process (PyTorch: data loader processes)")
+    g.add_argument(
+        "--skip-corrupt-images",
+        action="store_true",
+        default=d.skip_corrupt_images,
+        help="skip and count undecodable images instead of failing on the first one",
+    )
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=d.workers,
+        help="parallel image decodes per training process (PyTorch: data loader processes)",
+    )
 
 
 def _schedule(g, c: Declared) -> None:
     d = c.defaults
-    g.add_argument("--epochs", type=int, default=d.epochs, help="epochs of the whole run (a resumed run counts those done)")
+    g.add_argument(
+        "--epochs", type=int, default=d.epochs, help="epochs of the whole run (a resumed run counts those done)"
+    )
     # argparse default None so that giving both batch options is an error; parse() fills in the default.
     g.add_argument("--batch-size", type=int, default=None, help=f"per process (default: {d.batch_size})")
-    g.add_argument("--global-batch-size", type=int, default=None, help="instead of --batch-size: split over the processes")
+    g.add_argument(
+        "--global-batch-size", type=int, default=None, help="instead of --batch-size: split over the processes"
+    )
     g.add_argument("--max-steps-per-epoch", type=int, default=d.max_steps_per_epoch, help="0 = whole epoch")
-    g.add_argument("--base-lr", type=float, default=d.base_lr,
-                   help="LR of one process at its --batch-size; the job's LR scales with the global batch"
-                        + ("" if d.base_lr is not None else
-                           f". Default: the linear-scaling rule of Goyal et al., {LR_PER_256} per 256 images "
-                           f"({LR_PER_256} x batch / 256: 0.025 at batch 64, 0.1 at 256)"))
+    g.add_argument(
+        "--base-lr",
+        type=float,
+        default=d.base_lr,
+        help="LR of one process at its --batch-size; the job's LR scales with the global batch"
+        + (
+            ""
+            if d.base_lr is not None
+            else f". Default: the linear-scaling rule of Goyal et al., {LR_PER_256} per 256 images "
+            f"({LR_PER_256} x batch / 256: 0.025 at batch 64, 0.1 at 256)"
+        ),
+    )
     g.add_argument("--momentum", type=float, default=d.momentum, help="SGD momentum")
     g.add_argument("--weight-decay", type=float, default=d.weight_decay, help="L2 penalty on every trainable weight")
-    g.add_argument("--warmup-epochs", type=float, default=d.warmup_epochs,
-                   help="epochs of linear warm-up from the one-process LR to the job's LR")
-    g.add_argument("--lr-decay-epochs", type=_epochs, default=d.lr_decay_epochs,
-                   help="comma-separated epochs at which the LR drops 10x, e.g. 30,60,80")
+    g.add_argument(
+        "--warmup-epochs",
+        type=float,
+        default=d.warmup_epochs,
+        help="epochs of linear warm-up from the one-process LR to the job's LR",
+    )
+    g.add_argument(
+        "--lr-decay-epochs",
+        type=_epochs,
+        default=d.lr_decay_epochs,
+        help="comma-separated epochs at which the LR drops 10x, e.g. 30,60,80",
+    )
 
 
 def _outputs(g, c: Declared) -> None:
     d = c.defaults
-    g.add_argument("--output-dir", type=pathlib.Path, default=d.output_dir,
-                   help="checkpoints/, tensorboard/ and metrics.json go here; Azure ML's AZUREML_OUTPUT_DIR replaces the "
-                        "default")
+    g.add_argument(
+        "--output-dir",
+        type=pathlib.Path,
+        default=d.output_dir,
+        help="checkpoints/, tensorboard/ and metrics.json go here; Azure ML's AZUREML_OUTPUT_DIR replaces the default",
+    )
     g.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints, help="0 keeps all")
-    g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=d.resume,
-                   help="continue from the newest checkpoint in the output folder")
-    g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=d.progress,
-                   help="progress bar on rank 0 (--no-progress for job logs)")
-    g.add_argument("--mlflow", action=argparse.BooleanOptionalAction, default=d.mlflow,
-                   help="log to MLflow when MLFLOW_TRACKING_URI is set (Azure ML sets it in every job)")
+    g.add_argument(
+        "--resume",
+        action=argparse.BooleanOptionalAction,
+        default=d.resume,
+        help="continue from the newest checkpoint in the output folder",
+    )
+    g.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=d.progress,
+        help="progress bar on rank 0 (--no-progress for job logs)",
+    )
+    g.add_argument(
+        "--mlflow",
+        action=argparse.BooleanOptionalAction,
+        default=d.mlflow,
+        help="log to MLflow when MLFLOW_TRACKING_URI is set (Azure ML sets it in every job)",
+    )
 
 
 def _runtime(g, c: Declared) -> None:
     d = c.defaults
     g.add_argument("--seed", type=int, default=d.seed, help="initial weights and data order")
-    g.add_argument("--threads", type=int, default=d.threads, help="intra-op threads per process; 0 = cores / local processes")
-    g.add_argument("--amp", action=argparse.BooleanOptionalAction, default=d.amp,
-                   help="mixed precision (default: on with a GPU)")
+    g.add_argument(
+        "--threads", type=int, default=d.threads, help="intra-op threads per process; 0 = cores / local processes"
+    )
+    g.add_argument(
+        "--amp", action=argparse.BooleanOptionalAction, default=d.amp, help="mixed precision (default: on with a GPU)"
+    )
 
 
 def _horovod(g, c: Declared) -> None:
-    g.add_argument("--fp16-allreduce", action="store_true", default=c.defaults.fp16_allreduce,
-                   help="compress gradients to fp16 for the allreduce")
+    g.add_argument(
+        "--fp16-allreduce",
+        action="store_true",
+        default=c.defaults.fp16_allreduce,
+        help="compress gradients to fp16 for the allreduce",
+    )
 
 
 def _adasum(g, c: Declared) -> None:
-    g.add_argument("--adasum", action="store_true", default=c.defaults.adasum,
-                   help="Adasum instead of averaging (needs Horovod's MPI controller and a power-of-two world)")
+    g.add_argument(
+        "--adasum",
+        action="store_true",
+        default=c.defaults.adasum,
+        help="Adasum instead of averaging (needs Horovod's MPI controller and a power-of-two world)",
+    )
 
 
 def _pytorch(g, c: Declared) -> None:
     """Options of both PyTorch payloads (image classification and land cover). One line per option."""
     d = c.defaults
-    g.add_argument("--amp-dtype", default=d.amp_dtype, choices=("auto", "bf16", "fp16"),
-                   help="auto = bfloat16 without loss scaling on GPUs of compute capability 8.0+ (A100, "
-                        "H100, H200) and on CPUs, float16 with a loss scaler on older GPUs (T4, V100)")
-    g.add_argument("--loss-scale-init", type=float, default=d.loss_scale_init,
-                   help="fp16: the dynamic loss scale to start from; it halves on every overflowing step and "
-                        "doubles after 2000 clean ones (GradScaler)")
-    g.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=d.channels_last,
-                   help="NHWC memory format (default: on with a GPU)")
-    g.add_argument("--backend", default=d.backend, choices=BACKENDS,
-                   help="horovod (horovodrun, mpirun) or ddp (DistributedDataParallel: torchrun, Azure ML's "
-                        "pytorch distribution); docs/pytorch-ddp.md")
+    g.add_argument(
+        "--amp-dtype",
+        default=d.amp_dtype,
+        choices=("auto", "bf16", "fp16"),
+        help="auto = bfloat16 without loss scaling on GPUs of compute capability 8.0+ (A100, "
+        "H100, H200) and on CPUs, float16 with a loss scaler on older GPUs (T4, V100)",
+    )
+    g.add_argument(
+        "--loss-scale-init",
+        type=float,
+        default=d.loss_scale_init,
+        help="fp16: the dynamic loss scale to start from; it halves on every overflowing step and "
+        "doubles after 2000 clean ones (GradScaler)",
+    )
+    g.add_argument(
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        default=d.channels_last,
+        help="NHWC memory format (default: on with a GPU)",
+    )
+    g.add_argument(
+        "--backend",
+        default=d.backend,
+        choices=BACKENDS,
+        help="horovod (horovodrun, mpirun) or ddp (DistributedDataParallel: torchrun, Azure ML's "
+        "pytorch distribution); docs/pytorch-ddp.md",
+    )
 
 
 def _pytorch_classification(g, c: Declared) -> None:
     d = c.defaults
-    g.add_argument("--backward-passes-per-step", type=int, default=d.backward_passes_per_step,
-                   help="accumulate this many micro-batches of --batch-size locally per allreduce")
+    g.add_argument(
+        "--backward-passes-per-step",
+        type=int,
+        default=d.backward_passes_per_step,
+        help="accumulate this many micro-batches of --batch-size locally per allreduce",
+    )
     g.add_argument("--compile", action="store_true", default=d.compile, help="torch.compile the model")
-    g.add_argument("--startup-steps", type=int, default=d.startup_steps,
-                   help="the run's first steps (workers starting, cuDNN autotuning, compilation) are timed as "
-                        "start-up and left out of Total images/sec (steady state)")
-    g.add_argument("--decoder", default=d.decoder,
-                   help="the CPU JPEG decoder: auto (the fastest installed: simplejpeg, PyTurboJPEG, "
-                        "torchvision, Pillow, as measured in docs/benchmarks.md#jpeg-decoders) or one of those names")
-    g.add_argument("--gpu-decode", action="store_true", default=d.gpu_decode,
-                   help="--data shards: decode JPEGs on the GPU (nvJPEG through torchvision); without a GPU, "
-                        "torchvision's CPU decoder runs the same path")
-    g.add_argument("--shuffle-buffer", type=int, default=d.shuffle_buffer,
-                   help="--data shards: samples shuffled in memory per process")
-    g.add_argument("--cache-decoded", action="store_true", default=d.cache_decoded,
-                   help="--data shards: keep each process's decoded images in memory after the first epoch "
-                        "(size the RAM for it)")
+    g.add_argument(
+        "--startup-steps",
+        type=int,
+        default=d.startup_steps,
+        help="the run's first steps (workers starting, cuDNN autotuning, compilation) are timed as "
+        "start-up and left out of Total images/sec (steady state)",
+    )
+    g.add_argument(
+        "--decoder",
+        default=d.decoder,
+        help="the CPU JPEG decoder: auto (the fastest installed: simplejpeg, PyTurboJPEG, "
+        "torchvision, Pillow, as measured in docs/benchmarks.md#jpeg-decoders) or one of those names",
+    )
+    g.add_argument(
+        "--gpu-decode",
+        action="store_true",
+        default=d.gpu_decode,
+        help="--data shards: decode JPEGs on the GPU (nvJPEG through torchvision); without a GPU, "
+        "torchvision's CPU decoder runs the same path",
+    )
+    g.add_argument(
+        "--shuffle-buffer",
+        type=int,
+        default=d.shuffle_buffer,
+        help="--data shards: samples shuffled in memory per process",
+    )
+    g.add_argument(
+        "--cache-decoded",
+        action="store_true",
+        default=d.cache_decoded,
+        help="--data shards: keep each process's decoded images in memory after the first epoch (size the RAM for it)",
+    )
 
 
 def _tensorflow(g, c: Declared) -> None:
@@ -376,8 +500,9 @@ RUNTIME = Group("runtime", EVERY_PAYLOAD, _runtime)
 HOROVOD = Group("Horovod", IMAGE_CLASSIFICATION, _horovod)
 ADASUM = Group("Horovod", "the PyTorch and TensorFlow image-classification payloads", _adasum)
 PYTORCH = Group("PyTorch", "the PyTorch payloads (image classification and land cover)", _pytorch)
-PYTORCH_CLASSIFICATION = Group("PyTorch image classification", "the PyTorch payloads (image classification only)",
-                               _pytorch_classification)
+PYTORCH_CLASSIFICATION = Group(
+    "PyTorch image classification", "the PyTorch payloads (image classification only)", _pytorch_classification
+)
 TENSORFLOW = Group("TensorFlow", "the TensorFlow and Keras payloads", _tensorflow)
 
 COMMON = (MODEL_AND_DATA, SCHEDULE, OUTPUTS, RUNTIME)
@@ -402,14 +527,18 @@ def payload_defaults(**overrides) -> TrainConfig:
     return TrainConfig(**overrides)
 
 
-def build_parser(prog: str, description: str, groups: Sequence[Group] = PYTORCH_CLASSIFICATION_GROUPS,
-                 defaults: TrainConfig | None = None, models: Sequence[str] = (),
-                 data_kinds: Sequence[str] = ("synthetic", "imagefolder")) -> argparse.ArgumentParser:
+def build_parser(
+    prog: str,
+    description: str,
+    groups: Sequence[Group] = PYTORCH_CLASSIFICATION_GROUPS,
+    defaults: TrainConfig | None = None,
+    models: Sequence[str] = (),
+    data_kinds: Sequence[str] = ("synthetic", "imagefolder"),
+) -> argparse.ArgumentParser:
     """The payload's parser: its groups' options, with its defaults. No abbreviations: --cache would otherwise be
     taken as another option's prefix."""
     declared = Declared(defaults if defaults is not None else payload_defaults(), models, data_kinds)
-    p = argparse.ArgumentParser(prog=prog, description=description, formatter_class=_HelpFormatter,
-                                allow_abbrev=False)
+    p = argparse.ArgumentParser(prog=prog, description=description, formatter_class=_HelpFormatter, allow_abbrev=False)
     sections: dict[str, Any] = {}
     for group in groups:
         if group.title not in sections:
@@ -443,8 +572,9 @@ def owners_of_flags() -> dict[str, tuple[str, Group]]:
     return found
 
 
-def parse_known(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
-                refused: Mapping[str, str] | None = None) -> dict[str, Any]:
+def parse_known(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, refused: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """Parse argv; an option this payload does not declare but another payload does is a ConfigError that says
     so (`refused`: the payload's own message per option dest), anything else unknown is argparse's error."""
     ns, unknown = parser.parse_known_args(argv)
@@ -453,17 +583,24 @@ def parse_known(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
         flag = token.split("=", 1)[0]
         if flag in owners:
             dest, group = owners[flag]
-            raise ConfigError(refused.get(dest) or f"{flag} is an option of {group.owners}; {parser.prog} does not "
-                                                    "take it: drop it")
+            raise ConfigError(
+                refused.get(dest) or f"{flag} is an option of {group.owners}; {parser.prog} does not take it: drop it"
+            )
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return vars(ns)
 
 
-def parse(argv: Sequence[str] | None, prog: str, description: str, models: Sequence[str],
-          data_kinds: Sequence[str] = ("synthetic", "imagefolder"),
-          groups: Sequence[Group] = PYTORCH_CLASSIFICATION_GROUPS, defaults: TrainConfig | None = None,
-          refused: Mapping[str, str] | None = None) -> TrainConfig:
+def parse(
+    argv: Sequence[str] | None,
+    prog: str,
+    description: str,
+    models: Sequence[str],
+    data_kinds: Sequence[str] = ("synthetic", "imagefolder"),
+    groups: Sequence[Group] = PYTORCH_CLASSIFICATION_GROUPS,
+    defaults: TrainConfig | None = None,
+    refused: Mapping[str, str] | None = None,
+) -> TrainConfig:
     """The payload's validated configuration from its command line: `groups` are the options it declares,
     `defaults` its defaults (payload_defaults()), `refused` its message for an option of other payloads."""
     defaults = defaults if defaults is not None else payload_defaults()

@@ -6,6 +6,7 @@ otherwise train on the CPU, silently and hundreds of times slower. Unset or 0 (C
 nothing to check. report() is the line each payload prints at start-up: the driver, the framework's CUDA,
 whether the image's CUDA forward-compatibility driver is in use, and the mismatch when there is one.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,10 @@ def expected_gpus(environ=None) -> int:
     except ValueError:
         value = -1
     if value < 0:
-        raise ConfigError(f"{GPUS_PER_NODE}={raw!r} is not a GPU count: the launcher sets it from the VM-size "
-                          "catalog; unset it for a CPU run, or set the node's GPU count")
+        raise ConfigError(
+            f"{GPUS_PER_NODE}={raw!r} is not a GPU count: the launcher sets it from the VM-size "
+            "catalog; unset it for a CPU run, or set the node's GPU count"
+        )
     return value
 
 
@@ -79,9 +82,11 @@ def mismatch(driver: str | None, cuda: str | None, forward_compat: str | None = 
         return None
     text = f"the node's NVIDIA driver ({driver}) is older than CUDA {cuda} in the image needs (driver >= {need})"
     if forward_compat:
-        return (text + f"; the image's forward-compatibility driver is in use ({forward_compat}), which works on "
-                "data-centre GPUs with a driver branch NVIDIA's forward-compatibility matrix lists; if the "
-                "framework sees no GPU, this combination is not one of them")
+        return (
+            text + f"; the image's forward-compatibility driver is in use ({forward_compat}), which works on "
+            "data-centre GPUs with a driver branch NVIDIA's forward-compatibility matrix lists; if the "
+            "framework sees no GPU, this combination is not one of them"
+        )
     return text + "; the image has no forward-compatibility driver for it"
 
 
@@ -90,8 +95,10 @@ def report(framework: str, cuda_version: str | None, version_file: str = VERSION
     environ = os.environ if environ is None else environ
     driver = driver_version(version_file)
     compat = environ.get(FORWARD_COMPAT) or None
-    line = (f"{framework}: CUDA {cuda_version or 'none (CPU build)'}; NVIDIA driver "
-            f"{driver or f'none ({version_file} absent: no GPU in this container)'}")
+    line = (
+        f"{framework}: CUDA {cuda_version or 'none (CPU build)'}; NVIDIA driver "
+        f"{driver or f'none ({version_file} absent: no GPU in this container)'}"
+    )
     if compat and driver:
         line += f"; forward compatibility: {compat}"
     problem = mismatch(driver, cuda_version, compat)
@@ -106,20 +113,28 @@ def require_gpus(visible: int, local_processes: int, framework: str, cuda: str |
     expected = expected_gpus(environ)
     if expected == 0 or visible >= local_processes:
         if 0 < visible < expected:
-            print(f"warning: {framework} sees {visible} of the node's {expected} GPUs ({GPUS_PER_NODE}); "
-                  "enough for this job's processes", file=sys.stderr, flush=True)
+            print(
+                f"warning: {framework} sees {visible} of the node's {expected} GPUs ({GPUS_PER_NODE}); "
+                "enough for this job's processes",
+                file=sys.stderr,
+                flush=True,
+            )
         return
     env = environ if environ is not None else os.environ
     cuda = cuda or env.get("CUDA_VERSION") or "unknown"
     driver = driver_version()
     cause = mismatch(driver, cuda, env.get(FORWARD_COMPAT))
     if cause is None:
-        cause = (f"no NVIDIA driver found in {VERSION_FILE} (the node has no GPU, or the container has no GPU access)"
-                 if not driver else f"the node's NVIDIA driver {driver} is new enough for CUDA {cuda}, so the GPUs "
-                 "are likely hidden from the container (NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES)")
+        cause = (
+            f"no NVIDIA driver found in {VERSION_FILE} (the node has no GPU, or the container has no GPU access)"
+            if not driver
+            else f"the node's NVIDIA driver {driver} is new enough for CUDA {cuda}, so the GPUs "
+            "are likely hidden from the container (NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES)"
+        )
     raise GpuError(
         f"this node should have {expected} GPUs ({GPUS_PER_NODE}, set by the launcher from the VM-size catalog) "
         f"for {local_processes} processes, one GPU each, but {framework} sees {visible}. Likely cause: {cause}, "
         "or the container was started without GPU access. Fix: run the health check job on this cluster "
         "(it prints the driver and CUDA versions it finds), then use a node image with a newer driver or an "
-        "image built on an older CUDA (images/*/Dockerfile, ARG CUDA_VERSION). Nothing was trained.")
+        "image built on an older CUDA (images/*/Dockerfile, ARG CUDA_VERSION). Nothing was trained."
+    )

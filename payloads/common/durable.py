@@ -9,6 +9,7 @@ how-to-read-write-data-v2). So nothing here renames: files are written in place 
 what makes a file count as finished is decided by the caller (a completion marker written after it, see
 checkpoint.py; a second copy, see metrics.py).
 """
+
 from __future__ import annotations
 
 import errno
@@ -24,8 +25,16 @@ log = logging.getLogger("payloads.durable")
 # fsync (fsync(2)); FUSE file systems may not implement fsyncdir (the BlobFuse2 wiki's "Blobfuse2 Limitations":
 # its fsyncdir only invalidates cached metadata), and opening a folder for it can be refused. Correctness never
 # depends on a folder fsync (a lost marker just means the previous checkpoint is chosen), so these are skipped.
-_UNSUPPORTED = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EBADF, errno.EACCES, errno.EPERM,
-                errno.EISDIR}
+_UNSUPPORTED = {
+    errno.EINVAL,
+    errno.ENOTSUP,
+    errno.EOPNOTSUPP,
+    errno.ENOSYS,
+    errno.EBADF,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EISDIR,
+}
 
 
 def sync(f: BinaryIO) -> None:

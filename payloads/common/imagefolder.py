@@ -4,14 +4,16 @@ Every problem is reported with the path and the fix, on every rank, before any p
 Corrupt image files cannot be found by a scan (that needs a decode of every file); the loaders fail
 on the first one they meet, naming the file, unless skipping is asked for (see docs/pytorch.md#bad-input).
 """
+
 from __future__ import annotations
 
 import os
 import pathlib
 import pickle
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .errors import ConfigError
 
@@ -28,9 +30,13 @@ class ImageTree:
 def scan(root: pathlib.Path, what: str = "data directory") -> ImageTree:
     root = pathlib.Path(root)
     if not root.exists():
-        raise ConfigError(f"{what} {root} does not exist: pass --data-dir pointing at a folder with one sub-folder per class")
+        raise ConfigError(
+            f"{what} {root} does not exist: pass --data-dir pointing at a folder with one sub-folder per class"
+        )
     if not root.is_dir():
-        raise ConfigError(f"{what} {root} is not a folder: pass --data-dir pointing at a folder with one sub-folder per class")
+        raise ConfigError(
+            f"{what} {root} is not a folder: pass --data-dir pointing at a folder with one sub-folder per class"
+        )
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
     if not classes:
         raise ConfigError(
@@ -72,7 +78,7 @@ def scan_shared(root: pathlib.Path, what: str, rank: int, broadcast_object: Call
             message = ("tree", _pack(tree))
         except ConfigError as e:
             message = ("config_error", str(e))
-        except Exception as e:   # noqa: BLE001 - told to the other ranks, then raised here as it was
+        except Exception as e:
             broadcast_object(("failed", f"{type(e).__name__}: {e}"))
             raise
     kind, body = broadcast_object(message)
@@ -83,13 +89,13 @@ def scan_shared(root: pathlib.Path, what: str, rank: int, broadcast_object: Call
     return tree if tree is not None else _unpack(root, body)
 
 
-_SEPARATOR = "\0"   # the one character a POSIX file name cannot hold
+_SEPARATOR = "\0"  # the one character a POSIX file name cannot hold
 
 
 def _pack(tree: ImageTree) -> bytes:
     per_class: list[list[str]] = [[] for _ in tree.classes]
     for path, index in tree.samples:
-        per_class[index].append(path.rsplit(os.sep, 1)[-1])   # scan() wrote it as str(folder / name)
+        per_class[index].append(path.rsplit(os.sep, 1)[-1])  # scan() wrote it as str(folder / name)
     return zlib.compress(pickle.dumps((tree.classes, [_SEPARATOR.join(names) for names in per_class])), 1)
 
 
@@ -98,7 +104,7 @@ def _unpack(root: pathlib.Path, blob: bytes) -> ImageTree:
     classes, names = pickle.loads(zlib.decompress(blob))
     samples = []
     for index, (name, files) in enumerate(zip(classes, names)):
-        folder = str(root / name) + os.sep   # str(root / name / file), without a Path per file
+        folder = str(root / name) + os.sep  # str(root / name / file), without a Path per file
         samples.extend((folder + file, index) for file in files.split(_SEPARATOR))
     return ImageTree(root, classes, samples)
 

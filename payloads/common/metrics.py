@@ -6,6 +6,7 @@ Schema (stable; the jobs and benchmarks read it):
      "val_loss", "val_accuracy", "images_per_sec", "epoch_seconds", "lr"}...],
      "summary": {"total_images_per_sec", "images", "train_seconds", ...}}
 """
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,7 @@ class MetricsFile:
         self.path = path
         self.tracker = tracking.start(run)
         self.data: dict[str, Any] = {"run": run, "epochs": [], "summary": {}}
-        old = read(path)   # a resumed run keeps the epochs it already has
+        old = read(path)  # a resumed run keeps the epochs it already has
         if old is not None:
             self.data["epochs"] = list(old.get("epochs", []))
 
@@ -40,7 +41,7 @@ class MetricsFile:
         self.data["summary"] = summary
         self.write()
         if self.tracker:
-            self.tracker.summary(summary)   # the final throughput; ends the MLflow run
+            self.tracker.summary(summary)  # the final throughput; ends the MLflow run
 
     def write(self) -> None:
         """Without rename (the logs mount may not have an atomic one, see durable.py): the whole new text goes to
@@ -80,21 +81,37 @@ def say(*lines: str) -> None:
     sys.stdout.flush()
 
 
-def finish(cfg, hvd, metrics: MetricsFile | None, digest: str, epochs_run: int, images: int, seconds: float,
-           extra: dict[str, Any] | None = None) -> dict:
+def finish(
+    cfg,
+    hvd,
+    metrics: MetricsFile | None,
+    digest: str,
+    epochs_run: int,
+    images: int,
+    seconds: float,
+    extra: dict[str, Any] | None = None,
+) -> dict:
     """The run's summary, with every rank's parameter digest (allgathered, so a test or a suspicious user can
     see the ranks agree); rank 0 (the one holding `metrics`) records it and prints the closing lines. `images`
     and `seconds` are what the throughput is computed from (steady state where the payload measures it);
     `extra` adds keys such as startup_seconds."""
-    summary = {"epochs_run": epochs_run, "images": images, "train_seconds": seconds,
-               "total_images_per_sec": images / seconds if seconds else 0.0, "parameters_sha256": digest,
-               **(extra or {})}
+    summary = {
+        "epochs_run": epochs_run,
+        "images": images,
+        "train_seconds": seconds,
+        "total_images_per_sec": images / seconds if seconds else 0.0,
+        "parameters_sha256": digest,
+        **(extra or {}),
+    }
     digests = hvd.allgather_object(digest, name="digests")
     summary["ranks_identical"] = len(set(digests)) == 1
     if metrics is not None:
         metrics.set_summary(summary)
         lines = [throughput_line(summary["total_images_per_sec"])] if seconds else []
-        lines += [f"Checkpoints: {cfg.checkpoint_dir}", f"TensorBoard: {cfg.tensorboard_dir}",
-                  f"Metrics: {cfg.metrics_path}"]
+        lines += [
+            f"Checkpoints: {cfg.checkpoint_dir}",
+            f"TensorBoard: {cfg.tensorboard_dir}",
+            f"Metrics: {cfg.metrics_path}",
+        ]
         say(*lines)
     return summary

@@ -4,9 +4,10 @@ The base LR is for one process; with N processes the global batch is N times lar
 LR is base * N, reached by a linear warm-up from base over the first `warmup_epochs` epochs
 (fractional, per step), then divided by 10 at each decay epoch.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def learning_rate(

@@ -9,6 +9,7 @@ All ranks must run the same number of steps, or the last allreduce waits for a r
 finished the epoch. Shards differ in length by at most one, so every rank splits its shard into the
 same number of near-equal batches, none larger than the batch size.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,15 +35,16 @@ def steps_per_epoch(num_samples: int, size: int, batch_size: int) -> int:
     return math.ceil(math.ceil(num_samples / size) / batch_size)
 
 
-def batches(num_samples: int, rank: int, size: int, batch_size: int, seed: int, epoch: int,
-            shuffle: bool = True) -> list[np.ndarray]:
+def batches(
+    num_samples: int, rank: int, size: int, batch_size: int, seed: int, epoch: int, shuffle: bool = True
+) -> list[np.ndarray]:
     """This rank's batches for `epoch`: the same count on every rank, each non-empty."""
     if num_samples < size:
         raise ValueError(f"{num_samples} samples cannot be shared by {size} processes: each needs at least one")
     mine = shard(num_samples, rank, size, seed, epoch, shuffle)
     steps = steps_per_epoch(num_samples, size, batch_size)
     if steps * batch_size == len(mine):
-        return [mine[i * batch_size:(i + 1) * batch_size] for i in range(steps)]
+        return [mine[i * batch_size : (i + 1) * batch_size] for i in range(steps)]
     split = list(np.array_split(mine, steps))
     if len(split[-1]) == 0:
         raise ValueError(

@@ -9,6 +9,7 @@ server, a local file store in the tests); without it nothing is tracked and MLfl
 
 Only MetricsFile uses this, and only rank 0 holds a MetricsFile: one run per job, not one per process.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -16,15 +17,18 @@ import importlib.util
 import json
 import logging
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .errors import ConfigError
 
 URI = "MLFLOW_TRACKING_URI"
 log = logging.getLogger("payloads.tracking")
 
-_INSTALL = ("install mlflow-skinny and azureml-mlflow (payloads/requirements.txt, payloads/azureml-requirements.txt; "
-            "the training images carry both)")
+_INSTALL = (
+    "install mlflow-skinny and azureml-mlflow (payloads/requirements.txt, payloads/azureml-requirements.txt; "
+    "the training images carry both)"
+)
 
 
 def tracking_uri(enabled: bool = True, environ: Mapping[str, str] = os.environ) -> str | None:
@@ -38,14 +42,18 @@ def check(enabled: bool = True, environ: Mapping[str, str] = os.environ) -> None
     if uri is None:
         return
     if importlib.util.find_spec("mlflow") is None:
-        raise ConfigError(f"{URI} is set ({_scheme(uri)}://..., Azure ML sets it in every job) but MLflow is not "
-                          f"installed: {_INSTALL}, or pass --no-mlflow")
+        raise ConfigError(
+            f"{URI} is set ({_scheme(uri)}://..., Azure ML sets it in every job) but MLflow is not "
+            f"installed: {_INSTALL}, or pass --no-mlflow"
+        )
     scheme = _scheme(uri)
     if scheme == "azureml" and "azureml" not in _store_plugins():
         # mlflow finds the workspace's store through azureml-mlflow's entry point; without it the first
         # call fails with "Could not find a registered tracking store for scheme 'azureml'".
-        raise ConfigError(f"{URI} points at an Azure ML workspace (azureml://...) but the azureml-mlflow plugin is "
-                          f"not installed: {_INSTALL}, or pass --no-mlflow")
+        raise ConfigError(
+            f"{URI} points at an Azure ML workspace (azureml://...) but the azureml-mlflow plugin is "
+            f"not installed: {_INSTALL}, or pass --no-mlflow"
+        )
 
 
 def _scheme(uri: str) -> str:
@@ -71,8 +79,11 @@ def flatten(record: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 def numbers(record: Mapping[str, Any], skip: tuple[str, ...] = ()) -> dict[str, float]:
     """The numeric entries of a record (bools are not metrics)."""
-    return {k: float(v) for k, v in record.items()
-            if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {
+        k: float(v)
+        for k, v in record.items()
+        if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 class MlflowRun:
@@ -90,23 +101,32 @@ class MlflowRun:
             # Under Azure ML this continues the job's run (MLFLOW_RUN_ID); elsewhere it starts a new one.
             self.run_id = mlflow.start_run().info.run_id
         except Exception as e:  # noqa: BLE001 - MLflow and its store plugins raise many types
-            raise ConfigError(f"MLflow tracking at {os.environ.get(URI)} cannot start: {e} "
-                              "(fix the tracking configuration, or pass --no-mlflow to train without it)") from None
+            raise ConfigError(
+                f"MLflow tracking at {os.environ.get(URI)} cannot start: {e} "
+                "(fix the tracking configuration, or pass --no-mlflow to train without it)"
+            ) from None
         log.info("MLflow run %s at %s", self.run_id, mlflow.get_tracking_uri())
         # Params are write-once: a job Azure ML restarts continues its run and logs them again, which
         # MLflow refuses if any value changed. That is worth a warning, not the job.
         self._call("params", mlflow.log_params, flatten(run))
 
     def epoch(self, record: Mapping[str, Any]) -> None:
-        self._call("epoch metrics", self._mlflow.log_metrics, numbers(record, skip=("epoch",)),
-                   step=int(record["epoch"]))
+        self._call(
+            "epoch metrics", self._mlflow.log_metrics, numbers(record, skip=("epoch",)), step=int(record["epoch"])
+        )
 
     def summary(self, summary: Mapping[str, Any]) -> None:
         # "summary." as in metrics.json: the epochs' "images" and the run's total must not share a name.
         self._call("summary", self._mlflow.log_metrics, {f"summary.{k}": v for k, v in numbers(summary).items()})
-        self._call("summary tags", self._mlflow.set_tags,
-                   {f"summary.{k}": (v if isinstance(v, str) else json.dumps(v)) for k, v in summary.items()
-                    if isinstance(v, (str, bool))})
+        self._call(
+            "summary tags",
+            self._mlflow.set_tags,
+            {
+                f"summary.{k}": (v if isinstance(v, str) else json.dumps(v))
+                for k, v in summary.items()
+                if isinstance(v, (str, bool))
+            },
+        )
         self._end("FINISHED")
 
     def _call(self, what: str, fn, *args, **kwargs) -> None:

@@ -8,12 +8,13 @@ gradients, Horovod's callbacks broadcast the initial state, average the epoch me
 Needs Keras 2 (TensorFlow 2.15): on Keras 3 Horovod's optimizer hooks are never called and gradients are
 silently not averaged; the tests compare a 2-process run with a 1-process run to catch exactly that.
 """
+
 from __future__ import annotations
 
 import logging
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..common import config, schedule
 from ..common.errors import ConfigError
@@ -31,14 +32,20 @@ def lr_callback(cfg, hvd, scale: float, steps: int):
     TensorFlow and PyTorch payloads train on the same LR at every step. Horovod's stock warm-up callback
     is one step ahead of that schedule and overshoots the target LR when --warmup-epochs is fractional;
     its constant-multiplier schedule callback decays exponentially per epoch (tests/test_tensorflow.py)."""
+
     def multiplier(progress: float) -> float:
         epoch = int(progress)
         step = round((progress - epoch) * steps)
         return schedule.learning_rate(1.0, scale, epoch, step, steps, cfg.warmup_epochs, cfg.lr_decay_epochs)
 
     return hvd.callbacks.LearningRateScheduleCallback(
-        initial_lr=cfg.base_lr, multiplier=multiplier, start_epoch=0, staircase=False, steps_per_epoch=steps,
-        momentum_correction=False)   # Keras 2.11+ optimizers keep momentum as a float, not a variable
+        initial_lr=cfg.base_lr,
+        multiplier=multiplier,
+        start_epoch=0,
+        staircase=False,
+        steps_per_epoch=steps,
+        momentum_correction=False,
+    )  # Keras 2.11+ optimizers keep momentum as a float, not a variable
 
 
 def run(cfg: config.TrainConfig) -> dict:
@@ -53,7 +60,8 @@ def run(cfg: config.TrainConfig) -> dict:
     optimizer = hvd.DistributedOptimizer(
         tf.keras.optimizers.SGD(learning_rate=scaled_lr, momentum=cfg.momentum),
         compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
-        op=hvd.Average)
+        op=hvd.Average,
+    )
     if runtime.loss_scaling():
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
     if cfg.weight_decay:
@@ -63,11 +71,16 @@ def run(cfg: config.TrainConfig) -> dict:
     # fit() trains `trained`: the model itself, or (synthetic data) the model behind the step that gathers
     # each batch's images on the device; both hold the same variables, which the checkpoints save.
     trained = model if inputs.prepare is data.identity else with_input(model, inputs.prepare)
-    trained.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                    # "ce": the loss without the weight-decay term, which Keras adds to its "loss"; metrics.json
-                    # reports it as train_loss, as the other payloads do.
-                    metrics=[tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
-                             tf.keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="ce")])
+    trained.compile(
+        optimizer=optimizer,
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        # "ce": the loss without the weight-decay term, which Keras adds to its "loss"; metrics.json
+        # reports it as train_loss, as the other payloads do.
+        metrics=[
+            tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
+            tf.keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="ce"),
+        ],
+    )
 
     recorder = Recorder(cfg, hvd_tf, model, optimizer, batch, inputs)
     callbacks = [
@@ -80,20 +93,42 @@ def run(cfg: config.TrainConfig) -> dict:
     ]
     metrics = None
     if root:
-        metrics = MetricsFile(cfg.metrics_path, {"config": cfg.to_json(), "world": runtime.world(cfg, hvd_tf, device, model, inputs)})
+        metrics = MetricsFile(
+            cfg.metrics_path, {"config": cfg.to_json(), "world": runtime.world(cfg, hvd_tf, device, model, inputs)}
+        )
         recorder.metrics = metrics
         callbacks.append(tf.keras.callbacks.TensorBoard(log_dir=str(cfg.tensorboard_dir), update_freq="epoch"))
-        log.info("training %s on %s data, %d process(es) x batch %d, %s, outputs in %s", cfg.model, cfg.data,
-                 hvd.size(), batch, device, cfg.output_dir)
+        log.info(
+            "training %s on %s data, %d process(es) x batch %d, %s, outputs in %s",
+            cfg.model,
+            cfg.data,
+            hvd.size(),
+            batch,
+            device,
+            cfg.output_dir,
+        )
     try:
         if start_epoch < cfg.epochs:
-            trained.fit(inputs.train, steps_per_epoch=inputs.steps, epochs=cfg.epochs, initial_epoch=start_epoch,
-                        validation_data=inputs.validation, callbacks=callbacks,
-                        verbose=(1 if cfg.progress else 2) if root else 0)
+            trained.fit(
+                inputs.train,
+                steps_per_epoch=inputs.steps,
+                epochs=cfg.epochs,
+                initial_epoch=start_epoch,
+                validation_data=inputs.validation,
+                callbacks=callbacks,
+                verbose=(1 if cfg.progress else 2) if root else 0,
+            )
     except tf.errors.InvalidArgumentError as e:
         raise ConfigError(data.input_error(e)) from None
-    return finish(cfg, hvd_tf, metrics, models.parameters_digest(model), cfg.epochs - start_epoch, recorder.images,
-                  recorder.seconds)
+    return finish(
+        cfg,
+        hvd_tf,
+        metrics,
+        models.parameters_digest(model),
+        cfg.epochs - start_epoch,
+        recorder.images,
+        recorder.seconds,
+    )
 
 
 def with_input(model, prepare):
@@ -104,7 +139,7 @@ def with_input(model, prepare):
     class WithInput(tf.keras.Model):
         def __init__(self):
             super().__init__(name=f"{model.name}_with_input")
-            self.inner = model   # tracked: its variables (and weight-decay loss) are this model's
+            self.inner = model  # tracked: its variables (and weight-decay loss) are this model's
 
         def call(self, x, training=None):
             return self.inner(prepare(x), training=training)
@@ -127,37 +162,61 @@ def Recorder(cfg, hvd_tf, model, optimizer, batch: int, inputs):
             self._start = time.perf_counter()
 
         def on_epoch_end(self, epoch, logs=None):
-            seconds = time.perf_counter() - self._start   # before the checkpoint write, as in the other payloads
+            seconds = time.perf_counter() - self._start  # before the checkpoint write, as in the other payloads
             images = inputs.steps * batch * hvd_tf.size()
             logs = dict(logs or {})
             validated = "val_loss" in logs
             # Every rank runs this callback, so a collective is safe here.
-            skipped, val_skipped = hvd_tf.allreduce(
-                tf.constant([inputs.epoch_skipped(), inputs.validation_skipped() if validated else 0], tf.float64),
-                op=hvd_tf.Sum, name=f"skipped_{epoch}").numpy().tolist()
+            skipped, val_skipped = (
+                hvd_tf.allreduce(
+                    tf.constant([inputs.epoch_skipped(), inputs.validation_skipped() if validated else 0], tf.float64),
+                    op=hvd_tf.Sum,
+                    name=f"skipped_{epoch}",
+                )
+                .numpy()
+                .tolist()
+            )
             self.images += images
             self.seconds += seconds
             runtime.save(cfg, hvd_tf, epoch + 1, model, optimizer)
             if self.metrics is None:
                 return
-            record = {"epoch": epoch + 1, "train_loss": float(logs["ce"]), "train_accuracy": float(logs["accuracy"]),
-                      "images": images, "skipped_images": int(skipped), "epoch_seconds": seconds,
-                      "images_per_sec": images / seconds, "lr": float(tf.keras.backend.get_value(optimizer.learning_rate))}
+            record = {
+                "epoch": epoch + 1,
+                "train_loss": float(logs["ce"]),
+                "train_accuracy": float(logs["accuracy"]),
+                "images": images,
+                "skipped_images": int(skipped),
+                "epoch_seconds": seconds,
+                "images_per_sec": images / seconds,
+                "lr": float(tf.keras.backend.get_value(optimizer.learning_rate)),
+            }
             if validated:
-                record.update(val_loss=float(logs["val_ce"]), val_accuracy=float(logs["val_accuracy"]),
-                              val_skipped_images=int(val_skipped))
+                record.update(
+                    val_loss=float(logs["val_ce"]),
+                    val_accuracy=float(logs["val_accuracy"]),
+                    val_skipped_images=int(val_skipped),
+                )
             self.metrics.add_epoch(record)
-            log.info("epoch %d/%d: loss %.4f, accuracy %.3f, %.1f images/sec", epoch + 1, cfg.epochs,
-                     record["train_loss"], record["train_accuracy"], record["images_per_sec"])
+            log.info(
+                "epoch %d/%d: loss %.4f, accuracy %.3f, %.1f images/sec",
+                epoch + 1,
+                cfg.epochs,
+                record["train_loss"],
+                record["train_accuracy"],
+                record["images_per_sec"],
+            )
 
     return _Recorder()
 
 
 # horovod/tensorflow/keras/__init__.py, DistributedOptimizer: "op currently only supports Average and Sum".
-REFUSED = {**launch.REFUSED,
-           "adasum": "--adasum is not available in the Keras payload: Horovod's Keras DistributedOptimizer reduces "
-                     "with Average or Sum only. Use the TensorFlow payload (python -m payloads.tensorflow.train "
-                     "--adasum) or the PyTorch one, or drop --adasum"}
+REFUSED = {
+    **launch.REFUSED,
+    "adasum": "--adasum is not available in the Keras payload: Horovod's Keras DistributedOptimizer reduces "
+    "with Average or Sum only. Use the TensorFlow payload (python -m payloads.tensorflow.train "
+    "--adasum) or the PyTorch one, or drop --adasum",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

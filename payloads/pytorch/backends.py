@@ -15,12 +15,14 @@ The one step where they differ (runtime.optimizer_step): under fp16 with a loss 
 are averaged only when the optimizer synchronises, so it must synchronise before GradScaler unscales them and
 not again when GradScaler steps; DDP's gradients are already averaged when backward returns.
 """
+
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -47,7 +49,7 @@ class Horovod:
 
     def __init__(self, hvd=None):
         if hvd is None:
-            import horovod.torch as hvd   # late: --help and config errors need no Horovod
+            import horovod.torch as hvd  # late: --help and config errors need no Horovod
         self.hvd = hvd
 
     def init(self) -> None:
@@ -77,13 +79,15 @@ class Horovod:
         """(the module to train, the optimizer to step): the model as it is, Horovod's averaging optimizer."""
         hvd = self.hvd
         optimizer = hvd.DistributedOptimizer(
-            optimizer, named_parameters=model.named_parameters(),
+            optimizer,
+            named_parameters=model.named_parameters(),
             compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
             # One allreduce after the N-th backward pass of a step: Horovod's hook counts the passes and
             # asserts when there are more than this (horovod/torch/optimizer.py, _make_hook). The passes'
             # gradients add up in p.grad, so the loop weights each micro-batch's loss by its share of the step.
             backward_passes_per_step=cfg.backward_passes_per_step,
-            op=hvd.Adasum if cfg.adasum else hvd.Average)
+            op=hvd.Adasum if cfg.adasum else hvd.Average,
+        )
         return model, optimizer
 
     def accumulate(self, model: torch.nn.Module, last: bool):
@@ -141,26 +145,34 @@ class DDP:
         if not given:
             started_by = [k for k in MPI_MARKERS if k in env]
             if started_by:
-                raise ConfigError(f"--backend ddp in a process started by mpirun or horovodrun ({started_by[0]} is "
-                                  "set, RANK and WORLD_SIZE are not): start DDP with torchrun --nproc-per-node N, "
-                                  "or on Azure ML with `distribution: type: pytorch` (python -m launcher --backend "
-                                  "ddp); or drop --backend ddp to train with Horovod")
+                raise ConfigError(
+                    f"--backend ddp in a process started by mpirun or horovodrun ({started_by[0]} is "
+                    "set, RANK and WORLD_SIZE are not): start DDP with torchrun --nproc-per-node N, "
+                    "or on Azure ML with `distribution: type: pytorch` (python -m launcher --backend "
+                    "ddp); or drop --backend ddp to train with Horovod"
+                )
             # Plain `python -m ...`: a world of one, as Horovod gives without horovodrun.
             rank, size, local_rank, store = 0, 1, 0, dist.HashStore()
         else:
             missing = [k for k in RENDEZVOUS if k not in env]
             if missing:
-                raise ConfigError(f"--backend ddp: {', '.join(missing)} not set (only {', '.join(given)} are): "
-                                  "torchrun and Azure ML's PyTorch distribution set all of "
-                                  f"{', '.join(RENDEZVOUS)}; start the job with one of them")
+                raise ConfigError(
+                    f"--backend ddp: {', '.join(missing)} not set (only {', '.join(given)} are): "
+                    "torchrun and Azure ML's PyTorch distribution set all of "
+                    f"{', '.join(RENDEZVOUS)}; start the job with one of them"
+                )
             try:
                 rank, size, local_rank = int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["LOCAL_RANK"])
             except ValueError:
-                raise ConfigError("--backend ddp: RANK, WORLD_SIZE and LOCAL_RANK must be integers, got "
-                                  f"{env['RANK']!r}, {env['WORLD_SIZE']!r}, {env['LOCAL_RANK']!r}") from None
+                raise ConfigError(
+                    "--backend ddp: RANK, WORLD_SIZE and LOCAL_RANK must be integers, got "
+                    f"{env['RANK']!r}, {env['WORLD_SIZE']!r}, {env['LOCAL_RANK']!r}"
+                ) from None
             if not (0 <= rank < size and 0 <= local_rank < size):
-                raise ConfigError(f"--backend ddp: RANK {rank}, LOCAL_RANK {local_rank}, WORLD_SIZE {size} are "
-                                  "inconsistent (both ranks from 0 to WORLD_SIZE - 1)")
+                raise ConfigError(
+                    f"--backend ddp: RANK {rank}, LOCAL_RANK {local_rank}, WORLD_SIZE {size} are "
+                    "inconsistent (both ranks from 0 to WORLD_SIZE - 1)"
+                )
             store = None
         self.process_group = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         if store is None:
@@ -202,8 +214,9 @@ class DDP:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.nn.parallel import DistributedDataParallel
 
-        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                      forward_sync_buffers=False)
+        ddp = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, forward_sync_buffers=False
+        )
         if cfg.fp16_allreduce:
             # Each gradient bucket cast to fp16, divided by the world size, summed, cast back: Horovod's
             # Compression.fp16 on the wire. fp16 (not bf16) on both backends, so --fp16-allreduce means one thing.
@@ -238,8 +251,7 @@ class DDP:
     def broadcast_optimizer_state(self, optimizer) -> None:
         """Rank 0's optimizer state (momentum buffers, step counts, param groups) loaded by every other rank.
         Sent as host tensors: a CUDA tensor would be unpickled onto rank 0's GPU on every rank."""
-        state = self.broadcast_object(_to_cpu(optimizer.state_dict()) if self._rank == 0 else None,
-                                      "optimizer_state")
+        state = self.broadcast_object(_to_cpu(optimizer.state_dict()) if self._rank == 0 else None, "optimizer_state")
         if self._rank != 0:
             optimizer.load_state_dict(state)
 

@@ -3,6 +3,7 @@
 Images leave every loader as uint8 HxWx3 (a quarter of float32's bytes); inputs.py copies them to the
 device and normalises them there with `normalize`, the one definition of the model's input.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,10 +24,10 @@ log = logging.getLogger(__name__)
 
 # ImageNet channel statistics, as torchvision's reference training uses.
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)   # torchvision RandomResizedCrop's defaults
+SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)  # torchvision RandomResizedCrop's defaults
 # Synthetic data keeps at most this many bytes of distinct uint8 images on the device (see SyntheticImages).
 SYNTHETIC_POOL_BYTES = 256 * 2**20
-CHUNK_ELEMENTS = 2**20                       # int64 temporaries of 8 MiB while the pool is made
+CHUNK_ELEMENTS = 2**20  # int64 temporaries of 8 MiB while the pool is made
 
 
 def normalize(images: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
@@ -42,11 +43,13 @@ def normalize(images: torch.Tensor, channels_last: bool = False) -> torch.Tensor
     return x.float().div_(255).sub_(mean).div_(std)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _stats(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     # Made once per device: a step copies nothing from the host for them.
-    return (torch.tensor(MEAN, dtype=torch.float32, device=device).view(1, 3, 1, 1),
-            torch.tensor(STD, dtype=torch.float32, device=device).view(1, 3, 1, 1))
+    return (
+        torch.tensor(MEAN, dtype=torch.float32, device=device).view(1, 3, 1, 1),
+        torch.tensor(STD, dtype=torch.float32, device=device).view(1, 3, 1, 1),
+    )
 
 
 # -------------------------------------------------------------------------------------------- synthetic
@@ -81,14 +84,23 @@ class SyntheticImages(Dataset):
     (1,783 at 224 px, 256 MiB) are made once; sample i is image i mod pool, label included.
     `self[i]` gives (normalised float 3xHxW, label), what the input pipeline hands the model for i."""
 
-    def __init__(self, num_samples: int, num_classes: int, image_size: int, seed: int, noise: float = 1.0,
-                 device: torch.device | str = "cpu", pool_bytes: int = SYNTHETIC_POOL_BYTES):
+    def __init__(
+        self,
+        num_samples: int,
+        num_classes: int,
+        image_size: int,
+        seed: int,
+        noise: float = 1.0,
+        device: torch.device | str = "cpu",
+        pool_bytes: int = SYNTHETIC_POOL_BYTES,
+    ):
         self.num_samples, self.image_size = num_samples, image_size
         self.pool = max(1, min(num_samples, pool_bytes // (3 * image_size * image_size)))
         device = torch.device(device)
         base = int(_hash32(torch.tensor([seed & _MASK]))[0])
-        key = lambda stream, n: _hash32(torch.arange(n, device=device, dtype=torch.int64) ^ _hash32(  # noqa: E731
-            torch.tensor([base ^ stream], device=device)))
+        key = lambda stream, n: _hash32(
+            torch.arange(n, device=device, dtype=torch.int64) ^ _hash32(torch.tensor([base ^ stream], device=device))
+        )
         self.labels = (key(1, self.pool) % num_classes).to(torch.int64)
         patterns = _bell(key(2, num_classes * 8 * 8 * 3)).view(num_classes, 8, 8, 3)
         # Nearest upsampling of the 8x8 patterns, as F.interpolate(mode="nearest") picks its source pixels.
@@ -96,14 +108,14 @@ class SyntheticImages(Dataset):
         q = round(noise * 32)
         self.images = torch.empty(self.pool, image_size, image_size, 3, dtype=torch.uint8, device=device)
         per_image = image_size * image_size * 3
-        chunk = max(1, CHUNK_ELEMENTS // per_image)   # bounds the int64 temporaries
+        chunk = max(1, CHUNK_ELEMENTS // per_image)  # bounds the int64 temporaries
         for a in range(0, self.pool, chunk):
             n = min(chunk, self.pool - a)
-            pattern = patterns[self.labels[a:a + n]][:, cells][:, :, cells]
+            pattern = patterns[self.labels[a : a + n]][:, cells][:, :, cells]
             pixel = torch.arange(n * per_image, device=device, dtype=torch.int64) + a * per_image
             noise_ = _bell(_hash32((pixel + (base ^ 3)) & _MASK)).view(n, image_size, image_size, 3)
             # Pattern and noise of equal spread around mid-grey, 32 grey levels per standard deviation.
-            self.images[a:a + n] = (128 + (32 * pattern + q * noise_) // 148).clamp_(0, 255).to(torch.uint8)
+            self.images[a : a + n] = (128 + (32 * pattern + q * noise_) // 148).clamp_(0, 255).to(torch.uint8)
 
     def __len__(self) -> int:
         return self.num_samples
@@ -119,6 +131,7 @@ class SyntheticImages(Dataset):
 
 
 # -------------------------------------------------------------------------------------------- transform
+
 
 class Transform:
     """The torchvision reference augmentation (RandomResizedCrop + flip; Resize + CenterCrop for eval) on
@@ -164,7 +177,7 @@ class Transform:
         i, j, h, w, flip = self.params(image.shape[0], image.shape[1], rng)
         # Crop, then Pillow's antialiased bilinear resize: torchvision's resized_crop on a PIL image. The crop is
         # made contiguous first: Pillow 13 takes ~30x longer to import a strided array.
-        crop = np.ascontiguousarray(image[i:i + h, j:j + w])
+        crop = np.ascontiguousarray(image[i : i + h, j : j + w])
         out = Image.fromarray(crop).resize((self.size, self.size), Image.BILINEAR)
         if flip:
             out = out.transpose(Image.FLIP_LEFT_RIGHT)
@@ -176,8 +189,9 @@ class ImageFiles(Dataset):
     (see EpochBatches): the crop depends on (seed, epoch, index) only, in any worker. An undecodable file
     fails naming the file, or with `skip_corrupt` is returned as None and counted by `collate`."""
 
-    def __init__(self, tree: ImageTree, image_size: int, train: bool, skip_corrupt: bool, seed: int = 0,
-                 decoder: str = "auto"):
+    def __init__(
+        self, tree: ImageTree, image_size: int, train: bool, skip_corrupt: bool, seed: int = 0, decoder: str = "auto"
+    ):
         self.samples, self.skip_corrupt, self.seed = tree.samples, skip_corrupt, seed
         self.transform, self.decoder_name = Transform(image_size, train), decoders.resolve(decoder)
         self._decode = None
@@ -187,7 +201,7 @@ class ImageFiles(Dataset):
 
     def __getitem__(self, item):
         i, epoch = item if isinstance(item, tuple) else (item, 0)
-        if self._decode is None:   # made in the worker: decoders hold C handles that are not picklable
+        if self._decode is None:  # made in the worker: decoders hold C handles that are not picklable
             self._decode = decoders.make(self.decoder_name)
         path, label = self.samples[i]
         try:
@@ -226,8 +240,17 @@ class ShardedBatchSampler(Sampler):
     """Yields this rank's batches of indices for the current epoch (see common/sharding.py); with
     `tag_epoch`, each index as (index, epoch), so that persistent workers know the epoch."""
 
-    def __init__(self, num_samples: int, rank: int, size: int, batch_size: int, seed: int,
-                 shuffle: bool = True, max_steps: int = 0, tag_epoch: bool = False):
+    def __init__(
+        self,
+        num_samples: int,
+        rank: int,
+        size: int,
+        batch_size: int,
+        seed: int,
+        shuffle: bool = True,
+        max_steps: int = 0,
+        tag_epoch: bool = False,
+    ):
         self.args = (num_samples, rank, size, batch_size, seed)
         self.shuffle, self.max_steps, self.epoch, self.tag_epoch = shuffle, max_steps, 0, tag_epoch
         sharding.batches(*self.args, epoch=0, shuffle=shuffle)  # fail now, not mid-epoch

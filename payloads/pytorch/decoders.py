@@ -6,10 +6,11 @@ torchvision are payload requirements; simplejpeg and PyTurboJPEG are used when p
 decoder, a file that is not a JPEG (prepare keeps PNGs lossless) or that it refuses (CMYK) goes to
 Pillow, which reads every format the data preparation writes.
 """
+
 from __future__ import annotations
 
 import io
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from PIL import Image
@@ -43,7 +44,7 @@ def _turbojpeg() -> Callable[[bytes], np.ndarray]:
 
     from turbojpeg import TJPF_RGB, TurboJPEG
 
-    tj = TurboJPEG(os.environ.get("TURBOJPEG_LIB") or None)   # the library path, where not a system one
+    tj = TurboJPEG(os.environ.get("TURBOJPEG_LIB") or None)  # the library path, where not a system one
     return lambda data: tj.decode(data, pixel_format=TJPF_RGB)
 
 
@@ -54,11 +55,11 @@ def _torchvision() -> Callable[[bytes], np.ndarray]:
     def decode(data: bytes) -> np.ndarray:
         t = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
         return t.permute(1, 2, 0).contiguous().numpy()
+
     return decode
 
 
-_FACTORIES = {"simplejpeg": _simplejpeg, "turbojpeg": _turbojpeg, "torchvision": _torchvision,
-              "pillow": lambda: pillow}
+_FACTORIES = {"simplejpeg": _simplejpeg, "turbojpeg": _turbojpeg, "torchvision": _torchvision, "pillow": lambda: pillow}
 
 
 def available() -> list[str]:
@@ -82,9 +83,11 @@ def resolve(name: str) -> str:
     try:
         _FACTORIES[name]()
     except Exception as e:  # noqa: BLE001
-        raise ValueError(f"decoder {name!r} does not load here ({type(e).__name__}: {e}): install it "
-                         f"(pip install {'pyturbojpeg and libturbojpeg0' if name == 'turbojpeg' else name}) "
-                         "or pass --decoder auto") from None
+        raise ValueError(
+            f"decoder {name!r} does not load here ({type(e).__name__}: {e}): install it "
+            f"(pip install {'pyturbojpeg and libturbojpeg0' if name == 'turbojpeg' else name}) "
+            "or pass --decoder auto"
+        ) from None
     return name
 
 
@@ -101,4 +104,5 @@ def make(name: str) -> Callable[[bytes], np.ndarray]:
             except Exception:  # noqa: BLE001 - CMYK, progressive oddities, damage: Pillow decides
                 pass
         return pillow(data)
+
     return decode

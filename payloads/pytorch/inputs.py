@@ -14,11 +14,13 @@ Real data goes through `Prefetched`: pinned uint8 host batches copied on a side 
 previous step runs, normalised there, handed over with record_stream (NVIDIA DeepLearningExamples'
 PrefetchedWrapper); on a CPU the same steps run without streams.
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -79,7 +81,7 @@ class Prefetched:
                 yield ready
             compute = torch.cuda.current_stream(self.device)
             compute.wait_stream(stream)
-            for t in nxt:   # made on the side stream, used on the compute stream: keep the allocator off them
+            for t in nxt:  # made on the side stream, used on the compute stream: keep the allocator off them
                 t.record_stream(compute)
             ready = (*nxt, skipped)
         if ready is not None:
@@ -90,10 +92,18 @@ class SyntheticBatches:
     """This rank's steps over SyntheticImages held on the device: each epoch's sample indices (sharded
     as common/sharding.py does) go to the device once; a step is a gather and the normalisation."""
 
-    def __init__(self, images: data.SyntheticImages, rank: int, size: int, batch: int, seed: int,
-                 max_steps: int, channels_last: bool):
+    def __init__(
+        self,
+        images: data.SyntheticImages,
+        rank: int,
+        size: int,
+        batch: int,
+        seed: int,
+        max_steps: int,
+        channels_last: bool,
+    ):
         try:
-            sharding.batches(len(images), rank, size, batch, seed, epoch=0)   # fail now, not mid-epoch
+            sharding.batches(len(images), rank, size, batch, seed, epoch=0)  # fail now, not mid-epoch
         except ValueError as e:
             raise ConfigError(f"{e} (data set of {len(images)} samples)") from None
         self.images, self.args, self.channels_last = images, (len(images), rank, size, batch, seed), channels_last
@@ -121,20 +131,34 @@ class SyntheticBatches:
 class FolderLoader:
     """DataLoader over class folders yielding uint8 batches; the epoch travels with each index."""
 
-    def __init__(self, dataset: data.ImageFiles, cfg, rank: int, size: int, batch: int, shuffle: bool,
-                 device: torch.device):
+    def __init__(
+        self, dataset: data.ImageFiles, cfg, rank: int, size: int, batch: int, shuffle: bool, device: torch.device
+    ):
         try:
-            self.sampler = data.ShardedBatchSampler(len(dataset), rank, size, batch, cfg.seed, shuffle=shuffle,
-                                                    max_steps=cfg.max_steps_per_epoch if shuffle else 0,
-                                                    tag_epoch=True)
+            self.sampler = data.ShardedBatchSampler(
+                len(dataset),
+                rank,
+                size,
+                batch,
+                cfg.seed,
+                shuffle=shuffle,
+                max_steps=cfg.max_steps_per_epoch if shuffle else 0,
+                tag_epoch=True,
+            )
         except ValueError as e:
             raise ConfigError(f"{e} (data set of {len(dataset)} samples)") from None
         kwargs = {}
         if cfg.workers > 0:
             # forkserver: fork after Horovod's background thread and Gloo sockets exist is unsafe.
             kwargs = dict(multiprocessing_context="forkserver", persistent_workers=True, prefetch_factor=4)
-        self.loader = DataLoader(dataset, batch_sampler=self.sampler, num_workers=cfg.workers,
-                                 collate_fn=data.collate, pin_memory=device.type == "cuda", **kwargs)
+        self.loader = DataLoader(
+            dataset,
+            batch_sampler=self.sampler,
+            num_workers=cfg.workers,
+            collate_fn=data.collate,
+            pin_memory=device.type == "cuda",
+            **kwargs,
+        )
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -167,12 +191,17 @@ def build(cfg, rank: int, size: int, batch: int, device: torch.device, broadcast
     channels_last = bool(cfg.channels_last)
     gpu_decode = bool(getattr(cfg, "gpu_decode", False))
     if gpu_decode and cfg.data != "shards":
-        raise ConfigError(f"--gpu-decode applies to --data shards (JPEGs decoded by nvJPEG on the GPU); with "
-                          f"--data {cfg.data} drop --gpu-decode")
+        raise ConfigError(
+            f"--gpu-decode applies to --data shards (JPEGs decoded by nvJPEG on the GPU); with "
+            f"--data {cfg.data} drop --gpu-decode"
+        )
     if cfg.data == "synthetic":
         images = data.SyntheticImages(cfg.synthetic_samples, cfg.num_classes, cfg.image_size, cfg.seed, device=device)
-        return Inputs(SyntheticBatches(images, rank, size, batch, cfg.seed, cfg.max_steps_per_epoch, channels_last),
-                      None, cfg.num_classes)
+        return Inputs(
+            SyntheticBatches(images, rank, size, batch, cfg.seed, cfg.max_steps_per_epoch, channels_last),
+            None,
+            cfg.num_classes,
+        )
     decoder = decoder_of(cfg)
     if cfg.data == "shards":
         train_split, val_split, num_classes = shards.datasets(cfg.data_dir)
@@ -181,19 +210,24 @@ def build(cfg, rank: int, size: int, batch: int, device: torch.device, broadcast
         def wrap(split, b, shuffle):
             host = make(split, cfg, rank, size, b, shuffle, device, decoder=decoder)
             return host.on_device(device, channels_last) if gpu_decode else Prefetched(host, device, channels_last)
+
         train = wrap(train_split, batch, True)
         val = wrap(val_split, batch, False) if val_split is not None else None
         return Inputs(train, val, num_classes)
     if cfg.data != "imagefolder":
-        raise ConfigError(f"--data {cfg.data} is not read by the PyTorch payload: choose synthetic, imagefolder or shards")
+        raise ConfigError(
+            f"--data {cfg.data} is not read by the PyTorch payload: choose synthetic, imagefolder or shards"
+        )
     train_dir, val_dir = imagefolder.split_dirs(cfg.data_dir)
     tree = _scan(train_dir, "data directory", rank, broadcast_object)
     val = None
     if val_dir is not None:
         val_tree = _scan(val_dir, "validation directory", rank, broadcast_object)
         if val_tree.classes != tree.classes:
-            raise ConfigError(f"{val_dir} has classes {val_tree.classes[:5]}... that differ from {train_dir}'s: "
-                              "train and val need the same class folders")
+            raise ConfigError(
+                f"{val_dir} has classes {val_tree.classes[:5]}... that differ from {train_dir}'s: "
+                "train and val need the same class folders"
+            )
         ds = data.ImageFiles(val_tree, cfg.image_size, False, cfg.skip_corrupt_images, cfg.seed, decoder)
         val = Prefetched(FolderLoader(ds, cfg, rank, size, batch, False, device), device, channels_last)
     ds = data.ImageFiles(tree, cfg.image_size, True, cfg.skip_corrupt_images, cfg.seed, decoder)

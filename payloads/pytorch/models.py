@@ -2,29 +2,42 @@
 
 Weights are never downloaded: training starts from a seeded random initialisation.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch import nn
 
-_TORCHVISION = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
-                "mobilenet_v3_small", "mobilenet_v3_large")
+_TORCHVISION = (
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "resnet101",
+    "resnet152",
+    "mobilenet_v3_small",
+    "mobilenet_v3_large",
+)
 
 
 def _tiny_cnn(num_classes: int, image_size: int) -> nn.Module:
     # No batch norm: its per-rank batch statistics would make a 2-process run differ from a
     # 1-process run on the same global batch, which the averaging tests compare exactly.
     return nn.Sequential(
-        nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(32 * 16, num_classes),
+        nn.Conv2d(3, 16, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(32 * 16, num_classes),
     )
 
 
 def _mlp(num_classes: int, image_size: int) -> nn.Module:
-    return nn.Sequential(nn.Flatten(), nn.Linear(3 * image_size * image_size, 64), nn.ReLU(),
-                         nn.Linear(64, num_classes))
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(3 * image_size * image_size, 64), nn.ReLU(), nn.Linear(64, num_classes)
+    )
 
 
 def _torchvision(name: str) -> Callable[[int, int], nn.Module]:
@@ -32,6 +45,7 @@ def _torchvision(name: str) -> Callable[[int, int], nn.Module]:
         import torchvision.models
 
         return getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
+
     return build
 
 

@@ -10,6 +10,7 @@ Adasum applies the inner optimizer inside each gradient's hook (horovod/torch/op
 _DistributedAdasumOptimizer), before a GradScaler could unscale: fp16 with Adasum is refused, bf16 needs no
 scaler and runs.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -24,8 +25,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass(frozen=True)
 class Precision:
-    name: str              # "fp32" | "bf16" | "fp16": recorded in metrics.json
-    device_type: str       # "cuda" | "cpu"
+    name: str  # "fp32" | "bf16" | "fp16": recorded in metrics.json
+    device_type: str  # "cuda" | "cpu"
 
     @property
     def dtype(self) -> torch.dtype | None:
@@ -40,7 +41,7 @@ class Precision:
             return nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
 
-    def grad_scaler(self, init_scale: float = 2.0 ** 16) -> torch.amp.GradScaler | None:
+    def grad_scaler(self, init_scale: float = 2.0**16) -> torch.amp.GradScaler | None:
         return torch.amp.GradScaler(self.device_type, init_scale=init_scale) if self.needs_scaler else None
 
 
@@ -62,10 +63,14 @@ def choose(device: torch.device, amp: bool | None, amp_dtype: str = "auto", adas
     if not amp:
         return Precision("fp32", device.type)
     if adasum and dtype == "fp16":
-        raise ConfigError("--adasum cannot be combined with fp16 mixed precision: Horovod's Adasum optimizer steps on "
-                          "each gradient inside backward, before GradScaler can unscale it. Use --amp-dtype bf16 "
-                          "(GPUs of compute capability 8.0+, and CPUs), --no-amp, or drop --adasum")
+        raise ConfigError(
+            "--adasum cannot be combined with fp16 mixed precision: Horovod's Adasum optimizer steps on "
+            "each gradient inside backward, before GradScaler can unscale it. Use --amp-dtype bf16 "
+            "(GPUs of compute capability 8.0+, and CPUs), --no-amp, or drop --adasum"
+        )
     if device.type == "cuda" and dtype == "bf16" and not torch.cuda.is_bf16_supported():
-        raise ConfigError(f"--amp-dtype bf16: {torch.cuda.get_device_name(device)} has no bfloat16 support "
-                          "(compute capability 8.0 and up has): use --amp-dtype fp16 or auto")
+        raise ConfigError(
+            f"--amp-dtype bf16: {torch.cuda.get_device_name(device)} has no bfloat16 support "
+            "(compute capability 8.0 and up has): use --amp-dtype fp16 or auto"
+        )
     return Precision(dtype, device.type)

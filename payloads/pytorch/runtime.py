@@ -1,6 +1,7 @@
 """What both PyTorch payloads (classification and land cover) do around the training step: the device and its
 defaults, the optimizer and its step, checkpoints and resume, exact sums over ranks, and the run's world record.
 Collectives go through the backend (backends.py: Horovod or DDP), the same calls for both."""
+
 from __future__ import annotations
 
 import logging
@@ -18,7 +19,7 @@ log = logging.getLogger("payloads.pytorch")
 
 def setup(cfg: config.TrainConfig, backend) -> tuple[torch.device, precision.Precision]:
     """The device of this process and its precision; fills the device-dependent defaults (amp, channels_last)."""
-    if backend.local_rank() == 0:   # one line per node: the driver, the CUDA torch was built for, any mismatch
+    if backend.local_rank() == 0:  # one line per node: the driver, the CUDA torch was built for, any mismatch
         log.info("%s", devices.report("PyTorch", torch.version.cuda))
     devices.require_gpus(torch.cuda.device_count(), backend.local_size(), "PyTorch", torch.version.cuda)
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // backend.local_size())
@@ -30,8 +31,10 @@ def setup(cfg: config.TrainConfig, backend) -> tuple[torch.device, precision.Pre
     else:
         device = torch.device("cpu")
     if cfg.xla:
-        raise ConfigError("--xla is a TensorFlow/Keras option: for PyTorch, mixed precision (--amp) and --compile "
-                          "are the speed levers")
+        raise ConfigError(
+            "--xla is a TensorFlow/Keras option: for PyTorch, mixed precision (--amp) and --compile "
+            "are the speed levers"
+        )
     chosen = precision.choose(device, cfg.amp, cfg.amp_dtype, cfg.adasum)
     if cfg.adasum:
         backend.check(cfg)
@@ -56,7 +59,7 @@ def optimizer(cfg: config.TrainConfig, model: torch.nn.Module, lr: float, device
         # wrapper never had the flag).
         opt._step_supports_amp_scaling = False
         return opt
-    except (RuntimeError, ValueError, TypeError) as e:   # a device or dtype without a fused kernel
+    except (RuntimeError, ValueError, TypeError) as e:  # a device or dtype without a fused kernel
         log.info("fused SGD unavailable on %s (%s): using the foreach implementation", device, e)
         return torch.optim.SGD(model.parameters(), foreach=True, **kwargs)
 
@@ -89,8 +92,11 @@ def restore(cfg, backend, model, opt, scaler) -> int:
                 opt.load_state_dict(state["optimizer"])
             except Exception as e:  # noqa: BLE001 - any unreadable checkpoint gets the same advice
                 start = -1
-                log.error("cannot resume from %s: %s: move it away, or pass --no-resume to start over "
-                          "in a new --output-dir", path, e)
+                log.error(
+                    "cannot resume from %s: %s: move it away, or pass --no-resume to start over in a new --output-dir",
+                    path,
+                    e,
+                )
             else:
                 log.info("resuming from %s (%d epochs done)", path, start)
     start = backend.broadcast_object(start, name="resume_epoch")
@@ -107,8 +113,9 @@ def restore(cfg, backend, model, opt, scaler) -> int:
             if saved:
                 scaler.load_state_dict(saved)
             elif backend.rank() == 0:
-                log.warning("the checkpoint holds no loss-scaler state (written without fp16): starting at the "
-                            "default scale")
+                log.warning(
+                    "the checkpoint holds no loss-scaler state (written without fp16): starting at the default scale"
+                )
     backend.broadcast_parameters(model.state_dict())
     align_state_layouts(opt)
     return start
@@ -133,28 +140,47 @@ def save(cfg, backend, epoch_done: int, model, opt, scaler) -> None:
     `module.` prefix), so a checkpoint resumes under either backend."""
     if backend.rank() != 0:
         return
-    state = {"epoch": epoch_done, "model": model.state_dict(), "optimizer": opt.state_dict(),
-             "scaler": scaler.state_dict() if scaler is not None else None, "config": cfg.to_json(),
-             "world_size": backend.size(), "backend": backend.name}
-    checkpoint.write(checkpoint.path_for(cfg.checkpoint_dir, epoch_done, SUFFIX),
-                                lambda p: torch.save(state, p))
+    state = {
+        "epoch": epoch_done,
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "config": cfg.to_json(),
+        "world_size": backend.size(),
+        "backend": backend.name,
+    }
+    checkpoint.write(checkpoint.path_for(cfg.checkpoint_dir, epoch_done, SUFFIX), lambda p: torch.save(state, p))
     checkpoint.prune(cfg.checkpoint_dir, SUFFIX, cfg.keep_checkpoints)
 
 
 def global_sums(backend, name: str, *values) -> list[float]:
     """Sum over ranks (floats or device tensors, read here once): losses and counts are summed, then divided, so
     means are exact."""
-    t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device="cpu") if not torch.is_tensor(v)
-                     else v.detach().to("cpu", torch.float64) for v in values])
+    t = torch.stack(
+        [
+            torch.as_tensor(v, dtype=torch.float64, device="cpu")
+            if not torch.is_tensor(v)
+            else v.detach().to("cpu", torch.float64)
+            for v in values
+        ]
+    )
     return backend.allreduce_sum(t, name).tolist()
 
 
 def world(backend, model, device, chosen: precision.Precision, cfg) -> dict:
     """The run's world as metrics.json records it: backend (horovod | ddp) and its controller or process group."""
-    return {"processes": backend.size(), "local_processes": backend.local_size(), "device": str(device),
-            "torch": torch.__version__, **backend.describe(),
-            "gradient_mbytes": models.gradient_bytes(model) / 1e6, "threads_per_process": torch.get_num_threads(),
-            "precision": chosen.name, "loss_scaler": chosen.needs_scaler,
-            "memory_format": "channels_last" if cfg.channels_last else "contiguous",
-            "compiled": bool(cfg.compile), "cuda": torch.version.cuda if device.type == "cuda" else None,
-            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
+    return {
+        "processes": backend.size(),
+        "local_processes": backend.local_size(),
+        "device": str(device),
+        "torch": torch.__version__,
+        **backend.describe(),
+        "gradient_mbytes": models.gradient_bytes(model) / 1e6,
+        "threads_per_process": torch.get_num_threads(),
+        "precision": chosen.name,
+        "loss_scaler": chosen.needs_scaler,
+        "memory_format": "channels_last" if cfg.channels_last else "contiguous",
+        "compiled": bool(cfg.compile),
+        "cuda": torch.version.cuda if device.type == "cuda" else None,
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+    }

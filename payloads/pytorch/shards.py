@@ -19,6 +19,7 @@ by (seed, epoch, sample), so a resumed run and a straight one see the same crops
 With --gpu-decode the workers only read JPEG headers and pick the crops; nvJPEG decodes on the device
 (`GpuDecoded`), or torchvision's CPU decoder where no GPU is present.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -31,18 +32,18 @@ import queue
 import threading
 import weakref
 import zlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing import shared_memory
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
-from ..common.errors import ConfigError
 from ..common import manifest
+from ..common.errors import ConfigError
 from ..common.manifest import TRAIN, VALIDATION, WEBDATASET
 from . import decoders
-from .data import Transform, collate, normalize  # noqa: F401 - Transform: the augmentation shards use
+from .data import Transform, collate, normalize
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +52,13 @@ log = logging.getLogger(__name__)
 class Sample:
     key: str
     label: int
-    data: bytes | tuple           # encoded bytes from a shard, or (offset, shape) in the decoded cache
+    data: bytes | tuple  # encoded bytes from a shard, or (offset, shape) in the decoded cache
 
 
 @dataclass(frozen=True)
 class ShardSplit:
     """One split of a shard set: the files and their record counts, from the manifest."""
+
     folder: pathlib.Path
     files: tuple[pathlib.Path, ...]
     counts: tuple[int, ...]
@@ -73,21 +75,26 @@ def open_set(folder: pathlib.Path) -> tuple[ShardSplit, ShardSplit | None, list[
         s = m.splits.get(name)
         if s is None or not s.shards:
             return None
-        return ShardSplit(pathlib.Path(folder), tuple(pathlib.Path(folder) / x.name for x in s.shards),
-                          tuple(x.samples for x in s.shards))
+        return ShardSplit(
+            pathlib.Path(folder),
+            tuple(pathlib.Path(folder) / x.name for x in s.shards),
+            tuple(x.samples for x in s.shards),
+        )
 
     train = split(TRAIN)
     if train is None:
-        raise ConfigError(f"the shard set in {folder} has no {TRAIN} shards: prepare it from a tree with training images")
+        raise ConfigError(
+            f"the shard set in {folder} has no {TRAIN} shards: prepare it from a tree with training images"
+        )
     return train, split(VALIDATION), m.classes
 
 
 @dataclass(frozen=True)
 class RankPlan:
-    files: tuple[int, ...]    # indices of the files this rank opens
-    stride: bool              # keep every size-th record of the stream (file count not a multiple of size)
-    samples: int              # records this rank reads per epoch
-    batch_sizes: tuple[int, ...]   # one entry per step; the same count on every rank
+    files: tuple[int, ...]  # indices of the files this rank opens
+    stride: bool  # keep every size-th record of the stream (file count not a multiple of size)
+    samples: int  # records this rank reads per epoch
+    batch_sizes: tuple[int, ...]  # one entry per step; the same count on every rank
 
 
 def plan(counts: Sequence[int], rank: int, size: int, batch: int) -> RankPlan:
@@ -106,7 +113,8 @@ def plan(counts: Sequence[int], rank: int, size: int, batch: int) -> RankPlan:
         raise ConfigError(
             f"{sum(counts)} samples in {n} shard(s) leave one of {size} processes {min(per_rank)} samples, fewer than "
             f"the {steps} steps the largest part needs at batch {batch}: use a larger batch or fewer processes, "
-            "or prepare a multiple of the process count of shards")
+            "or prepare a multiple of the process count of shards"
+        )
     mine = per_rank[rank]
     if steps * batch == mine:
         sizes = (batch,) * steps
@@ -122,21 +130,27 @@ def read_shard(path: pathlib.Path) -> Iterator[Sample]:
     try:
         f = open(path, "rb")
     except OSError as e:
-        raise ConfigError(f"cannot open shard {path} ({e.strerror}): the set changed under a running job (a dropped "
-                          "mount, or files moved); check the data input and run again") from None
+        raise ConfigError(
+            f"cannot open shard {path} ({e.strerror}): the set changed under a running job (a dropped "
+            "mount, or files moved); check the data input and run again"
+        ) from None
     with f:
         try:
             for s in group_by_keys(tar_file_expander([{"url": str(path), "stream": f}])):
                 data = s.get("jpg") or s.get("png") or s.get("jpeg")
                 if data is None or "cls" not in s:
-                    raise ConfigError(f"{path}: sample {s['__key__']} lacks an image or a .cls label: prepare the "
-                                      "shards with python -m datatools.prepare")
+                    raise ConfigError(
+                        f"{path}: sample {s['__key__']} lacks an image or a .cls label: prepare the "
+                        "shards with python -m datatools.prepare"
+                    )
                 yield Sample(s["__key__"], int(s["cls"]), data)
-        except Exception as e:  # noqa: BLE001 - tarfile and webdataset raise many kinds for a damaged file
+        except Exception as e:
             if isinstance(e, ConfigError):
                 raise
-            raise ConfigError(f"shard {path} is damaged ({type(e).__name__}: {e}): download or prepare it again "
-                              "(datatools.transfer download verifies checksums)") from None
+            raise ConfigError(
+                f"shard {path} is damaged ({type(e).__name__}: {e}): download or prepare it again "
+                "(datatools.transfer download verifies checksums)"
+            ) from None
 
 
 def shuffled(stream: Iterator[Sample], buffer: int, rng: np.random.Generator) -> Iterator[Sample]:
@@ -156,33 +170,33 @@ def shuffled(stream: Iterator[Sample], buffer: int, rng: np.random.Generator) ->
         yield buf[i]
 
 
-
-
 # ------------------------------------------------------------------------------------------ decode workers
+
 
 @dataclass(frozen=True)
 class Task:
     """One batch for a worker: the samples and how to turn them into pixels."""
+
     samples: list[Sample]
-    transform: object            # called as transform(HxWx3 uint8, rng) -> HxWx3 uint8
+    transform: object  # called as transform(HxWx3 uint8, rng) -> HxWx3 uint8
     seed: int
     epoch: int
     decoder: str
-    cache: str | None            # shared-memory name of the decoded cache the samples point into
-    keep: bool                   # return the decoded images too (the first epoch fills the cache)
-    encoded: bool                # --gpu-decode: JPEGs stay encoded, only their crops are chosen here
+    cache: str | None  # shared-memory name of the decoded cache the samples point into
+    keep: bool  # return the decoded images too (the first epoch fills the cache)
+    encoded: bool  # --gpu-decode: JPEGs stay encoded, only their crops are chosen here
 
 
 @dataclass
 class Result:
-    items: list                  # one uint8 NxHxWx3 tensor, or per sample (JPEG bytes, crop) or HxWx3 pixels
+    items: list  # one uint8 NxHxWx3 tensor, or per sample (JPEG bytes, crop) or HxWx3 pixels
     labels: list[int]
-    skipped: list[tuple[str, str]]   # (key, reason) of undecodable samples
+    skipped: list[tuple[str, str]]  # (key, reason) of undecodable samples
     kept: list[tuple[Sample, np.ndarray]] | None
 
 
 _decode_fns: dict[str, object] = {}
-_shm: dict[str, shared_memory.SharedMemory] = {}   # caches attached in this process, by name
+_shm: dict[str, shared_memory.SharedMemory] = {}  # caches attached in this process, by name
 
 
 def _init_worker() -> None:
@@ -246,7 +260,7 @@ def decode_batch(task: Task) -> Result:
         items.append(np.asarray(task.transform(image, rng)))
         labels.append(s.label)
     if not task.encoded and items:
-        items = [torch.from_numpy(np.stack(items))]   # one tensor: one shared-memory handle back, not N
+        items = [torch.from_numpy(np.stack(items))]  # one tensor: one shared-memory handle back, not N
     return Result(items, labels, skipped, kept)
 
 
@@ -283,7 +297,7 @@ class DecodedCache:
     """A rank's decoded images in one shared-memory block that every worker reads by offset."""
 
     def __init__(self, kept: list[tuple[Sample, np.ndarray]]):
-        kept = sorted(kept, key=lambda k: k[0].key)   # key order: later epochs do not depend on the filling one
+        kept = sorted(kept, key=lambda k: k[0].key)  # key order: later epochs do not depend on the filling one
         total = max(1, sum(a.nbytes for _, a in kept))
         self.shm = shared_memory.SharedMemory(create=True, size=total)
         _shm[self.shm.name] = self.shm
@@ -310,14 +324,30 @@ class DecodedCache:
 
 # ------------------------------------------------------------------------------------------------ loader
 
+
 class ShardLoader:
     """This rank's batches of one split: (uint8 NxHxWx3 images, int64 labels, skipped) per step, `len()`
     steps per epoch. `workers` decode processes (0: decode in the reader thread of this process)."""
 
-    def __init__(self, split: ShardSplit, rank: int, size: int, batch: int, seed: int, transform,
-                 shuffle: bool = True, shuffle_buffer: int = 5000, cache: bool = False, workers: int = 2,
-                 max_steps: int = 0, skip_corrupt: bool = False, prefetch: int = 4, pin_memory: bool = False,
-                 decoder: str = "auto", encoded: bool = False):
+    def __init__(
+        self,
+        split: ShardSplit,
+        rank: int,
+        size: int,
+        batch: int,
+        seed: int,
+        transform,
+        shuffle: bool = True,
+        shuffle_buffer: int = 5000,
+        cache: bool = False,
+        workers: int = 2,
+        max_steps: int = 0,
+        skip_corrupt: bool = False,
+        prefetch: int = 4,
+        pin_memory: bool = False,
+        decoder: str = "auto",
+        encoded: bool = False,
+    ):
         self.split, self.rank, self.size, self.seed = split, rank, size, seed
         self.plan = plan(split.counts, rank, size, batch)
         self.transform, self.shuffle, self.buffer = transform, shuffle, shuffle_buffer
@@ -343,8 +373,10 @@ class ShardLoader:
     # -- the sample stream of this rank for the current epoch
     def _records(self) -> Iterator[Sample]:
         files = list(self.plan.files)
-        if self.shuffle and not self.plan.stride:   # a stride split needs one file order on every rank
-            files = [files[i] for i in np.random.default_rng([self.seed, self.epoch, self.rank]).permutation(len(files))]
+        if self.shuffle and not self.plan.stride:  # a stride split needs one file order on every rank
+            files = [
+                files[i] for i in np.random.default_rng([self.seed, self.epoch, self.rank]).permutation(len(files))
+            ]
         position = 0
         for f in files:
             for s in read_shard(self.split.files[f]):
@@ -367,8 +399,16 @@ class ShardLoader:
             workers = pool(self.workers) if self.workers > 0 else None
             pending: collections.deque = collections.deque()
             for n in self.sizes:
-                task = Task([next(stream) for _ in range(n)], self.transform, self.seed, self.epoch, self.decoder,
-                            cache_name, filling is not None, self.encoded)
+                task = Task(
+                    [next(stream) for _ in range(n)],
+                    self.transform,
+                    self.seed,
+                    self.epoch,
+                    self.decoder,
+                    cache_name,
+                    filling is not None,
+                    self.encoded,
+                )
                 pending.append(workers.apply_async(decode_batch, (task,)) if workers else _Now(decode_batch(task)))
                 while len(pending) > (self.inflight if workers else 0):
                     if not self._emit(pending.popleft().get(), out, filling, stop):
@@ -378,36 +418,49 @@ class ShardLoader:
                     return
             if filling is not None:
                 rest = list(stream)
-                if rest:   # never the case: the plan sized the batches from the manifest's counts
+                if rest:  # never the case: the plan sized the batches from the manifest's counts
                     raise ConfigError(f"{len(rest)} more samples than the manifest of {self.split.folder} lists")
                 self.cache = DecodedCache(filling)
-                log.info("kept %d decoded images of rank %d in memory (%.0f MB)", len(self.cache), self.rank,
-                         self.cache.nbytes / 1e6)
+                log.info(
+                    "kept %d decoded images of rank %d in memory (%.0f MB)",
+                    len(self.cache),
+                    self.rank,
+                    self.cache.nbytes / 1e6,
+                )
             out.put(None)
         except StopIteration:
-            out.put(ConfigError(f"the shards in {self.split.folder} hold fewer samples than their manifest says: "
-                                "download or prepare the set again"))
+            out.put(
+                ConfigError(
+                    f"the shards in {self.split.folder} hold fewer samples than their manifest says: "
+                    "download or prepare the set again"
+                )
+            )
         except BaseException as e:  # noqa: BLE001 - handed to the training thread, which raises it
             out.put(e)
 
     def _emit(self, result: Result, out: queue.Queue, filling, stop) -> bool:
         for key, reason in result.skipped:
             if not self.skip_corrupt:
-                raise ConfigError(f"cannot decode sample {key} of the shards in {self.split.folder} ({reason}): "
-                                  "prepare the set again, or pass --skip-corrupt-images to skip and count such samples")
+                raise ConfigError(
+                    f"cannot decode sample {key} of the shards in {self.split.folder} ({reason}): "
+                    "prepare the set again, or pass --skip-corrupt-images to skip and count such samples"
+                )
             log.warning("skipping undecodable sample %s in %s: %s", key, self.split.folder, reason)
         if filling is not None:
             filling.extend(result.kept)
         n = len(result.labels) + len(result.skipped)
         if not result.labels:
-            collate([None] * n)   # raises: every image of the batch was undecodable
+            collate([None] * n)  # raises: every image of the batch was undecodable
         labels = torch.tensor(result.labels, dtype=torch.int64)
         if self.encoded:
             batch = (result.items, labels, len(result.skipped))
         else:
             images = result.items[0]
-            batch = (images.pin_memory() if self.pin else images, labels.pin_memory() if self.pin else labels,
-                     len(result.skipped))
+            batch = (
+                images.pin_memory() if self.pin else images,
+                labels.pin_memory() if self.pin else labels,
+                len(result.skipped),
+            )
         while not stop.is_set():
             try:
                 out.put(batch, timeout=0.5)
@@ -433,7 +486,7 @@ class ShardLoader:
             stop.set()
             t.join(timeout=5)
 
-    def on_device(self, device: torch.device, channels_last: bool) -> "GpuDecoded":
+    def on_device(self, device: torch.device, channels_last: bool) -> GpuDecoded:
         return GpuDecoded(self, device, channels_last)
 
 
@@ -481,16 +534,39 @@ def datasets(data_dir: pathlib.Path):
     return train, val, len(classes)
 
 
-def loader(split: ShardSplit, cfg, rank: int, size: int, batch: int, shuffle: bool, device,
-           decoder: str = "auto", encoded: bool = False) -> ShardLoader:
-    return ShardLoader(split, rank, size, batch, cfg.seed, Transform(cfg.image_size, train=shuffle), shuffle=shuffle,
-                       shuffle_buffer=cfg.shuffle_buffer, cache=cfg.cache_decoded, workers=cfg.workers,
-                       max_steps=cfg.max_steps_per_epoch if shuffle else 0, skip_corrupt=cfg.skip_corrupt_images,
-                       pin_memory=device.type == "cuda" and not encoded, decoder=decoder, encoded=encoded)
+def loader(
+    split: ShardSplit,
+    cfg,
+    rank: int,
+    size: int,
+    batch: int,
+    shuffle: bool,
+    device,
+    decoder: str = "auto",
+    encoded: bool = False,
+) -> ShardLoader:
+    return ShardLoader(
+        split,
+        rank,
+        size,
+        batch,
+        cfg.seed,
+        Transform(cfg.image_size, train=shuffle),
+        shuffle=shuffle,
+        shuffle_buffer=cfg.shuffle_buffer,
+        cache=cfg.cache_decoded,
+        workers=cfg.workers,
+        max_steps=cfg.max_steps_per_epoch if shuffle else 0,
+        skip_corrupt=cfg.skip_corrupt_images,
+        pin_memory=device.type == "cuda" and not encoded,
+        decoder=decoder,
+        encoded=encoded,
+    )
 
 
-def gpu_loader(split: ShardSplit, cfg, rank: int, size: int, batch: int, shuffle: bool, device,
-               decoder: str = "auto") -> ShardLoader:
+def gpu_loader(
+    split: ShardSplit, cfg, rank: int, size: int, batch: int, shuffle: bool, device, decoder: str = "auto"
+) -> ShardLoader:
     if device.type != "cuda":
         log.warning("--gpu-decode without a GPU: torchvision's CPU JPEG decoder runs in the training process")
     return loader(split, cfg, rank, size, batch, shuffle, device, decoder, encoded=True)

@@ -9,14 +9,15 @@ every rank after a resume, complete rank-0 checkpoints, exactly averaged metrics
 DeepLearningExamples ResNet-50 for the GPU path (bf16/fp16 by GPU, channels_last, uint8 input normalised on
 the device, no host sync in the step, steady-state throughput).
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import sys
 import time
+from collections.abc import Sequence
 from functools import partial
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +29,7 @@ from ..common.metrics import MetricsFile, finish
 from . import backends, inputs, models, runtime
 
 log = logging.getLogger("payloads.pytorch")
-PROGRESS_EVERY = 25   # steps between the progress bar's loss readings (each one waits for the device)
+PROGRESS_EVERY = 25  # steps between the progress bar's loss readings (each one waits for the device)
 
 
 class StepClock:
@@ -107,8 +108,15 @@ def train_epoch(cfg, backend, epoch, model, optimizer, scaler, prec, batches, de
     seconds = time.perf_counter() - start
     bar.close()
     loss_sum, correct, seen, skipped = runtime.global_sums(backend, f"train_{epoch}", loss_sum, correct, seen, skipped)
-    return {"train_loss": loss_sum / seen, "train_accuracy": correct / seen, "images": int(seen),
-            "skipped_images": int(skipped), "epoch_seconds": seconds, "images_per_sec": seen / seconds, "lr": lr}
+    return {
+        "train_loss": loss_sum / seen,
+        "train_accuracy": correct / seen,
+        "images": int(seen),
+        "skipped_images": int(skipped),
+        "epoch_seconds": seconds,
+        "images_per_sec": seen / seconds,
+        "lr": lr,
+    }
 
 
 @torch.no_grad()
@@ -142,8 +150,14 @@ def run(cfg: config.TrainConfig) -> dict:
     device, prec = runtime.setup(cfg, backend)
     batch = cfg.per_process_batch(backend.size())
     # Each rank loads batch x backward_passes samples per step and splits them into micro-batches.
-    data = inputs.build(cfg, backend.rank(), backend.size(), batch * cfg.backward_passes_per_step, device,
-                        broadcast_object=lambda obj: backend.broadcast_object(obj, name="image_listing"))
+    data = inputs.build(
+        cfg,
+        backend.rank(),
+        backend.size(),
+        batch * cfg.backward_passes_per_step,
+        device,
+        broadcast_object=lambda obj: backend.broadcast_object(obj, name="image_listing"),
+    )
 
     torch.manual_seed(cfg.seed)
     model = models.build(cfg.model, data.num_classes, cfg.image_size).to(device)
@@ -161,23 +175,37 @@ def run(cfg: config.TrainConfig) -> dict:
     if root:
         from torch.utils.tensorboard import SummaryWriter
 
-        metrics = MetricsFile(cfg.metrics_path, {"config": cfg.to_json(),
-                                                 "world": runtime.world(backend, model, device, prec, cfg)})
+        metrics = MetricsFile(
+            cfg.metrics_path, {"config": cfg.to_json(), "world": runtime.world(backend, model, device, prec, cfg)}
+        )
         writer = SummaryWriter(str(cfg.tensorboard_dir))
-        log.info("training %s on %s data, %d process(es) x batch %d (%s), %s, %s%s%s, outputs in %s", cfg.model,
-                 cfg.data, backend.size(), batch, backend.name, device, prec.name, " channels_last" if cfg.channels_last else "",
-                 " compiled" if cfg.compile else "", cfg.output_dir)
+        log.info(
+            "training %s on %s data, %d process(es) x batch %d (%s), %s, %s%s%s, outputs in %s",
+            cfg.model,
+            cfg.data,
+            backend.size(),
+            batch,
+            backend.name,
+            device,
+            prec.name,
+            " channels_last" if cfg.channels_last else "",
+            " compiled" if cfg.compile else "",
+            cfg.output_dir,
+        )
         if os.environ.get("HOROVOD_TIMELINE"):
             log.info("Horovod timeline: %s", os.environ["HOROVOD_TIMELINE"])
-    progress = partial(tqdm, disable=not (root and cfg.progress))   # the bar is rank 0's only
+    progress = partial(tqdm, disable=not (root and cfg.progress))  # the bar is rank 0's only
     clock = StepClock(device, cfg.startup_steps, started)
 
     total_images, total_seconds = 0, 0.0
     for epoch in range(start_epoch, cfg.epochs):
         data.train.set_epoch(epoch)
         record = {"epoch": epoch + 1}
-        record.update(train_epoch(cfg, backend, epoch, step_model, optimizer, scaler, prec, data.train, device, scale,
-                                  progress, clock))
+        record.update(
+            train_epoch(
+                cfg, backend, epoch, step_model, optimizer, scaler, prec, data.train, device, scale, progress, clock
+            )
+        )
         if data.val is not None:
             data.val.set_epoch(epoch)
             record.update(evaluate(cfg, backend, epoch, step_model, prec, data.val, device))
@@ -190,10 +218,15 @@ def run(cfg: config.TrainConfig) -> dict:
                 if key in record:
                     writer.add_scalar(key, record[key], epoch + 1)
             writer.flush()
-            log.info("epoch %d/%d: loss %.4f, accuracy %.3f%s, %.1f images/sec", epoch + 1, cfg.epochs,
-                     record["train_loss"], record["train_accuracy"],
-                     f", val accuracy {record['val_accuracy']:.3f}" if "val_accuracy" in record else "",
-                     record["images_per_sec"])
+            log.info(
+                "epoch %d/%d: loss %.4f, accuracy %.3f%s, %.1f images/sec",
+                epoch + 1,
+                cfg.epochs,
+                record["train_loss"],
+                record["train_accuracy"],
+                f", val accuracy {record['val_accuracy']:.3f}" if "val_accuracy" in record else "",
+                record["images_per_sec"],
+            )
 
     if root:
         writer.close()
@@ -201,12 +234,24 @@ def run(cfg: config.TrainConfig) -> dict:
     (steady_images,) = runtime.global_sums(backend, "steady_images", clock.images)
     steady = clock.steady_seconds > 0 and steady_images > 0
     if not steady and root and cfg.epochs > start_epoch:
-        log.warning("the run had no more than %d steps (--startup-steps): Total images/sec includes start-up",
-                    cfg.startup_steps)
-    summary = finish(cfg, backend, metrics, models.parameters_digest(model), cfg.epochs - start_epoch,
-                     int(steady_images) if steady else total_images, clock.steady_seconds if steady else total_seconds,
-                     extra={"startup_seconds": clock.startup_seconds, "steady_state": steady,
-                            "all_images": total_images, "all_train_seconds": total_seconds})
+        log.warning(
+            "the run had no more than %d steps (--startup-steps): Total images/sec includes start-up", cfg.startup_steps
+        )
+    summary = finish(
+        cfg,
+        backend,
+        metrics,
+        models.parameters_digest(model),
+        cfg.epochs - start_epoch,
+        int(steady_images) if steady else total_images,
+        clock.steady_seconds if steady else total_seconds,
+        extra={
+            "startup_seconds": clock.startup_seconds,
+            "steady_state": steady,
+            "all_images": total_images,
+            "all_train_seconds": total_seconds,
+        },
+    )
     backend.shutdown()
     return summary
 
@@ -214,8 +259,13 @@ def run(cfg: config.TrainConfig) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     try:
-        cfg = config.parse(argv, "python -m payloads.pytorch.train", __doc__.splitlines()[0], list(models.MODELS),
-                           ("synthetic", "imagefolder", "shards"))
+        cfg = config.parse(
+            argv,
+            "python -m payloads.pytorch.train",
+            __doc__.splitlines()[0],
+            list(models.MODELS),
+            ("synthetic", "imagefolder", "shards"),
+        )
         run(cfg)
     except ConfigError as e:
         # Every rank says it: a data error may be met by one rank only.

@@ -12,6 +12,7 @@ number of steps of the same batch size.
 Validation: every pixel of every validation block once, in non-overlapping patch windows (edges padded with
 no data); rank r evaluates blocks r, r + S, ...
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,7 @@ import torch
 from ..common.errors import ConfigError
 from . import labels as lab
 from .models import BANDS
-from .tiling import FORMAT, MANIFEST
-from .tiling import windows
+from .tiling import FORMAT, MANIFEST, windows
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class Manifest:
     image_dtype: str = "uint8"
 
     @classmethod
-    def load(cls, root: pathlib.Path) -> "Manifest":
+    def load(cls, root: pathlib.Path) -> Manifest:
         path = root / MANIFEST
         hint = "cut the rasters into blocks first: python -m datatools.landcover.prepare --output-dir DIR ..."
         if not root.is_dir():
@@ -54,21 +54,34 @@ class Manifest:
         try:
             m = json.loads(path.read_text())
             if m.get("format") != FORMAT or m.get("bands") != BANDS:
-                raise ValueError(f"format {m.get('format')} with {m.get('bands')} bands, expected format {FORMAT}, {BANDS} bands")
-            self = cls(root, int(m["num_classes"]), list(m["class_names"]), np.asarray(m["band_mean"], np.float32),
-                       np.asarray(m["band_std"], np.float32), list(m["train"]), list(m["val"]),
-                       str(np.dtype(m.get("image_dtype", "uint8"))))
+                raise ValueError(
+                    f"format {m.get('format')} with {m.get('bands')} bands, expected format {FORMAT}, {BANDS} bands"
+                )
+            self = cls(
+                root,
+                int(m["num_classes"]),
+                list(m["class_names"]),
+                np.asarray(m["band_mean"], np.float32),
+                np.asarray(m["band_std"], np.float32),
+                list(m["train"]),
+                list(m["val"]),
+                str(np.dtype(m.get("image_dtype", "uint8"))),
+            )
             for e in self.train + self.val:
-                e["height"], e["width"], e["image"], e["labels"]   # noqa: B018 - every entry complete
+                e["height"], e["width"], e["image"], e["labels"]
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ConfigError(f"{path} is not a manifest this payload reads ({type(e).__name__}: {e}): "
-                              "prepare the data again with python -m datatools.landcover.prepare") from None
+            raise ConfigError(
+                f"{path} is not a manifest this payload reads ({type(e).__name__}: {e}): "
+                "prepare the data again with python -m datatools.landcover.prepare"
+            ) from None
         if not self.train:
             raise ConfigError(f"{path} lists no training block: prepare with at least one --train pair")
         return self
 
 
-def read_block(root: pathlib.Path, entry: dict, num_classes: int, m_dtype: str = "uint8") -> tuple[np.ndarray, np.ndarray]:
+def read_block(
+    root: pathlib.Path, entry: dict, num_classes: int, m_dtype: str = "uint8"
+) -> tuple[np.ndarray, np.ndarray]:
     """(image [4, h, w] in its stored dtype, labels uint8 [h, w]); any damage is an error naming the file."""
     import rasterio
     from rasterio.errors import RasterioError
@@ -83,14 +96,18 @@ def read_block(root: pathlib.Path, entry: dict, num_classes: int, m_dtype: str =
         except (RasterioError, OSError) as e:
             raise ConfigError(f"cannot read block {path} ({e}): {fix}") from None
         if a.shape != (bands, entry["height"], entry["width"]):
-            raise ConfigError(f"block {path} is {a.shape} (bands, height, width), the manifest says "
-                              f"{(bands, entry['height'], entry['width'])}: {fix}")
+            raise ConfigError(
+                f"block {path} is {a.shape} (bands, height, width), the manifest says "
+                f"{(bands, entry['height'], entry['width'])}: {fix}"
+            )
         arrays.append(a)
     image, labels = arrays[0].astype(np.dtype(m_dtype), copy=False), arrays[1][0]
     bad = lab.apply_map(labels, None, num_classes)[1]
     if bad:
-        raise ConfigError(f"block {root / entry['labels']} holds label values {sorted(bad)} beyond the manifest's "
-                          f"{num_classes} classes: {fix}")
+        raise ConfigError(
+            f"block {root / entry['labels']} holds label values {sorted(bad)} beyond the manifest's "
+            f"{num_classes} classes: {fix}"
+        )
     return image, labels.astype(np.uint8)
 
 
@@ -135,22 +152,38 @@ def _permute_within_classes(n: int, modulus: int, rng: np.random.Generator) -> n
 class PatchSampler:
     """This rank's training patches: a list of steps, each a list of (block, row, col, dihedral)."""
 
-    def __init__(self, blocks: list[dict], patch: int, rank: int, size: int, global_batch: int, seed: int,
-                 patches_per_epoch: int = 0, max_steps: int = 0):
+    def __init__(
+        self,
+        blocks: list[dict],
+        patch: int,
+        rank: int,
+        size: int,
+        global_batch: int,
+        seed: int,
+        patches_per_epoch: int = 0,
+        max_steps: int = 0,
+    ):
         if global_batch % size:
             raise ConfigError(f"a global batch of {global_batch} does not divide over {size} processes")
         self.sizes = [(e["height"], e["width"]) for e in blocks]
-        self.n, self.patch, self.rank, self.size, self.batch, self.seed = len(blocks), patch, rank, size, global_batch, seed
+        self.n, self.patch, self.rank, self.size, self.batch, self.seed = (
+            len(blocks),
+            patch,
+            rank,
+            size,
+            global_batch,
+            seed,
+        )
         # default: as many patches as the training area holds
         target = patches_per_epoch or sum(h * w for h, w in self.sizes) // (patch * patch)
         self.steps = max(1, math.ceil(target / global_batch))
         if max_steps:
             self.steps = min(self.steps, max_steps)
-        self.order = np.random.default_rng([seed, 7]).permutation(self.n)    # fixed: position -> block
+        self.order = np.random.default_rng([seed, 7]).permutation(self.n)  # fixed: position -> block
 
     def owned(self) -> list[int]:
         """Blocks this rank reads when the process count divides the block count (its share)."""
-        return sorted(int(b) for b in self.order[self.rank::self.size])
+        return sorted(int(b) for b in self.order[self.rank :: self.size])
 
     @property
     def shares_exactly(self) -> bool:
@@ -180,8 +213,8 @@ def _cut(image: np.ndarray, labels: np.ndarray, row: int, col: int, patch: int) 
     img = np.zeros((image.shape[0], patch, patch), dtype=image.dtype)
     lbl = np.full((patch, patch), lab.NODATA, dtype=np.uint8)
     h, w = min(patch, labels.shape[0] - row), min(patch, labels.shape[1] - col)
-    img[:, :h, :w] = image[:, row:row + h, col:col + w]
-    lbl[:h, :w] = labels[row:row + h, col:col + w]
+    img[:, :h, :w] = image[:, row : row + h, col : col + w]
+    lbl[:h, :w] = labels[row : row + h, col : col + w]
     return img, lbl
 
 
@@ -200,7 +233,9 @@ def batch(store: BlockStore, patches, patch: int) -> tuple[torch.Tensor, torch.T
     return torch.from_numpy(images), torch.from_numpy(labels)
 
 
-def inputs(images: torch.Tensor, labels: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def inputs(
+    images: torch.Tensor, labels: torch.Tensor, mean: torch.Tensor, std: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(normalized float32 images, int64 targets with no data as IGNORE), computed on the tensors' device;
     `mean` and `std` are per band, shaped [4, 1, 1]."""
     x = (images.float() - mean) / std

@@ -9,15 +9,22 @@ canopy / forest, 3 low vegetation / field, 4 barren land, 5 impervious (other), 
 data. `--label-map chesapeake` maps 15 (and 0) to the
 payload's no data and keeps 1-6: they are already the payload's classes.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 NODATA = 0
-IGNORE = -100          # torch's cross_entropy default ignore_index: targets of no-data pixels
+IGNORE = -100  # torch's cross_entropy default ignore_index: targets of no-data pixels
 
-CHESAPEAKE_CLASSES = ("water", "tree canopy / forest", "low vegetation / field", "barren land",
-                      "impervious (other)", "impervious (road)")
+CHESAPEAKE_CLASSES = (
+    "water",
+    "tree canopy / forest",
+    "low vegetation / field",
+    "barren land",
+    "impervious (other)",
+    "impervious (road)",
+)
 # raw value -> payload label; every raw value not listed is an error (named with its file)
 CHESAPEAKE_MAP = {0: NODATA, 15: NODATA, **{v: v for v in range(1, 7)}}
 

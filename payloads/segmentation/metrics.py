@@ -5,6 +5,7 @@ pixels are not counted); the matrices are summed over ranks (an allreduce of int
 scores are computed once from the sum. IoU of class c = intersection / union = M[c,c] / (row c + column c
 - M[c,c]): averaging per-rank IoUs instead would be wrong whenever ranks hold different pixel counts.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,7 +35,9 @@ def scores(matrix: torch.Tensor, class_names: list[str] | tuple[str, ...]) -> di
     union = m.sum(0) + m.sum(1) - inter
     iou = {name: (inter[c].item() / union[c].item() if union[c] > 0 else None) for c, name in enumerate(class_names)}
     present = [v for v in iou.values() if v is not None]
-    return {"pixel_accuracy": inter.sum().item() / total if total else math.nan,
-            "iou": iou,
-            "miou": sum(present) / len(present) if present else math.nan,
-            "confusion_matrix": matrix.to(torch.int64).tolist()}
+    return {
+        "pixel_accuracy": inter.sum().item() / total if total else math.nan,
+        "iou": iou,
+        "miou": sum(present) / len(present) if present else math.nan,
+        "confusion_matrix": matrix.to(torch.int64).tolist(),
+    }

@@ -4,23 +4,33 @@
 how a global batch is split over processes (the averaging tests compare 2 processes with 1 exactly), and
 it behaves with the small per-GPU batches large patches force.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from torch import nn
 
-BANDS = 4          # NAIP: red, green, blue, near-infrared
+BANDS = 4  # NAIP: red, green, blue, near-infrared
 
 
-def _unet(encoder: str, depth: int = 5, decoder: tuple[int, ...] = (256, 128, 64, 32, 16)) -> Callable[[int], nn.Module]:
+def _unet(
+    encoder: str, depth: int = 5, decoder: tuple[int, ...] = (256, 128, 64, 32, 16)
+) -> Callable[[int], nn.Module]:
     def build(num_classes: int) -> nn.Module:
         import segmentation_models_pytorch as smp
 
         # encoder_weights=None: ImageNet weights would be downloaded at run time, and are for 3 bands.
-        return smp.Unet(encoder_name=encoder, encoder_weights=None, encoder_depth=depth, decoder_channels=decoder,
-                        in_channels=BANDS, classes=num_classes)
+        return smp.Unet(
+            encoder_name=encoder,
+            encoder_weights=None,
+            encoder_depth=depth,
+            decoder_channels=decoder,
+            in_channels=BANDS,
+            classes=num_classes,
+        )
+
     return build
 
 
@@ -32,7 +42,7 @@ MODELS: dict[str, Callable[[int], nn.Module]] = {
     "unet_tiny": _unet("tu-resnet18", depth=3, decoder=(32, 16, 8)),
 }
 NORMS = ("batch", "group")
-DIVISOR = {"unet_resnet34": 32, "unet_resnet18": 32, "unet_tiny": 8}   # patch sides must be multiples
+DIVISOR = {"unet_resnet34": 32, "unet_resnet18": 32, "unet_tiny": 8}  # patch sides must be multiples
 
 
 def build(name: str, num_classes: int, norm: str = "batch") -> nn.Module:

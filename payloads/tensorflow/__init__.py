@@ -1,4 +1,5 @@
 """TensorFlow 2 payload (custom loop with hvd.DistributedGradientTape) and what the Keras payload shares."""
+
 import os
 
 # TensorFlow 2.15 turns its oneDNN CPU kernels on only for CPUs it recognises (Intel with AVX-512-class

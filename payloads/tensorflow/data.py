@@ -5,12 +5,13 @@ take `steps` batches per epoch from it), with the same step count on every rank.
 TFRecords; for synthetic data it is positions in a pool of images on the device, which Input.prepare turns
 into images inside the training step.
 """
+
 from __future__ import annotations
 
 import logging
 import pathlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -36,7 +37,7 @@ class SkipCounter:
 
     def __init__(self, records: int, per_epoch: int, epochs: int):
         self.per_epoch = tf.constant(per_epoch, tf.int64)
-        self.last = tf.constant(epochs, tf.int64)   # slot for what is read ahead past the run's last epoch
+        self.last = tf.constant(epochs, tf.int64)  # slot for what is read ahead past the run's last epoch
         self.kept = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.counted_in = tf.Variable(tf.fill([records], tf.constant(-1, tf.int64)), trainable=False)
         self.counts = tf.Variable(tf.zeros([epochs + 1], tf.int64), trainable=False)
@@ -45,12 +46,14 @@ class SkipCounter:
     def see(self, image, label, record, ok):
         """Runs on every record in stream order (a sequential map): counts a bad record once per epoch."""
         epoch = tf.minimum(self.kept.read_value() // self.per_epoch, self.last)
-        before = self.counted_in.sparse_read(record)   # the epoch this record was last counted in
+        before = self.counted_in.sparse_read(record)  # the epoch this record was last counted in
         fresh = tf.logical_and(tf.logical_not(ok), tf.not_equal(before, epoch))
         with tf.control_dependencies([epoch, before]):
-            updates = [self.counts.scatter_nd_add([[epoch]], [tf.cast(fresh, tf.int64)]),
-                       self.counted_in.scatter_nd_update([[record]], [tf.where(fresh, epoch, before)]),
-                       self.kept.assign_add(tf.cast(ok, tf.int64))]
+            updates = [
+                self.counts.scatter_nd_add([[epoch]], [tf.cast(fresh, tf.int64)]),
+                self.counted_in.scatter_nd_update([[record]], [tf.where(fresh, epoch, before)]),
+                self.kept.assign_add(tf.cast(ok, tf.int64)),
+            ]
         with tf.control_dependencies(updates):
             return tf.identity(image), tf.identity(label), tf.identity(ok)
 
@@ -87,15 +90,15 @@ def identity(x):
 
 @dataclass
 class Input:
-    train: tf.data.Dataset             # batches (x, labels int32) for every remaining epoch
-    steps: int                         # per epoch, equal on every rank
+    train: tf.data.Dataset  # batches (x, labels int32) for every remaining epoch
+    steps: int  # per epoch, equal on every rank
     num_classes: int
-    validation: tf.data.Dataset | None = None   # this rank's share, one pass
-    skips: SkipCounter | None = None   # training records dropped as corrupt (--skip-corrupt-images)
+    validation: tf.data.Dataset | None = None  # this rank's share, one pass
+    skips: SkipCounter | None = None  # training records dropped as corrupt (--skip-corrupt-images)
     val_skips: ValidationSkips | None = None
     # x -> images NHWC float32, run inside the training step on its device: synthetic x are pool positions
     prepare: Callable[[tf.Tensor], tf.Tensor] = identity
-    description: dict = field(default_factory=dict)   # for metrics.json's world record
+    description: dict = field(default_factory=dict)  # for metrics.json's world record
 
     def private_threads(self) -> int:
         """tf.data's private threadpool size, as the training dataset carries it (0: TensorFlow's default)."""
@@ -124,8 +127,15 @@ class SyntheticImages:
     `max_bytes` of distinct images are kept; each step gathers its batch from them on the device, so the
     input costs no host work and no host-to-device copy of images."""
 
-    def __init__(self, num_samples: int, num_classes: int, image_size: int, seed: int, noise: float = 1.0,
-                 max_bytes: int = POOL_BYTES):
+    def __init__(
+        self,
+        num_samples: int,
+        num_classes: int,
+        image_size: int,
+        seed: int,
+        noise: float = 1.0,
+        max_bytes: int = POOL_BYTES,
+    ):
         self.num_samples = num_samples
         self.distinct = max(1, min(num_samples, max_bytes // (image_size * image_size * 3 * 4)))
         s, reps = image_size, -(-image_size // 8)
@@ -137,7 +147,7 @@ class SyntheticImages:
             pattern = tf.repeat(tf.repeat(coarse, reps, axis=1), reps, axis=2)[:, :s, :s]
             images.append(pattern + noise * tf.random.stateless_normal((CHUNK, s, s, 3), seed=(seed, 2 * k + 2)))
             labels.append(label)
-        self.images = tf.concat(images, 0)[: self.distinct]     # on the GPU when there is one
+        self.images = tf.concat(images, 0)[: self.distinct]  # on the GPU when there is one
         self._labels = tf.concat(labels, 0)[: self.distinct].numpy()
 
     def __len__(self) -> int:
@@ -163,7 +173,7 @@ def synthetic(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
     turns positions into images on the device (Input.prepare)."""
     data = SyntheticImages(cfg.synthetic_samples, cfg.num_classes, cfg.image_size, cfg.seed)
     try:
-        sharding.batches(len(data), rank, size, batch, cfg.seed, epoch=0)   # fail now, not mid-epoch
+        sharding.batches(len(data), rank, size, batch, cfg.seed, epoch=0)  # fail now, not mid-epoch
     except ValueError as e:
         raise ConfigError(f"{e} (data set of {len(data)} samples)") from None
     steps = sharding.steps_per_epoch(len(data), size, batch)
@@ -175,10 +185,16 @@ def synthetic(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
             indices = np.stack(sharding.batches(len(data), rank, size, batch, cfg.seed, epoch)[:steps])
             yield data.slots(indices), data.labels(indices)
 
-    ds = tf.data.Dataset.from_generator(epochs, output_signature=(
-        tf.TensorSpec((None, batch), tf.int32), tf.TensorSpec((None, batch), tf.int32))).unbatch()
-    return Input(ds.prefetch(2), steps, cfg.num_classes, prepare=data.take,
-                 description={"distinct_images": data.distinct, "device": data.images.device})
+    ds = tf.data.Dataset.from_generator(
+        epochs, output_signature=(tf.TensorSpec((None, batch), tf.int32), tf.TensorSpec((None, batch), tf.int32))
+    ).unbatch()
+    return Input(
+        ds.prefetch(2),
+        steps,
+        cfg.num_classes,
+        prepare=data.take,
+        description={"distinct_images": data.distinct, "device": data.images.device},
+    )
 
 
 def _decode(record, image_size: int, num_classes: int, train: bool):
@@ -199,8 +215,14 @@ def _decode_image(record, image_size: int, train: bool):
     if train:
         # Inception-style random resized crop and flip, as torchvision's RandomResizedCrop.
         begin, extent, _ = tf.image.sample_distorted_bounding_box(
-            tf.shape(image), tf.zeros([0, 0, 4]), min_object_covered=0.0, aspect_ratio_range=(3 / 4, 4 / 3),
-            area_range=(0.08, 1.0), max_attempts=10, use_image_if_no_bounding_boxes=True)
+            tf.shape(image),
+            tf.zeros([0, 0, 4]),
+            min_object_covered=0.0,
+            aspect_ratio_range=(3 / 4, 4 / 3),
+            area_range=(0.08, 1.0),
+            max_attempts=10,
+            use_image_if_no_bounding_boxes=True,
+        )
         image = tf.slice(image, begin, extent)
         image = tf.image.resize(image, (image_size, image_size))
         image = tf.image.random_flip_left_right(image)
@@ -217,11 +239,17 @@ def _decoded_or_flagged(image_size: int):
     """record -> a one-element dataset: (image, label, record position, True), or placeholders and False when the
     record does not decode. tf.data's ignore_errors drops a bad element without a trace; inside this one-element
     dataset it lets the stream keep the bad record's position, so it can be counted once (SkipCounter)."""
+
     def attempt(position, record):
-        good = tf.data.Dataset.from_tensors(record).map(lambda r: _decode_image(r, image_size, True)).ignore_errors(
-            log_warning=True).map(lambda image, label: (image, label, position, True))
-        bad = tf.data.Dataset.from_tensors((tf.zeros([image_size, image_size, 3], tf.float32), tf.constant(-1, tf.int32),
-                                            position, False))
+        good = (
+            tf.data.Dataset.from_tensors(record)
+            .map(lambda r: _decode_image(r, image_size, True))
+            .ignore_errors(log_warning=True)
+            .map(lambda image, label: (image, label, position, True))
+        )
+        bad = tf.data.Dataset.from_tensors(
+            (tf.zeros([image_size, image_size, 3], tf.float32), tf.constant(-1, tf.int32), position, False)
+        )
         return good.concatenate(bad).take(1)
 
     return attempt
@@ -231,8 +259,12 @@ def _records(files, record_shard: bool, rank: int, size: int, parallel) -> tf.da
     ds = tf.data.Dataset.from_tensor_slices([str(f) for f in files])
     cycle = min(8, len(files))
     # tf.data refuses more parallel calls than files in the cycle (a rank reading one file with --workers 2)
-    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=cycle,
-                       num_parallel_calls=min(parallel, cycle) if parallel else None, deterministic=True)
+    ds = ds.interleave(
+        tf.data.TFRecordDataset,
+        cycle_length=cycle,
+        num_parallel_calls=min(parallel, cycle) if parallel else None,
+        deterministic=True,
+    )
     return ds.shard(size, rank) if record_shard else ds
 
 
@@ -241,25 +273,38 @@ def tfrecord(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
     counts = [tfrecords.count_records(f) for f in train_files]
     p = tfrecords.plan(train_files, counts, rank, size, batch)
     if p.record_shard and size > 1 and rank == 0:
-        log.warning("%d TFRecord files are not a multiple of %d processes: every process reads every file and "
-                    "keeps every %d-th record; write a multiple of %d shards so that each reads only its own",
-                    len(train_files), size, size, size)
+        log.warning(
+            "%d TFRecord files are not a multiple of %d processes: every process reads every file and "
+            "keeps every %d-th record; write a multiple of %d shards so that each reads only its own",
+            len(train_files),
+            size,
+            size,
+            size,
+        )
     steps = min(p.steps, cfg.max_steps_per_epoch) if cfg.max_steps_per_epoch else p.steps
-    parallel = cfg.workers if cfg.workers > 0 else None   # None: one decode at a time (reproducible order)
+    parallel = cfg.workers if cfg.workers > 0 else None  # None: one decode at a time (reproducible order)
     ds = _records(p.files, p.record_shard, rank, size, parallel)
     if cfg.skip_corrupt_images:
-        ds = ds.enumerate()   # each record's position in this rank's share, the same in every pass
+        ds = ds.enumerate()  # each record's position in this rank's share, the same in every pass
     # Shuffle within a buffer (a shard does not fit in memory), reshuffled each epoch; every rank's stream
     # repeats, so skipped corrupt records never leave a rank short of batches.
-    ds = ds.shuffle(min(10_000, p.samples), seed=cfg.seed * 1_000_003 + start_epoch * 4099 + rank,
-                    reshuffle_each_iteration=True).repeat()
+    ds = ds.shuffle(
+        min(10_000, p.samples), seed=cfg.seed * 1_000_003 + start_epoch * 4099 + rank, reshuffle_each_iteration=True
+    ).repeat()
     skips = None
     if cfg.skip_corrupt_images:
         skips = SkipCounter(p.samples, steps * batch, cfg.epochs - start_epoch)
-        ds = ds.interleave(_decoded_or_flagged(cfg.image_size), cycle_length=parallel or 1, block_length=1,
-                           num_parallel_calls=parallel, deterministic=True)   # in stream order
-        ds = ds.map(lambda image, label, position, ok: skips.see(image, label, position, ok))   # sequential
-        ds = ds.filter(lambda image, label, ok: ok).map(lambda image, label, ok: (image, _checked(label, cfg.num_classes)))
+        ds = ds.interleave(
+            _decoded_or_flagged(cfg.image_size),
+            cycle_length=parallel or 1,
+            block_length=1,
+            num_parallel_calls=parallel,
+            deterministic=True,
+        )  # in stream order
+        ds = ds.map(lambda image, label, position, ok: skips.see(image, label, position, ok))  # sequential
+        ds = ds.filter(lambda image, label, ok: ok).map(
+            lambda image, label, ok: (image, _checked(label, cfg.num_classes))
+        )
     else:
         ds = ds.map(lambda r: _decode(r, cfg.image_size, cfg.num_classes, True), num_parallel_calls=parallel)
     ds = ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
@@ -267,7 +312,8 @@ def tfrecord(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
     if val_files:
         v = tfrecords.plan(val_files, [tfrecords.count_records(f) for f in val_files], rank, size, 1)
         val = _records(v.files, v.record_shard, rank, size, parallel).map(
-            lambda r: _decode(r, cfg.image_size, cfg.num_classes, False), num_parallel_calls=parallel)
+            lambda r: _decode(r, cfg.image_size, cfg.num_classes, False), num_parallel_calls=parallel
+        )
         if cfg.skip_corrupt_images:
             val_skips = ValidationSkips(v.samples)
             val = val.ignore_errors(log_warning=True).map(val_skips.keep)
@@ -287,10 +333,14 @@ def build(cfg, rank: int, size: int, batch: int, start_epoch: int, threads: int)
     return inputs
 
 
-LABEL_HINT = ("a TFRecord label is not below --num-classes: pass the data's class count as --num-classes "
-              "(ImageNet shards from TensorFlow's scripts number classes from 1: use 1001)")
-CORRUPT_HINT = ("an image in the TFRecord shards does not decode: list the bad records with "
-                "python -m payloads.tensorflow.tfrecords --check DATA_DIR, or pass --skip-corrupt-images to skip them")
+LABEL_HINT = (
+    "a TFRecord label is not below --num-classes: pass the data's class count as --num-classes "
+    "(ImageNet shards from TensorFlow's scripts number classes from 1: use 1001)"
+)
+CORRUPT_HINT = (
+    "an image in the TFRecord shards does not decode: list the bad records with "
+    "python -m payloads.tensorflow.tfrecords --check DATA_DIR, or pass --skip-corrupt-images to skip them"
+)
 
 
 def input_error(e: Exception) -> str:

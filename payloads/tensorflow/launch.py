@@ -2,12 +2,13 @@
 --help and configuration errors need no TensorFlow), set XLA's CPU flag, and turn a configuration error into
 exit code 2. Each payload's entry point (payloads/tensorflow/train.py, payloads/keras/train.py) calls main()
 with its option groups and its training function."""
+
 from __future__ import annotations
 
 import logging
 import os
 import sys
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ..common import config, devices
 from ..common.errors import ConfigError
@@ -18,7 +19,7 @@ DATA_KINDS = ("synthetic", "tfrecord")
 # What both payloads say about the PyTorch options users most often carry over from a PyTorch job.
 REFUSED = {
     "backward_passes_per_step": "--backward-passes-per-step is a PyTorch payload option: for a larger batch than "
-                                "fits, use more processes or the PyTorch payload",
+    "fits, use more processes or the PyTorch payload",
     "channels_last": "--channels-last/--no-channels-last are PyTorch options: TensorFlow always trains NHWC",
 }
 XLA_CPU_FLAG = "--tf_xla_cpu_global_jit"
@@ -36,19 +37,30 @@ def xla_on_cpu(cfg, environ=None) -> None:
         environ["TF_XLA_FLAGS"] = f"{flags} {XLA_CPU_FLAG}".strip()
 
 
-def parse(argv: Sequence[str] | None, prog: str, description: str, groups: Sequence[config.Group],
-          refused: Mapping[str, str] = REFUSED) -> config.TrainConfig:
+def parse(
+    argv: Sequence[str] | None,
+    prog: str,
+    description: str,
+    groups: Sequence[config.Group],
+    refused: Mapping[str, str] = REFUSED,
+) -> config.TrainConfig:
     return config.parse(argv, prog, description, MODEL_NAMES, DATA_KINDS, groups=groups, refused=refused)
 
 
-def main(argv: Sequence[str] | None, prog: str, description: str, groups: Sequence[config.Group],
-         runner: Callable[[config.TrainConfig], object], refused: Mapping[str, str] = REFUSED) -> int:
+def main(
+    argv: Sequence[str] | None,
+    prog: str,
+    description: str,
+    groups: Sequence[config.Group],
+    runner: Callable[[config.TrainConfig], object],
+    refused: Mapping[str, str] = REFUSED,
+) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     try:
         cfg = parse(argv, prog, description, groups, refused)
         xla_on_cpu(cfg)
         runner(cfg)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)   # every rank says it: one rank may meet it alone
+        print(f"error: {e}", file=sys.stderr, flush=True)  # every rank says it: one rank may meet it alone
         return 2
     return 0

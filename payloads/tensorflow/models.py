@@ -3,42 +3,54 @@
 Shared by the TensorFlow and Keras payloads. Weights are never downloaded (weights=None): training starts
 from a seeded random initialisation, the same on every rank.
 """
+
 from __future__ import annotations
 
 import hashlib
-from typing import Callable
+from collections.abc import Callable
 
 import tensorflow as tf
 
-_APPLICATIONS = {"resnet50": "ResNet50", "resnet101": "ResNet101", "resnet152": "ResNet152",
-                 "mobilenet_v2": "MobileNetV2"}
+_APPLICATIONS = {
+    "resnet50": "ResNet50",
+    "resnet101": "ResNet101",
+    "resnet152": "ResNet152",
+    "mobilenet_v2": "MobileNetV2",
+}
 
 
 def _tiny_cnn(num_classes: int, image_size: int) -> tf.keras.Model:
     # No batch norm: per-rank batch statistics would make a 2-process run differ from a 1-process run on
     # the same global batch, which the averaging tests compare. Same shape as the PyTorch tiny_cnn.
     L = tf.keras.layers
-    return tf.keras.Sequential([
-        L.Input((image_size, image_size, 3)),
-        L.Conv2D(16, 3, strides=2, padding="same", activation="relu"),
-        L.Conv2D(32, 3, strides=2, padding="same", activation="relu"),
-        L.GlobalAveragePooling2D(),
-        L.Dense(num_classes),
-    ], name="tiny_cnn")
+    return tf.keras.Sequential(
+        [
+            L.Input((image_size, image_size, 3)),
+            L.Conv2D(16, 3, strides=2, padding="same", activation="relu"),
+            L.Conv2D(32, 3, strides=2, padding="same", activation="relu"),
+            L.GlobalAveragePooling2D(),
+            L.Dense(num_classes),
+        ],
+        name="tiny_cnn",
+    )
 
 
 def _mlp(num_classes: int, image_size: int) -> tf.keras.Model:
     L = tf.keras.layers
-    return tf.keras.Sequential([L.Input((image_size, image_size, 3)), L.Flatten(), L.Dense(64, activation="relu"),
-                                L.Dense(num_classes)], name="mlp")
+    return tf.keras.Sequential(
+        [L.Input((image_size, image_size, 3)), L.Flatten(), L.Dense(64, activation="relu"), L.Dense(num_classes)],
+        name="mlp",
+    )
 
 
 def _application(class_name: str) -> Callable[[int, int], tf.keras.Model]:
     def build(num_classes: int, image_size: int) -> tf.keras.Model:
         cls = getattr(tf.keras.applications, class_name)
         # Logits out (no softmax): the loss takes from_logits=True, which is stabler in float16.
-        return cls(weights=None, classes=num_classes, input_shape=(image_size, image_size, 3),
-                   classifier_activation=None)
+        return cls(
+            weights=None, classes=num_classes, input_shape=(image_size, image_size, 3), classifier_activation=None
+        )
+
     return build
 
 

@@ -1,5 +1,6 @@
 """What the TensorFlow and Keras payloads share around the model: devices and threads, precision and XLA,
 the LR scale, rank-0 checkpoints (one .npz per epoch, written atomically) and the run's world record."""
+
 from __future__ import annotations
 
 import io
@@ -12,8 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from ..common import checkpoint
-from ..common import devices
+from ..common import checkpoint, devices
 from ..common.errors import ConfigError
 
 SUFFIX = ".npz"
@@ -21,18 +21,18 @@ log = logging.getLogger("payloads.tensorflow")
 
 
 class Start(NamedTuple):
-    root: bool          # rank 0: writes metrics, checkpoints and TensorBoard
-    device: str         # "CPU" or "GPU:<local rank>"
-    batch: int          # per process
-    model: object       # tf.keras.Model, same initial weights on every rank
-    scale: float        # LR multiplier for the global batch (lr_scale)
-    threads: "Threads"  # what this process's thread pools were sized to
+    root: bool  # rank 0: writes metrics, checkpoints and TensorBoard
+    device: str  # "CPU" or "GPU:<local rank>"
+    batch: int  # per process
+    model: object  # tf.keras.Model, same initial weights on every rank
+    scale: float  # LR multiplier for the global batch (lr_scale)
+    threads: Threads  # what this process's thread pools were sized to
 
 
 class Threads(NamedTuple):
-    intra_op: int       # threads one op (a convolution) splits over
-    inter_op: int       # ops run at once; tf.data shares this pool unless it has its own
-    data: int           # tf.data's private threadpool (decode, augmentation)
+    intra_op: int  # threads one op (a convolution) splits over
+    inter_op: int  # ops run at once; tf.data shares this pool unless it has its own
+    data: int  # tf.data's private threadpool (decode, augmentation)
 
 
 def available_cores(cpu_max: pathlib.Path = pathlib.Path("/sys/fs/cgroup/cpu.max")) -> int:
@@ -40,7 +40,7 @@ def available_cores(cpu_max: pathlib.Path = pathlib.Path("/sys/fs/cgroup/cpu.max
     a cgroup v2 CPU quota (a container limited to N CPUs still sees every core in os.cpu_count())."""
     try:
         cores = len(os.sched_getaffinity(0))
-    except AttributeError:   # not Linux
+    except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
     try:
         quota, period = cpu_max.read_text().split()[:2]
@@ -68,8 +68,7 @@ def start(cfg, hvd) -> Start:
     cfg.check_adasum_world(hvd.size(), hvd.mpi_enabled())
     device, threads = setup(cfg, hvd)
     model = models.build(cfg.model, cfg.num_classes, cfg.image_size)
-    return Start(hvd.rank() == 0, device, cfg.per_process_batch(hvd.size()), model, lr_scale(cfg, hvd, device),
-                 threads)
+    return Start(hvd.rank() == 0, device, cfg.per_process_batch(hvd.size()), model, lr_scale(cfg, hvd, device), threads)
 
 
 def setup(cfg, hvd) -> tuple[str, Threads]:
@@ -77,7 +76,7 @@ def setup(cfg, hvd) -> tuple[str, Threads]:
     Runs before TensorFlow's runtime starts: thread pools cannot be resized after."""
     gpus = tf.config.list_physical_devices("GPU")
     cuda = tf.sysconfig.get_build_info().get("cuda_version")
-    if hvd.local_rank() == 0:   # one line per node: the driver, the CUDA TensorFlow was built for, any mismatch
+    if hvd.local_rank() == 0:  # one line per node: the driver, the CUDA TensorFlow was built for, any mismatch
         print(devices.report("TensorFlow", cuda), flush=True)
     devices.require_gpus(len(gpus), hvd.local_size(), "TensorFlow", cuda)
     for gpu in gpus:
@@ -93,11 +92,13 @@ def setup(cfg, hvd) -> tuple[str, Threads]:
     if cfg.xla:
         if not gpus and "--tf_xla_cpu_global_jit" not in os.environ.get("TF_XLA_FLAGS", "").split():
             # Set by launch.xla_on_cpu before TensorFlow starts; missing when a GPU node's TensorFlow sees no GPU.
-            log.warning("--xla on a CPU compiles nothing unless TF_XLA_FLAGS has --tf_xla_cpu_global_jit "
-                        "when the process starts")
+            log.warning(
+                "--xla on a CPU compiles nothing unless TF_XLA_FLAGS has --tf_xla_cpu_global_jit "
+                "when the process starts"
+            )
         # Auto-clustering: XLA compiles the model's ops and leaves Horovod's collectives to TensorFlow.
         tf.config.optimizer.set_jit("autoclustering")
-    tf.keras.utils.set_random_seed(cfg.seed)   # same initial weights on every rank
+    tf.keras.utils.set_random_seed(cfg.seed)  # same initial weights on every rank
     return (f"GPU:{hvd.local_rank()}" if gpus else "CPU"), threads
 
 
@@ -137,8 +138,9 @@ def save(cfg, hvd, epochs_done: int, model, optimizer) -> None:
         return
     arrays = {f"model/{i:05d}": w for i, w in enumerate(model.get_weights())}
     arrays.update({f"optimizer/{i:05d}": v.numpy() for i, v in enumerate(optimizer.variables)})
-    arrays["meta"] = np.frombuffer(json.dumps({"epoch": epochs_done, "config": cfg.to_json(),
-                                               "world_size": hvd.size()}).encode(), dtype=np.uint8)
+    arrays["meta"] = np.frombuffer(
+        json.dumps({"epoch": epochs_done, "config": cfg.to_json(), "world_size": hvd.size()}).encode(), dtype=np.uint8
+    )
 
     def write(path):
         buf = io.BytesIO()
@@ -180,8 +182,11 @@ def restore(cfg, hvd_tf, model, optimizer) -> int:
                 start = load(path, model, optimizer)
             except Exception as e:  # noqa: BLE001 - any unreadable checkpoint gets the same advice
                 start = -1
-                log.error("cannot resume from %s: %s: move it away, or pass --no-resume to start over "
-                          "in a new --output-dir", path, e)
+                log.error(
+                    "cannot resume from %s: %s: move it away, or pass --no-resume to start over in a new --output-dir",
+                    path,
+                    e,
+                )
             else:
                 log.info("resuming from %s (%d epochs done)", path, start)
     start = hvd_tf.broadcast_object(start, root_rank=0, name="resume_epoch")
@@ -197,17 +202,27 @@ def world(cfg, hvd, device: str, model, inputs) -> dict:
     from . import models
 
     intra = tf.config.threading.get_intra_op_parallelism_threads()
-    return {"processes": hvd.size(), "local_processes": hvd.local_size(), "device": device,
-            "tensorflow": tf.__version__, "keras": _keras_version(),
-            "horovod_controller": "mpi" if hvd.mpi_enabled() else "gloo",
-            "gradient_mbytes": models.gradient_bytes(model) / 1e6,
-            "threads_per_process": intra,
-            "threads": {"intra_op": intra, "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
-                        "tf_data_private": inputs.private_threads(), "cores_available": available_cores()},
-            "precision": tf.keras.mixed_precision.global_policy().name,
-            "mixed_precision": bool(cfg.amp), "xla": cfg.xla,
-            "synthetic": inputs.description or None,
-            "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS") != "0"}   # set by payloads/tensorflow/__init__.py
+    return {
+        "processes": hvd.size(),
+        "local_processes": hvd.local_size(),
+        "device": device,
+        "tensorflow": tf.__version__,
+        "keras": _keras_version(),
+        "horovod_controller": "mpi" if hvd.mpi_enabled() else "gloo",
+        "gradient_mbytes": models.gradient_bytes(model) / 1e6,
+        "threads_per_process": intra,
+        "threads": {
+            "intra_op": intra,
+            "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+            "tf_data_private": inputs.private_threads(),
+            "cores_available": available_cores(),
+        },
+        "precision": tf.keras.mixed_precision.global_policy().name,
+        "mixed_precision": bool(cfg.amp),
+        "xla": cfg.xla,
+        "synthetic": inputs.description or None,
+        "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS") != "0",
+    }  # set by payloads/tensorflow/__init__.py
 
 
 def _keras_version() -> str:

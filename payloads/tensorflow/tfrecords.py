@@ -15,14 +15,15 @@ size-th record (balanced, but each rank reads all the bytes: write a multiple of
 Either way the shards are disjoint and cover the data. Every rank runs the same number of steps (the
 smallest shard's full batches), or the last allreduce would wait for a rank that has finished.
 """
+
 from __future__ import annotations
 
 import argparse
 import pathlib
 import struct
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ..common.errors import ConfigError
 
@@ -30,8 +31,11 @@ TRAIN, VALIDATION = "train", "validation"
 
 
 def shard_files(data_dir: pathlib.Path, split: str) -> list[pathlib.Path]:
-    return sorted(p for p in data_dir.glob(f"{split}-*")
-                  if p.is_file() and not p.name.startswith(".") and p.suffix not in (".txt", ".json"))
+    return sorted(
+        p
+        for p in data_dir.glob(f"{split}-*")
+        if p.is_file() and not p.name.startswith(".") and p.suffix not in (".txt", ".json")
+    )
 
 
 def find(data_dir: pathlib.Path) -> tuple[list[pathlib.Path], list[pathlib.Path]]:
@@ -40,9 +44,11 @@ def find(data_dir: pathlib.Path) -> tuple[list[pathlib.Path], list[pathlib.Path]
         raise ConfigError(f"--data-dir {data_dir} is not a folder: point it at a folder of TFRecord shards")
     train = shard_files(data_dir, TRAIN)
     if not train:
-        raise ConfigError(f"no TFRecord shards named {TRAIN}-* in {data_dir}: write them from class folders with "
-                          f"python -m datatools.prepare --image-dir IMAGES --output-dir OUT --formats tfrecord, "
-                          "then pass --data-dir OUT/tfrecord")
+        raise ConfigError(
+            f"no TFRecord shards named {TRAIN}-* in {data_dir}: write them from class folders with "
+            f"python -m datatools.prepare --image-dir IMAGES --output-dir OUT --formats tfrecord, "
+            "then pass --data-dir OUT/tfrecord"
+        )
     return train, shard_files(data_dir, VALIDATION)
 
 
@@ -60,18 +66,19 @@ def count_records(path: pathlib.Path) -> int:
             (length,) = struct.unpack("<Q", header[:8])
             end = f.tell() + length + 4
             if end > size:
-                raise ConfigError(f"{path} is truncated in record {n + 1} (or is not a TFRecord file): "
-                                  "re-copy or rewrite that shard")
+                raise ConfigError(
+                    f"{path} is truncated in record {n + 1} (or is not a TFRecord file): re-copy or rewrite that shard"
+                )
             f.seek(end)
             n += 1
 
 
 @dataclass(frozen=True)
 class Plan:
-    files: tuple[pathlib.Path, ...]   # what this rank opens
-    record_shard: bool                # keep every size-th record (file count not a multiple of ranks)
-    samples: int                      # records this rank trains on per epoch
-    steps: int                        # full batches every rank runs per epoch
+    files: tuple[pathlib.Path, ...]  # what this rank opens
+    record_shard: bool  # keep every size-th record (file count not a multiple of ranks)
+    samples: int  # records this rank trains on per epoch
+    steps: int  # full batches every rank runs per epoch
 
 
 def plan(files: Sequence[pathlib.Path], counts: Sequence[int], rank: int, size: int, batch: int) -> Plan:
@@ -87,7 +94,8 @@ def plan(files: Sequence[pathlib.Path], counts: Sequence[int], rank: int, size: 
     if steps == 0:
         raise ConfigError(
             f"{sum(counts)} records in {len(files)} shard(s) give a rank only {min(per_rank)} samples, fewer than "
-            f"one batch of {batch}: use a smaller batch, fewer processes, or more data")
+            f"one batch of {batch}: use a smaller batch, fewer processes, or more data"
+        )
     return Plan(mine, record_shard, per_rank[rank], steps)
 
 
@@ -95,10 +103,14 @@ def example(image: bytes, label: int) -> bytes:
     """One serialized record: the encoded image and its class number."""
     import tensorflow as tf
 
-    return tf.train.Example(features=tf.train.Features(feature={
-        "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image])),
-        "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-    })).SerializeToString()
+    return tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image])),
+                "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+            }
+        )
+    ).SerializeToString()
 
 
 def check(data_dir: pathlib.Path) -> list[str]:
@@ -119,14 +131,21 @@ def check(data_dir: pathlib.Path) -> list[str]:
 def feature_spec() -> dict:
     import tensorflow as tf
 
-    return {"image/encoded": tf.io.FixedLenFeature([], tf.string),
-            "image/class/label": tf.io.FixedLenFeature([], tf.int64)}
+    return {
+        "image/encoded": tf.io.FixedLenFeature([], tf.string),
+        "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m payloads.tensorflow.tfrecords", description=__doc__.splitlines()[0])
-    p.add_argument("--check", type=pathlib.Path, metavar="SHARDS", required=True,
-                   help="decode every record of the train-* and validation-* shards in SHARDS and list bad ones")
+    p.add_argument(
+        "--check",
+        type=pathlib.Path,
+        metavar="SHARDS",
+        required=True,
+        help="decode every record of the train-* and validation-* shards in SHARDS and list bad ones",
+    )
     a = p.parse_args(argv)
     if not a.check.is_dir():
         print(f"error: {a.check} is not a folder: pass the folder of TFRecord shards", file=sys.stderr)

@@ -5,12 +5,13 @@
 Follows Horovod's examples/tensorflow2/tensorflow2_synthetic_benchmark.py: hvd.DistributedGradientTape
 averages the gradients; the options, outputs and metrics are the PyTorch payload's (payloads/common).
 """
+
 from __future__ import annotations
 
 import logging
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..common import config, schedule
 from ..common.errors import ConfigError
@@ -78,10 +79,19 @@ def run(cfg: config.TrainConfig) -> dict:
 
     metrics = writer = None
     if root:
-        metrics = MetricsFile(cfg.metrics_path, {"config": cfg.to_json(), "world": runtime.world(cfg, hvd, device, model, inputs)})
+        metrics = MetricsFile(
+            cfg.metrics_path, {"config": cfg.to_json(), "world": runtime.world(cfg, hvd, device, model, inputs)}
+        )
         writer = tf.summary.create_file_writer(str(cfg.tensorboard_dir))
-        log.info("training %s on %s data, %d process(es) x batch %d, %s, outputs in %s", cfg.model, cfg.data,
-                 hvd.size(), batch, device, cfg.output_dir)
+        log.info(
+            "training %s on %s data, %d process(es) x batch %d, %s, outputs in %s",
+            cfg.model,
+            cfg.data,
+            hvd.size(),
+            batch,
+            device,
+            cfg.output_dir,
+        )
 
     batches = iter(inputs.train)
     total_images, total_seconds = 0, 0.0
@@ -91,7 +101,9 @@ def run(cfg: config.TrainConfig) -> dict:
         bar = tqdm(total=inputs.steps, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not (root and cfg.progress))
         start = time.perf_counter()
         for i in range(inputs.steps):
-            lr = schedule.learning_rate(cfg.base_lr, scale, epoch, i, inputs.steps, cfg.warmup_epochs, cfg.lr_decay_epochs)
+            lr = schedule.learning_rate(
+                cfg.base_lr, scale, epoch, i, inputs.steps, cfg.warmup_epochs, cfg.lr_decay_epochs
+            )
             optimizer.learning_rate.assign(lr)
             try:
                 x, labels = next(batches)
@@ -105,21 +117,30 @@ def run(cfg: config.TrainConfig) -> dict:
             bar.update(1)
             if not bar.disable:
                 bar.set_postfix(loss=f"{float(loss):.3f}", lr=f"{lr:.4f}")
-        loss_sum, correct = float(loss_sum), float(correct)   # waits for the epoch's last step
+        loss_sum, correct = float(loss_sum), float(correct)  # waits for the epoch's last step
         seconds = time.perf_counter() - start
         bar.close()
-        loss_sum, correct, seen, skipped = global_sums(hvd, tf, f"train_{epoch}", loss_sum, correct, seen,
-                                                       inputs.epoch_skipped())
-        record = {"epoch": epoch + 1, "train_loss": loss_sum / seen, "train_accuracy": correct / seen,
-                  "images": int(seen), "skipped_images": int(skipped), "epoch_seconds": seconds,
-                  "images_per_sec": seen / seconds, "lr": lr}
+        loss_sum, correct, seen, skipped = global_sums(
+            hvd, tf, f"train_{epoch}", loss_sum, correct, seen, inputs.epoch_skipped()
+        )
+        record = {
+            "epoch": epoch + 1,
+            "train_loss": loss_sum / seen,
+            "train_accuracy": correct / seen,
+            "images": int(seen),
+            "skipped_images": int(skipped),
+            "epoch_seconds": seconds,
+            "images_per_sec": seen / seconds,
+            "lr": lr,
+        }
         if inputs.validation is not None:
             v_loss = v_correct = v_seen = 0.0
             for x, labels in inputs.validation:
-                l, c = predict(x, labels)
-                v_loss, v_correct, v_seen = v_loss + float(l), v_correct + float(c), v_seen + int(labels.shape[0])
-            v_loss, v_correct, v_seen, v_skipped = global_sums(hvd, tf, f"val_{epoch}", v_loss, v_correct, v_seen,
-                                                               inputs.validation_skipped())
+                loss, c = predict(x, labels)
+                v_loss, v_correct, v_seen = v_loss + float(loss), v_correct + float(c), v_seen + int(labels.shape[0])
+            v_loss, v_correct, v_seen, v_skipped = global_sums(
+                hvd, tf, f"val_{epoch}", v_loss, v_correct, v_seen, inputs.validation_skipped()
+            )
             record.update(val_loss=v_loss / v_seen, val_accuracy=v_correct / v_seen, val_skipped_images=int(v_skipped))
         total_images += record["images"]
         total_seconds += seconds
@@ -131,12 +152,18 @@ def run(cfg: config.TrainConfig) -> dict:
                     if key in record:
                         tf.summary.scalar(key, record[key])
             writer.flush()
-            log.info("epoch %d/%d: loss %.4f, accuracy %.3f%s, %.1f images/sec", epoch + 1, cfg.epochs,
-                     record["train_loss"], record["train_accuracy"],
-                     f", val accuracy {record['val_accuracy']:.3f}" if "val_accuracy" in record else "",
-                     record["images_per_sec"])
-    return finish(cfg, hvd, metrics, models.parameters_digest(model), cfg.epochs - start_epoch, total_images,
-                  total_seconds)
+            log.info(
+                "epoch %d/%d: loss %.4f, accuracy %.3f%s, %.1f images/sec",
+                epoch + 1,
+                cfg.epochs,
+                record["train_loss"],
+                record["train_accuracy"],
+                f", val accuracy {record['val_accuracy']:.3f}" if "val_accuracy" in record else "",
+                record["images_per_sec"],
+            )
+    return finish(
+        cfg, hvd, metrics, models.parameters_digest(model), cfg.epochs - start_epoch, total_images, total_seconds
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,5 @@
 """Small ImageNet-like image trees, generated: real JPEG/PNG files of varied sizes, classes and modes."""
+
 import pathlib
 
 import numpy as np
@@ -6,8 +7,9 @@ import pytest
 from PIL import Image
 
 
-def write_tree(root: pathlib.Path, classes=("n01", "n02", "n03"), per_class=6, seed=0, val_per_class=0,
-               flat_val=False) -> pathlib.Path:
+def write_tree(
+    root: pathlib.Path, classes=("n01", "n02", "n03"), per_class=6, seed=0, val_per_class=0, flat_val=False
+) -> pathlib.Path:
     """root/train/<class>/*.JPEG (+ root/val): images of different sizes, one grayscale and one PNG."""
     rng = np.random.default_rng(seed)
     labels = []
@@ -25,7 +27,7 @@ def write_tree(root: pathlib.Path, classes=("n01", "n02", "n03"), per_class=6, s
                 img = Image.fromarray(pixels)
                 name = f"{c}_{i:03d}" if not flat_val or split == "train" else f"val_{len(labels):05d}"
                 if i == 1:
-                    img.convert("L").save(folder / f"{name}.JPEG")    # grayscale: re-encoded as RGB
+                    img.convert("L").save(folder / f"{name}.JPEG")  # grayscale: re-encoded as RGB
                 elif i == 2:
                     img.save(folder / f"{name}.png")
                 else:
@@ -54,7 +56,7 @@ import time  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 AZURITE = ROOT / "toolchain" / "node_modules" / ".bin" / "azurite-blob"
-ACCOUNT = "devstoreaccount1"   # Azurite's built-in account
+ACCOUNT = "devstoreaccount1"  # Azurite's built-in account
 
 
 def _self_signed(folder: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
@@ -68,17 +70,24 @@ def _self_signed(folder: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-            .sign(key, hashes.SHA256()))
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
     cert_path, key_path = folder / "cert.pem", folder / "key.pem"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return cert_path, key_path
 
 
@@ -93,16 +102,34 @@ def azurite(tmp_path_factory):
     """A real Azure Storage blob server (Azurite) on a loopback port, with OAuth on; stopped after the tests.
     Yields (account URL, CA bundle for the SDK's connection_verify)."""
     if shutil.which("npm") is None:
-        pytest.skip("npm is not installed, so Azurite (the Azure Storage emulator) is not: install Node.js and "
-                    "npm, then toolchain/bootstrap.sh")
+        pytest.skip(
+            "npm is not installed, so Azurite (the Azure Storage emulator) is not: install Node.js and "
+            "npm, then toolchain/bootstrap.sh"
+        )
     if not AZURITE.exists():
         pytest.fail(f"{AZURITE} is missing: run toolchain/bootstrap.sh (it runs npm ci in toolchain/)")
     folder = tmp_path_factory.mktemp("azurite")
     cert, key = _self_signed(folder)
     port = _free_port()
-    cmd = [str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(folder / "data"),
-           "--oauth", "basic", "--cert", str(cert), "--key", str(key), "--silent", "--skipApiVersionCheck",
-           "--loose", "--disableTelemetry"]
+    cmd = [
+        str(AZURITE),
+        "--blobHost",
+        "127.0.0.1",
+        "--blobPort",
+        str(port),
+        "--location",
+        str(folder / "data"),
+        "--oauth",
+        "basic",
+        "--cert",
+        str(cert),
+        "--key",
+        str(key),
+        "--silent",
+        "--skipApiVersionCheck",
+        "--loose",
+        "--disableTelemetry",
+    ]
     log = open(folder / "azurite.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -131,17 +158,25 @@ class FakeEntraToken:
     """A TokenCredential handing out a JWT shaped like Entra ID's. Azurite's `--oauth basic` checks issuer,
     audience and lifetime but not the signature; `audience` set wrong plays a credential Azure refuses."""
 
-    def __init__(self, audience: str = "https://storage.azure.com", tenant: str = "00000000-0000-0000-0000-000000000001"):
+    def __init__(
+        self, audience: str = "https://storage.azure.com", tenant: str = "00000000-0000-0000-0000-000000000001"
+    ):
         self.audience, self.tenant = audience, tenant
 
     def get_token(self, *scopes, **kwargs):
         from azure.core.credentials import AccessToken
 
         now = int(time.time())
-        enc = lambda d: base64.urlsafe_b64encode(json.dumps(d).encode()).rstrip(b"=").decode()  # noqa: E731
-        claims = {"aud": self.audience, "iss": f"https://sts.windows.net/{self.tenant}/", "nbf": now - 60,
-                  "iat": now - 60, "exp": now + 3600, "oid": "11111111-1111-1111-1111-111111111111",
-                  "tid": self.tenant}
+        enc = lambda d: base64.urlsafe_b64encode(json.dumps(d).encode()).rstrip(b"=").decode()
+        claims = {
+            "aud": self.audience,
+            "iss": f"https://sts.windows.net/{self.tenant}/",
+            "nbf": now - 60,
+            "iat": now - 60,
+            "exp": now + 3600,
+            "oid": "11111111-1111-1111-1111-111111111111",
+            "tid": self.tenant,
+        }
         return AccessToken(f"{enc({'alg': 'RS256', 'typ': 'JWT'})}.{enc(claims)}.c2lnbmF0dXJl", now + 3600)
 
 

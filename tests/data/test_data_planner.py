@@ -1,4 +1,5 @@
 """The data planner: bytes and requests a cluster reads at its speed, against the account's targets."""
+
 from benchmarks import data_planner as dp
 from datatools import prepare
 
@@ -11,10 +12,10 @@ def test_bytes_per_image_come_from_a_prepared_sets_manifest(tree, tmp_path):
 
 
 def test_mount_while_the_account_keeps_up_else_the_throttled_rate_and_the_download_cost():
-    data = dp.DataSet(1_000_000, 100e9, sharded=True)   # 100 KB per image
-    ok = dp.plan(1, 20_000, data)                        # 2 GB/s
+    data = dp.DataSet(1_000_000, 100e9, sharded=True)  # 100 KB per image
+    ok = dp.plan(1, 20_000, data)  # 2 GB/s
     assert ok.advice.startswith("mount:") and abs(ok.bytes_per_sec - 2e9) < 1
-    fast = dp.plan(8, 160_000, data)                     # 16 GB/s: more than the account serves
+    fast = dp.plan(8, 160_000, data)  # 16 GB/s: more than the account serves
     limit = dp.HEADROOM * dp.EGRESS_BYTES_PER_SEC / 100e3
     assert fast.storage_images_per_sec == limit < 160_000
     assert f"at most {limit:,.0f} images/s" in fast.advice and "download mode copies 8 x 100 GB" in fast.advice

@@ -1,15 +1,16 @@
 """Prepare: image tree -> WebDataset and TFRecord shards + manifest; resumable; bad input fails early."""
+
 import io
 import pathlib
 
 import numpy as np
 import pytest
+from conftest import write_tree
 from PIL import Image
 
-from conftest import write_tree
-from payloads.common.errors import ConfigError
 from datatools import prepare
 from payloads.common import manifest
+from payloads.common.errors import ConfigError
 
 
 def _tar_samples(folder: pathlib.Path, names):
@@ -61,7 +62,7 @@ def test_tfrecord_round_trip_is_read_by_the_tensorflow_reader(tree, tmp_path):
 
     out = tmp_path / "shards"
     m = prepare.run(tree, out, shards=2, formats=["tfrecord"], progress=False)["tfrecord"]
-    train, val = tfrecords.find(out / "tfrecord")   # the TF payload's own discovery: names and count match
+    train, val = tfrecords.find(out / "tfrecord")  # the TF payload's own discovery: names and count match
     assert [p.name for p in train] == [s.name for s in m.splits["train"].shards]
     assert [tfrecords.count_records(p) for p in train] == [s.samples for s in m.splits["train"].shards]
     assert sum(tfrecords.count_records(p) for p in val) == 6
@@ -81,8 +82,10 @@ def test_resize_shrinks_the_shorter_side_only_when_larger(tmp_path):
         Image.new("RGB", (80, 40), "red").save(root / c / "big.jpg")
         Image.new("RGB", (10, 12), "blue").save(root / c / "small.jpg")
     prepare.run(root, tmp_path / "out", shards=1, formats=["webdataset"], resize=20, progress=False)
-    sizes = sorted(Image.open(io.BytesIO(d)).size for d, _, _ in
-                   _tar_samples(tmp_path / "out" / "webdataset", ["train-00000-of-00001.tar"]).values())
+    sizes = sorted(
+        Image.open(io.BytesIO(d)).size
+        for d, _, _ in _tar_samples(tmp_path / "out" / "webdataset", ["train-00000-of-00001.tar"]).values()
+    )
     assert sizes == [(10, 12), (10, 12), (40, 20), (40, 20)]
 
 
@@ -93,14 +96,14 @@ def test_interrupted_preparation_resumes_without_redoing_finished_shards(tree, t
     def dies_on_third(job):
         calls.append((job.split, job.index))
         if len(calls) == 3:
-            raise KeyboardInterrupt   # what Ctrl-C or a killed VM does mid-run
+            raise KeyboardInterrupt  # what Ctrl-C or a killed VM does mid-run
         return real(job)
 
     monkeypatch.setattr(prepare, "write_shard", dies_on_third)
     with pytest.raises(KeyboardInterrupt):
         prepare.run(tree, out, shards=3, progress=False)
     for fmt in manifest.FORMATS:
-        with pytest.raises(ConfigError, match="incomplete"):   # nothing half-done looks finished
+        with pytest.raises(ConfigError, match="incomplete"):  # nothing half-done looks finished
             manifest.load_complete(out / fmt, fmt)
     done = {p.name: p.stat().st_mtime_ns for p in (out / "webdataset").glob("train-*")}
     assert len(done) == 2
@@ -147,8 +150,9 @@ def test_empty_class_or_missing_tree_fails_before_anything_is_written(tmp_path):
 
 def test_flat_validation_folder_is_relabelled_from_the_ground_truth_file(tmp_path):
     root = write_tree(tmp_path / "img", val_per_class=2, flat_val=True)
-    m = prepare.run(root, tmp_path / "out", shards=1, formats=["webdataset"],
-                    val_labels=root / "val_labels.txt", progress=False)["webdataset"]
+    m = prepare.run(
+        root, tmp_path / "out", shards=1, formats=["webdataset"], val_labels=root / "val_labels.txt", progress=False
+    )["webdataset"]
     got = _tar_samples(tmp_path / "out" / "webdataset", ["validation-00000-of-00001.tar"])
     val_files = sorted(p for p in (root / "val").iterdir())
     labels = (root / "val_labels.txt").read_text().split()
@@ -173,8 +177,24 @@ def test_a_different_preparation_into_the_same_folder_is_refused(tree, tmp_path)
 
 
 def test_command_line_prints_counts_and_reports_errors(tree, tmp_path, capsys):
-    assert prepare.main(["--image-dir", str(tree), "--output-dir", str(tmp_path / "o"), "--shards", "2",
-                         "--formats", "webdataset", "--workers", "2", "--no-progress"]) == 0
+    assert (
+        prepare.main(
+            [
+                "--image-dir",
+                str(tree),
+                "--output-dir",
+                str(tmp_path / "o"),
+                "--shards",
+                "2",
+                "--formats",
+                "webdataset",
+                "--workers",
+                "2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert "webdataset: 18 train images in 2 shards" in capsys.readouterr().out
     assert prepare.main(["--image-dir", str(tmp_path / "none"), "--output-dir", str(tmp_path / "o2")]) == 2
     assert "does not exist" in capsys.readouterr().err

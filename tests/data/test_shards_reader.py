@@ -1,21 +1,20 @@
 """The PyTorch shard reader: images -> shards -> tensors, rank split, shuffling, in-memory cache."""
-import pathlib
 
 import numpy as np
 import pytest
 import torch
+from conftest import write_tree
 from PIL import Image
 
-from conftest import write_tree
-from payloads.common.errors import ConfigError
 from datatools import prepare
 from payloads.common import manifest
+from payloads.common.errors import ConfigError
 from payloads.pytorch import shards
 
 
 # Transforms called in the loader's own reader thread (workers=0): they need not be importable by a worker.
 def pixels(img, rng):
-    return img   # the decoded HxWx3 uint8 array, as decoded
+    return img  # the decoded HxWx3 uint8 array, as decoded
 
 
 def label_only(img, rng):
@@ -42,8 +41,7 @@ def test_round_trip_gives_the_pixels_labels_and_counts_of_the_images(tree, tmp_p
     assert classes == m.classes and len(train) == m.splits["train"].samples == 18 and len(val) == 6
     inputs = prepare.scan(tree)
     want = sorted((label, np.asarray(Image.open(p).convert("RGB")).tobytes()) for p, label in inputs.splits["train"])
-    loader = shards.ShardLoader(train, 0, 1, 1, seed=0, transform=pixels, shuffle=False, workers=0,
-                                 decoder="pillow")
+    loader = shards.ShardLoader(train, 0, 1, 1, seed=0, transform=pixels, shuffle=False, workers=0, decoder="pillow")
     got = sorted((int(y), x[0].numpy().tobytes()) for x, y, skipped in loader)
     assert len(loader) == 18 and got == want
 
@@ -54,16 +52,15 @@ def test_ranks_read_disjoint_parts_that_cover_the_set_with_equal_steps(one_per_c
     for epoch in (0, 1):
         parts, steps = [], set()
         for rank in range(size):
-            loader = shards.ShardLoader(train, rank, size, 4, seed=7, transform=label_only, shuffle_buffer=3,
-                                        workers=0)
+            loader = shards.ShardLoader(train, rank, size, 4, seed=7, transform=label_only, shuffle_buffer=3, workers=0)
             loader.set_epoch(epoch)
             batches = _labels(loader)
             steps.add(len(batches))
             assert all(1 <= len(b) <= 4 for b in batches)
             parts.append([x for b in batches for x in b])
         every = [x for p in parts for x in p]
-        assert sorted(every) == list(range(30)), f"{size} ranks, epoch {epoch}: {parts}"   # disjoint and complete
-        assert len(steps) == 1, steps   # every rank runs the same number of steps
+        assert sorted(every) == list(range(30)), f"{size} ranks, epoch {epoch}: {parts}"  # disjoint and complete
+        assert len(steps) == 1, steps  # every rank runs the same number of steps
     # 6 shards: 1, 2 and 3 ranks read whole files of their own; 4 and 5 fall back to every size-th record.
     assert shards.plan(train.counts, 0, size, 4).stride == (6 % size != 0)
 
@@ -86,12 +83,11 @@ def test_augmentation_is_fixed_by_seed_epoch_and_sample_not_by_worker(one_per_cl
     train, _, _ = shards.open_set(one_per_class)
 
     def run(epoch, workers):
-        loader = shards.ShardLoader(train, 0, 1, 6, seed=1, transform=shards.Transform(16, train=True),
-                                    workers=workers)
+        loader = shards.ShardLoader(train, 0, 1, 6, seed=1, transform=shards.Transform(16, train=True), workers=workers)
         loader.set_epoch(epoch)
         return [(x, y) for x, y, _ in loader]
 
-    a, b, c, inline = run(0, 1), run(0, 3), run(1, 2), run(0, 0)   # worker processes, or none
+    a, b, c, inline = run(0, 1), run(0, 3), run(1, 2), run(0, 0)  # worker processes, or none
     assert all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
     assert all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, inline))
     assert a[0][0].shape == (6, 16, 16, 3) and a[0][0].dtype == torch.uint8
@@ -107,14 +103,15 @@ def test_cache_keeps_decoded_images_so_later_epochs_read_no_files(tmp_path):
     plain = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=label_only, shuffle_buffer=2, workers=0)
     pix = shards.ShardLoader(train, 0, 1, 1, seed=0, transform=pixels, cache=True, workers=0)
     # The same through worker processes, which read the cache from shared memory (eval crops: no randomness).
-    crops = shards.ShardLoader(train, 0, 1, 2, seed=0, transform=shards.Transform(8, train=False), cache=True,
-                               shuffle=False, workers=2)
+    crops = shards.ShardLoader(
+        train, 0, 1, 2, seed=0, transform=shards.Transform(8, train=False), cache=True, shuffle=False, workers=2
+    )
     crops0 = sorted((int(y), x.numpy().tobytes()) for xs, ys, _ in crops for x, y in zip(xs, ys))
     epoch0 = sorted((int(y), x[0].numpy().tobytes()) for x, y, _ in pix)
     assert len(_labels(cached)) == 2 and len(cached.cache) == 8 and len(pix.cache) == 8
     assert len(_labels(plain)) == 2 and plain.cache is None
     for f in train.files:
-        f.rename(f.with_suffix(".moved"))   # the shards are gone: only memory can serve epoch 2
+        f.rename(f.with_suffix(".moved"))  # the shards are gone: only memory can serve epoch 2
     cached.set_epoch(1)
     pix.set_epoch(1)
     assert sorted(x for b in _labels(cached) for x in b) == list(range(8))

@@ -1,9 +1,10 @@
 """Two real Horovod processes train on WebDataset shards: each rank reads its own part, gradients are
 averaged (ranks end identical), every image is trained on once per epoch."""
+
 import numpy as np
+from helpers import TINY, metrics, train
 from PIL import Image
 
-from helpers import TINY, metrics, train
 from datatools import prepare
 
 
@@ -25,13 +26,31 @@ def test_two_processes_train_on_shards_with_identical_weights(tmp_path):
     prepare.run(tmp_path / "img", tmp_path / "shards", shards=4, formats=["webdataset"], progress=False)
     out = tmp_path / "run"
     args = [a for a in TINY if a != "--synthetic-samples" and a != "128"]
-    proc = train(2, args + ["--data", "shards", "--data-dir", str(tmp_path / "shards" / "webdataset"),
-                            "--epochs", "3", "--batch-size", "6", "--base-lr", "0.01", "--cache-decoded", "--shuffle-buffer", "8",
-                            "--output-dir", str(out)])
+    proc = train(
+        2,
+        args
+        + [
+            "--data",
+            "shards",
+            "--data-dir",
+            str(tmp_path / "shards" / "webdataset"),
+            "--epochs",
+            "3",
+            "--batch-size",
+            "6",
+            "--base-lr",
+            "0.01",
+            "--cache-decoded",
+            "--shuffle-buffer",
+            "8",
+            "--output-dir",
+            str(out),
+        ],
+    )
     m = metrics(out)
     assert m["run"]["world"]["processes"] == 2
-    assert m["summary"]["ranks_identical"] is True      # digests gathered from both ranks
-    assert [e["images"] for e in m["epochs"]] == [48, 48, 48]   # every image once per epoch, over both ranks
+    assert m["summary"]["ranks_identical"] is True  # digests gathered from both ranks
+    assert [e["images"] for e in m["epochs"]] == [48, 48, 48]  # every image once per epoch, over both ranks
     assert "kept 24 decoded images of rank 0 in memory" in proc.stdout + proc.stderr
     losses = [e["train_loss"] for e in m["epochs"]]
     assert losses[-1] < losses[0], losses
@@ -41,14 +60,22 @@ def test_a_resumed_run_on_shards_equals_a_straight_one(tmp_path):
     """File order, shuffle buffer and crops depend on (seed, epoch, rank, sample) only, so stopping after
     epoch 1 and resuming trains exactly what a straight run trains."""
     import torch
-
     from helpers import final_weights
 
     _learnable_tree(tmp_path / "img", per_class=6)
     prepare.run(tmp_path / "img", tmp_path / "shards", shards=4, formats=["webdataset"], progress=False)
     args = [a for a in TINY if a not in ("--synthetic-samples", "128")] + [
-        "--data", "shards", "--data-dir", str(tmp_path / "shards" / "webdataset"), "--batch-size", "4",
-        "--base-lr", "0.01", "--shuffle-buffer", "5"]
+        "--data",
+        "shards",
+        "--data-dir",
+        str(tmp_path / "shards" / "webdataset"),
+        "--batch-size",
+        "4",
+        "--base-lr",
+        "0.01",
+        "--shuffle-buffer",
+        "5",
+    ]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train(2, args + ["--epochs", "2", "--output-dir", str(straight)])
     train(2, args + ["--epochs", "1", "--output-dir", str(resumed)])
@@ -67,8 +94,14 @@ def test_shards_option_errors_name_the_fix(tmp_path):
     from helpers import ROOT, env
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "payloads.pytorch.train", *args], cwd=ROOT, env=env(),
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "payloads.pytorch.train", *args],
+            cwd=ROOT,
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     missing = run("--data", "shards")
     assert missing.returncode == 2 and "--data-dir" in missing.stderr, missing.stderr
@@ -81,14 +114,25 @@ def test_gpu_decode_runs_its_cpu_fallback_in_two_processes(tmp_path):
     ranks agree, every image is trained on once per epoch, and the weights land near the CPU decoder's run
     (the two resize in different orders: up to one grey level apart), far nearer than a run on other data."""
     import torch
-
     from helpers import final_weights
 
     _learnable_tree(tmp_path / "img")
     prepare.run(tmp_path / "img", tmp_path / "shards", shards=4, formats=["webdataset"], progress=False)
     args = [a for a in TINY if a != "--synthetic-samples" and a != "128"]
-    common = args + ["--data", "shards", "--data-dir", str(tmp_path / "shards" / "webdataset"), "--epochs", "2",
-                     "--batch-size", "6", "--base-lr", "0.01", "--shuffle-buffer", "8"]
+    common = args + [
+        "--data",
+        "shards",
+        "--data-dir",
+        str(tmp_path / "shards" / "webdataset"),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "6",
+        "--base-lr",
+        "0.01",
+        "--shuffle-buffer",
+        "8",
+    ]
     runs = {}
     for name, extra in (("gpu", ["--gpu-decode"]), ("cpu", ["--decoder", "torchvision"]), ("other", ["--seed", "7"])):
         out = tmp_path / name
@@ -100,6 +144,7 @@ def test_gpu_decode_runs_its_cpu_fallback_in_two_processes(tmp_path):
 
     def diff(a, b):
         return max((runs[a][k].double() - runs[b][k].double()).abs().max().item() for k in runs[a])
+
     near, far = diff("gpu", "cpu"), diff("gpu", "other")
     print(f"--gpu-decode fallback vs CPU decoder: {near:.3g}; vs another seed: {far:.3g}")
     assert near < far / 5, (near, far)

@@ -1,13 +1,14 @@
 """Transfer against Azurite, a real Azure Storage blob server with OAuth (Entra ID tokens) over HTTPS:
 round trip, resume of interrupted uploads and downloads, corrupted blobs, missing container, bad credential."""
+
 import json
 
 import pytest
-
 from conftest import FakeEntraToken
-from payloads.common.errors import ConfigError
+
 from datatools import prepare, transfer
 from payloads.common import manifest
+from payloads.common.errors import ConfigError
 
 PREFIX = "imagenet/webdataset"
 
@@ -71,7 +72,7 @@ def test_interrupted_upload_resumes_and_the_set_is_not_visible_meanwhile(storage
     stats = transfer.upload(shard_set, client, PREFIX, workers=1, progress=False)
     assert sorted(stats.skipped) == sorted(n.split("/")[-1] for n in done)
     assert sorted(stats.skipped + stats.transferred) == sorted(files)
-    assert all(_blobs(client)[n].etag == etag for n, etag in done.items())   # not rewritten
+    assert all(_blobs(client)[n].etag == etag for n, etag in done.items())  # not rewritten
 
 
 def test_interrupted_download_resumes_and_is_incomplete_until_then(storage, shard_set, tmp_path, monkeypatch):
@@ -94,7 +95,7 @@ def test_interrupted_download_resumes_and_is_incomplete_until_then(storage, shar
         manifest.load_complete(down, "webdataset")
     monkeypatch.setattr(transfer, "_get", real)
     stats = transfer.download(client, PREFIX, down, workers=1, progress=False)
-    assert stats.skipped == [calls[0].split("/")[-1]] and len(stats.transferred) == 5   # 6 shards in all
+    assert stats.skipped == [calls[0].split("/")[-1]] and len(stats.transferred) == 5  # 6 shards in all
     assert manifest.load_complete(down, "webdataset").complete
 
 
@@ -111,8 +112,10 @@ def test_a_corrupted_blob_is_detected_on_download_and_fixed_by_a_forced_upload(s
     data = bytearray((shard_set / victim.name).read_bytes())
     data[len(data) // 2] ^= 0xFF
     blob.stage_block("YmxvY2sx", bytes(data))
-    blob.commit_block_list([BlobBlock("YmxvY2sx")], content_settings=ContentSettings(
-        content_type="application/x-tar", content_md5=manifest.md5_raw(victim.md5)))
+    blob.commit_block_list(
+        [BlobBlock("YmxvY2sx")],
+        content_settings=ContentSettings(content_type="application/x-tar", content_md5=manifest.md5_raw(victim.md5)),
+    )
 
     down = tmp_path / "down"
     with pytest.raises(transfer.TransferError, match=f"checksum mismatch for {PREFIX}/{victim.name}.*--force"):
@@ -129,16 +132,18 @@ def test_a_corrupted_blob_is_detected_on_download_and_fixed_by_a_forced_upload(s
 
 def test_missing_container_and_refused_credential_fail_with_the_fix(storage, shard_set, tmp_path):
     make, name = storage
-    with pytest.raises(transfer.TransferError, match="'nosuchcontainer' .* does not exist: check datastores.data.container"):
+    with pytest.raises(
+        transfer.TransferError, match="'nosuchcontainer' .* does not exist: check datastores.data.container"
+    ):
         transfer.upload(shard_set, make("nosuchcontainer"), PREFIX, progress=False)
     with pytest.raises(transfer.TransferError, match="does not exist"):
         transfer.download(make("nosuchcontainer"), PREFIX, tmp_path / "d", progress=False)
-    wrong = make(name, FakeEntraToken(audience="https://management.azure.com"))   # a token for another service
+    wrong = make(name, FakeEntraToken(audience="https://management.azure.com"))  # a token for another service
     with pytest.raises(transfer.TransferError, match="refused the credential.*Storage Blob Data Contributor"):
         transfer.upload(shard_set, wrong, PREFIX, progress=False)
     with pytest.raises(transfer.TransferError, match="refused the credential"):
         transfer.download(wrong, PREFIX, tmp_path / "d", progress=False)
-    assert not list(make(name).list_blobs())   # nothing was written
+    assert not list(make(name).list_blobs())  # nothing was written
 
 
 def test_an_unfinished_preparation_is_not_uploaded(storage, shard_set):
@@ -152,10 +157,17 @@ def test_an_unfinished_preparation_is_not_uploaded(storage, shard_set):
 
 def test_target_comes_from_the_stack_outputs(tmp_path, capsys):
     outputs = tmp_path / "outputs.json"
-    values = {"subscription_id": "s", "resource_group": "rg", "workspace_name": "w", "registry_login_server": "r",
-              "clusters": {"gpu": {}}, "datastores": {"data": {"name": "training_data", "account": "trndevdata1",
-                                                               "container": "training-data"},
-                                                      "logs": {"name": "training_logs", "account": "a", "container": "c"}}}
+    values = {
+        "subscription_id": "s",
+        "resource_group": "rg",
+        "workspace_name": "w",
+        "registry_login_server": "r",
+        "clusters": {"gpu": {}},
+        "datastores": {
+            "data": {"name": "training_data", "account": "trndevdata1", "container": "training-data"},
+            "logs": {"name": "training_logs", "account": "a", "container": "c"},
+        },
+    }
     outputs.write_text(json.dumps(values))
 
     class Args:
@@ -180,5 +192,5 @@ def test_tfrecord_set_travels_with_its_class_list(storage, tree, tmp_path):
     assert sorted(p.name for p in down.iterdir()) == sorted(p.name for p in src.iterdir())
     for p in src.iterdir():
         assert (down / p.name).read_bytes() == p.read_bytes(), p.name
-    train, val = tfrecords.find(down)   # what the TensorFlow payload opens
+    train, val = tfrecords.find(down)  # what the TensorFlow payload opens
     assert len(train) == 2 and len(val) == 2

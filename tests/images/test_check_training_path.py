@@ -3,6 +3,7 @@
 Issue 19, item 2: `horovodrun --check-build` passed on an interpreter (Ubuntu 22.04's Python 3.11.0rc1) on
 which every optimizer step dies; this check must fail there, naming the cause, and pass on a working one.
 """
+
 import importlib.util
 import os
 import pathlib
@@ -25,8 +26,9 @@ _spec.loader.exec_module(check)
 
 def run_check(*args, env_extra=None, timeout=1800) -> subprocess.CompletedProcess:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env_extra or {})}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env,
-                          timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT
+    )
 
 
 def rc1_interpreter(tmp_path) -> dict:
@@ -49,9 +51,18 @@ def test_the_check_passes_on_the_local_environment(framework):
 def test_an_rc1_interpreter_fails_the_check_naming_the_cause_where_check_build_passes(tmp_path):
     env = rc1_interpreter(tmp_path)
     # ... while every optimizer step dies: torch.optim imports torch._dynamo, which calls the missing function
-    step = subprocess.run([sys.executable, "-c", "import torch; p = torch.nn.Parameter(torch.ones(1)); "
-                           "p.grad = torch.ones(1); torch.optim.SGD([p], lr=0.1).step()"],
-                          capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
+    step = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import torch; p = torch.nn.Parameter(torch.ones(1)); "
+            "p.grad = torch.ones(1); torch.optim.SGD([p], lr=0.1).step()",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=300,
+    )
     assert step.returncode != 0 and "get_int_max_str_digits" in step.stderr, step.stderr[-2000:]
 
     proc = run_check("--framework", "pytorch", *LOCAL_REQUIRE, env_extra=env)
@@ -73,7 +84,8 @@ def test_a_step_without_averaged_gradients_fails_the_check(tmp_path):
         "import sys\n"
         "if '--worker' in sys.argv:\n"
         "    import horovod.torch as hvd\n"
-        "    hvd.DistributedOptimizer = lambda optimizer, **kwargs: optimizer\n")
+        "    hvd.DistributedOptimizer = lambda optimizer, **kwargs: optimizer\n"
+    )
     proc = run_check("--framework", "pytorch", env_extra={"PYTHONPATH": str(site)})
     assert proc.returncode == 1
     assert "step: the two-process pytorch optimizer step failed" in proc.stderr
@@ -114,7 +126,10 @@ def test_libdevice_check_follows_xla_flags(tmp_path):
     assert check.check_libdevice({"XLA_FLAGS": f"--xla_gpu_cuda_data_dir={good}"}) == []
     assert "XLA_FLAGS does not set" in check.check_libdevice({})[0]
     (good / check.LIBDEVICE).unlink()
-    assert any("libdevice.10.bc is missing" in p for p in check.check_libdevice({"XLA_FLAGS": f"--xla_gpu_cuda_data_dir={good}"}))
+    assert any(
+        "libdevice.10.bc is missing" in p
+        for p in check.check_libdevice({"XLA_FLAGS": f"--xla_gpu_cuda_data_dir={good}"})
+    )
     (good / "bin/ptxas").unlink()
     assert any("does not run" in p for p in check.check_libdevice({"XLA_FLAGS": f"--xla_gpu_cuda_data_dir={good}"}))
 
@@ -126,6 +141,8 @@ def test_forward_compat_check(tmp_path):
     (d / "libcuda.so.570.133.20").write_text("")
     assert any("branch 570, older than CUDA 13.0 needs (580)" in p for p in check.check_cuda_compat(str(d), "13.0"))
     (d / "libcuda.so.580.82.07").write_text("")
-    hook_missing = check.check_cuda_compat(str(d), "13.0")   # this venv has no cuda_forward_compat module
-    assert hook_missing == ["cuda_forward_compat is not importable: the start-up hook (a .pth in site-packages) "
-                            "that loads the forward-compatibility driver is missing"]
+    hook_missing = check.check_cuda_compat(str(d), "13.0")  # this venv has no cuda_forward_compat module
+    assert hook_missing == [
+        "cuda_forward_compat is not importable: the start-up hook (a .pth in site-packages) "
+        "that loads the forward-compatibility driver is missing"
+    ]

@@ -1,4 +1,5 @@
 """The image definitions agree with the pins, the jobs and Azure ML's schema (no Docker needed)."""
+
 import pathlib
 import re
 
@@ -15,8 +16,10 @@ def _pin(path, package):
 
 
 HOROVOD = re.search(r"^HOROVOD_VERSION=(\S+)", (ROOT / "toolchain/build_horovod.sh").read_text(), re.M).group(1)
-TAGS = {"pytorch": f"torch{_pin('payloads/requirements.txt', 'torch')}-horovod{HOROVOD}",
-        "tensorflow": f"tf{_pin('images/tensorflow/requirements.txt', 'tensorflow')}-horovod{HOROVOD}"}
+TAGS = {
+    "pytorch": f"torch{_pin('payloads/requirements.txt', 'torch')}-horovod{HOROVOD}",
+    "tensorflow": f"tf{_pin('images/tensorflow/requirements.txt', 'tensorflow')}-horovod{HOROVOD}",
+}
 
 
 @pytest.mark.parametrize("image", IMAGES)
@@ -38,8 +41,9 @@ def test_dockerfile_copies_only_what_exists_and_fights_no_platform(image):
     for src in re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M):
         for item in src.split():
             assert (ROOT / item).exists(), f"COPY {item}: not in the build context (the repository root)"
-            assert not item.startswith("payloads/") or item.endswith("requirements.txt"), \
+            assert not item.startswith("payloads/") or item.endswith("requirements.txt"), (
                 "payload code travels with the job, not in the image"
+            )
     assert "toolchain/build_horovod.sh" in text and "HOROVOD_GPU_OPERATIONS=NCCL" in text
     assert TAGS[image] in text, "the build commands in the Dockerfile name the tag made from the pins"
 
@@ -53,8 +57,9 @@ def test_jobs_use_their_framework_image_tag_made_from_the_pins():
 
 def test_local_tensorflow_is_the_images_tensorflow():
     """Tests run the CPU build of the very TensorFlow release the GPU image installs."""
-    assert _pin("payloads/requirements-tensorflow.txt", "tensorflow-cpu") == \
-        _pin("images/tensorflow/requirements.txt", "tensorflow")
+    assert _pin("payloads/requirements-tensorflow.txt", "tensorflow-cpu") == _pin(
+        "images/tensorflow/requirements.txt", "tensorflow"
+    )
 
 
 def _instructions(image: str) -> list[tuple[str, str]]:
@@ -63,7 +68,7 @@ def _instructions(image: str) -> list[tuple[str, str]]:
     for raw in (ROOT / "images" / image / "Dockerfile").read_text().splitlines():
         if not current and (not raw.strip() or raw.lstrip().startswith("#")):
             continue
-        if raw.lstrip().startswith("#"):   # a comment inside a continued instruction
+        if raw.lstrip().startswith("#"):  # a comment inside a continued instruction
             continue
         current += raw.rstrip()
         if current.endswith("\\"):
@@ -103,7 +108,9 @@ def test_library_path_extends_the_base_images(image):
     replacing it hides libcuda from every process of the job."""
     for key, value in _env(image):
         if key == "LD_LIBRARY_PATH":
-            assert re.search(r"\$\{?LD_LIBRARY_PATH\b", value), f"{image}: LD_LIBRARY_PATH={value} replaces the base image's"
+            assert re.search(r"\$\{?LD_LIBRARY_PATH\b", value), (
+                f"{image}: LD_LIBRARY_PATH={value} replaces the base image's"
+            )
 
 
 @pytest.mark.parametrize("image", IMAGES)
@@ -155,15 +162,18 @@ def test_python_is_a_pinned_release_not_ubuntus_release_candidate(image):
     torch/_dynamo/polyfills/sys.py calls it at import and torch/optim/optimizer.py imports torch._dynamo in every
     step(). The images take a python-build-standalone build pinned by release tag and sha256 instead."""
     args = _global_args(image)
-    assert re.fullmatch(r"https://github\.com/astral-sh/python-build-standalone/releases/download/(\d{8})/"
-                        r"cpython-3\.11\.\d+%2B\1-x86_64-unknown-linux-gnu-install_only(_stripped)?\.tar\.gz",
-                        args.get("PYTHON_URL", "")), "a python-build-standalone CPython 3.11 release, pinned by tag"
+    assert re.fullmatch(
+        r"https://github\.com/astral-sh/python-build-standalone/releases/download/(\d{8})/"
+        r"cpython-3\.11\.\d+%2B\1-x86_64-unknown-linux-gnu-install_only(_stripped)?\.tar\.gz",
+        args.get("PYTHON_URL", ""),
+    ), "a python-build-standalone CPython 3.11 release, pinned by tag"
     assert re.fullmatch(r"[0-9a-f]{64}", args.get("PYTHON_SHA256", ""))
     build, runtime = _stages(image)
     for stage in (build, runtime):
         installs = " ".join(re.findall(r"apt-get install ([^&]*)", _runs(stage)))
-        assert "apt-get install" in _runs(stage) and not re.search(r"\b(lib)?python3", installs), \
+        assert "apt-get install" in _runs(stage) and not re.search(r"\b(lib)?python3", installs), (
             f"{image}: an apt Python in a stage: {installs}"
+        )
     assert 'sha256sum -c' in _runs(build) and '"${PYTHON_SHA256}  /tmp/python.tar.gz"' in _runs(build)
     assert "releaselevel == 'final'" in _runs(build)
     assert "/opt/python/bin/python3.11 -m venv /opt/venv" in _runs(build)
@@ -186,7 +196,7 @@ def test_the_build_ends_by_running_the_training_path_check(image):
     assert check.WORKER_STEPS[image], "the check takes optimizer steps for this framework"
     assert {"MPI", "NCCL"} <= set(parsed.require)
     assert "azureml.mlflow" in parsed.extra, "the Azure ML MLflow plugin the image installs imports"
-    after = runtime[[a for _, a in runtime].index(runs[0]) + 1:]
+    after = runtime[[a for _, a in runtime].index(runs[0]) + 1 :]
     assert all(op in ("WORKDIR", "LABEL") for op, _ in after), f"{image}: the check is not the build's last step"
 
 
@@ -236,8 +246,16 @@ def test_runtime_stage_is_plain_ubuntu_with_gpu_access_for_the_nvidia_runtime(im
     assert "/usr/local/nvidia/lib64" in paths, "where older GPU set-ups mount the host driver (NVIDIA's CUDA images)"
     # InfiniBand/UCX user space and Open MPI stay (issue 12): what NCCL's IB transport and mpirun load
     apt = _runs(_stages(image)[-1])
-    for package in ("libopenmpi3", "openmpi-bin", "libucx0", "rdma-core", "libibverbs1", "ibverbs-providers",
-                    "librdmacm1", "openssh-client"):
+    for package in (
+        "libopenmpi3",
+        "openmpi-bin",
+        "libucx0",
+        "rdma-core",
+        "libibverbs1",
+        "ibverbs-providers",
+        "librdmacm1",
+        "openssh-client",
+    ):
         assert re.search(rf"\b{re.escape(package)}\b", apt), f"{image}: runtime lacks {package}"
 
 
@@ -282,8 +300,9 @@ def test_pytorch_image_carries_the_forward_compatibility_driver_and_its_hook():
     assert "cp -a /usr/local/cuda/compat/. /opt/cuda-compat/" in _runs(build)
     assert ("COPY", "--from=build /opt/cuda-compat /usr/local/cuda/compat") in runtime
     assert ("COPY", f"images/cuda_forward_compat.py {SITE}/cuda_forward_compat.py") in runtime
-    assert f'"import cuda_forward_compat; cuda_forward_compat.activate()" > {SITE}/cuda_forward_compat.pth' \
-        in " ".join(_runs(runtime).split())
+    assert f'"import cuda_forward_compat; cuda_forward_compat.activate()" > {SITE}/cuda_forward_compat.pth' in " ".join(
+        _runs(runtime).split()
+    )
     run = next(a for op, a in runtime if op == "RUN" and "check_training_path.py" in a)
     assert "--cuda-compat /usr/local/cuda/compat" in " ".join(run.split())
 

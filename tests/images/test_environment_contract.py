@@ -6,6 +6,7 @@ CPU-only expectations. Against a built image, with a Docker engine:
     docker run -d --name hvd-pytorch training/pytorch:torch2.14.1-horovod0.28.1 sleep infinity
     IMAGE_PROFILE=pytorch-gpu .venv/bin/python -m pytest tests/images --hosts=docker://hvd-pytorch
 """
+
 import os
 import pathlib
 import re
@@ -34,13 +35,33 @@ LOCAL_MPI = shutil.which("mpicxx") is not None
 
 PROFILES = {
     # this machine's .venv: CPU only, both frameworks, Gloo, and MPI where the machine has Open MPI
-    "local-cpu": dict(python=sys.executable, modules={"torch": TORCH, "tensorflow": TF_LOCAL},
-                      frameworks=["PyTorch", "TensorFlow"], controllers=["Gloo"] + ["MPI"] * LOCAL_MPI,
-                      ops=["Gloo"], not_ops=["NCCL"], mpi=LOCAL_MPI),
-    "pytorch-gpu": dict(python="/opt/venv/bin/python", modules={"torch": TORCH}, frameworks=["PyTorch"],
-                        controllers=["MPI", "Gloo"], ops=["NCCL"], not_ops=[], mpi=True),
-    "tensorflow-gpu": dict(python="/opt/venv/bin/python", modules={"tensorflow": TF}, frameworks=["TensorFlow"],
-                           controllers=["MPI", "Gloo"], ops=["NCCL"], not_ops=[], mpi=True),
+    "local-cpu": dict(
+        python=sys.executable,
+        modules={"torch": TORCH, "tensorflow": TF_LOCAL},
+        frameworks=["PyTorch", "TensorFlow"],
+        controllers=["Gloo"] + ["MPI"] * LOCAL_MPI,
+        ops=["Gloo"],
+        not_ops=["NCCL"],
+        mpi=LOCAL_MPI,
+    ),
+    "pytorch-gpu": dict(
+        python="/opt/venv/bin/python",
+        modules={"torch": TORCH},
+        frameworks=["PyTorch"],
+        controllers=["MPI", "Gloo"],
+        ops=["NCCL"],
+        not_ops=[],
+        mpi=True,
+    ),
+    "tensorflow-gpu": dict(
+        python="/opt/venv/bin/python",
+        modules={"tensorflow": TF},
+        frameworks=["TensorFlow"],
+        controllers=["MPI", "Gloo"],
+        ops=["NCCL"],
+        not_ops=[],
+        mpi=True,
+    ),
 }
 PROFILE = PROFILES[os.environ.get("IMAGE_PROFILE", "local-cpu")]
 BIN = str(pathlib.PurePosixPath(PROFILE["python"]).parent)
@@ -54,8 +75,10 @@ def test_python_is_3_11(host):
 def test_python_is_a_release_with_what_torch_calls(host):
     """Ubuntu 22.04's apt python3.11 is 3.11.0rc1, which lacks sys.get_int_max_str_digits (3.11.0rc2) that
     torch._dynamo calls at import; every optimizer step imports torch._dynamo (issue 19, item 1)."""
-    out = host.check_output(f"{PROFILE['python']} -c 'import sys; "
-                            "print(sys.version_info.releaselevel, hasattr(sys, \"get_int_max_str_digits\"))'")
+    out = host.check_output(
+        f"{PROFILE['python']} -c 'import sys; "
+        "print(sys.version_info.releaselevel, hasattr(sys, \"get_int_max_str_digits\"))'"
+    )
     assert out == "final True"
 
 
@@ -93,9 +116,11 @@ def test_mpi_where_required(host):
 def test_allreduce_works_with_two_processes(host, controller):
     if controller == "mpi" and not PROFILE["mpi"]:
         pytest.skip("no MPI in this environment")
-    cmd = (f"PATH={BIN}:$PATH {BIN}/horovodrun -np 2 -H localhost:2 --{controller} {PROFILE['python']} -c "
-           "'import horovod.torch as hvd, torch; hvd.init(); "
-           "print(int(hvd.allreduce(torch.ones(4) * (hvd.rank() + 1), op=hvd.Sum)[0]))'")
+    cmd = (
+        f"PATH={BIN}:$PATH {BIN}/horovodrun -np 2 -H localhost:2 --{controller} {PROFILE['python']} -c "
+        "'import horovod.torch as hvd, torch; hvd.init(); "
+        "print(int(hvd.allreduce(torch.ones(4) * (hvd.rank() + 1), op=hvd.Sum)[0]))'"
+    )
     if "torch" not in PROFILE["modules"]:
         cmd = cmd.replace("horovod.torch as hvd, torch", "horovod.tensorflow as hvd, tensorflow as torch")
     out = host.check_output(cmd)
@@ -104,8 +129,12 @@ def test_allreduce_works_with_two_processes(host, controller):
 
 # Extended regex for grep: private keys, storage keys and SAS tokens, service principal secrets. Split
 # literals so that this file, which the local profile scans too, does not match itself.
-SECRET = (r"-----BEGIN [A-Z ]*PRIVATE KEY-----|AccountKey=[A-Za-z0-9+/]{40,}|Shared" r"AccessSignature=|"
-          r"AZURE_CLIENT" r"_SECRET=[A-Za-z0-9._~-]{8,}")
+SECRET = (
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----|AccountKey=[A-Za-z0-9+/]{40,}|Shared"
+    r"AccessSignature=|"
+    r"AZURE_CLIENT"
+    r"_SECRET=[A-Za-z0-9._~-]{8,}"
+)
 
 
 def test_no_secrets_in_the_filesystem(host):
@@ -117,6 +146,6 @@ def test_no_secrets_in_the_filesystem(host):
     found = []
     for cmd in commands:
         result = host.run(cmd)
-        assert result.rc in (0, 1), f"{cmd} failed: {result.stderr}"   # 1: nothing found
+        assert result.rc in (0, 1), f"{cmd} failed: {result.stderr}"  # 1: nothing found
         found += result.stdout.split()
     assert found == [], f"secret-looking content in {found}"

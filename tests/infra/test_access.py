@@ -14,6 +14,7 @@ Azure's rules these tests hold the program to:
   RoleAssignmentExists (learn.microsoft.com/azure/role-based-access-control/troubleshooting, "Role
   assignment already exists"), so no two stacks may declare the same triple.
 """
+
 import copy
 import re
 import uuid
@@ -65,7 +66,7 @@ def _grants_of(mocks, principal):
 
 def test_the_deployer_gets_the_user_roles_by_default(dev, dev_data):
     mocks, _ = dev
-    grants = _grants_of(mocks, mocked.DEPLOYER)   # getClientConfig's objectId: whoever runs `pulumi up`
+    grants = _grants_of(mocks, mocked.DEPLOYER)  # getClientConfig's objectId: whoever runs `pulumi up`
     assert _roles(grants) == _expected(mocks) and len(grants) == 3
     data_grants = _grants_of(dev_data[0], mocked.DEPLOYER)
     assert _roles(data_grants) == _expected_data(dev_data[0]) and len(data_grants) == 2
@@ -79,9 +80,13 @@ def test_a_deployer_who_lists_themselves_keeps_the_same_assignments(dev, dev_raw
     # The README tells a deployer who adds teammates to list themselves too. Were the default's resources
     # named apart from the listed ones, that change would plan creates of assignments that exist (Azure
     # refuses them) and deletes of the same assignments.
-    default = {(r.name, r.inputs["principalId"], r.inputs["principalType"]) for r in _grants_of(dev[0], mocked.DEPLOYER)}
+    default = {
+        (r.name, r.inputs["principalId"], r.inputs["principalType"]) for r in _grants_of(dev[0], mocked.DEPLOYER)
+    }
     listed = _run(dev_raw, dev_data, [{"objectId": mocked.DEPLOYER.upper(), "type": "User"}])
-    assert {(r.name, r.inputs["principalId"], r.inputs["principalType"]) for r in _grants_of(listed, mocked.DEPLOYER)} == default
+    assert {
+        (r.name, r.inputs["principalId"], r.inputs["principalType"]) for r in _grants_of(listed, mocked.DEPLOYER)
+    } == default
     assert len(default) == 3
 
 
@@ -100,7 +105,9 @@ def test_listed_users_and_groups_get_exactly_the_user_roles_with_their_principal
 def test_an_empty_list_grants_no_user_roles(dev_raw, dev_data):
     mocks = _run(dev_raw, dev_data, [])
     assert {r.inputs["principalId"] for r in mocks.of_type("RoleAssignment")} == {
-        "principal-compute-identity", "principal-ml-workspace"}
+        "principal-compute-identity",
+        "principal-ml-workspace",
+    }
 
 
 def test_assignment_names_change_with_the_principal_and_stay_put_otherwise(dev_raw, dev_data):
@@ -109,13 +116,15 @@ def test_assignment_names_change_with_the_principal_and_stay_put_otherwise(dev_r
     swapped = _run(dev_raw, dev_data, [{"objectId": BOB, "type": "User"}])
 
     def names(mocks, principal):
-        return {(r.inputs["roleDefinitionId"], r.inputs["scope"]): r.inputs["roleAssignmentName"]
-                for r in _grants_of(mocks, principal)}
+        return {
+            (r.inputs["roleDefinitionId"], r.inputs["scope"]): r.inputs["roleAssignmentName"]
+            for r in _grants_of(mocks, principal)
+        }
 
     assert names(first, ALICE) == names(again, ALICE), "the same grant keeps its name (no churn on every up)"
     alice, bob = names(first, ALICE), names(swapped, BOB)
     assert alice.keys() == bob.keys() and len(alice) == 3
-    for key in alice:   # same scope and role, another principal: another assignment, never an update
+    for key in alice:  # same scope and role, another principal: another assignment, never an update
         assert alice[key] != bob[key], key
     every = [r.inputs["roleAssignmentName"] for r in first.of_type("RoleAssignment")]
     assert len(set(every)) == len(every)
@@ -124,9 +133,19 @@ def test_assignment_names_change_with_the_principal_and_stay_put_otherwise(dev_r
 
 def test_assignment_name_is_a_function_of_scope_principal_role_and_stack():
     base = access.assignment_name("/s/a", "p1", "/r/1", "dev")
-    assert base == access.assignment_name("/S/A", "P1", "/R/1", "dev")   # ARM ids compare case-insensitively
-    assert len({base, access.assignment_name("/s/b", "p1", "/r/1", "dev"), access.assignment_name("/s/a", "p2", "/r/1", "dev"),
-                access.assignment_name("/s/a", "p1", "/r/2", "dev"), access.assignment_name("/s/a", "p1", "/r/1", "dev2")}) == 5
+    assert base == access.assignment_name("/S/A", "P1", "/R/1", "dev")  # ARM ids compare case-insensitively
+    assert (
+        len(
+            {
+                base,
+                access.assignment_name("/s/b", "p1", "/r/1", "dev"),
+                access.assignment_name("/s/a", "p2", "/r/1", "dev"),
+                access.assignment_name("/s/a", "p1", "/r/2", "dev"),
+                access.assignment_name("/s/a", "p1", "/r/1", "dev2"),
+            }
+        )
+        == 5
+    )
 
 
 def _triples(mocks, stack):
@@ -134,8 +153,11 @@ def _triples(mocks, stack):
     # are principals of their own, so those are told apart by stack here.
     def principal(p):
         return f"{stack}/{p}" if p.startswith("principal-") else p.lower()
-    return [(r.inputs["scope"].lower(), principal(r.inputs["principalId"]), r.inputs["roleDefinitionId"].lower())
-            for r in mocks.of_type("RoleAssignment")]
+
+    return [
+        (r.inputs["scope"].lower(), principal(r.inputs["principalId"]), r.inputs["roleDefinitionId"].lower())
+        for r in mocks.of_type("RoleAssignment")
+    ]
 
 
 def test_two_platform_stacks_on_one_data_stack_never_claim_the_same_assignment(dev_raw, dev_data_raw):
@@ -192,13 +214,18 @@ def test_a_service_principal_deployment_without_users_is_refused_with_the_fix(de
     assert {r.inputs["principalId"] for r in mocks.of_type("RoleAssignment")} == {ALICE}
 
 
-@pytest.mark.parametrize("users,message", [
-    ([{"objectId": "alice@example.com", "type": "User"}],
-     "users[0].objectId = 'alice@example.com': an Entra object id (a GUID), not a name or e-mail"),
-    ([{"objectId": ALICE, "type": "user"}], "users[0].type = 'user': User, Group or ServicePrincipal"),
-    ([{"objectId": ALICE}, {"objectId": ALICE.upper(), "type": "User"}], "listed twice"),
-    ([ALICE], "expected {objectId: <guid>, type: User|Group|ServicePrincipal}"),
-])
+@pytest.mark.parametrize(
+    "users,message",
+    [
+        (
+            [{"objectId": "alice@example.com", "type": "User"}],
+            "users[0].objectId = 'alice@example.com': an Entra object id (a GUID), not a name or e-mail",
+        ),
+        ([{"objectId": ALICE, "type": "user"}], "users[0].type = 'user': User, Group or ServicePrincipal"),
+        ([{"objectId": ALICE}, {"objectId": ALICE.upper(), "type": "User"}], "listed twice"),
+        ([ALICE], "expected {objectId: <guid>, type: User|Group|ServicePrincipal}"),
+    ],
+)
 def test_bad_users_fail_before_anything_is_declared(dev_raw, users, message):
     raw = dict(copy.deepcopy(dev_raw[0]), users=users)
     mocks = mocked.RecordingMocks()

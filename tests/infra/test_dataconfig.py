@@ -1,4 +1,5 @@
 """The data stack's config: every problem listed with the key, the value and the fix; nothing declared."""
+
 import copy
 
 import pytest
@@ -18,11 +19,18 @@ def bad(dev_data_raw, edit):
 
 def test_dev_data_stack_file_is_valid(dev_data_raw):
     cfg = dataconfig.load(dev_data_raw[0], "dev", dev_data_raw[1], mocked.SUBSCRIPTION)
-    assert (cfg.prefix, cfg.location, cfg.storage.data_container, cfg.nfs.enabled) == ("hvd", "westeurope", "training-data", True)
+    assert (cfg.prefix, cfg.location, cfg.storage.data_container, cfg.nfs.enabled) == (
+        "hvd",
+        "westeurope",
+        "training-data",
+        True,
+    )
 
 
 def test_out_of_range_and_unknown_choices(dev_data_raw):
-    msg = bad(dev_data_raw, lambda r: (r["nfs"].update(quotaGiB=50), r["storage"].update(softDeleteDays=0, replication="GRS")))
+    msg = bad(
+        dev_data_raw, lambda r: (r["nfs"].update(quotaGiB=50), r["storage"].update(softDeleteDays=0, replication="GRS"))
+    )
     assert "nfs.quotaGiB = 50: premium NFS shares take 100 to 102400 GiB" in msg
     assert "storage.softDeleteDays = 0: 1 to 365 days" in msg
     assert "storage.replication = 'GRS': LRS or ZRS" in msg
@@ -47,8 +55,10 @@ def test_the_platform_refuses_data_keys_and_says_where_they_went(dev_raw):
     with pytest.raises(config.ConfigError) as e:
         mocked.run(raw, "dev", dev_raw[1], mocks=mocks)
     for key in ("storage", "nfs"):
-        assert (f"{key} is set in the platform's stack file, but the durable data has a stack of its own now: move "
-                f"the key to infra/data-stack/Pulumi.<stack>.yaml (as azure-horovod-training-data:{key})") in str(e.value)
+        assert (
+            f"{key} is set in the platform's stack file, but the durable data has a stack of its own now: move "
+            f"the key to infra/data-stack/Pulumi.<stack>.yaml (as azure-horovod-training-data:{key})"
+        ) in str(e.value)
     assert mocks.resources == []
 
 
@@ -57,12 +67,15 @@ def test_bad_data_stack_reference(dev_raw):
         config.load(dict(copy.deepcopy(dev_raw[0]), dataStack="dev-data"), "dev", dev_raw[1], mocked.SUBSCRIPTION)
 
 
-@pytest.mark.parametrize("edit,key,suggestion", [
-    (lambda r: r.update(allowedClientIP=["52.10.20.30"]), "allowedClientIP", "allowedClientIps"),
-    (lambda r: r["storage"].update(softDeleteDay=30), "storage.softDeleteDay", "softDeleteDays"),
-    (lambda r: r["nfs"].update(quotaGib=200), "nfs.quotaGib", "quotaGiB"),
-    (lambda r: r.update(user=[]), "user", "users"),
-])
+@pytest.mark.parametrize(
+    "edit,key,suggestion",
+    [
+        (lambda r: r.update(allowedClientIP=["52.10.20.30"]), "allowedClientIP", "allowedClientIps"),
+        (lambda r: r["storage"].update(softDeleteDay=30), "storage.softDeleteDay", "softDeleteDays"),
+        (lambda r: r["nfs"].update(quotaGib=200), "nfs.quotaGib", "quotaGiB"),
+        (lambda r: r.update(user=[]), "user", "users"),
+    ],
+)
 def test_unknown_keys_are_refused_with_the_closest_known_one(dev_data_raw, edit, key, suggestion):
     assert f"{key} is not a setting: did you mean {suggestion}?" in bad(dev_data_raw, edit)
 
@@ -72,8 +85,10 @@ def test_subscription_is_required(dev_data_raw):
         dataconfig.load(copy.deepcopy(dev_data_raw[0]), "dev", dev_data_raw[1], None)
 
 
-SUBNET = ("/subscriptions/aaaaaaaa-0000-4000-8000-000000000001/resourceGroups/hub-rg/providers/Microsoft.Network/"
-          "virtualNetworks/hub-vnet/subnets/runners")
+SUBNET = (
+    "/subscriptions/aaaaaaaa-0000-4000-8000-000000000001/resourceGroups/hub-rg/providers/Microsoft.Network/"
+    "virtualNetworks/hub-vnet/subnets/runners"
+)
 
 
 def test_allowed_subnets_open_the_data_accounts_to_that_subnet(dev_data_raw):
@@ -86,8 +101,12 @@ def test_allowed_subnets_open_the_data_accounts_to_that_subnet(dev_data_raw):
         assert acct["publicNetworkAccess"] == "Enabled" and acct["networkRuleSet"]["defaultAction"] == "Deny"
         assert [r["virtualNetworkResourceId"] for r in acct["networkRuleSet"]["virtualNetworkRules"]] == [SUBNET]
         assert acct["networkRuleSet"]["ipRules"] == []
-    cfg = dataconfig.load(dict(copy.deepcopy(dev_data_raw[0]), allowedClientIps=["52.10.20.30"]), "dev",
-                          dev_data_raw[1], mocked.SUBSCRIPTION)
+    cfg = dataconfig.load(
+        dict(copy.deepcopy(dev_data_raw[0]), allowedClientIps=["52.10.20.30"]),
+        "dev",
+        dev_data_raw[1],
+        mocked.SUBSCRIPTION,
+    )
     assert any("same Azure region" in w for w in cfg.warnings)
 
 

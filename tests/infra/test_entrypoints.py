@@ -1,6 +1,7 @@
 """The two Pulumi entry points (what `pulumi up` runs) read their stack config as the CLI hands it over
 and declare what the mocked runs declare: the data stack's `infra/data-stack/__main__.py` and the
 platform's `infra/__main__.py`, which finds the data stack of its name through the StackReference."""
+
 import json
 import runpy
 
@@ -18,7 +19,7 @@ def _cli_config(stack_file, project):
     raw, location = mocked.read_stack_file(stack_file, project)
     cfg = {f"{project}:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
     cfg["azure-native:location"] = location
-    cfg["azure-native:subscriptionId"] = mocked.SUBSCRIPTION   # `pulumi config set azure-native:subscriptionId`
+    cfg["azure-native:subscriptionId"] = mocked.SUBSCRIPTION  # `pulumi config set azure-native:subscriptionId`
     return cfg
 
 
@@ -36,8 +37,12 @@ def _run_main(path, project, stack_config, mocks):
 
 
 def test_data_stack_entry_point_declares_what_the_review_shows(dev_data):
-    declared = _run_main(ROOT / "infra" / "data-stack" / "__main__.py", dataconfig.PROJECT,
-                         _cli_config(DATA_DEV_FILE, dataconfig.PROJECT), mocked.RecordingMocks())
+    declared = _run_main(
+        ROOT / "infra" / "data-stack" / "__main__.py",
+        dataconfig.PROJECT,
+        _cli_config(DATA_DEV_FILE, dataconfig.PROJECT),
+        mocked.RecordingMocks(),
+    )
     assert declared == {(r.type, r.name): r.inputs for r in dev_data[0].resources}
 
 

@@ -10,6 +10,7 @@ What Azure and Pulumi do, which these tests hold the program to:
   on replace: a renamed account would silently leave the old one (and its data) behind.
 - Key Vault and Azure ML workspace names stay taken while soft-deleted (days), so a new life needs new names.
 """
+
 import copy
 
 from infra_helpers import one
@@ -18,10 +19,26 @@ from trainingplatform import mocked
 
 # Inputs that name an ARM resource (with its parents): two declarations with the same values are the same
 # Azure resource.
-_NAME_KEYS = ("resourceGroupName", "accountName", "containerName", "shareName", "registryName", "vaultName",
-              "workspaceName", "computeName", "virtualNetworkName", "privateZoneName", "roleAssignmentName",
-              "blobServicesName", "fileServicesName", "subnetName", "privateEndpointName", "privateDnsZoneGroupName",
-              "name", "scope")
+_NAME_KEYS = (
+    "resourceGroupName",
+    "accountName",
+    "containerName",
+    "shareName",
+    "registryName",
+    "vaultName",
+    "workspaceName",
+    "computeName",
+    "virtualNetworkName",
+    "privateZoneName",
+    "roleAssignmentName",
+    "blobServicesName",
+    "fileServicesName",
+    "subnetName",
+    "privateEndpointName",
+    "privateDnsZoneGroupName",
+    "name",
+    "scope",
+)
 
 
 def azure_key(r):
@@ -35,8 +52,13 @@ def _custom(mocks):
 
 
 def _life(dev_raw, data_out, random_result):
-    return mocked.run(copy.deepcopy(dev_raw[0]), "dev", dev_raw[1], mocked.RecordingMocks(random_result=random_result),
-                      data_outputs=data_out)
+    return mocked.run(
+        copy.deepcopy(dev_raw[0]),
+        "dev",
+        dev_raw[1],
+        mocked.RecordingMocks(random_result=random_result),
+        data_outputs=data_out,
+    )
 
 
 def test_destroy_then_up_creates_nothing_that_exists_and_leaves_the_data_alone(dev_raw, dev_data_raw):
@@ -49,18 +71,21 @@ def test_destroy_then_up_creates_nothing_that_exists_and_leaves_the_data_alone(d
     # or destroy would leave it behind or fail); the data stack's state and resources are untouched.
     assert life1.retained == set() and life1.protected == set()
     azure -= {azure_key(r) for r in _custom(life1)}
-    soft_deleted = {r.inputs["vaultName"] for r in life1.of_type("keyvault:Vault")} | \
-                   {r.inputs["workspaceName"] for r in life1.of_type("machinelearningservices:Workspace")}
+    soft_deleted = {r.inputs["vaultName"] for r in life1.of_type("keyvault:Vault")} | {
+        r.inputs["workspaceName"] for r in life1.of_type("machinelearningservices:Workspace")
+    }
     assert azure == {azure_key(r) for r in _custom(data1)}
 
     # Day 2: `pulumi up` of the platform again; the data stack, if run again, declares exactly what it did.
     data2, data_out2 = mocked.run_data(copy.deepcopy(dev_data_raw[0]), "dev", dev_data_raw[1])
     life2, out2 = _life(dev_raw, data_out2, "p3m9w")
-    creates = {azure_key(r): r.name for r in _custom(life2)}   # a new state: everything is a create
+    creates = {azure_key(r): r.name for r in _custom(life2)}  # a new state: everything is a create
     clash = sorted(name for key, name in creates.items() if key in azure)
     assert clash == [], f"the second life would create resources that exist: {clash}"
-    assert not soft_deleted & ({r.inputs["vaultName"] for r in life2.of_type("keyvault:Vault")} |
-                               {r.inputs["workspaceName"] for r in life2.of_type("machinelearningservices:Workspace")})
+    assert not soft_deleted & (
+        {r.inputs["vaultName"] for r in life2.of_type("keyvault:Vault")}
+        | {r.inputs["workspaceName"] for r in life2.of_type("machinelearningservices:Workspace")}
+    )
     # No update, hence no replacement, of any data resource: same resources, same inputs.
     assert {r.name: r.inputs for r in _custom(data2)} == {r.name: r.inputs for r in _custom(data1)}
     assert data_out2 == data_out1
@@ -70,8 +95,11 @@ def test_destroy_then_up_creates_nothing_that_exists_and_leaves_the_data_alone(d
     # And the second life is wired to the kept accounts, not to something new.
     for account in ("storage-data", "storage-logs", "nfs-account"):
         target = one(data1, "StorageAccount", account).id
-        assert [r for r in life2.of_type("PrivateEndpoint")
-                if r.inputs["privateLinkServiceConnections"][0]["privateLinkServiceId"] == target], account
+        assert [
+            r
+            for r in life2.of_type("PrivateEndpoint")
+            if r.inputs["privateLinkServiceConnections"][0]["privateLinkServiceId"] == target
+        ], account
 
 
 def test_the_data_stack_depends_on_nothing_of_the_platforms_lifecycle(dev, dev_data):

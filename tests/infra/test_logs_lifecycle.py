@@ -9,6 +9,7 @@ structure", learn.microsoft.com/azure/storage/blobs/lifecycle-management-policy-
   string literals");
 - the version action's daysAfterCreationGreaterThan ages a previous version from when it was first written.
 """
+
 import copy
 
 import yaml
@@ -55,8 +56,8 @@ def test_prefixes_keep_to_what_azure_accepts():
     prefixes = rule.definition.filters.prefix_match
     assert 1 <= len(prefixes) <= 10
     for prefix in prefixes:
-        assert prefix.startswith("logs/")                     # starts with the container name
-        assert not set("*?") & set(prefix)                     # would be matched literally, matching nothing
+        assert prefix.startswith("logs/")  # starts with the container name
+        assert not set("*?") & set(prefix)  # would be matched literally, matching nothing
     assert rule.definition.actions.version.delete.days_after_creation_greater_than >= 1
 
 
@@ -68,7 +69,7 @@ def _logs_output_folders():
             path = (out or {}).get("path", "")
             head = "azureml://datastores/<<logs>>/paths/"
             if path.startswith(head):
-                yield job.name, path[len(head):]
+                yield job.name, path[len(head) :]
 
 
 def test_every_training_jobs_checkpoints_fall_under_the_rule_and_health_checks_do_not():

@@ -7,6 +7,7 @@ Sources (cited per constant below):
 - Azure ML's outbound needs: https://learn.microsoft.com/azure/machine-learning/how-to-access-azureml-behind-firewall
   ("Basic configuration", outbound) and how-to-secure-training-vnet ("... with no public IP")
 """
+
 import copy
 import ipaddress
 
@@ -15,53 +16,125 @@ from infra_helpers import one
 
 from trainingplatform import config
 
-LOCATION = "westeurope"   # both committed stacks
+LOCATION = "westeurope"  # both committed stacks
 
 # Service tags usable in NSG rules -> whether a regional form (`Tag.<region>`) exists ("Can be regional?").
 # Transcribed from the service-tags-overview table (revision of 2023-01-26), the tags an NSG could name;
 # AzureMachineLearning, AzureMonitor and AzureResourceManager corrected to regional: the published ServiceTags
 # JSON (Get-AzNetworkServiceTag, the weekly download) lists e.g. AzureMachineLearning.WestEurope.
 DOCUMENTED_SERVICE_TAGS = {
-    "ActionGroup": False, "ApiManagement": True, "ApplicationInsightsAvailability": False,
-    "AppConfiguration": False, "AppService": True, "AppServiceManagement": False,
-    "AutonomousDevelopmentPlatform": True, "AzureActiveDirectory": False,
-    "AzureActiveDirectoryDomainServices": False, "AzureAdvancedThreatProtection": False,
-    "AzureArcInfrastructure": False, "AzureAttestation": False, "AzureBackup": False, "AzureBotService": False,
-    "AzureCloud": True, "AzureCognitiveSearch": False, "AzureConnectors": True, "AzureContainerAppsService": True,
-    "AzureContainerRegistry": True, "AzureCosmosDB": True, "AzureDatabricks": False,
-    "AzureDataExplorerManagement": False, "AzureDataLake": False, "AzureDeviceUpdate": False,
-    "AzureDevSpaces": False, "AzureDevOps": True, "AzureDigitalTwins": False, "AzureEventGrid": False,
-    "AzureFrontDoor.Frontend": False, "AzureFrontDoor.Backend": False, "AzureFrontDoor.FirstParty": False,
-    "AzureHealthcareAPIs": False, "AzureInformationProtection": False, "AzureIoTHub": True,
-    "AzureKeyVault": True, "AzureLoadBalancer": False, "AzureLoadTestingInstanceManagement": False,
-    "AzureMachineLearning": True, "AzureMachineLearningInference": False, "AzureManagedGrafana": False,
-    "AzureMonitor": True, "AzureOpenDatasets": False, "AzurePlatformDNS": False, "AzurePlatformIMDS": False,
-    "AzurePlatformLKM": False, "AzureResourceManager": True, "AzureSentinel": False, "AzureSignalR": False,
-    "AzureSiteRecovery": False, "AzureSphere": False, "AzureSpringCloud": False, "AzureStack": False,
-    "AzureTrafficManager": False, "AzureUpdateDelivery": False, "AzureWebPubSub": True,
-    "BatchNodeManagement": True, "ChaosStudio": False, "CognitiveServicesFrontend": False,
-    "CognitiveServicesManagement": False, "DataFactory": True, "DataFactoryManagement": False,
-    "Dynamics365ForMarketingEmail": True, "Dynamics365BusinessCentral": False, "EOPExternalPublishedIPs": False,
-    "EventHub": True, "GatewayManager": False, "GuestAndHybridManagement": False, "HDInsight": True,
-    "Internet": False, "KustoAnalytics": False, "LogicApps": False, "LogicAppsManagement": False,
-    "Marketplace": False, "M365ManagementActivityApi": True, "M365ManagementActivityApiWebhook": True,
-    "MicrosoftAzureFluidRelay": False, "MicrosoftCloudAppSecurity": False, "MicrosoftContainerRegistry": True,
-    "MicrosoftDefenderForEndpoint": False, "MicrosoftPurviewPolicyDistribution": False, "PowerBI": False,
-    "PowerPlatformInfra": True, "PowerPlatformPlex": True, "PowerQueryOnline": False, "ServiceBus": True,
-    "ServiceFabric": False, "Sql": True, "SqlManagement": False, "Storage": True, "StorageSyncService": False,
-    "WindowsAdminCenter": False, "WindowsVirtualDesktop": False, "VirtualNetwork": False,
+    "ActionGroup": False,
+    "ApiManagement": True,
+    "ApplicationInsightsAvailability": False,
+    "AppConfiguration": False,
+    "AppService": True,
+    "AppServiceManagement": False,
+    "AutonomousDevelopmentPlatform": True,
+    "AzureActiveDirectory": False,
+    "AzureActiveDirectoryDomainServices": False,
+    "AzureAdvancedThreatProtection": False,
+    "AzureArcInfrastructure": False,
+    "AzureAttestation": False,
+    "AzureBackup": False,
+    "AzureBotService": False,
+    "AzureCloud": True,
+    "AzureCognitiveSearch": False,
+    "AzureConnectors": True,
+    "AzureContainerAppsService": True,
+    "AzureContainerRegistry": True,
+    "AzureCosmosDB": True,
+    "AzureDatabricks": False,
+    "AzureDataExplorerManagement": False,
+    "AzureDataLake": False,
+    "AzureDeviceUpdate": False,
+    "AzureDevSpaces": False,
+    "AzureDevOps": True,
+    "AzureDigitalTwins": False,
+    "AzureEventGrid": False,
+    "AzureFrontDoor.Frontend": False,
+    "AzureFrontDoor.Backend": False,
+    "AzureFrontDoor.FirstParty": False,
+    "AzureHealthcareAPIs": False,
+    "AzureInformationProtection": False,
+    "AzureIoTHub": True,
+    "AzureKeyVault": True,
+    "AzureLoadBalancer": False,
+    "AzureLoadTestingInstanceManagement": False,
+    "AzureMachineLearning": True,
+    "AzureMachineLearningInference": False,
+    "AzureManagedGrafana": False,
+    "AzureMonitor": True,
+    "AzureOpenDatasets": False,
+    "AzurePlatformDNS": False,
+    "AzurePlatformIMDS": False,
+    "AzurePlatformLKM": False,
+    "AzureResourceManager": True,
+    "AzureSentinel": False,
+    "AzureSignalR": False,
+    "AzureSiteRecovery": False,
+    "AzureSphere": False,
+    "AzureSpringCloud": False,
+    "AzureStack": False,
+    "AzureTrafficManager": False,
+    "AzureUpdateDelivery": False,
+    "AzureWebPubSub": True,
+    "BatchNodeManagement": True,
+    "ChaosStudio": False,
+    "CognitiveServicesFrontend": False,
+    "CognitiveServicesManagement": False,
+    "DataFactory": True,
+    "DataFactoryManagement": False,
+    "Dynamics365ForMarketingEmail": True,
+    "Dynamics365BusinessCentral": False,
+    "EOPExternalPublishedIPs": False,
+    "EventHub": True,
+    "GatewayManager": False,
+    "GuestAndHybridManagement": False,
+    "HDInsight": True,
+    "Internet": False,
+    "KustoAnalytics": False,
+    "LogicApps": False,
+    "LogicAppsManagement": False,
+    "Marketplace": False,
+    "M365ManagementActivityApi": True,
+    "M365ManagementActivityApiWebhook": True,
+    "MicrosoftAzureFluidRelay": False,
+    "MicrosoftCloudAppSecurity": False,
+    "MicrosoftContainerRegistry": True,
+    "MicrosoftDefenderForEndpoint": False,
+    "MicrosoftPurviewPolicyDistribution": False,
+    "PowerBI": False,
+    "PowerPlatformInfra": True,
+    "PowerPlatformPlex": True,
+    "PowerQueryOnline": False,
+    "ServiceBus": True,
+    "ServiceFabric": False,
+    "Sql": True,
+    "SqlManagement": False,
+    "Storage": True,
+    "StorageSyncService": False,
+    "WindowsAdminCenter": False,
+    "WindowsVirtualDesktop": False,
+    "VirtualNetwork": False,
 }
 
 # What Azure ML requires outbound from no-public-IP compute (tag, protocol, port); "{region}" is the stack's.
 # how-to-access-azureml-behind-firewall "Basic configuration" + how-to-secure-training-vnet "no public IP".
 AML_REQUIRED_OUTBOUND = [
-    ("AzureActiveDirectory", "Tcp", 80), ("AzureActiveDirectory", "Tcp", 443),
-    ("AzureMachineLearning", "Tcp", 443), ("AzureMachineLearning", "Tcp", 8787),
-    ("AzureMachineLearning", "Tcp", 18881), ("AzureMachineLearning", "Udp", 5831),
-    ("BatchNodeManagement.{region}", "Tcp", 443), ("BatchNodeManagement.{region}", "Udp", 443),
-    ("AzureResourceManager", "Tcp", 443), ("Storage.{region}", "Tcp", 443),
-    ("AzureFrontDoor.Frontend", "Tcp", 443), ("MicrosoftContainerRegistry", "Tcp", 443),
-    ("AzureFrontDoor.FirstParty", "Tcp", 443), ("AzureMonitor", "Tcp", 443),
+    ("AzureActiveDirectory", "Tcp", 80),
+    ("AzureActiveDirectory", "Tcp", 443),
+    ("AzureMachineLearning", "Tcp", 443),
+    ("AzureMachineLearning", "Tcp", 8787),
+    ("AzureMachineLearning", "Tcp", 18881),
+    ("AzureMachineLearning", "Udp", 5831),
+    ("BatchNodeManagement.{region}", "Tcp", 443),
+    ("BatchNodeManagement.{region}", "Udp", 443),
+    ("AzureResourceManager", "Tcp", 443),
+    ("Storage.{region}", "Tcp", 443),
+    ("AzureFrontDoor.Frontend", "Tcp", 443),
+    ("MicrosoftContainerRegistry", "Tcp", 443),
+    ("AzureFrontDoor.FirstParty", "Tcp", 443),
+    ("AzureMonitor", "Tcp", 443),
 ]
 
 
@@ -105,19 +178,66 @@ def _port_matches(spec: str, port: int) -> bool:
 
 # Azure's default rules, evaluated after the declared ones (network-security-groups-overview, "Default security rules").
 DEFAULT_RULES = [
-    {"name": "AllowVnetInBound", "priority": 65000, "direction": "Inbound", "access": "Allow", "protocol": "*",
-     "sourceAddressPrefix": "VirtualNetwork", "destinationAddressPrefix": "VirtualNetwork", "destinationPortRange": "*"},
-    {"name": "AllowAzureLoadBalancerInBound", "priority": 65001, "direction": "Inbound", "access": "Allow",
-     "protocol": "*", "sourceAddressPrefix": "AzureLoadBalancer", "destinationAddressPrefix": "*",
-     "destinationPortRange": "*"},
-    {"name": "DenyAllInBound", "priority": 65500, "direction": "Inbound", "access": "Deny", "protocol": "*",
-     "sourceAddressPrefix": "*", "destinationAddressPrefix": "*", "destinationPortRange": "*"},
-    {"name": "AllowVnetOutBound", "priority": 65000, "direction": "Outbound", "access": "Allow", "protocol": "*",
-     "sourceAddressPrefix": "VirtualNetwork", "destinationAddressPrefix": "VirtualNetwork", "destinationPortRange": "*"},
-    {"name": "AllowInternetOutBound", "priority": 65001, "direction": "Outbound", "access": "Allow", "protocol": "*",
-     "sourceAddressPrefix": "*", "destinationAddressPrefix": "Internet", "destinationPortRange": "*"},
-    {"name": "DenyAllOutBound", "priority": 65500, "direction": "Outbound", "access": "Deny", "protocol": "*",
-     "sourceAddressPrefix": "*", "destinationAddressPrefix": "*", "destinationPortRange": "*"},
+    {
+        "name": "AllowVnetInBound",
+        "priority": 65000,
+        "direction": "Inbound",
+        "access": "Allow",
+        "protocol": "*",
+        "sourceAddressPrefix": "VirtualNetwork",
+        "destinationAddressPrefix": "VirtualNetwork",
+        "destinationPortRange": "*",
+    },
+    {
+        "name": "AllowAzureLoadBalancerInBound",
+        "priority": 65001,
+        "direction": "Inbound",
+        "access": "Allow",
+        "protocol": "*",
+        "sourceAddressPrefix": "AzureLoadBalancer",
+        "destinationAddressPrefix": "*",
+        "destinationPortRange": "*",
+    },
+    {
+        "name": "DenyAllInBound",
+        "priority": 65500,
+        "direction": "Inbound",
+        "access": "Deny",
+        "protocol": "*",
+        "sourceAddressPrefix": "*",
+        "destinationAddressPrefix": "*",
+        "destinationPortRange": "*",
+    },
+    {
+        "name": "AllowVnetOutBound",
+        "priority": 65000,
+        "direction": "Outbound",
+        "access": "Allow",
+        "protocol": "*",
+        "sourceAddressPrefix": "VirtualNetwork",
+        "destinationAddressPrefix": "VirtualNetwork",
+        "destinationPortRange": "*",
+    },
+    {
+        "name": "AllowInternetOutBound",
+        "priority": 65001,
+        "direction": "Outbound",
+        "access": "Allow",
+        "protocol": "*",
+        "sourceAddressPrefix": "*",
+        "destinationAddressPrefix": "Internet",
+        "destinationPortRange": "*",
+    },
+    {
+        "name": "DenyAllOutBound",
+        "priority": 65500,
+        "direction": "Outbound",
+        "access": "Deny",
+        "protocol": "*",
+        "sourceAddressPrefix": "*",
+        "destinationAddressPrefix": "*",
+        "destinationPortRange": "*",
+    },
 ]
 
 
@@ -158,19 +278,25 @@ def test_every_nsg_address_is_an_azure_service_tag(dev, prod, stack):
     location = LOCATION
     rules = _nsg_rules(mocks)
     assert rules
-    problems = [(r["name"], problem) for r in rules for side in ("source", "destination")
-                for p in _prefixes(r, side) if (problem := tag_problem(p, location))]
+    problems = [
+        (r["name"], problem)
+        for r in rules
+        for side in ("source", "destination")
+        for p in _prefixes(r, side)
+        if (problem := tag_problem(p, location))
+    ]
     assert problems == []
     assert len({r["priority"] for r in rules if r["direction"] == "Outbound"}) == sum(
-        r["direction"] == "Outbound" for r in rules), "NSG priorities must be unique per direction"
+        r["direction"] == "Outbound" for r in rules
+    ), "NSG priorities must be unique per direction"
 
 
 def test_dev_blocks_inbound_only_and_the_nat_gateway_is_the_way_out(dev):
     mocks, _ = dev
     rules = _nsg_rules(mocks)
     assert evaluate(rules, "Inbound", "Internet", "Tcp", 22) == "Deny"
-    assert evaluate(rules, "Inbound", "VirtualNetwork", "Tcp", 22) == "Allow"      # SSH from inside the VNet
-    assert evaluate(rules, "Outbound", "Internet", "Tcp", 443) == "Allow"          # pypi & co. through the NAT
+    assert evaluate(rules, "Inbound", "VirtualNetwork", "Tcp", 22) == "Allow"  # SSH from inside the VNet
+    assert evaluate(rules, "Outbound", "Internet", "Tcp", 443) == "Allow"  # pypi & co. through the NAT
     subnet = one(mocks, "Subnet", "net-compute").inputs
     assert subnet["natGateway"]["id"] == one(mocks, "NatGateway", "net-nat").id
     assert subnet["defaultOutboundAccess"] is False
@@ -183,7 +309,7 @@ def test_restricted_outbound_admits_what_azure_ml_documents_and_nothing_else(pro
     for tag, protocol, port in AML_REQUIRED_OUTBOUND:
         peer = tag.format(region=location)
         assert evaluate(rules, "Outbound", peer, protocol, port) == "Allow", (peer, protocol, port)
-    assert evaluate(rules, "Outbound", "Internet", "Tcp", 443) == "Deny"           # pypi.org, github.com, ...
+    assert evaluate(rules, "Outbound", "Internet", "Tcp", 443) == "Deny"  # pypi.org, github.com, ...
     assert evaluate(rules, "Outbound", "Internet", "Udp", 53) == "Deny"
     assert evaluate(rules, "Outbound", f"Storage.{location}", "Tcp", 80) == "Deny"
     # Inside the VNet everything stays open: MPI/NCCL between nodes, NFS 2049, private endpoints on 443.

@@ -1,21 +1,28 @@
 """The policy pack against what the mocked dev stack declares (all pass) and against bad resources."""
+
 import copy
 import json
 import pathlib
 
 import pytest
-from pulumi_policy.policy import PolicyResourceOptions, ResourceValidationArgs, StackValidationArgs, PolicyResource
-
 import training_policies as tp
 from infra_helpers import one
+from pulumi_policy.policy import PolicyResource, PolicyResourceOptions, ResourceValidationArgs, StackValidationArgs
 
 from trainingplatform import mocked
 
 
 def _validate(policy, resource_type, props, config=None):
     violations = []
-    args = ResourceValidationArgs(resource_type, props, "urn:test", "test",
-                                  PolicyResourceOptions(False, [], None, [], None, []), None, config or {})
+    args = ResourceValidationArgs(
+        resource_type,
+        props,
+        "urn:test",
+        "test",
+        PolicyResourceOptions(False, [], None, [], None, []),
+        None,
+        config or {},
+    )
     policy.validate(args, lambda message, urn=None: violations.append(message))
     return violations
 
@@ -29,7 +36,7 @@ def test_every_policy_passes_on_the_dev_stack(dev, dev_data):
     mocks, _ = dev
     checked = set()
     for policy in _resource_policies():
-        for r in mocks.resources + dev_data[0].resources:   # the platform and its data stack
+        for r in mocks.resources + dev_data[0].resources:  # the platform and its data stack
             assert _validate(policy, r.type, r.inputs) == [], (policy.name, r.name)
             if r.type == next(rule.resource_type for rule in tp.RULES if rule.name == policy.name):
                 checked.add(policy.name)
@@ -41,21 +48,59 @@ def _props(dev, dev_data, name):
     return copy.deepcopy(next(r for r in dev[0].resources + dev_data[0].resources if r.name == name))
 
 
-@pytest.mark.parametrize("name,edit,rule,message", [
-    ("storage-data", lambda p: p.update(enableHttpsTrafficOnly=False), "storage-secure-transfer", "secure transfer"),
-    ("storage-data", lambda p: p.update(minimumTlsVersion="TLS1_0"), "storage-min-tls-1-2", "TLS1_2 or later"),
-    ("storage-logs", lambda p: p.update(allowBlobPublicAccess=True), "storage-no-public-blob-access", "anonymous"),
-    # ml-storage: the data accounts also have public network access off, which the rule accepts on its own.
-    ("ml-storage", lambda p: p["networkRuleSet"].update(defaultAction="Allow"), "storage-network-deny-by-default", "deny"),
-    ("storage-data", lambda p: p.update(allowSharedKeyAccess=True), "storage-no-shared-keys", "Entra ID"),
-    ("nfs-account", lambda p: p.update(publicNetworkAccess="Enabled"), "storage-secure-transfer", "secure transfer"),
-    ("registry-acr", lambda p: p.update(adminUserEnabled=True), "registry-admin-user-disabled", "admin user"),
-    ("registry-acr", lambda p: p.update(sku={"name": "Basic"}), "registry-premium", "Premium"),
-    ("ml-kv", lambda p: p["properties"].update(enablePurgeProtection=False), "keyvault-purge-protection-rbac", "purge"),
-    ("compute-gpu-ib", lambda p: p["properties"]["properties"].update(enableNodePublicIp=True), "compute-no-public-ip", "no public IP"),
-    ("compute-gpu-ib", lambda p: p["properties"]["properties"].update(vmSize="Standard_NC24rs_v3"), "compute-current-vm-size", "ND96isr_H100_v5"),
-    ("compute-gpu-ib", lambda p: p["properties"]["properties"].update(remoteLoginPortPublicAccess="Enabled"), "compute-ssh-disabled", "SSH"),
-])
+@pytest.mark.parametrize(
+    "name,edit,rule,message",
+    [
+        (
+            "storage-data",
+            lambda p: p.update(enableHttpsTrafficOnly=False),
+            "storage-secure-transfer",
+            "secure transfer",
+        ),
+        ("storage-data", lambda p: p.update(minimumTlsVersion="TLS1_0"), "storage-min-tls-1-2", "TLS1_2 or later"),
+        ("storage-logs", lambda p: p.update(allowBlobPublicAccess=True), "storage-no-public-blob-access", "anonymous"),
+        # ml-storage: the data accounts also have public network access off, which the rule accepts on its own.
+        (
+            "ml-storage",
+            lambda p: p["networkRuleSet"].update(defaultAction="Allow"),
+            "storage-network-deny-by-default",
+            "deny",
+        ),
+        ("storage-data", lambda p: p.update(allowSharedKeyAccess=True), "storage-no-shared-keys", "Entra ID"),
+        (
+            "nfs-account",
+            lambda p: p.update(publicNetworkAccess="Enabled"),
+            "storage-secure-transfer",
+            "secure transfer",
+        ),
+        ("registry-acr", lambda p: p.update(adminUserEnabled=True), "registry-admin-user-disabled", "admin user"),
+        ("registry-acr", lambda p: p.update(sku={"name": "Basic"}), "registry-premium", "Premium"),
+        (
+            "ml-kv",
+            lambda p: p["properties"].update(enablePurgeProtection=False),
+            "keyvault-purge-protection-rbac",
+            "purge",
+        ),
+        (
+            "compute-gpu-ib",
+            lambda p: p["properties"]["properties"].update(enableNodePublicIp=True),
+            "compute-no-public-ip",
+            "no public IP",
+        ),
+        (
+            "compute-gpu-ib",
+            lambda p: p["properties"]["properties"].update(vmSize="Standard_NC24rs_v3"),
+            "compute-current-vm-size",
+            "ND96isr_H100_v5",
+        ),
+        (
+            "compute-gpu-ib",
+            lambda p: p["properties"]["properties"].update(remoteLoginPortPublicAccess="Enabled"),
+            "compute-ssh-disabled",
+            "SSH",
+        ),
+    ],
+)
 def test_a_bad_resource_fails_its_policy(dev, dev_data, name, edit, rule, message):
     r = _props(dev, dev_data, name)
     edit(r.inputs)
@@ -80,8 +125,11 @@ def test_gpu_budget_policy(dev):
 
 
 def _stack(mocks, drop=lambda r: False):
-    return [PolicyResource(r.type, r.inputs, "urn", r.name, None, None, None, [], {})
-            for r in mocks.resources if not drop(r)]
+    return [
+        PolicyResource(r.type, r.inputs, "urn", r.name, None, None, None, [], {})
+        for r in mocks.resources
+        if not drop(r)
+    ]
 
 
 def _stack_violations(policy_name, resources, config=None):
@@ -96,13 +144,20 @@ def test_workspace_endpoint_policy(dev):
     name = "workspace-endpoint-for-private-nodes"
     assert _stack_violations(name, _stack(mocks)) == []
     # Without the workspace endpoint: refused, as Azure ML would refuse the clusters.
-    no_endpoint = _stack(mocks, lambda r: r.type.endswith("PrivateEndpoint")
-                         and r.inputs["privateLinkServiceConnections"][0]["groupIds"] == ["amlworkspace"])
+    no_endpoint = _stack(
+        mocks,
+        lambda r: (
+            r.type.endswith("PrivateEndpoint")
+            and r.inputs["privateLinkServiceConnections"][0]["groupIds"] == ["amlworkspace"]
+        ),
+    )
     violations = _stack_violations(name, no_endpoint)
     assert len(violations) == 1 and "need a workspace private endpoint (group amlworkspace)" in violations[0]
     # Endpoint present but the notebooks zone missing: refused, naming the zone.
-    no_zone = _stack(mocks, lambda r: r.type.endswith("PrivateZone")
-                     and r.inputs["privateZoneName"] == "privatelink.notebooks.azure.net")
+    no_zone = _stack(
+        mocks,
+        lambda r: r.type.endswith("PrivateZone") and r.inputs["privateZoneName"] == "privatelink.notebooks.azure.net",
+    )
     violations = _stack_violations(name, no_zone)
     assert len(violations) == 1 and "privatelink.notebooks.azure.net" in violations[0]
     # Nodes with public IPs do not need it.
@@ -162,31 +217,49 @@ def test_outbound_deny_policy(dev, prod):
     policy = next(p for p in tp.policies() if p.name == "outbound-deny-in-private-profile")
     on = {"privateProfile": True}
     dev_nsg = copy.deepcopy(one(dev[0], "NetworkSecurityGroup", "net-compute-nsg"))
-    violations = _validate(policy, dev_nsg.type, dev_nsg.inputs, on)   # dev: restrictOutbound false
+    violations = _validate(policy, dev_nsg.type, dev_nsg.inputs, on)  # dev: restrictOutbound false
     assert violations and "no outbound rule denying the Internet" in violations[0]
     nsg = copy.deepcopy(one(prod[0], "NetworkSecurityGroup", "net-compute-nsg"))
     assert _validate(policy, nsg.type, nsg.inputs, on) == []
     # An allow of the whole Internet ahead of the deny reopens it.
-    nsg.inputs["securityRules"].append({"name": "out-anything", "direction": "Outbound", "access": "Allow",
-                                        "priority": 3000, "protocol": "*", "destinationAddressPrefix": "Internet",
-                                        "destinationPortRange": "*"})
+    nsg.inputs["securityRules"].append(
+        {
+            "name": "out-anything",
+            "direction": "Outbound",
+            "access": "Allow",
+            "priority": 3000,
+            "protocol": "*",
+            "destinationAddressPrefix": "Internet",
+            "destinationPortRange": "*",
+        }
+    )
     violations = _validate(policy, nsg.type, nsg.inputs, on)
     assert violations and "out-anything allow the whole Internet before the deny" in violations[0]
     # The same rule after the deny changes nothing.
     nsg.inputs["securityRules"][-1]["priority"] = 4090
     assert _validate(policy, nsg.type, nsg.inputs, on) == []
     # A list of destinations that includes the Internet reopens it as well.
-    nsg.inputs["securityRules"][-1].update(priority=3000, destinationAddressPrefix=None,
-                                           destinationAddressPrefixes=["AzureMonitor", "Internet"])
+    nsg.inputs["securityRules"][-1].update(
+        priority=3000, destinationAddressPrefix=None, destinationAddressPrefixes=["AzureMonitor", "Internet"]
+    )
     assert _validate(policy, nsg.type, nsg.inputs, on)
 
 
-@pytest.mark.parametrize("name,edit,message", [
-    ("ml-storage", lambda p: p["networkRuleSet"]["ipRules"].append({"iPAddressOrRange": "52.10.20.30", "action": "Allow"}),
-     "storage account's networkRuleSet.ipRules admit ['52.10.20.30']"),
-    ("ml-kv", lambda p: p["properties"]["networkAcls"]["ipRules"].append({"value": "52.10.20.30"}),
-     "Key Vault's networkAcls.ipRules admit ['52.10.20.30']"),
-])
+@pytest.mark.parametrize(
+    "name,edit,message",
+    [
+        (
+            "ml-storage",
+            lambda p: p["networkRuleSet"]["ipRules"].append({"iPAddressOrRange": "52.10.20.30", "action": "Allow"}),
+            "storage account's networkRuleSet.ipRules admit ['52.10.20.30']",
+        ),
+        (
+            "ml-kv",
+            lambda p: p["properties"]["networkAcls"]["ipRules"].append({"value": "52.10.20.30"}),
+            "Key Vault's networkAcls.ipRules admit ['52.10.20.30']",
+        ),
+    ],
+)
 def test_client_ip_policy(prod, name, edit, message):
     policy = next(p for p in tp.policies() if p.name == "no-client-ips-in-private-profile")
     r = copy.deepcopy(one(prod[0], "", name))
@@ -194,7 +267,7 @@ def test_client_ip_policy(prod, name, edit, message):
     edit(r.inputs)
     violations = _validate(policy, r.type, r.inputs, {"privateProfile": True})
     assert violations and message in violations[0], violations
-    assert _validate(policy, r.type, r.inputs) == []   # off outside the private profile
+    assert _validate(policy, r.type, r.inputs) == []  # off outside the private profile
 
 
 def test_client_ips_reach_the_policy_under_the_names_it_reads(dev_data_raw):
@@ -210,12 +283,17 @@ def test_client_ips_reach_the_policy_under_the_names_it_reads(dev_data_raw):
 
 def test_the_prod_data_stack_passes_the_private_profile_policies():
     from infra_helpers import DATA_PROD_FILE
+
     from trainingplatform import dataconfig
+
     raw, location = mocked.read_stack_file(DATA_PROD_FILE, dataconfig.PROJECT)
     mocks, _ = mocked.run_data(raw, "prod", location)
     on = {"privateProfile": True}
-    names = ("no-public-network-access-in-private-profile", "outbound-deny-in-private-profile",
-             "no-client-ips-in-private-profile")
+    names = (
+        "no-public-network-access-in-private-profile",
+        "outbound-deny-in-private-profile",
+        "no-client-ips-in-private-profile",
+    )
     checked = 0
     for policy in (p for p in tp.policies() if p.name in names):
         for r in mocks.resources:

@@ -1,4 +1,5 @@
 """The dev stack under mocks: the properties and relationships the platform depends on."""
+
 import copy
 
 import pytest
@@ -10,18 +11,40 @@ from trainingplatform import access, mocked
 def test_declares_every_part_of_the_platform(dev, dev_data):
     mocks, _ = dev
     types = {r.type.split(":", 1)[1] for r in mocks.resources}
-    for needed in ("resources:ResourceGroup", "network:VirtualNetwork", "network:Subnet", "network:NetworkSecurityGroup",
-                   "network:NatGateway", "storage:StorageAccount", "network:PrivateEndpoint",
-                   "network:PrivateDnsZoneGroup", "privatedns:PrivateZone", "privatedns:VirtualNetworkLink",
-                   "containerregistry:Registry", "keyvault:Vault", "operationalinsights:Workspace",
-                   "applicationinsights:Component", "machinelearningservices:Workspace",
-                   "machinelearningservices:Datastore", "machinelearningservices:Compute",
-                   "managedidentity:UserAssignedIdentity", "authorization:RoleAssignment", "pulumi:StackReference"):
+    for needed in (
+        "resources:ResourceGroup",
+        "network:VirtualNetwork",
+        "network:Subnet",
+        "network:NetworkSecurityGroup",
+        "network:NatGateway",
+        "storage:StorageAccount",
+        "network:PrivateEndpoint",
+        "network:PrivateDnsZoneGroup",
+        "privatedns:PrivateZone",
+        "privatedns:VirtualNetworkLink",
+        "containerregistry:Registry",
+        "keyvault:Vault",
+        "operationalinsights:Workspace",
+        "applicationinsights:Component",
+        "machinelearningservices:Workspace",
+        "machinelearningservices:Datastore",
+        "machinelearningservices:Compute",
+        "managedidentity:UserAssignedIdentity",
+        "authorization:RoleAssignment",
+        "pulumi:StackReference",
+    ):
         assert needed in types, needed
     data_types = {r.type.split(":", 1)[1] for r in dev_data[0].resources if r.type.startswith("azure-native:")}
-    assert data_types == {"resources:ResourceGroup", "storage:StorageAccount", "storage:BlobServiceProperties",
-                          "storage:BlobContainer", "storage:FileServiceProperties", "storage:FileShare",
-                          "storage:ManagementPolicy", "authorization:RoleAssignment"}   # users' data access
+    assert data_types == {
+        "resources:ResourceGroup",
+        "storage:StorageAccount",
+        "storage:BlobServiceProperties",
+        "storage:BlobContainer",
+        "storage:FileServiceProperties",
+        "storage:FileShare",
+        "storage:ManagementPolicy",
+        "authorization:RoleAssignment",
+    }  # users' data access
     # The durable data is the data stack's alone: the platform declares none of it.
     assert not {"storage:BlobContainer", "storage:FileShare"} & types
 
@@ -49,7 +72,9 @@ def test_storage_accounts(dev, dev_data):
     # (how-to-enable-studio-virtual-network, "Limitations"; test_wayin.py).
     endpoint_subnet = one(dev[0], "Subnet", "net-endpoints").id
     assert [v["virtualNetworkResourceId"] for v in workspace_storage["networkRuleSet"]["virtualNetworkRules"]] == [
-        compute_subnet, endpoint_subnet]
+        compute_subnet,
+        endpoint_subnet,
+    ]
     svc = one(data_mocks, "BlobServiceProperties", "storage-data-blob-service").inputs
     assert svc["deleteRetentionPolicy"] == {"enabled": True, "days": 14}
     assert svc["containerDeleteRetentionPolicy"]["enabled"] is True
@@ -68,8 +93,11 @@ def test_client_ips_open_the_data_accounts_to_those_addresses_only(dev_data_raw)
 
 
 def _endpoint_to(mocks, target_id):
-    found = [r for r in mocks.of_type("PrivateEndpoint")
-             if r.inputs["privateLinkServiceConnections"][0]["privateLinkServiceId"] == target_id]
+    found = [
+        r
+        for r in mocks.of_type("PrivateEndpoint")
+        if r.inputs["privateLinkServiceConnections"][0]["privateLinkServiceId"] == target_id
+    ]
     assert len(found) == 1, target_id
     return found[0]
 
@@ -80,16 +108,24 @@ def test_compute_reaches_the_data_through_private_endpoints_of_its_own_vnet(dev,
     endpoint_subnet = one(mocks, "Subnet", "net-endpoints").id
     vnet = one(mocks, "VirtualNetwork", "net-vnet").id
     zone_of = {r.id: r.inputs["privateZoneName"] for r in mocks.of_type("PrivateZone")}
-    linked = {r.inputs["privateZoneName"] for r in mocks.of_type("VirtualNetworkLink") if r.inputs["virtualNetwork"]["id"] == vnet}
-    for account, group, zone in (("storage-data", "blob", "privatelink.blob.core.windows.net"),
-                                 ("storage-logs", "blob", "privatelink.blob.core.windows.net"),
-                                 ("nfs-account", "file", "privatelink.file.core.windows.net")):
+    linked = {
+        r.inputs["privateZoneName"]
+        for r in mocks.of_type("VirtualNetworkLink")
+        if r.inputs["virtualNetwork"]["id"] == vnet
+    }
+    for account, group, zone in (
+        ("storage-data", "blob", "privatelink.blob.core.windows.net"),
+        ("storage-logs", "blob", "privatelink.blob.core.windows.net"),
+        ("nfs-account", "file", "privatelink.file.core.windows.net"),
+    ):
         pe = _endpoint_to(mocks, one(data_mocks, "StorageAccount", account).id)
         assert pe.inputs["subnet"]["id"] == endpoint_subnet
         assert pe.inputs["privateLinkServiceConnections"][0]["groupIds"] == [group]
         # Azure writes the endpoint's A record into the zones of its DNS zone group; the VNet sees the
         # record only through a zone linked to it.
-        zone_groups = [r.inputs for r in mocks.of_type("PrivateDnsZoneGroup") if r.inputs["privateEndpointName"] == pe.name]
+        zone_groups = [
+            r.inputs for r in mocks.of_type("PrivateDnsZoneGroup") if r.inputs["privateEndpointName"] == pe.name
+        ]
         assert [zone_of[c["privateDnsZoneId"]] for g in zone_groups for c in g["privateDnsZoneConfigs"]] == [zone]
         assert zone in linked
     acct = one(data_mocks, "StorageAccount", "nfs-account").inputs
@@ -98,7 +134,11 @@ def test_compute_reaches_the_data_through_private_endpoints_of_its_own_vnet(dev,
     share = one(data_mocks, "FileShare", "nfs-share").inputs
     assert share["enabledProtocols"] == "NFS" and share["shareQuota"] == 100
     name = acct["accountName"]
-    assert outputs["nfs"]["mount_target"] == f"{name}.file.core.windows.net:/{name}/shared" == data_out["nfs"]["mount_target"]
+    assert (
+        outputs["nfs"]["mount_target"]
+        == f"{name}.file.core.windows.net:/{name}/shared"
+        == data_out["nfs"]["mount_target"]
+    )
 
 
 def test_platform_and_data_stack_must_fit(dev_raw, dev_data):
@@ -108,9 +148,15 @@ def test_platform_and_data_stack_must_fit(dev_raw, dev_data):
         mocked.run(copy.deepcopy(raw), "dev", "northeurope", data_outputs=data_out)
     with pytest.raises(Exception, match="has no NFS share .* `pulumi config set mountNfs false`"):
         mocked.run(copy.deepcopy(raw), "dev", location, data_outputs=dict(data_out, nfs=None))
-    mocks, outputs = mocked.run(dict(copy.deepcopy(raw), mountNfs=False), "dev", location, data_outputs=dict(data_out, nfs=None))
+    mocks, outputs = mocked.run(
+        dict(copy.deepcopy(raw), mountNfs=False), "dev", location, data_outputs=dict(data_out, nfs=None)
+    )
     assert outputs["nfs"] is None
-    assert not [r for r in mocks.of_type("PrivateEndpoint") if r.inputs["privateLinkServiceConnections"][0]["groupIds"] == ["file"]]
+    assert not [
+        r
+        for r in mocks.of_type("PrivateEndpoint")
+        if r.inputs["privateLinkServiceConnections"][0]["groupIds"] == ["file"]
+    ]
 
 
 def test_the_platform_reads_the_data_stack_of_its_name_unless_told(dev, dev_raw, dev_data):
@@ -131,7 +177,9 @@ def test_network_isolation(dev):
     rules = one(mocks, "NetworkSecurityGroup", "net-compute-nsg").inputs["securityRules"]
     # dev: the NSG filters inbound only (outbound rules and the private profile: tests/infra/test_network.py)
     assert [r for r in rules if r["direction"] == "Outbound"] == []
-    assert any(r["direction"] == "Inbound" and r["access"] == "Deny" and r["sourceAddressPrefix"] == "Internet" for r in rules)
+    assert any(
+        r["direction"] == "Inbound" and r["access"] == "Deny" and r["sourceAddressPrefix"] == "Internet" for r in rules
+    )
     vnet = one(mocks, "VirtualNetwork", "net-vnet").inputs
     assert vnet["addressSpace"]["addressPrefixes"] == ["10.40.0.0/16"]
     assert outputs["nat_public_ip"]
@@ -155,7 +203,7 @@ def test_registry_and_workspace(dev):
     # Soft-deleted names: the random suffix is part of both.
     assert "x7k2q" in ws["workspaceName"] and one(mocks, "Vault", "ml-kv").inputs["vaultName"].endswith("x7k2q")
     stores = {r.inputs["name"]: r.inputs["properties"] for r in mocks.of_type("Datastore")}
-    assert stores["training_data"]["credentials"]["credentialsType"] == "None"   # identity-based
+    assert stores["training_data"]["credentials"]["credentialsType"] == "None"  # identity-based
     assert stores["training_data"]["containerName"] == "training-data"
     assert stores["training_logs"]["accountName"] == outputs["datastores"]["logs"]["account"]
 
@@ -177,9 +225,12 @@ def test_clusters(dev):
 
 def test_compute_identity_gets_exactly_read_data_write_logs_pull_images(dev, dev_data):
     mocks, _ = dev
-    principal = "principal-compute-identity"   # the principalId the mocks give the compute identity
-    grants = {(r.inputs["roleDefinitionId"].rsplit("/", 1)[1], r.inputs["scope"])
-              for r in mocks.of_type("RoleAssignment") if r.inputs["principalId"] == principal}
+    principal = "principal-compute-identity"  # the principalId the mocks give the compute identity
+    grants = {
+        (r.inputs["roleDefinitionId"].rsplit("/", 1)[1], r.inputs["scope"])
+        for r in mocks.of_type("RoleAssignment")
+        if r.inputs["principalId"] == principal
+    }
     data = one(dev_data[0], "StorageAccount", "storage-data").id
     logs = one(dev_data[0], "StorageAccount", "storage-logs").id
     assert grants == {
@@ -188,8 +239,11 @@ def test_compute_identity_gets_exactly_read_data_write_logs_pull_images(dev, dev
         (access.ROLES["AcrPull"], one(mocks, "Registry", "registry-acr").id),
         (access.ROLES["Storage Blob Data Contributor"], one(mocks, "StorageAccount", "ml-storage").id),
     }
-    workspace = {(r.inputs["roleDefinitionId"].rsplit("/", 1)[1], r.inputs["scope"])
-                 for r in mocks.of_type("RoleAssignment") if r.inputs["principalId"] == "principal-ml-workspace"}
+    workspace = {
+        (r.inputs["roleDefinitionId"].rsplit("/", 1)[1], r.inputs["scope"])
+        for r in mocks.of_type("RoleAssignment")
+        if r.inputs["principalId"] == "principal-ml-workspace"
+    }
     assert workspace == {
         (access.ROLES["Storage Blob Data Reader"], f"{data}/blobServices/default/containers/training-data"),
         (access.ROLES["Storage Blob Data Reader"], f"{logs}/blobServices/default/containers/logs"),
@@ -199,13 +253,22 @@ def test_compute_identity_gets_exactly_read_data_write_logs_pull_images(dev, dev
     }
     for r in mocks.of_type("RoleAssignment"):
         if r.inputs["principalId"] in (principal, "principal-ml-workspace"):
-            assert r.inputs["principalType"] == "ServicePrincipal"   # managed identities
+            assert r.inputs["principalType"] == "ServicePrincipal"  # managed identities
 
 
 def test_outputs_are_complete_and_hold_no_secrets(dev):
     _, outputs = dev
-    for key in ("subscription_id", "resource_group", "workspace_name", "registry_login_server", "clusters",
-                "datastores", "nfs", "compute_identity_client_id", "location"):
+    for key in (
+        "subscription_id",
+        "resource_group",
+        "workspace_name",
+        "registry_login_server",
+        "clusters",
+        "datastores",
+        "nfs",
+        "compute_identity_client_id",
+        "location",
+    ):
         assert outputs.get(key), key
     text = repr(outputs).lower()
     for secret_word in ("key", "password", "connectionstring", "sas"):

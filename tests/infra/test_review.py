@@ -7,11 +7,15 @@ from trainingplatform import review
 
 
 def test_committed_review_files_are_current():
-    for stack_file, review_file in ((DEV_FILE, "dev.txt"), (DATA_DEV_FILE, "data-dev.txt"),
-                                    (DATA_PROD_FILE, "data-prod.txt")):
+    for stack_file, review_file in (
+        (DEV_FILE, "dev.txt"),
+        (DATA_DEV_FILE, "data-dev.txt"),
+        (DATA_PROD_FILE, "data-prod.txt"),
+    ):
         current = (ROOT / "infra" / "review" / review_file).read_text()
         assert review.render(stack_file) == current, (
-            f"infra/review/{review_file} is out of date: run scripts/review-infra dev and commit the result")
+            f"infra/review/{review_file} is out of date: run scripts/review-infra dev and commit the result"
+        )
 
 
 def test_review_names_the_key_settings_and_fails_cleanly_on_bad_config(tmp_path):
@@ -21,6 +25,7 @@ def test_review_names_the_key_settings_and_fails_cleanly_on_bad_config(tmp_path)
     assert "azure-native:storage:StorageAccount storage-data  [protected]" in data_text
     bad = tmp_path / "Pulumi.bad.yaml"
     bad.write_text(DEV_FILE.read_text().replace("Standard_ND96asr_v4", "Standard_NC24rs_v3"))
-    proc = subprocess.run([sys.executable, "-m", "trainingplatform.review", str(bad)], cwd=ROOT / "infra",
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainingplatform.review", str(bad)], cwd=ROOT / "infra", capture_output=True, text=True
+    )
     assert proc.returncode == 2 and "retired by Azure on 2025-09-30" in proc.stderr

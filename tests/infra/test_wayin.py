@@ -1,6 +1,7 @@
 """The private profile (Pulumi.prod.yaml) under mocks: the way in, image pushes, studio access, datastores
 and storage egress. Each test encodes a documented Azure constraint (cited) that the program must meet.
 """
+
 import copy
 
 import pytest
@@ -25,14 +26,18 @@ def prod_data_out():
 def _run(prod_raw, prod_data_out, random_result="x7k2q", **changes):
     raw, location = copy.deepcopy(prod_raw)
     raw.update(changes)
-    return mocked.run(raw, "prod", location, mocked.RecordingMocks(random_result=random_result),
-                      data_outputs=prod_data_out)
+    return mocked.run(
+        raw, "prod", location, mocked.RecordingMocks(random_result=random_result), data_outputs=prod_data_out
+    )
 
 
 @pytest.fixture(scope="module")
 def hub(prod_raw, prod_data_out):
-    return _run(prod_raw, prod_data_out, access={"mode": "hub", "hubVnetId": HUB, "useHubGateway": True,
-                                                 "resolverSubnetCidr": "10.41.18.0/28"})
+    return _run(
+        prod_raw,
+        prod_data_out,
+        access={"mode": "hub", "hubVnetId": HUB, "useHubGateway": True, "resolverSubnetCidr": "10.41.18.0/28"},
+    )
 
 
 def _load(raw, location="westeurope"):
@@ -46,11 +51,15 @@ def _problems(raw):
 
 
 def _roles_of(mocks, principal):
-    return {(r.inputs["roleDefinitionId"].rsplit("/", 1)[1], r.inputs["scope"])
-            for r in mocks.of_type("RoleAssignment") if r.inputs["principalId"] == principal}
+    return {
+        (r.inputs["roleDefinitionId"].rsplit("/", 1)[1], r.inputs["scope"])
+        for r in mocks.of_type("RoleAssignment")
+        if r.inputs["principalId"] == principal
+    }
 
 
 # ---- item 2: the way in ----
+
 
 def test_a_private_workspace_without_a_way_in_is_refused(prod_raw):
     # Public access off: the workspace answers only on its private endpoint, whose DNS zone is linked to the
@@ -66,28 +75,50 @@ def test_a_private_workspace_without_a_way_in_is_refused(prod_raw):
     assert _load(raw).access.mode == "none"
 
 
-@pytest.mark.parametrize("access_cfg,message", [
-    # https://learn.microsoft.com/azure/bastion/configuration-settings#subnet: "/26 or larger".
-    ({"mode": "bastion", "bastionSubnetCidr": "10.41.17.0/27", "jumpHostSubnetCidr": "10.41.17.64/28"},
-     "access.bastionSubnetCidr = '10.41.17.0/27': Azure Bastion needs a subnet of /26 or larger"),
-    ({"mode": "bastion", "bastionSubnetCidr": "10.41.16.0/26", "jumpHostSubnetCidr": "10.41.17.64/28"},
-     "overlaps 10.41.16.0/24, another subnet of the VNet"),
-    ({"mode": "bastion", "bastionSubnetCidr": "10.42.0.0/26", "jumpHostSubnetCidr": "10.41.17.64/28"},
-     "must lie inside network.vnetCidr 10.41.0.0/16"),
-    ({"mode": "bastion", "bastionSubnetCidr": "10.41.17.0/26", "jumpHostSubnetCidr": "10.41.17.0/28"},
-     "access.jumpHostSubnetCidr = '10.41.17.0/28': overlaps 10.41.17.0/26"),
-    ({"mode": "bastion", "bastionSubnetCidr": "10.41.17.0/26"}, "access.jumpHostSubnetCidr is missing"),
-    ({"mode": "bastion", "bastionSubnetCidr": "10.41.17.0/26", "jumpHostSubnetCidr": "10.41.17.64/28",
-      "hubVnetId": HUB}, "access.hubVnetId = '/subscriptions/3333"),
-    ({"mode": "hub", "hubVnetId": "hub-vnet"}, "a VNet resource id /subscriptions/<id>/resourceGroups/<rg>"),
-    ({"mode": "hub"}, "access.hubVnetId is missing"),
-    # https://learn.microsoft.com/azure/dns/dns-private-resolver-overview#subnet-restrictions: /28 to /24.
-    ({"mode": "hub", "hubVnetId": HUB, "resolverSubnetCidr": "10.41.18.0/29"},
-     "a DNS private resolver's inbound subnet is /28 to /24"),
-    ({"mode": "hub", "hubVnetId": HUB, "resolverSubnetCidr": "10.41.20.0/23"},
-     "a DNS private resolver's inbound subnet is /28 to /24"),
-    ({"mode": "vpn"}, "access.mode = 'vpn': bastion, hub or none"),
-])
+@pytest.mark.parametrize(
+    "access_cfg,message",
+    [
+        # https://learn.microsoft.com/azure/bastion/configuration-settings#subnet: "/26 or larger".
+        (
+            {"mode": "bastion", "bastionSubnetCidr": "10.41.17.0/27", "jumpHostSubnetCidr": "10.41.17.64/28"},
+            "access.bastionSubnetCidr = '10.41.17.0/27': Azure Bastion needs a subnet of /26 or larger",
+        ),
+        (
+            {"mode": "bastion", "bastionSubnetCidr": "10.41.16.0/26", "jumpHostSubnetCidr": "10.41.17.64/28"},
+            "overlaps 10.41.16.0/24, another subnet of the VNet",
+        ),
+        (
+            {"mode": "bastion", "bastionSubnetCidr": "10.42.0.0/26", "jumpHostSubnetCidr": "10.41.17.64/28"},
+            "must lie inside network.vnetCidr 10.41.0.0/16",
+        ),
+        (
+            {"mode": "bastion", "bastionSubnetCidr": "10.41.17.0/26", "jumpHostSubnetCidr": "10.41.17.0/28"},
+            "access.jumpHostSubnetCidr = '10.41.17.0/28': overlaps 10.41.17.0/26",
+        ),
+        ({"mode": "bastion", "bastionSubnetCidr": "10.41.17.0/26"}, "access.jumpHostSubnetCidr is missing"),
+        (
+            {
+                "mode": "bastion",
+                "bastionSubnetCidr": "10.41.17.0/26",
+                "jumpHostSubnetCidr": "10.41.17.64/28",
+                "hubVnetId": HUB,
+            },
+            "access.hubVnetId = '/subscriptions/3333",
+        ),
+        ({"mode": "hub", "hubVnetId": "hub-vnet"}, "a VNet resource id /subscriptions/<id>/resourceGroups/<rg>"),
+        ({"mode": "hub"}, "access.hubVnetId is missing"),
+        # https://learn.microsoft.com/azure/dns/dns-private-resolver-overview#subnet-restrictions: /28 to /24.
+        (
+            {"mode": "hub", "hubVnetId": HUB, "resolverSubnetCidr": "10.41.18.0/29"},
+            "a DNS private resolver's inbound subnet is /28 to /24",
+        ),
+        (
+            {"mode": "hub", "hubVnetId": HUB, "resolverSubnetCidr": "10.41.20.0/23"},
+            "a DNS private resolver's inbound subnet is /28 to /24",
+        ),
+        ({"mode": "vpn"}, "access.mode = 'vpn': bastion, hub or none"),
+    ],
+)
 def test_way_in_settings_are_checked_before_anything_is_declared(prod_raw, access_cfg, message):
     raw = dict(copy.deepcopy(prod_raw[0]), access=access_cfg)
     assert message in _problems(raw)
@@ -96,8 +127,10 @@ def test_way_in_settings_are_checked_before_anything_is_declared(prod_raw, acces
 def test_bastion_is_allowed_on_the_public_profile(dev_raw):
     # Decision: nodes have no public IP in every profile, so SSH to a node (sshEnabled) needs a way into the
     # VNet in the public profile too; Bastion there is a cost, not a contradiction.
-    raw = dict(copy.deepcopy(dev_raw[0]), access={"mode": "bastion", "bastionSubnetCidr": "10.40.17.0/26",
-                                                   "jumpHostSubnetCidr": "10.40.17.64/28"})
+    raw = dict(
+        copy.deepcopy(dev_raw[0]),
+        access={"mode": "bastion", "bastionSubnetCidr": "10.40.17.0/26", "jumpHostSubnetCidr": "10.40.17.64/28"},
+    )
     assert _load(raw).access.mode == "bastion"
 
 
@@ -128,10 +161,16 @@ def test_bastion_and_jump_host(prod):
     assert jump_subnet.inputs["natGateway"]["id"] == one(mocks, "NatGateway", "net-nat").id
     assert jump_subnet.inputs["defaultOutboundAccess"] is False
     vm = one(mocks, "compute:VirtualMachine", "wayin-jumphost")
-    assert vm.inputs["networkProfile"]["networkInterfaces"][0]["id"] == one(mocks, "NetworkInterface", "wayin-jumphost-nic").id
+    assert (
+        vm.inputs["networkProfile"]["networkInterfaces"][0]["id"]
+        == one(mocks, "NetworkInterface", "wayin-jumphost-nic").id
+    )
     ext = one(mocks, "VirtualMachineExtension", "wayin-jumphost-entra-login").inputs
-    assert (ext["publisher"], ext["type"], ext["vmName"]) == ("Microsoft.Azure.ActiveDirectory", "AADSSHLoginForLinux",
-                                                              vm.inputs.get("vmName", "wayin-jumphost"))
+    assert (ext["publisher"], ext["type"], ext["vmName"]) == (
+        "Microsoft.Azure.ActiveDirectory",
+        "AADSSHLoginForLinux",
+        vm.inputs.get("vmName", "wayin-jumphost"),
+    )
     # Users sign in with Entra ID: "Virtual Machine Administrator Login" on the VM
     # (https://learn.microsoft.com/entra/identity/devices/howto-vm-sign-in-azure-ad-linux).
     assert (access.ROLES["Virtual Machine Administrator Login"], vm.id) in _roles_of(mocks, mocked.DEPLOYER)
@@ -146,7 +185,7 @@ def test_private_dns_zones_are_linked_to_the_platform_vnet_only(prod):
     mocks, _ = prod
     vnet = one(mocks, "VirtualNetwork", "net-vnet").id
     links = mocks.of_type("privatedns:VirtualNetworkLink")
-    assert links and {l.inputs["virtualNetwork"]["id"] for l in links} == {vnet}
+    assert links and {link.inputs["virtualNetwork"]["id"] for link in links} == {vnet}
     assert len(links) == len(mocks.of_type("PrivateZone"))
 
 
@@ -160,7 +199,7 @@ def test_hub_mode_peers_both_ways_and_links_every_zone_to_the_hub(hub):
     assert out["remoteVirtualNetwork"]["id"] == HUB and out["useRemoteGateways"] is True
     assert (back["resourceGroupName"], back["virtualNetworkName"]) == ("hub-rg", "hub-vnet")
     assert back["remoteVirtualNetwork"]["id"] == vnet.id and back["allowGatewayTransit"] is True
-    assert "wayin-from-hub" in mocks.depends_on("wayin-to-hub")   # transit offered before it is used
+    assert "wayin-from-hub" in mocks.depends_on("wayin-to-hub")  # transit offered before it is used
     # The hub side goes through a provider for the hub's subscription.
     provider = mocks.options["wayin-from-hub"].provider
     assert provider is not None
@@ -170,9 +209,9 @@ def test_hub_mode_peers_both_ways_and_links_every_zone_to_the_hub(hub):
     zones = {r.inputs["privateZoneName"] for r in mocks.of_type("PrivateZone")}
     zone_ids = {r.id: r.inputs["privateZoneName"] for r in mocks.of_type("PrivateZone")}
     linked = {}
-    for l in mocks.of_type("privatedns:VirtualNetworkLink"):
-        name = next(z for i, z in zone_ids.items() if i.endswith("/" + l.inputs["privateZoneName"]))
-        linked.setdefault(name, set()).add(l.inputs["virtualNetwork"]["id"])
+    for link in mocks.of_type("privatedns:VirtualNetworkLink"):
+        name = next(z for i, z in zone_ids.items() if i.endswith("/" + link.inputs["privateZoneName"]))
+        linked.setdefault(name, set()).add(link.inputs["virtualNetwork"]["id"])
     assert linked == {z: {vnet.id, HUB} for z in zones}
     # The resolver's inbound endpoint sits in a subnet delegated to it (dns-private-resolver-overview).
     subnet = one(mocks, "Subnet", "wayin-resolver-subnet")
@@ -187,8 +226,7 @@ def test_the_way_in_is_part_of_every_life_of_the_stack(prod_raw, prod_data_out):
     # Declared in the stack: `pulumi destroy` removes it (nothing retained or protected would outlive the
     # VNet it points at) and the next `up` declares it again, pointing at that life's VNet.
     for random_result in ("x7k2q", "p3m9w"):
-        mocks, _ = _run(prod_raw, prod_data_out, random_result,
-                        access={"mode": "hub", "hubVnetId": HUB})
+        mocks, _ = _run(prod_raw, prod_data_out, random_result, access={"mode": "hub", "hubVnetId": HUB})
         assert mocks.retained == set() and mocks.protected == set()
         back = one(mocks, "VirtualNetworkPeering", "wayin-from-hub").inputs
         assert back["remoteVirtualNetwork"]["id"] == one(mocks, "VirtualNetwork", "net-vnet").id
@@ -196,6 +234,7 @@ def test_the_way_in_is_part_of_every_life_of_the_stack(prod_raw, prod_data_out):
 
 
 # ---- item 3: images are pushed from inside the VNet ----
+
 
 def test_users_can_push_images_to_the_private_registry_from_the_jump_host(prod, dev):
     mocks, _ = prod
@@ -205,8 +244,12 @@ def test_users_can_push_images_to_the_private_registry_from_the_jump_host(prod, 
     assert (access.ROLES["AcrPush"], acr.id) in _roles_of(mocks, mocked.DEPLOYER)
     # The jump host resolves the registry privately: its VNet is the one the registry's zone is linked to.
     zone = next(r for r in mocks.of_type("PrivateZone") if r.inputs["privateZoneName"] == "privatelink.azurecr.io")
-    links = [l for l in mocks.of_type("privatedns:VirtualNetworkLink") if l.inputs["privateZoneName"] == zone.inputs["privateZoneName"]]
-    assert [l.inputs["virtualNetwork"]["id"] for l in links] == [one(mocks, "VirtualNetwork", "net-vnet").id]
+    links = [
+        link
+        for link in mocks.of_type("privatedns:VirtualNetworkLink")
+        if link.inputs["privateZoneName"] == zone.inputs["privateZoneName"]
+    ]
+    assert [link.inputs["virtualNetwork"]["id"] for link in links] == [one(mocks, "VirtualNetwork", "net-vnet").id]
     # No ACR Tasks path: shared agents lost the trusted-services bypass on 2025-06-01 unless
     # networkRuleBypassAllowedForTasks is set (learn.microsoft.com/azure/container-registry/
     # manage-network-bypass-policy-for-tasks), which azure-native 3.29.0's Registry (API 2023-01-01-preview)
@@ -219,13 +262,18 @@ def test_users_can_push_images_to_the_private_registry_from_the_jump_host(prod, 
 
 # ---- item 12: the studio's data preview ----
 
+
 def test_workspace_identity_reads_the_storage_private_endpoints(prod):
     # "Add the workspace managed identity to the Reader role for the storage private endpoint(s)"
     # (https://learn.microsoft.com/azure/machine-learning/how-to-enable-studio-virtual-network).
     mocks, _ = prod
     roles = _roles_of(mocks, "principal-ml-workspace")
-    for endpoint in ("data-blob-endpoint", "logs-blob-endpoint", "ml-storage-blob-link-endpoint",
-                     "ml-storage-file-link-endpoint"):
+    for endpoint in (
+        "data-blob-endpoint",
+        "logs-blob-endpoint",
+        "ml-storage-blob-link-endpoint",
+        "ml-storage-file-link-endpoint",
+    ):
         assert (access.ROLES["Reader"], one(mocks, "PrivateEndpoint", endpoint).id) in roles, endpoint
 
 
@@ -235,8 +283,11 @@ def test_storage_service_endpoint_sits_in_the_workspace_endpoints_subnet(dev, pr
     # endpoint must be in the same subnet" (how-to-enable-studio-virtual-network, "Limitations").
     mocks, _ = dev if stack == "dev" else prod
     ws = one(mocks, "machinelearningservices:Workspace", "ml-workspace")
-    endpoint = next(e for e in mocks.of_type("PrivateEndpoint")
-                    if e.inputs["privateLinkServiceConnections"][0]["privateLinkServiceId"] == ws.id)
+    endpoint = next(
+        e
+        for e in mocks.of_type("PrivateEndpoint")
+        if e.inputs["privateLinkServiceConnections"][0]["privateLinkServiceId"] == ws.id
+    )
     subnet = next(s for s in mocks.of_type("network:Subnet") if s.id == endpoint.inputs["subnet"]["id"])
     assert "Microsoft.Storage" in {e["service"] for e in subnet.inputs.get("serviceEndpoints") or []}
     rules = one(mocks, "StorageAccount", "ml-storage").inputs["networkRuleSet"]["virtualNetworkRules"]
@@ -245,6 +296,7 @@ def test_storage_service_endpoint_sits_in_the_workspace_endpoints_subnet(dev, pr
 
 # ---- item 14: datastores over storage that Azure ML's service cannot reach ----
 
+
 def test_datastores_skip_the_validation_that_would_fail_the_up(prod, prod_data_out):
     # Azure ML validates a new datastore from its service; the data accounts take no public traffic (no
     # allowedClientIps), so that call fails. Datastores - Create Or Update: `skipValidation`
@@ -252,11 +304,14 @@ def test_datastores_skip_the_validation_that_would_fail_the_up(prod, prod_data_o
     mocks, _ = prod
     stores = mocks.of_type("machinelearningservices:Datastore")
     assert len(stores) == 2 and all(s.inputs["skipValidation"] is True for s in stores)
-    assert {s.inputs["properties"]["accountName"] for s in stores} == {prod_data_out["data_account_name"],
-                                                                        prod_data_out["logs_account_name"]}
+    assert {s.inputs["properties"]["accountName"] for s in stores} == {
+        prod_data_out["data_account_name"],
+        prod_data_out["logs_account_name"],
+    }
 
 
 # ---- item 15: storage egress limited to the stack's accounts ----
+
 
 def test_compute_reaches_only_the_stacks_storage_and_azure_mls(prod, prod_data_out):
     mocks, _ = prod
@@ -268,18 +323,25 @@ def test_compute_reaches_only_the_stacks_storage_and_azure_mls(prod, prod_data_o
     assert "Microsoft.Storage" in {e["service"] for e in compute["serviceEndpoints"]}
     defs = {d["service"]: d["serviceResources"] for d in policy.inputs["serviceEndpointPolicyDefinitions"]}
     ws_storage = one(mocks, "StorageAccount", "ml-storage").inputs
-    ws_id = (f"/subscriptions/{mocked.SUBSCRIPTION}/resourceGroups/{one(mocks, 'ResourceGroup', 'platform').inputs['resourceGroupName']}"
-             f"/providers/Microsoft.Storage/storageAccounts/{ws_storage['accountName']}")
-    assert sorted(defs["Microsoft.Storage"]) == sorted([ws_id, prod_data_out["data_account_id"],
-                                                        prod_data_out["logs_account_id"],
-                                                        prod_data_out["nfs"]["account_id"]])
+    ws_id = (
+        f"/subscriptions/{mocked.SUBSCRIPTION}/resourceGroups/{one(mocks, 'ResourceGroup', 'platform').inputs['resourceGroupName']}"
+        f"/providers/Microsoft.Storage/storageAccounts/{ws_storage['accountName']}"
+    )
+    assert sorted(defs["Microsoft.Storage"]) == sorted(
+        [ws_id, prod_data_out["data_account_id"], prod_data_out["logs_account_id"], prod_data_out["nfs"]["account_id"]]
+    )
     # Azure ML's compute needs Microsoft-managed accounts: the alias (how-to-prevent-data-loss-exfiltration).
     assert defs["Global"] == [egress.AML_ALIAS] == ["/services/Azure/MachineLearning"]
     assert policy.inputs["location"] == "westeurope"
     # The NSG opens storage of this region only: elsewhere there is no service endpoint and no policy.
     rules = one(mocks, "NetworkSecurityGroup", "net-compute-nsg").inputs["securityRules"]
-    storage = {r["destinationAddressPrefix"] for r in rules
-               if r["direction"] == "Outbound" and r["access"] == "Allow" and r["destinationAddressPrefix"].startswith("Storage")}
+    storage = {
+        r["destinationAddressPrefix"]
+        for r in rules
+        if r["direction"] == "Outbound"
+        and r["access"] == "Allow"
+        and r["destinationAddressPrefix"].startswith("Storage")
+    }
     assert storage == {"Storage.westeurope"}
 
 
@@ -295,10 +357,11 @@ def test_the_entry_point_reads_the_access_setting(prod_raw):
     import json
 
     import pulumi
+
     raw, location = prod_raw
     cli = {f"{config.PROJECT}:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
     cli["azure-native:location"] = location
-    cli["azure-native:subscriptionId"] = mocked.SUBSCRIPTION   # each user pins it (required)
+    cli["azure-native:subscriptionId"] = mocked.SUBSCRIPTION  # each user pins it (required)
     pulumi.runtime.set_mocks(mocked.RecordingMocks(), project=config.PROJECT, stack="prod", preview=False)
     pulumi.runtime.set_all_config(cli)
     try:

@@ -4,6 +4,7 @@ Azure ML's MPI distribution runs the job's command under mpirun with the job's e
 the image's ENV; here Debian's Open MPI (built with UCX, as the images' Ubuntu Open MPI is) runs 2 ranks the
 same way, on a machine without InfiniBand, like a CPU or NC node.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,12 +13,11 @@ import shutil
 import subprocess
 import sys
 
+import helpers
 import pytest
 
 from launcher import interconnect
 from trainingplatform import vm_sizes
-
-import helpers
 
 # What both images set before issue 12 (images/*/Dockerfile ENV).
 OLD_IMAGE_ENV = {"OMPI_MCA_pml": "ucx", "OMPI_MCA_btl": "^openib,uct", "NCCL_DEBUG": "WARN"}
@@ -26,9 +26,19 @@ OLD_IMAGE_ENV = {"OMPI_MCA_pml": "ucx", "OMPI_MCA_btl": "^openib,uct", "NCCL_DEB
 def cluster(size_name: str) -> dict:
     """A `clusters` entry of the stack outputs, as infra/trainingplatform/compute.describe writes it."""
     s = vm_sizes.CATALOG[size_name]
-    return {"name": "c", "vm_size": s.name, "gpus_per_node": s.gpus, "gpu_model": s.gpu_model,
-            "infiniband": bool(s.infiniband), "infiniband_generation": s.infiniband, "intra_node": s.intra_node,
-            "min_nodes": 0, "max_nodes": 2, "low_priority": False, "vcpus_per_node": s.vcpus}
+    return {
+        "name": "c",
+        "vm_size": s.name,
+        "gpus_per_node": s.gpus,
+        "gpu_model": s.gpu_model,
+        "infiniband": bool(s.infiniband),
+        "infiniband_generation": s.infiniband,
+        "intra_node": s.intra_node,
+        "min_nodes": 0,
+        "max_nodes": 2,
+        "low_priority": False,
+        "vcpus_per_node": s.vcpus,
+    }
 
 
 CURRENT = [n for n in vm_sizes.available()]
@@ -75,10 +85,16 @@ NCCL_BY_SIZE = {
     "Standard_NC40ads_H100_v5": (False, None, {}),
     "Standard_ND96asr_v4": (True, "ndv4-topo.xml", {"NCCL_IB_PCI_RELAXED_ORDERING": "1"}),
     "Standard_ND96amsr_A100_v4": (True, "ndv4-topo.xml", {"NCCL_IB_PCI_RELAXED_ORDERING": "1"}),
-    "Standard_ND96isr_H100_v5": (True, "ndv5-topo.xml", {"NCCL_IB_PCI_RELAXED_ORDERING": "1",
-                                                          "NCCL_IGNORE_CPU_AFFINITY": "1"}),
-    "Standard_ND96isr_H200_v5": (True, "ndv5-topo.xml", {"NCCL_IB_PCI_RELAXED_ORDERING": "1",
-                                                          "NCCL_IGNORE_CPU_AFFINITY": "1"}),
+    "Standard_ND96isr_H100_v5": (
+        True,
+        "ndv5-topo.xml",
+        {"NCCL_IB_PCI_RELAXED_ORDERING": "1", "NCCL_IGNORE_CPU_AFFINITY": "1"},
+    ),
+    "Standard_ND96isr_H200_v5": (
+        True,
+        "ndv5-topo.xml",
+        {"NCCL_IB_PCI_RELAXED_ORDERING": "1", "NCCL_IGNORE_CPU_AFFINITY": "1"},
+    ),
 }
 
 
@@ -131,6 +147,7 @@ def test_stall_shutdown_is_not_ignored_by_horovod():
 
 # ---- real 2-rank MPI jobs -------------------------------------------------------------------------------
 
+
 def _mpi_ready() -> bool:
     if not shutil.which("mpirun"):
         return False
@@ -151,13 +168,21 @@ def mpirun(job_env: dict, command: list[str], timeout: float = 180) -> subproces
     """2 ranks on this machine, the job's environment over the old image's (as Azure ML layers them)."""
     env = {**helpers.env(), **OLD_IMAGE_ENV, **job_env}
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return subprocess.run(["mpirun", *root, "--oversubscribe", "--bind-to", "none", "-np", "2", *command],
-                          cwd=helpers.ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["mpirun", *root, "--oversubscribe", "--bind-to", "none", "-np", "2", *command],
+        cwd=helpers.ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-ALLREDUCE = ("import sys, horovod.torch as hvd, torch; hvd.init(); "
-             "s = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum); "
-             "sys.stdout.write(f'rank {hvd.rank()} of {hvd.size()} sum {s.item()}\\n')")
+ALLREDUCE = (
+    "import sys, horovod.torch as hvd, torch; hvd.init(); "
+    "s = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum); "
+    "sys.stdout.write(f'rank {hvd.rank()} of {hvd.size()} sum {s.item()}\\n')"
+)
 
 
 @needs_mpi
@@ -187,8 +212,10 @@ def test_cpu_cluster_environment_runs_the_health_check_under_mpirun(tmp_path):
     pml, runs the health check's allreduce to a correct sum across 2 ranks."""
     env = interconnect.environment(cluster("Standard_D4s_v5"), 2)
     report = tmp_path / "allreduce.json"
-    proc = mpirun(env, [sys.executable, "-m", "payloads.healthcheck", "--sizes-mb", "1", "--iterations", "2",
-                        "--output", str(report)])
+    proc = mpirun(
+        env,
+        [sys.executable, "-m", "payloads.healthcheck", "--sizes-mb", "1", "--iterations", "2", "--output", str(report)],
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(report.read_text())
     assert data["processes"] == 2 and data["passed"] is True
@@ -209,11 +236,12 @@ def test_every_job_has_a_timeout_that_azure_ml_sends(dev_outputs, job):
     from launcher import jobspec, stack
 
     template = jobspec.read_template(job)
-    filled = jobspec.fill(template, stack.load_file(dev_outputs), "gpu-ib", template["resources"]["instance_count"],
-                          None, [])
+    filled = jobspec.fill(
+        template, stack.load_file(dev_outputs), "gpu-ib", template["resources"]["instance_count"], None, []
+    )
     sdk_job = jobspec.validate(filled, job)
     assert sdk_job.limits is not None, f"{job.name} has no limits.timeout: a hung job would hold its nodes"
-    wire = sdk_job.limits._to_rest_object().as_dict()     # the body azure-ai-ml would send
+    wire = sdk_job.limits._to_rest_object().as_dict()  # the body azure-ai-ml would send
     assert wire["jobLimitsType"] == "Command"
     seconds = isodate.parse_duration(wire["timeout"]).total_seconds()
     assert seconds == template["limits"]["timeout"]
@@ -248,6 +276,7 @@ def test_a_stalled_rank_ends_the_job_instead_of_hanging():
 
 # ---- the launcher's variables reach the payloads ----------------------------------------------------------
 
+
 def test_launcher_and_payloads_name_the_same_variables():
     from payloads import healthcheck
     from payloads.common import devices
@@ -270,14 +299,16 @@ def test_a_gpu_cluster_job_on_a_node_without_visible_gpus_fails_naming_the_drive
 
 # ---- PyTorch DDP jobs (distribution pytorch): NCCL's settings, none of MPI's or Horovod's ------------------
 
+
 @pytest.mark.parametrize("size", CURRENT)
 def test_ddp_jobs_get_the_same_nccl_settings_and_no_mpi_ones(size):
     procs = max(1, vm_sizes.CATALOG[size].gpus)
     mpi = interconnect.environment(cluster(size), procs)
     ddp = interconnect.environment(cluster(size), procs, "pytorch")
     assert not [k for k in ddp if k.startswith(("OMPI_", "HOROVOD_", "UCX_"))]
-    assert {k: v for k, v in mpi.items() if not k.startswith(("OMPI_", "HOROVOD_"))} == \
-        {k: v for k, v in ddp.items() if k not in interconnect.GLOO_ENV}
+    assert {k: v for k, v in mpi.items() if not k.startswith(("OMPI_", "HOROVOD_"))} == {
+        k: v for k, v in ddp.items() if k not in interconnect.GLOO_ENV
+    }
     assert ddp["GLOO_SOCKET_IFNAME"] == "eth0"
 
 
@@ -287,13 +318,15 @@ def test_cpu_cluster_ddp_environment_trains_two_processes_over_gloo_on_eth0(tmp_
     base = helpers.env()
     base.update(interconnect.environment(cluster("Standard_D4s_v5"), 2, "pytorch"))
     args = helpers.TINY + ["--epochs", "1", "--batch-size", "8", "--output-dir", str(tmp_path / "ok")]
-    proc = subprocess.run(helpers.torchrun(2, args), cwd=helpers.ROOT, env=base, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        helpers.torchrun(2, args), cwd=helpers.ROOT, env=base, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     m = helpers.metrics(tmp_path / "ok")
     assert m["summary"]["ranks_identical"] is True and m["run"]["world"]["backend"] == "ddp"
     base["GLOO_SOCKET_IFNAME"] = "docker9"
     args[-1] = str(tmp_path / "bad")
-    proc = subprocess.run(helpers.torchrun(2, args), cwd=helpers.ROOT, env=base, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        helpers.torchrun(2, args), cwd=helpers.ROOT, env=base, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode != 0 and "docker9" in proc.stdout + proc.stderr

@@ -1,4 +1,5 @@
 """Job definitions render for the dev stack, validate with azure-ai-ml, and reach the SDK call intact."""
+
 import json
 import pathlib
 import subprocess
@@ -28,7 +29,7 @@ def test_every_job_renders_and_validates_for_the_dev_stack(dev_outputs, job, clu
     filled, sdk_job = render(dev_outputs, job, cluster)
     gpus = outs["clusters"][cluster]["gpus_per_node"]
     assert sdk_job.distribution.process_count_per_instance == (gpus or 1)
-    assert sdk_job.compute == outs["clusters"][cluster]["compute_name"]   # the Azure ML name
+    assert sdk_job.compute == outs["clusters"][cluster]["compute_name"]  # the Azure ML name
     assert sdk_job.environment.image.startswith(outs["registry_login_server"] + "/")
     for out in (sdk_job.outputs or {}).values():
         assert out.path.startswith(f"azureml://datastores/{outs['datastores']['logs']['name']}/")
@@ -52,7 +53,9 @@ def test_azure_target_sends_the_job_it_built(dev_outputs, monkeypatch):
     class Created:
         name, studio_url, status = "job-123", "https://ml.azure.com/runs/job-123", "Completed"
 
-    monkeypatch.setattr(JobOperations, "create_or_update", lambda self, job, **kw: sent.setdefault("job", job) and Created)
+    monkeypatch.setattr(
+        JobOperations, "create_or_update", lambda self, job, **kw: sent.setdefault("job", job) and Created
+    )
     monkeypatch.setattr(JobOperations, "stream", lambda self, name: sent.setdefault("streamed", name))
     monkeypatch.setattr(JobOperations, "get", lambda self, name: Created)
     monkeypatch.setattr("azure.identity.DefaultAzureCredential", lambda **kw: object())
@@ -73,19 +76,27 @@ def test_azure_target_sends_the_job_it_built(dev_outputs, monkeypatch):
 
 def test_dry_run_prints_the_job_and_its_hourly_cost(dev_outputs, capsys):
     job = ROOT / "jobs/pytorch-resnet50-synthetic.yaml"
-    assert cli.main([str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--nodes", "2", "--dry-run"]) == 0
+    assert (
+        cli.main([str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--nodes", "2", "--dry-run"])
+        == 0
+    )
     out = capsys.readouterr().out
     resolved = yaml.safe_load(out)
-    assert resolved["distribution"]["process_count_per_instance"] == 8 and resolved["compute"] == "azureml:gpu-ib-c764"   # the Azure ML name (stack output compute_name)
+    assert (
+        resolved["distribution"]["process_count_per_instance"] == 8 and resolved["compute"] == "azureml:gpu-ib-c764"
+    )  # the Azure ML name (stack output compute_name)
     assert "# cost of one hour: $10.88 (2 x Standard_ND96asr_v4 (low priority) at $5.439/node-hour" in out
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--cluster", "gpu-big"], "unknown cluster 'gpu-big': the stack declares cpu-smoke, gpu-ib"),
-    (["--cluster", "gpu-ib", "--processes-per-node", "9"], "more than the 8 GPUs of a Standard_ND96asr_v4 node"),
-    (["--cluster", "gpu-ib", "--nodes", "3"], "cluster gpu-ib scales to 2 nodes"),
-    ([], "--cluster is required"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--cluster", "gpu-big"], "unknown cluster 'gpu-big': the stack declares cpu-smoke, gpu-ib"),
+        (["--cluster", "gpu-ib", "--processes-per-node", "9"], "more than the 8 GPUs of a Standard_ND96asr_v4 node"),
+        (["--cluster", "gpu-ib", "--nodes", "3"], "cluster gpu-ib scales to 2 nodes"),
+        ([], "--cluster is required"),
+    ],
+)
 def test_bad_submissions(dev_outputs, capsys, args, message):
     job = ROOT / "jobs/pytorch-resnet50-synthetic.yaml"
     assert cli.main([str(job), "--stack-outputs", str(dev_outputs), *args]) == 2
@@ -99,29 +110,43 @@ def test_missing_stack_outputs(tmp_path, capsys):
     partial = tmp_path / "partial.json"
     partial.write_text(json.dumps({"subscription_id": "s", "clusters": {}}))
     assert cli.main([job, "--stack-outputs", str(partial), "--cluster", "x"]) == 2
-    assert "lacks stack outputs resource_group, workspace_name, registry_login_server, clusters, datastores" in capsys.readouterr().err
+    assert (
+        "lacks stack outputs resource_group, workspace_name, registry_login_server, clusters, datastores"
+        in capsys.readouterr().err
+    )
     assert cli.main([job]) == 2
     assert "--target azureml needs the stack outputs" in capsys.readouterr().err
 
 
 def test_invalid_job_files(dev_outputs, tmp_path, capsys):
     good = yaml.safe_load((ROOT / "jobs/pytorch-resnet50-imagenet.yaml").read_text())
-    good["code"] = str(ROOT)   # the copies live in tmp_path
+    good["code"] = str(ROOT)  # the copies live in tmp_path
     cases = {
         "not-yaml.yaml": ("type: command\ncommand: [unclosed", "is not valid YAML"),
-        "no-mpi.yaml": ({**good, "distribution": {"type": "tensorflow"}},
-                        "distribution.type must be mpi (Horovod, started by mpirun) or pytorch"),
-        "pytorch-without-ddp.yaml": ({**good, "distribution": {"type": "pytorch"}},
-                                     "distribution.type pytorch starts PyTorch DDP processes, but the command has no "
-                                     "--backend ddp"),
-        "mpi-with-ddp.yaml": ({**good, "command": good["command"] + " --backend ddp"},
-                              "the command trains with --backend ddp, whose processes need the rendezvous"),
-        "dangling.yaml": ({**good, "command": good["command"] + " --x ${{inputs.labels}}"},
-                          "uses ${{inputs.labels}} but the job declares no input 'labels'"),
-        "sdk-rejects.yaml": ({**good, "inputs": {"imagenet": {"type": "uri_folderz", "path": "x"}}},
-                             "is not a valid Azure ML job"),
-        "gloo-ops.yaml": ({**good, "environment_variables": {"HOROVOD_CPU_OPERATIONS": "gloo"}},
-                          "environment_variables of the job file: HOROVOD_CPU_OPERATIONS=gloo crashes Horovod"),
+        "no-mpi.yaml": (
+            {**good, "distribution": {"type": "tensorflow"}},
+            "distribution.type must be mpi (Horovod, started by mpirun) or pytorch",
+        ),
+        "pytorch-without-ddp.yaml": (
+            {**good, "distribution": {"type": "pytorch"}},
+            "distribution.type pytorch starts PyTorch DDP processes, but the command has no --backend ddp",
+        ),
+        "mpi-with-ddp.yaml": (
+            {**good, "command": good["command"] + " --backend ddp"},
+            "the command trains with --backend ddp, whose processes need the rendezvous",
+        ),
+        "dangling.yaml": (
+            {**good, "command": good["command"] + " --x ${{inputs.labels}}"},
+            "uses ${{inputs.labels}} but the job declares no input 'labels'",
+        ),
+        "sdk-rejects.yaml": (
+            {**good, "inputs": {"imagenet": {"type": "uri_folderz", "path": "x"}}},
+            "is not a valid Azure ML job",
+        ),
+        "gloo-ops.yaml": (
+            {**good, "environment_variables": {"HOROVOD_CPU_OPERATIONS": "gloo"}},
+            "environment_variables of the job file: HOROVOD_CPU_OPERATIONS=gloo crashes Horovod",
+        ),
     }
     for name, (content, message) in cases.items():
         path = tmp_path / name
@@ -143,21 +168,52 @@ def test_local_target_needs_existing_data(tmp_path, capsys):
 
 
 def _launch(args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "launcher", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
-@pytest.mark.parametrize("job, controller, suffix", [
-    ("pytorch-resnet50-synthetic", "auto", ".pt"),
-    ("keras-resnet50-synthetic", "gloo", ".npz"),
-])
+@pytest.mark.parametrize(
+    "job, controller, suffix",
+    [
+        ("pytorch-resnet50-synthetic", "auto", ".pt"),
+        ("keras-resnet50-synthetic", "gloo", ".npz"),
+    ],
+)
 def test_local_target_runs_the_job_end_to_end(tmp_path, job, controller, suffix):
     from launcher import local
 
     out = tmp_path / "out"
-    proc = _launch([f"jobs/{job}.yaml", "--target", "local", "--np", "2", "--controller", controller,
-                    "--output-dir", str(out), "--", "--model", "tiny_cnn", "--image-size", "16", "--num-classes", "4",
-                    "--synthetic-samples", "64", "--batch-size", "8", "--epochs", "2", "--workers", "0", "--threads", "1"])
+    proc = _launch(
+        [
+            f"jobs/{job}.yaml",
+            "--target",
+            "local",
+            "--np",
+            "2",
+            "--controller",
+            controller,
+            "--output-dir",
+            str(out),
+            "--",
+            "--model",
+            "tiny_cnn",
+            "--image-size",
+            "16",
+            "--num-classes",
+            "4",
+            "--synthetic-samples",
+            "64",
+            "--batch-size",
+            "8",
+            "--epochs",
+            "2",
+            "--workers",
+            "0",
+            "--threads",
+            "1",
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = out / "run"
     metrics = json.loads((run / "metrics.json").read_text())
@@ -188,15 +244,31 @@ def test_gloo_operations_under_mpi_are_refused_before_launch(monkeypatch, tmp_pa
     source = ROOT / "jobs/pytorch-resnet50-synthetic.yaml"
     monkeypatch.setattr(local, "_mpi_available", lambda: True)
     monkeypatch.setenv("HOROVOD_CPU_OPERATIONS", "gloo")
-    with pytest.raises(JobError, match="this shell's environment: HOROVOD_CPU_OPERATIONS=gloo crashes.*--controller gloo"):
+    with pytest.raises(
+        JobError, match="this shell's environment: HOROVOD_CPU_OPERATIONS=gloo crashes.*--controller gloo"
+    ):
         local.plan(job, source, {}, tmp_path, 2, [], "auto")
-    argv, _ = local.plan(job, source, {}, tmp_path, 2, [], "gloo")   # Horovod's Gloo launcher sets Gloo up
+    argv, _ = local.plan(job, source, {}, tmp_path, 2, [], "gloo")  # Horovod's Gloo launcher sets Gloo up
     assert "--gloo" in argv
 
 
 def test_healthcheck_job_runs_locally(tmp_path):
-    proc = _launch(["jobs/healthcheck-allreduce.yaml", "--target", "local", "--np", "2",
-                    "--output-dir", str(tmp_path), "--", "--sizes-mb", "1,4", "--iterations", "2"])
+    proc = _launch(
+        [
+            "jobs/healthcheck-allreduce.yaml",
+            "--target",
+            "local",
+            "--np",
+            "2",
+            "--output-dir",
+            str(tmp_path),
+            "--",
+            "--sizes-mb",
+            "1,4",
+            "--iterations",
+            "2",
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "report" / "allreduce.json").read_text())
     assert report["passed"] is True and report["processes"] == 2 and len(report["results"]) == 2
@@ -242,13 +314,16 @@ def test_azure_target_sends_the_ddp_job(dev_outputs, monkeypatch):
     class Created:
         name, studio_url, status = "job-123", "https://ml.azure.com/runs/job-123", "Completed"
 
-    monkeypatch.setattr(JobOperations, "create_or_update", lambda self, job, **kw: sent.setdefault("job", job) and Created)
+    monkeypatch.setattr(
+        JobOperations, "create_or_update", lambda self, job, **kw: sent.setdefault("job", job) and Created
+    )
     monkeypatch.setattr(JobOperations, "stream", lambda self, name: None)
     monkeypatch.setattr(JobOperations, "get", lambda self, name: Created)
     monkeypatch.setattr("azure.identity.DefaultAzureCredential", lambda **kw: object())
     job = ROOT / "jobs/pytorch-resnet50-imagenet.yaml"
-    code = cli.main([str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--nodes", "2",
-                     "--backend", "ddp"])
+    code = cli.main(
+        [str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--nodes", "2", "--backend", "ddp"]
+    )
     assert code == 0
     j = sent["job"]
     assert (j.distribution.type, j.distribution.process_count_per_instance) == ("pytorch", 8)
@@ -258,8 +333,11 @@ def test_azure_target_sends_the_ddp_job(dev_outputs, monkeypatch):
 
 def test_a_hand_written_pytorch_distribution_job_is_read_as_ddp(dev_outputs, tmp_path, capsys):
     good = yaml.safe_load((ROOT / "jobs/pytorch-resnet50-synthetic.yaml").read_text())
-    good.update(code=str(ROOT), distribution={"type": "pytorch", "process_count_per_instance": 1},
-                command=good["command"] + " --backend ddp")
+    good.update(
+        code=str(ROOT),
+        distribution={"type": "pytorch", "process_count_per_instance": 1},
+        command=good["command"] + " --backend ddp",
+    )
     path = tmp_path / "ddp.yaml"
     path.write_text(yaml.safe_dump(good))
     assert cli.main([str(path), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--dry-run"]) == 0
@@ -271,16 +349,27 @@ def test_a_hand_written_pytorch_distribution_job_is_read_as_ddp(dev_outputs, tmp
 AZURE = ["--stack-outputs", "<outputs>", "--cluster", "gpu-ib", "--dry-run"]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["tensorflow-resnet50-synthetic.yaml", *AZURE, "--backend", "ddp"],
-     "--backend ddp: tensorflow-resnet50-synthetic.yaml does not run a PyTorch training payload"),
-    (["healthcheck-allreduce.yaml", *AZURE, "--backend", "ddp"],
-     "the TensorFlow, Keras and health check jobs run on Horovod only"),
-    (["pytorch-resnet50-synthetic.yaml", *AZURE, "--", "--backend", "ddp"],
-     "--backend after `--` reaches only the payload, not the job's distribution"),
-    (["pytorch-resnet50-synthetic.yaml", "--target", "local", "--controller", "gloo", "--backend", "ddp"],
-     "--controller gloo: the controller is Horovod's; this job trains with PyTorch DDP"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["tensorflow-resnet50-synthetic.yaml", *AZURE, "--backend", "ddp"],
+            "--backend ddp: tensorflow-resnet50-synthetic.yaml does not run a PyTorch training payload",
+        ),
+        (
+            ["healthcheck-allreduce.yaml", *AZURE, "--backend", "ddp"],
+            "the TensorFlow, Keras and health check jobs run on Horovod only",
+        ),
+        (
+            ["pytorch-resnet50-synthetic.yaml", *AZURE, "--", "--backend", "ddp"],
+            "--backend after `--` reaches only the payload, not the job's distribution",
+        ),
+        (
+            ["pytorch-resnet50-synthetic.yaml", "--target", "local", "--controller", "gloo", "--backend", "ddp"],
+            "--controller gloo: the controller is Horovod's; this job trains with PyTorch DDP",
+        ),
+    ],
+)
 def test_backend_misuse_is_refused_before_anything_runs(dev_outputs, capsys, args, message):
     job, *rest = args
     rest = [str(dev_outputs) if a == "<outputs>" else a for a in rest]
@@ -290,10 +379,36 @@ def test_backend_misuse_is_refused_before_anything_runs(dev_outputs, capsys, arg
 
 def test_local_target_runs_the_ddp_job_with_torchrun(tmp_path):
     out = tmp_path / "out"
-    proc = _launch(["jobs/pytorch-resnet50-synthetic.yaml", "--target", "local", "--np", "2",
-                    "--backend", "ddp", "--output-dir", str(out), "--", "--model", "tiny_cnn", "--image-size", "16",
-                    "--num-classes", "4", "--synthetic-samples", "64", "--batch-size", "8", "--epochs", "2",
-                    "--workers", "0", "--threads", "1"])
+    proc = _launch(
+        [
+            "jobs/pytorch-resnet50-synthetic.yaml",
+            "--target",
+            "local",
+            "--np",
+            "2",
+            "--backend",
+            "ddp",
+            "--output-dir",
+            str(out),
+            "--",
+            "--model",
+            "tiny_cnn",
+            "--image-size",
+            "16",
+            "--num-classes",
+            "4",
+            "--synthetic-samples",
+            "64",
+            "--batch-size",
+            "8",
+            "--epochs",
+            "2",
+            "--workers",
+            "0",
+            "--threads",
+            "1",
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "torchrun --standalone --nproc-per-node 2" in proc.stdout
     metrics = json.loads((out / "run" / "metrics.json").read_text())

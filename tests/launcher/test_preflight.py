@@ -2,6 +2,7 @@
 (learn.microsoft.com/rest/api/azureml usages/list and virtual-machine-sizes/list, api-version 2024-04-01;
 resources providers/get, subscriptions/get; authorization permissions/list-for-resource-group), and errors
 come back as Azure's error bodies, raised by azure-core as HttpResponseError and its subclasses."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,14 +11,14 @@ import pathlib
 import re
 import tempfile
 
+import fake_arm
 import pytest
 import yaml
 from azure.core.exceptions import ClientAuthenticationError
 
-import fake_arm
-from trainingplatform import config, naming
-from launcher.checks import findings, preflight, providers, quota, roles, stackfile, subscription
+from launcher.checks import preflight, providers, roles, stackfile, subscription
 from launcher.errors import JobError
+from trainingplatform import config, naming
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SUB = "5e1f0000-1111-2222-3333-444455556666"
@@ -27,47 +28,92 @@ ML = rf"{ARM}/subscriptions/{SUB}/providers/Microsoft\.MachineLearningServices/l
 
 def usage(kind: str, label: str, limit: int, used: int = 0, scope: str = f"/subscriptions/{SUB}") -> dict:
     rid = f"{scope}/usages" + ("" if kind in ("dedicatedCores", "lowPriorityCores") else "/" + label.replace(" ", "_"))
-    return {"id": rid, "type": f"Microsoft.MachineLearningServices/{kind}/usages", "currentValue": used,
-            "limit": limit, "name": {"value": label, "localizedValue": label}, "unit": "Count"}
+    return {
+        "id": rid,
+        "type": f"Microsoft.MachineLearningServices/{kind}/usages",
+        "currentValue": used,
+        "limit": limit,
+        "name": {"value": label, "localizedValue": label},
+        "unit": "Count",
+    }
 
 
 def usages(nd_dedicated=0, low_priority=100, dsv5=100, regional=300, nd_used=0) -> dict:
     ws = f"/subscriptions/{SUB}/resourceGroups/other/providers/Microsoft.MachineLearningServices/workspaces/other"
-    return {"value": [
-        usage("dedicatedCores", "Total Cluster Dedicated Regional vCPUs", regional),
-        usage("vmFamily", "Standard DSv5 Family Cluster Dedicated vCPUs", dsv5),
-        usage("vmFamily", "Standard NDASv4_A100 Family Cluster Dedicated vCPUs", nd_dedicated, nd_used),
-        usage("lowPriorityCores", "Total Cluster LowPriority Regional vCPUs", low_priority),
-        # per-family low-priority rows carry no limit of their own (-1), workspace rows repeat the subscription's
-        usage("vmFamily", "Standard NDASv4_A100 Family Cluster LowPriority vCPUs", -1),
-        {**usage("vmFamily", "Standard NDASv4_A100 Family Cluster Dedicated vCPUs", 9999, scope=ws),
-         "type": "Microsoft.MachineLearningServices/workspaces/usages"},
-    ]}
+    return {
+        "value": [
+            usage("dedicatedCores", "Total Cluster Dedicated Regional vCPUs", regional),
+            usage("vmFamily", "Standard DSv5 Family Cluster Dedicated vCPUs", dsv5),
+            usage("vmFamily", "Standard NDASv4_A100 Family Cluster Dedicated vCPUs", nd_dedicated, nd_used),
+            usage("lowPriorityCores", "Total Cluster LowPriority Regional vCPUs", low_priority),
+            # per-family low-priority rows carry no limit of their own (-1), workspace rows repeat the subscription's
+            usage("vmFamily", "Standard NDASv4_A100 Family Cluster LowPriority vCPUs", -1),
+            {
+                **usage("vmFamily", "Standard NDASv4_A100 Family Cluster Dedicated vCPUs", 9999, scope=ws),
+                "type": "Microsoft.MachineLearningServices/workspaces/usages",
+            },
+        ]
+    }
 
 
 def size(name, family, vcpus, gpus=0, low_priority=True):
-    return {"name": name, "family": family, "vCPUs": vcpus, "gpus": gpus, "osVhdSizeMB": 1047552,
-            "maxResourceVolumeMB": 153600, "memoryGB": 16.0, "lowPriorityCapable": low_priority, "premiumIO": True,
-            "supportedComputeTypes": ["AmlCompute", "ComputeInstance"]}
+    return {
+        "name": name,
+        "family": family,
+        "vCPUs": vcpus,
+        "gpus": gpus,
+        "osVhdSizeMB": 1047552,
+        "maxResourceVolumeMB": 153600,
+        "memoryGB": 16.0,
+        "lowPriorityCapable": low_priority,
+        "premiumIO": True,
+        "supportedComputeTypes": ["AmlCompute", "ComputeInstance"],
+    }
 
 
-SIZES = {"value": [size("Standard_D4s_v5", "standardDSv5Family", 4),
-                   size("Standard_ND96asr_v4", "standardNDASv4_A100Family", 96, 8)]}
+SIZES = {
+    "value": [
+        size("Standard_D4s_v5", "standardDSv5Family", 4),
+        size("Standard_ND96asr_v4", "standardNDASv4_A100Family", 96, 8),
+    ]
+}
 OWNER = {"value": [{"actions": ["*"], "notActions": [], "dataActions": [], "notDataActions": []}]}
-CONTRIBUTOR = {"value": [{"actions": ["*"], "notActions": ["Microsoft.Authorization/*/Delete",
-                                                           "Microsoft.Authorization/*/Write",
-                                                           "Microsoft.Authorization/elevateAccess/Action"]}]}
+CONTRIBUTOR = {
+    "value": [
+        {
+            "actions": ["*"],
+            "notActions": [
+                "Microsoft.Authorization/*/Delete",
+                "Microsoft.Authorization/*/Write",
+                "Microsoft.Authorization/elevateAccess/Action",
+            ],
+        }
+    ]
+}
 
 
 @pytest.fixture
 def azure(monkeypatch):
     fake = fake_arm.install(monkeypatch)
-    fake.on("GET", rf"{ARM}/subscriptions/{SUB}", (200, {"id": f"/subscriptions/{SUB}", "subscriptionId": SUB,
-                                                        "displayName": "Research", "state": "Enabled"}, {}))
-    fake.on("GET", rf"{ARM}/subscriptions/{SUB}/providers/([\w.]+)",
-            lambda r, m: (200, {"namespace": m[1], "registrationState": "Registered"}, {}))
-    fake.on("GET", rf"{ARM}/subscriptions/{SUB}/resourceGroups/hvd-dev-rg/providers/Microsoft\.Authorization/permissions",
-            fake_arm.arm_error(404, "ResourceGroupNotFound", "Resource group 'hvd-dev-rg' could not be found."))
+    fake.on(
+        "GET",
+        rf"{ARM}/subscriptions/{SUB}",
+        (
+            200,
+            {"id": f"/subscriptions/{SUB}", "subscriptionId": SUB, "displayName": "Research", "state": "Enabled"},
+            {},
+        ),
+    )
+    fake.on(
+        "GET",
+        rf"{ARM}/subscriptions/{SUB}/providers/([\w.]+)",
+        lambda r, m: (200, {"namespace": m[1], "registrationState": "Registered"}, {}),
+    )
+    fake.on(
+        "GET",
+        rf"{ARM}/subscriptions/{SUB}/resourceGroups/hvd-dev-rg/providers/Microsoft\.Authorization/permissions",
+        fake_arm.arm_error(404, "ResourceGroupNotFound", "Resource group 'hvd-dev-rg' could not be found."),
+    )
     fake.on("GET", rf"{ARM}/subscriptions/{SUB}/providers/Microsoft\.Authorization/permissions", (200, OWNER, {}))
     fake.on("GET", rf"{ML}/usages", (200, usages(), {}))
     fake.on("GET", rf"{ML}/vmSizes", (200, SIZES, {}))
@@ -116,14 +162,21 @@ def test_healthy_subscription_passes_and_names_every_clusters_numbers(azure):
     assert "VM family standardDSv5Family, 4 vCPUs per node, 8 for maxNodes 2" in cpu and "[  ok]" in cpu
     # the low-priority cluster is judged by the one regional pool, not by its family's dedicated quota (0)
     assert "'Total Cluster LowPriority Regional vCPUs' 100" in lines(out, "quota gpu-ib")
-    for ns in ("Microsoft.MachineLearningServices", "Microsoft.Storage", "Microsoft.ContainerRegistry",
-               "Microsoft.KeyVault", "Microsoft.Network", "Microsoft.Insights", "Microsoft.OperationalInsights"):
+    for ns in (
+        "Microsoft.MachineLearningServices",
+        "Microsoft.Storage",
+        "Microsoft.ContainerRegistry",
+        "Microsoft.KeyVault",
+        "Microsoft.Network",
+        "Microsoft.Insights",
+        "Microsoft.OperationalInsights",
+    ):
         assert f"[  ok] provider {ns}: registered" in out
 
 
 def test_family_with_zero_quota_fails_naming_family_and_link(azure):
     code, out = run(dev_stack(**{"gpu-ib": {"low_priority": False}}))
-    print(out)      # on failure pytest shows it; docs/preflight-and-doctor.md quotes it
+    print(out)  # on failure pytest shows it; docs/preflight-and-doctor.md quotes it
     block = lines(out, "quota gpu-ib")
     assert code == 1 and block.startswith("[FAIL]"), out
     assert "standardNDASv4_A100Family" in block and "One node (96 vCPUs) exceeds" in block
@@ -175,8 +228,11 @@ def test_size_not_offered_in_region_fails(azure):
 
 
 def test_unregistered_provider_named_with_the_register_command(azure):
-    azure.on("GET", rf"{ARM}/subscriptions/{SUB}/providers/Microsoft\.MachineLearningServices",
-             (200, {"namespace": "Microsoft.MachineLearningServices", "registrationState": "NotRegistered"}, {}))
+    azure.on(
+        "GET",
+        rf"{ARM}/subscriptions/{SUB}/providers/Microsoft\.MachineLearningServices",
+        (200, {"namespace": "Microsoft.MachineLearningServices", "registrationState": "NotRegistered"}, {}),
+    )
     code, out = run(dev_stack())
     block = lines(out, "provider Microsoft.MachineLearningServices")
     assert code == 1 and block.startswith("[FAIL]") and "MissingSubscriptionRegistration" in block
@@ -206,17 +262,22 @@ def test_session_subscription_from_environment_then_cli():
 
 
 def test_no_role_assignment_permission_named(azure):
-    azure.on("GET", rf"{ARM}/subscriptions/{SUB}/providers/Microsoft\.Authorization/permissions", (200, CONTRIBUTOR, {}))
+    azure.on(
+        "GET", rf"{ARM}/subscriptions/{SUB}/providers/Microsoft\.Authorization/permissions", (200, CONTRIBUTOR, {})
+    )
     code, out = run(dev_stack())
     block = lines(out, "permissions")
     assert code == 1
-    assert f"[FAIL] permissions: you may not Microsoft.Authorization/roleAssignments/write on /subscriptions/{SUB}" in block
+    assert (
+        f"[FAIL] permissions: you may not Microsoft.Authorization/roleAssignments/write on /subscriptions/{SUB}"
+        in block
+    )
     assert "User Access Administrator" in block
     assert "[  ok] permissions: Microsoft.Resources/subscriptions/resourceGroups/write allowed" in block
 
 
 def test_permissions_read_at_the_resource_group_once_it_exists(azure):
-    group = naming.dashed("hvd", "dev", "rg")     # the program's name for the dev stack's group
+    group = naming.dashed("hvd", "dev", "rg")  # the program's name for the dev stack's group
     rg = rf"{ARM}/subscriptions/{SUB}/resourceGroups/{group}/providers/Microsoft\.Authorization/permissions"
     azure.on("GET", rg, (200, CONTRIBUTOR, {}))
     code, out = run(dev_stack())
@@ -238,16 +299,23 @@ def test_service_principal_without_users_fails_with_both_fixes(azure):
 def test_principal_kind_from_token_claims():
     assert roles.principal({"oid": "a", "idtyp": "app"}) == ("a", "ServicePrincipal")
     assert roles.principal({"oid": "b", "idtyp": "user"}) == ("b", "User")
-    assert roles.principal({"oid": "c", "scp": "user_impersonation"}) == ("c", "User")     # no idtyp claim
+    assert roles.principal({"oid": "c", "scp": "user_impersonation"}) == ("c", "User")  # no idtyp claim
     assert roles.principal({"oid": "d", "roles": []}) == ("d", "ServicePrincipal")
     assert roles.principal({}) == (None, None)
 
 
 def test_forbidden_quota_read_becomes_a_readable_line(azure):
-    azure.on("GET", rf"{ML}/usages", fake_arm.arm_error(
-        403, "AuthorizationFailed", f"The client 'someone@example.com' with object id '33333333' does not have "
-        "authorization to perform action 'Microsoft.MachineLearningServices/locations/usages/read' over scope "
-        f"'/subscriptions/{SUB}' or the scope is invalid."))
+    azure.on(
+        "GET",
+        rf"{ML}/usages",
+        fake_arm.arm_error(
+            403,
+            "AuthorizationFailed",
+            f"The client 'someone@example.com' with object id '33333333' does not have "
+            "authorization to perform action 'Microsoft.MachineLearningServices/locations/usages/read' over scope "
+            f"'/subscriptions/{SUB}' or the scope is invalid.",
+        ),
+    )
     code, out = run(dev_stack())
     block = lines(out, "quota")
     assert code == 1 and "Traceback" not in out
@@ -256,8 +324,10 @@ def test_forbidden_quota_read_becomes_a_readable_line(azure):
 
 
 def test_not_signed_in_is_one_finding_with_the_fix(azure):
-    code, out = run(dev_stack(), fake_arm.Credential(error=ClientAuthenticationError("DefaultAzureCredential failed "
-                                                                                       "to retrieve a token")))
+    code, out = run(
+        dev_stack(),
+        fake_arm.Credential(error=ClientAuthenticationError("DefaultAzureCredential failed to retrieve a token")),
+    )
     assert code == 1 and "[FAIL] sign-in" in out and "az login" in out and "Traceback" not in out
 
 
@@ -271,20 +341,27 @@ def test_providers_cover_every_module_the_programs_declare():
         mocks, _ = mocked.run(raw, stack, location)
         data_raw, data_location = mocked.read_stack_file(mocked.data_stack_file(stack), "azure-horovod-training-data")
         data_mocks, _ = mocked.run_data(data_raw, stack, data_location)
-        modules |= {r.type.split(":")[1] for r in mocks.resources + data_mocks.resources
-                    if r.type.startswith("azure-native:")}
+        modules |= {
+            r.type.split(":")[1] for r in mocks.resources + data_mocks.resources if r.type.startswith("azure-native:")
+        }
     assert modules <= set(providers.NAMESPACES), f"add to providers.NAMESPACES: {modules - set(providers.NAMESPACES)}"
     assert {"Microsoft.MachineLearningServices", "Microsoft.Network", "Microsoft.Storage"} <= set(providers.REQUIRED)
 
 
 def test_stack_file_is_validated_by_the_programs_config(tmp_path):
-    text = (ROOT / "Pulumi.dev.yaml").read_text().replace("maxNodes: 2\n      priority: LowPriority",
-                                                          "maxNodes: 0\n      priority: LowPriority")
+    text = (
+        (ROOT / "Pulumi.dev.yaml")
+        .read_text()
+        .replace("maxNodes: 2\n      priority: LowPriority", "maxNodes: 0\n      priority: LowPriority")
+    )
     (tmp_path / "Pulumi.bad.yaml").write_text(text)
     with pytest.raises(JobError, match=r"clusters\[1\]\.maxNodes = 0: 1 or more"):
         stackfile.read("bad", tmp_path)
     (tmp_path / "Pulumi.pinned.yaml").write_text(
-        (ROOT / "Pulumi.dev.yaml").read_text().replace("config:\n", f"config:\n  azure-native:subscriptionId: {SUB}\n", 1))
+        (ROOT / "Pulumi.dev.yaml")
+        .read_text()
+        .replace("config:\n", f"config:\n  azure-native:subscriptionId: {SUB}\n", 1)
+    )
     assert stackfile.read("pinned", tmp_path).subscription == SUB
     with pytest.raises(JobError, match="Pulumi.nope.yaml not found"):
         stackfile.read("nope", tmp_path)
@@ -292,16 +369,20 @@ def test_stack_file_is_validated_by_the_programs_config(tmp_path):
 
 # --- the submission hook (python -m launcher JOB --target azureml) -----------------------------------------
 
+
 def test_submission_refuses_a_job_the_quota_can_never_hold(azure, dev_outputs):
     from launcher import azureml, stack
 
     outputs = stack.load_file(dev_outputs)
     outputs.values["subscription_id"] = SUB
     azure.on("GET", rf"{ML}/usages", (200, usages(low_priority=100), {}))
-    with pytest.raises(JobError, match=r"The job needs 2 nodes = 192 vCPUs, above 'Total Cluster LowPriority "
-                                       r"Regional vCPUs' \(100\).*--skip-quota-check"):
+    with pytest.raises(
+        JobError,
+        match=r"The job needs 2 nodes = 192 vCPUs, above 'Total Cluster LowPriority "
+        r"Regional vCPUs' \(100\).*--skip-quota-check",
+    ):
         azureml.check_quota(outputs, "gpu-ib", 2, fake_arm.Credential())
-    azureml.check_quota(outputs, "gpu-ib", 1, fake_arm.Credential())      # one node fits: no error
+    azureml.check_quota(outputs, "gpu-ib", 1, fake_arm.Credential())  # one node fits: no error
 
 
 def test_submission_goes_ahead_when_quota_cannot_be_read(azure, dev_outputs, capsys):
@@ -331,12 +412,33 @@ def test_submission_respects_the_workspaces_own_quota(azure, dev_outputs):
 
     outputs = stack.load_file(dev_outputs)
     outputs.values["subscription_id"] = SUB
-    ws_id = (f"/subscriptions/{SUB}/resourceGroups/{outputs['resource_group']}/providers/"
-             f"Microsoft.MachineLearningServices/workspaces/{outputs['workspace_name']}")
+    ws_id = (
+        f"/subscriptions/{SUB}/resourceGroups/{outputs['resource_group']}/providers/"
+        f"Microsoft.MachineLearningServices/workspaces/{outputs['workspace_name']}"
+    )
     label = "Standard DSv5 Family Cluster Dedicated vCPUs"
-    azure.on("GET", rf"{ML}/quotas", (200, {"value": [
-        {"id": f"{ws_id}/quotas/Standard_DSv5_Family_Cluster_Dedicated_vCPUs", "limit": 4, "unit": "Count",
-         "type": "Microsoft.MachineLearningServices/workspaces/quotas", "name": {"value": label, "localizedValue": label}}]}, {}))
-    with pytest.raises(JobError, match=r"The job needs 2 nodes = 8 vCPUs, above 'Standard DSv5 Family Cluster "
-                                       rf"Dedicated vCPUs \(workspace {outputs['workspace_name']}\)' \(4\)"):
+    azure.on(
+        "GET",
+        rf"{ML}/quotas",
+        (
+            200,
+            {
+                "value": [
+                    {
+                        "id": f"{ws_id}/quotas/Standard_DSv5_Family_Cluster_Dedicated_vCPUs",
+                        "limit": 4,
+                        "unit": "Count",
+                        "type": "Microsoft.MachineLearningServices/workspaces/quotas",
+                        "name": {"value": label, "localizedValue": label},
+                    }
+                ]
+            },
+            {},
+        ),
+    )
+    with pytest.raises(
+        JobError,
+        match=r"The job needs 2 nodes = 8 vCPUs, above 'Standard DSv5 Family Cluster "
+        rf"Dedicated vCPUs \(workspace {outputs['workspace_name']}\)' \(4\)",
+    ):
         azureml.check_quota(outputs, "cpu-smoke", 2, fake_arm.Credential())

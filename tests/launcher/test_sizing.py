@@ -1,4 +1,5 @@
 """Per-process batch and loader workers from the VM-size catalog, filled into the ResNet jobs' commands."""
+
 import pathlib
 import shlex
 
@@ -17,20 +18,35 @@ IMAGENET = ROOT / "jobs/pytorch-resnet50-imagenet.yaml"
 
 def cluster(size_name: str) -> dict:
     s = vm_sizes.CATALOG[size_name]
-    return {"name": "c", "vm_size": s.name, "gpus_per_node": s.gpus, "gpu_model": s.gpu_model,
-            "infiniband": bool(s.infiniband), "infiniband_generation": s.infiniband, "intra_node": s.intra_node,
-            "min_nodes": 0, "max_nodes": 2, "low_priority": False, "vcpus_per_node": s.vcpus}
+    return {
+        "name": "c",
+        "vm_size": s.name,
+        "gpus_per_node": s.gpus,
+        "gpu_model": s.gpu_model,
+        "infiniband": bool(s.infiniband),
+        "infiniband_generation": s.infiniband,
+        "intra_node": s.intra_node,
+        "min_nodes": 0,
+        "max_nodes": 2,
+        "low_priority": False,
+        "vcpus_per_node": s.vcpus,
+    }
 
 
 # size: (per-process batch, loader workers per process) at one process per GPU (one per node on CPU sizes)
 EXPECTED = {
-    "Standard_D4s_v5": (32, 3), "Standard_D8s_v5": (32, 7), "Standard_D16s_v5": (32, 15),
-    "Standard_NC4as_T4_v3": (256, 3),        # 4 vCPUs for its one T4: 3 workers, one vCPU for training
+    "Standard_D4s_v5": (32, 3),
+    "Standard_D8s_v5": (32, 7),
+    "Standard_D16s_v5": (32, 15),
+    "Standard_NC4as_T4_v3": (256, 3),  # 4 vCPUs for its one T4: 3 workers, one vCPU for training
     "Standard_NC64as_T4_v3": (256, 15),
-    "Standard_NC24ads_A100_v4": (256, 16), "Standard_NC96ads_A100_v4": (256, 16),
+    "Standard_NC24ads_A100_v4": (256, 16),
+    "Standard_NC96ads_A100_v4": (256, 16),
     "Standard_NC40ads_H100_v5": (256, 16),
-    "Standard_ND96asr_v4": (256, 11), "Standard_ND96amsr_A100_v4": (256, 11),
-    "Standard_ND96isr_H100_v5": (256, 11), "Standard_ND96isr_H200_v5": (256, 11),
+    "Standard_ND96asr_v4": (256, 11),
+    "Standard_ND96amsr_A100_v4": (256, 11),
+    "Standard_ND96isr_H100_v5": (256, 11),
+    "Standard_ND96isr_H200_v5": (256, 11),
 }
 
 
@@ -50,7 +66,7 @@ def test_batches_follow_nvidias_reference_runs():
     """NVIDIA/DeepLearningExamples PyTorch/Classification/ConvNets/configs.yml, resnet50: AMP (NHWC) 256 per GPU
     on DGX1V (V100 16 GB), T4 (16 GB) and DGXA100 (80 GB); FP32 112 on DGX1V (16 GB)."""
     assert sizing.gpu_batch(16, "amp") == 256 and sizing.gpu_batch(80, "amp") == 256
-    assert sizing.gpu_batch(141, "amp") == 256              # no larger per-GPU batch than the reference
+    assert sizing.gpu_batch(141, "amp") == 256  # no larger per-GPU batch than the reference
     assert sizing.gpu_batch(16, "fp32") == 112
     # less memory, smaller batch: multiples of 8 below the reference
     assert sizing.gpu_batch(12, "amp") == 192 and sizing.gpu_batch(8, "amp") == 128
@@ -80,20 +96,27 @@ def test_cpu_batch_is_the_payloads_default():
 
 def _payload_args(command: str) -> list[str]:
     words = shlex.split(command)
-    return words[words.index("-m") + 2:]
+    return words[words.index("-m") + 2 :]
 
 
 def _render(outputs_file, job, cluster_name, extra=()):
     template = jobspec.read_template(job)
-    filled = jobspec.fill(template, stack.load_file(outputs_file), cluster_name,
-                          template["resources"]["instance_count"], None, list(extra))
+    filled = jobspec.fill(
+        template,
+        stack.load_file(outputs_file),
+        cluster_name,
+        template["resources"]["instance_count"],
+        None,
+        list(extra),
+    )
     jobspec.validate(filled, job)
     return filled["command"]
 
 
 def _values(args: list[str], flag: str) -> list[str]:
-    return [args[i + 1] for i, a in enumerate(args) if a == flag] + \
-           [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")]
+    return [args[i + 1] for i, a in enumerate(args) if a == flag] + [
+        a.split("=", 1)[1] for a in args if a.startswith(flag + "=")
+    ]
 
 
 @pytest.mark.parametrize("cluster_name, batch, workers", [("gpu-ib", "256", "11"), ("cpu-smoke", "32", "3")])
@@ -113,8 +136,8 @@ def test_workers_fit_the_jobs_shared_memory():
     assert sizing.shm_bytes("32g") == 32 * 2**30 and sizing.shm_bytes("512m") == 512 * 2**20
     assert sizing.within_shm(fit, "64g", 8, 8, []).workers == 11
     assert sizing.within_shm(fit, "32g", 8, 8, []).workers == 11
-    assert sizing.within_shm(fit, "8g", 8, 8, []).workers == 5          # 8 x 5 x 4 x 38.5 MB of 80% of 8 GiB
-    assert sizing.within_shm(fit, "8g", 8, 8, ["--batch-size", "64"]).workers == 11     # smaller batches
+    assert sizing.within_shm(fit, "8g", 8, 8, []).workers == 5  # 8 x 5 x 4 x 38.5 MB of 80% of 8 GiB
+    assert sizing.within_shm(fit, "8g", 8, 8, ["--batch-size", "64"]).workers == 11  # smaller batches
     assert sizing.within_shm(fit, "8g", 8, 8, ["--image-size", "112"]).workers == 11
     assert sizing.within_shm(fit, "8g", 8, 16, ["--global-batch-size", "1024"]).workers == 11
     with pytest.raises(JobError, match="resources.shm_size 'lots'"):
@@ -122,25 +145,30 @@ def test_workers_fit_the_jobs_shared_memory():
 
 
 def test_a_users_workers_beyond_the_shared_memory_are_refused(dev_outputs):
-    with pytest.raises(JobError, match=r"--workers 30: .* need 34 GiB of /dev/shm, the job has shm_size 32g: use "
-                                       r"--workers 22 or fewer"):
+    with pytest.raises(
+        JobError,
+        match=r"--workers 30: .* need 34 GiB of /dev/shm, the job has shm_size 32g: use "
+        r"--workers 22 or fewer",
+    ):
         _render(dev_outputs, SYNTHETIC, "gpu-ib", ["--workers", "30"])
 
 
-@pytest.mark.parametrize("extra, batch_flags, workers", [
-    (["--batch-size", "64"], {"--batch-size": ["64"]}, ["11"]),
-    (["--batch-size=48", "--workers", "2"], {"--batch-size": ["48"]}, ["2"]),
-    (["--global-batch-size", "2048"], {"--global-batch-size": ["2048"], "--batch-size": []}, ["11"]),
-    (["--workers=5"], {"--batch-size": ["256"]}, ["5"]),
-])
-def test_the_users_arguments_replace_the_filled_ones(dev_outputs, extra, batch_flags, workers, tmp_path,
-                                                     monkeypatch):
+@pytest.mark.parametrize(
+    "extra, batch_flags, workers",
+    [
+        (["--batch-size", "64"], {"--batch-size": ["64"]}, ["11"]),
+        (["--batch-size=48", "--workers", "2"], {"--batch-size": ["48"]}, ["2"]),
+        (["--global-batch-size", "2048"], {"--global-batch-size": ["2048"], "--batch-size": []}, ["11"]),
+        (["--workers=5"], {"--batch-size": ["256"]}, ["5"]),
+    ],
+)
+def test_the_users_arguments_replace_the_filled_ones(dev_outputs, extra, batch_flags, workers, tmp_path, monkeypatch):
     """Arguments after `--` win, and the job file's flag goes, so that the payload sees each flag once (it refuses
     --batch-size with --global-batch-size): checked by the payload's own parser."""
     from payloads.common import config
     from payloads.pytorch import models
 
-    monkeypatch.chdir(tmp_path)     # the parser creates --output-dir (the job's literal ${{outputs.run}}) here
+    monkeypatch.chdir(tmp_path)  # the parser creates --output-dir (the job's literal ${{outputs.run}}) here
     args = _payload_args(_render(dev_outputs, IMAGENET, "gpu-ib", extra))
     for flag, values in batch_flags.items():
         assert _values(args, flag) == values, args
@@ -148,7 +176,7 @@ def test_the_users_arguments_replace_the_filled_ones(dev_outputs, extra, batch_f
     cfg = config.parse(args + ["--no-mlflow"], "train", "", list(models.MODELS), ("imagefolder",))
     assert cfg.workers == int(workers[0])
     if "--global-batch-size" in extra:
-        assert cfg.batch_size is None and cfg.per_process_batch(8) == 256   # 1 node of 8 GPUs
+        assert cfg.batch_size is None and cfg.per_process_batch(8) == 256  # 1 node of 8 GPUs
     else:
         assert cfg.batch_size == int(batch_flags["--batch-size"][0])
 

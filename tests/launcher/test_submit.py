@@ -1,5 +1,6 @@
 """Submission to Azure ML: bad launcher input, prices per region, the code snapshot, resuming, data modes,
 and every way a submission can end, with azure-ai-ml replaced only where it would reach the network."""
+
 import fnmatch
 import functools
 import json
@@ -28,12 +29,16 @@ def outputs_with(dev_outputs, tmp_path, **changes) -> pathlib.Path:
 
 # ---- item 12: launcher input gaps ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("args,message", [
-    (["--nodes", "0"], "--nodes 0: a job needs at least 1 node"),
-    (["--nodes", "-2"], "--nodes -2: a job needs at least 1 node"),
-    (["--processes-per-node", "0"], "--processes-per-node 0: at least 1 process per node"),
-    (["--processes-per-node", "-1"], "--processes-per-node -1: at least 1 process per node"),
-])
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--nodes", "0"], "--nodes 0: a job needs at least 1 node"),
+        (["--nodes", "-2"], "--nodes -2: a job needs at least 1 node"),
+        (["--processes-per-node", "0"], "--processes-per-node 0: at least 1 process per node"),
+        (["--processes-per-node", "-1"], "--processes-per-node -1: at least 1 process per node"),
+    ],
+)
 @pytest.mark.parametrize("cluster", ["cpu-smoke", "gpu-ib"])
 def test_zero_and_negative_counts_are_refused(dev_outputs, capsys, args, message, cluster):
     """0 used to fall back to the job file's value and negatives passed; both are errors, before validation."""
@@ -63,7 +68,7 @@ def test_pulumi_output_that_is_not_json_is_a_clear_error(monkeypatch, capsys):
 
 def test_retired_size_in_old_outputs_names_its_successors(dev_outputs, tmp_path, capsys):
     values = json.loads(dev_outputs.read_text())
-    values["clusters"]["gpu-ib"]["vm_size"] = "Standard_NC24rs_v3"     # retired 2025-09-30 (vm_sizes.py)
+    values["clusters"]["gpu-ib"]["vm_size"] = "Standard_NC24rs_v3"  # retired 2025-09-30 (vm_sizes.py)
     old = outputs_with(dev_outputs, tmp_path, clusters=values["clusters"])
     for extra in ([], ["--dry-run"]):
         assert cli.main([str(SYNTHETIC), "--stack-outputs", str(old), "--cluster", "gpu-ib", *extra]) == 2
@@ -79,7 +84,9 @@ def write_table(tmp_path, rows: str) -> pathlib.Path:
 
 
 def test_prices_come_from_the_stacks_region(tmp_path):
-    table = write_table(tmp_path, "eastus,Standard_ND96asr_v4,27.197,5.439\nwesteurope,Standard_ND96asr_v4,30.000,6.000\n")
+    table = write_table(
+        tmp_path, "eastus,Standard_ND96asr_v4,27.197,5.439\nwesteurope,Standard_ND96asr_v4,30.000,6.000\n"
+    )
     cost, how = prices.hourly("Standard_ND96asr_v4", 2, True, "westeurope", table)
     assert cost == pytest.approx(12.0) and "in westeurope" in how and "NOT" not in how
     cost, how = prices.hourly("Standard_ND96asr_v4", 2, False, "eastus", table)
@@ -118,18 +125,30 @@ def test_refresh_replaces_one_region_and_keeps_the_others(tmp_path):
     table = write_table(tmp_path, "eastus,Standard_D4s_v5,0.192,0.038\neastus,Standard_ND96asr_v4,27.197,5.439\n")
     asked = []
 
-    def fetch(region, size):      # the Retail Prices API's item shape
+    def fetch(region, size):  # the Retail Prices API's item shape
         asked.append((region, size))
         if size == "Standard_D4s_v5":
             return [
-                {"productName": "Virtual Machines Dsv5 Series", "skuName": "D4s v5", "retailPrice": 0.21,
-                 "type": "Consumption"},
-                {"productName": "Virtual Machines Dsv5 Series", "skuName": "D4s v5 Spot", "retailPrice": 0.04,
-                 "type": "Consumption"},
-                {"productName": "Virtual Machines Dsv5 Series Windows", "skuName": "D4s v5", "retailPrice": 0.39,
-                 "type": "Consumption"},
+                {
+                    "productName": "Virtual Machines Dsv5 Series",
+                    "skuName": "D4s v5",
+                    "retailPrice": 0.21,
+                    "type": "Consumption",
+                },
+                {
+                    "productName": "Virtual Machines Dsv5 Series",
+                    "skuName": "D4s v5 Spot",
+                    "retailPrice": 0.04,
+                    "type": "Consumption",
+                },
+                {
+                    "productName": "Virtual Machines Dsv5 Series Windows",
+                    "skuName": "D4s v5",
+                    "retailPrice": 0.39,
+                    "type": "Consumption",
+                },
             ]
-        return []       # not offered in that region
+        return []  # not offered in that region
 
     table.write_text(prices.refresh("westeurope", table, fetch))
     _, got = prices.table(table)
@@ -137,11 +156,12 @@ def test_refresh_replaces_one_region_and_keeps_the_others(tmp_path):
     assert got[("westeurope", "Standard_D4s_v5")] == (0.21, 0.04)
     assert ("westeurope", "Standard_ND96asr_v4") not in got
     assert got[("eastus", "Standard_ND96asr_v4")] == (27.197, 5.439)
-    table.write_text(prices.refresh("westeurope", table, fetch))      # idempotent, header included
+    table.write_text(prices.refresh("westeurope", table, fetch))  # idempotent, header included
     assert table.read_text().count("westeurope: fetched") == 1
 
 
 # ---- item 10: the code snapshot ------------------------------------------------------------------------
+
 
 def ignore_file():
     from azure.ai.ml._utils._asset_utils import get_ignore_file
@@ -149,7 +169,7 @@ def ignore_file():
     return get_ignore_file(ROOT)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def uploaded(folder: pathlib.Path) -> tuple[object, frozenset[str]]:
     """The files azure-ai-ml uploads from a local folder, computed by its own functions: the ones
     create_or_update uses to hash and upload a job's code and an environment's build context
@@ -176,7 +196,7 @@ def copy_sources(dockerfile: pathlib.Path) -> list[str]:
     logical, current = [], ""
     for raw in dockerfile.read_text().splitlines():
         if raw.lstrip().startswith("#") or (not current and not raw.strip()):
-            continue        # comments (inside a continued instruction too) and blank lines
+            continue  # comments (inside a continued instruction too) and blank lines
         current += raw.rstrip()
         if current.endswith("\\"):
             current = current[:-1] + " "
@@ -192,7 +212,7 @@ def copy_sources(dockerfile: pathlib.Path) -> list[str]:
         if any(a.startswith("--from=") for a in args):
             continue
         args = [a for a in args if not a.startswith("--")]
-        sources += args[:-1]      # the last argument is the destination in the image
+        sources += args[:-1]  # the last argument is the destination in the image
     return sources
 
 
@@ -227,14 +247,14 @@ def imports(file: str) -> set[str]:
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             names |= {base} | {f"{base}.{a.name}" for a in node.names}
     return {n for n in names if n}
 
 
 def test_code_snapshot_holds_what_jobs_run_and_nothing_else():
     ignore, files = snapshot()
-    assert pathlib.Path(ignore.path).name == ".amlignore"       # it, not .gitignore, governs the upload
+    assert pathlib.Path(ignore.path).name == ".amlignore"  # it, not .gitignore, governs the upload
     todo = []
     for job in (ROOT / "jobs").glob("*.yaml"):
         command = yaml.safe_load(job.read_text())["command"]
@@ -264,16 +284,32 @@ def test_code_snapshot_holds_what_jobs_run_and_nothing_else():
             seen.add(file)
             assert file in files, f"a job imports {prefix} ({file}), which the snapshot leaves out: .amlignore"
             todo += imports(file)
-    assert "payloads/common/config.py" in seen and "payloads/tensorflow/train.py" in seen   # the walk walked
+    assert "payloads/common/config.py" in seen and "payloads/tensorflow/train.py" in seen  # the walk walked
 
 
-@pytest.mark.parametrize("path", [
-    ".git", ".git/HEAD", ".venv/bin/python", "outputs.dev.json", "runs/job-1/metrics.json", "tests/conftest.py",
-    "benchmarks/scaling.py", "infra/trainingplatform/program.py", "launcher/azureml.py", "README.md",
-    "payloads/__pycache__/config.cpython-311.pyc", "payloads/pytorch/train.pyc",
-    "toolchain/bootstrap.sh", "toolchain/__pycache__/patch_horovod.cpython-311.pyc", "toolchain/lint-requirements.txt",
-    "images/pytorch/environment.yaml", "datatools/prepare.py", "jobs/pytorch-resnet50-synthetic.yaml",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        ".git",
+        ".git/HEAD",
+        ".venv/bin/python",
+        "outputs.dev.json",
+        "runs/job-1/metrics.json",
+        "tests/conftest.py",
+        "benchmarks/scaling.py",
+        "infra/trainingplatform/program.py",
+        "launcher/azureml.py",
+        "README.md",
+        "payloads/__pycache__/config.cpython-311.pyc",
+        "payloads/pytorch/train.pyc",
+        "toolchain/bootstrap.sh",
+        "toolchain/__pycache__/patch_horovod.cpython-311.pyc",
+        "toolchain/lint-requirements.txt",
+        "images/pytorch/environment.yaml",
+        "datatools/prepare.py",
+        "jobs/pytorch-resnet50-synthetic.yaml",
+    ],
+)
 def test_code_snapshot_leaves_out(path):
     ignore = ignore_file()
     assert ignore.is_file_excluded((ROOT / path).as_posix())
@@ -298,9 +334,11 @@ def test_workspace_image_build_gets_its_dockerfile_and_every_copy_source(environ
 
 def test_copy_parser_reads_continuations_flags_and_skips_stage_copies(tmp_path):
     dockerfile = tmp_path / "Dockerfile"
-    dockerfile.write_text("FROM x AS build\n# COPY commented/out /x\nCOPY a.txt \\\n    b/c.sh /src/\n"
-                          "COPY --chown=1:1 d /d\nCOPY --from=build /opt/venv /opt/venv\n"
-                          'ADD ["e f", "/g"]\nRUN echo COPY nothing\n')
+    dockerfile.write_text(
+        "FROM x AS build\n# COPY commented/out /x\nCOPY a.txt \\\n    b/c.sh /src/\n"
+        "COPY --chown=1:1 d /d\nCOPY --from=build /opt/venv /opt/venv\n"
+        'ADD ["e f", "/g"]\nRUN echo COPY nothing\n'
+    )
     assert copy_sources(dockerfile) == ["a.txt", "b/c.sh", "d", "e f"]
 
 
@@ -314,8 +352,10 @@ def test_stack_outputs_files_are_not_committed():
 # the workspace's run history and its storage would. The exceptions are the ones the SDK itself raises
 # from those answers (HttpResponseError, ClientAuthenticationError, ResourceNotFoundError, JobException).
 
-WS = ("/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/hvd-dev475c-rg/providers/"
-      "Microsoft.MachineLearningServices/workspaces/hvd-dev475c-mlwx7k2q5b8e")
+WS = (
+    "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/hvd-dev475c-rg/providers/"
+    "Microsoft.MachineLearningServices/workspaces/hvd-dev475c-mlwx7k2q5b8e"
+)
 API = "https://westeurope.api.azureml.ms"
 
 
@@ -325,12 +365,12 @@ class FakeAzure:
     def __init__(self):
         self.calls = []
         self.jobs = {}
-        self.run_statuses = ["Completed"]     # what run history answers, one per poll (the last repeats)
-        self.run_error = None                 # the run's error when it Failed
-        self.job_status = "Completed"         # what GET job answers once the job exists
-        self.upload_code = False              # False: the code snapshot is already there (hash match)
-        self.fail = None                      # (predicate(method, url), status, body, headers) to inject
-        self.resolve_name = False             # True: record output paths with ${{name}} replaced by the job name
+        self.run_statuses = ["Completed"]  # what run history answers, one per poll (the last repeats)
+        self.run_error = None  # the run's error when it Failed
+        self.job_status = "Completed"  # what GET job answers once the job exists
+        self.upload_code = False  # False: the code snapshot is already there (hash match)
+        self.fail = None  # (predicate(method, url), status, body, headers) to inject
+        self.resolve_name = False  # True: record output paths with ${{name}} replaced by the job name
 
     @staticmethod
     def response(request, status, body=None, headers=None, raw=None):
@@ -343,8 +383,9 @@ class FakeAzure:
         r.status_code, r.reason, r.request, r.url = status, "fake", request, request.url
         r._content = raw if raw is not None else json.dumps(body or {}).encode()
         r.headers.update({"Content-Type": "application/json", **(headers or {})})
-        r.raw = urllib3.response.HTTPResponse(body=io.BytesIO(r._content), headers=r.headers, status=status,
-                                              preload_content=False)
+        r.raw = urllib3.response.HTTPResponse(
+            body=io.BytesIO(r._content), headers=r.headers, status=status, preload_content=False
+        )
         return r
 
     def __call__(self, request):
@@ -366,9 +407,18 @@ class FakeAzure:
         if re.search(r"/codes/[^/]+/versions/1$", path):
             return self.response(request, 200, {"id": path, "name": "1", "properties": {"codeUri": code}})
         if path.endswith("/startPendingUpload"):
-            return self.response(request, 200, {"blobReferenceForConsumption": {
-                "blobUri": code, "credential": {"credentialType": "SAS", "sasUri": code + "?sv=2021-08-06&sig=x"}},
-                "pendingUploadId": "abc", "pendingUploadType": "TemporaryBlobReference"})
+            return self.response(
+                request,
+                200,
+                {
+                    "blobReferenceForConsumption": {
+                        "blobUri": code,
+                        "credential": {"credentialType": "SAS", "sasUri": code + "?sv=2021-08-06&sig=x"},
+                    },
+                    "pendingUploadId": "abc",
+                    "pendingUploadType": "TemporaryBlobReference",
+                },
+            )
         if re.search(r"/environments/[^/]+/versions/[^/]+$", path) and method == "PUT":
             body = json.loads(request.body)
             return self.response(request, 200, {**body, "id": path, "name": path.rsplit("/", 1)[1]})
@@ -387,8 +437,16 @@ class FakeAzure:
             body["properties"]["status"] = self.job_status
             return self.response(request, 200, body)
         if path == WS:
-            return self.response(request, 200, {"id": WS, "name": "hvd-dev475c-mlwx7k2q5b8e", "location": "westeurope",
-                                                 "properties": {"discoveryUrl": f"{API}/discovery"}})
+            return self.response(
+                request,
+                200,
+                {
+                    "id": WS,
+                    "name": "hvd-dev475c-mlwx7k2q5b8e",
+                    "location": "westeurope",
+                    "properties": {"discoveryUrl": f"{API}/discovery"},
+                },
+            )
         if url.startswith(f"{API}/discovery"):
             return self.response(request, 200, {"api": API, "history": API})
         m = re.search(r"/runs/([^/]+)/details$", path)
@@ -410,7 +468,7 @@ def azure(monkeypatch):
     import requests.adapters
     from azure.core.credentials import AccessToken, AccessTokenInfo
 
-    class Credential:      # what `az login` gives DefaultAzureCredential
+    class Credential:  # what `az login` gives DefaultAzureCredential
         def get_token(self, *scopes, **kw):
             return AccessToken("token", int(time.time()) + 3600)
 
@@ -441,7 +499,7 @@ def submit(dev_outputs, code_dir, stream=True):
     job.code = str(code_dir)
     try:
         return azureml.submit(job, outs, stream=stream)
-    except Exception as e:     # what __main__ prints for a JobError
+    except Exception as e:  # noqa: BLE001 - asserted below: what __main__ prints for a JobError
         from launcher.errors import JobError
 
         assert isinstance(e, JobError), e
@@ -461,19 +519,23 @@ def test_completed_job_end_to_end(azure, dev_outputs, capsys):
 def test_failed_job_exits_1_with_its_cause(azure, dev_outputs, small_job, capsys):
     azure.run_statuses = ["Running", "Failed"]
     azure.job_status = "Failed"
-    azure.run_error = {"code": "UserError", "message": "Execution failed. User process 'python' exited with status "
-                                                        "code 1. Please check log file 'user_logs/std_log_process_0.txt'"}
+    azure.run_error = {
+        "code": "UserError",
+        "message": "Execution failed. User process 'python' exited with status "
+        "code 1. Please check log file 'user_logs/std_log_process_0.txt'",
+    }
     assert submit(dev_outputs, small_job) == 1
     err = capsys.readouterr().err
     name = next(iter(azure.jobs))
-    last = err.strip().splitlines()[-1]      # the one line the launcher ends with
-    assert last.startswith(f"job {name} ended: Failed: UserError: Execution failed. User process 'python' exited "
-                           "with status code 1"), last
+    last = err.strip().splitlines()[-1]  # the one line the launcher ends with
+    assert last.startswith(
+        f"job {name} ended: Failed: UserError: Execution failed. User process 'python' exited with status code 1"
+    ), last
 
 
 @pytest.mark.parametrize("status", ["Canceled", "NotResponding"])
 def test_job_that_ends_otherwise_exits_1(azure, dev_outputs, small_job, capsys, status):
-    azure.run_statuses = ["Running", status]      # stream() returns normally for these
+    azure.run_statuses = ["Running", status]  # stream() returns normally for these
     azure.job_status = status
     assert submit(dev_outputs, small_job) == 1
     name = next(iter(azure.jobs))
@@ -481,7 +543,7 @@ def test_job_that_ends_otherwise_exits_1(azure, dev_outputs, small_job, capsys, 
 
 
 def test_ctrl_c_while_following_leaves_the_job_running(azure, dev_outputs, small_job, capsys):
-    azure.run_statuses = ["Running", "Ctrl-C"]    # azure-ai-ml turns it into a JobException
+    azure.run_statuses = ["Running", "Ctrl-C"]  # azure-ai-ml turns it into a JobException
     assert submit(dev_outputs, small_job) == 130
     err = capsys.readouterr().err
     name = next(iter(azure.jobs))
@@ -510,32 +572,81 @@ def blob(method, url):
 
 
 def storage_error(code, message):
-    xml = (f'<?xml version="1.0" encoding="utf-8"?><Error><Code>{code}</Code><Message>{message}\n'
-           'RequestId:0\nTime:2026-11-23T11:00:00Z</Message></Error>')
+    xml = (
+        f'<?xml version="1.0" encoding="utf-8"?><Error><Code>{code}</Code><Message>{message}\n'
+        'RequestId:0\nTime:2026-11-23T11:00:00Z</Message></Error>'
+    )
     return xml, {"x-ms-error-code": code, "Content-Type": "application/xml"}
 
 
-@pytest.mark.parametrize("where,status,body,headers,expected", [
-    # ARM: the signed-in identity lacks a role on the workspace
-    (arm, 403, {"error": {"code": "AuthorizationFailed", "message": "The client 'me@contoso.com' with object id "
-                "'x' does not have authorization to perform action 'Microsoft.MachineLearningServices/workspaces/"
-                "codes/versions/read'"}}, None,
-     ["403 AuthorizationFailed", "'AzureML Data Scientist'", "workspace hvd-dev475c-mlwx7k2q5b8e", "az role assignment create"]),
-    # ARM: a token from the wrong tenant (azure-core raises ClientAuthenticationError for 401)
-    (arm, 401, {"error": {"code": "InvalidAuthenticationTokenTenant", "message": "The access token is from the "
-                "wrong issuer."}}, None,
-     ["not signed in to Azure", "az login --tenant 11111111-1111-1111-1111-111111111111", "az account set"]),
-    # Storage: the workspace storage firewall does not admit this machine
-    (blob, 403, *storage_error("AuthorizationFailure", "This request is not authorized to perform this operation."),
-     ["refused the code upload (403 AuthorizationFailure)", "network.allowedClientIps"]),
-    (blob, 403, *storage_error("AuthorizationPermissionMismatch",
-                               "This request is not authorized to perform this operation using this permission."),
-     ["refused the code upload (403 AuthorizationPermissionMismatch)", "'Storage Blob Data Contributor'"]),
-    # the workspace does not exist (outputs of a destroyed stack, another subscription)
-    (arm, 404, {"error": {"code": "ResourceNotFound", "message": "The Resource 'Microsoft.MachineLearningServices/"
-                "workspaces/hvd-dev475c-mlwx7k2q5b8e' under resource group 'hvd-dev475c-rg' was not found."}}, None,
-     ["workspace hvd-dev475c-mlwx7k2q5b8e in resource group hvd-dev475c-rg was not found"]),
-])
+@pytest.mark.parametrize(
+    "where,status,body,headers,expected",
+    [
+        # ARM: the signed-in identity lacks a role on the workspace
+        (
+            arm,
+            403,
+            {
+                "error": {
+                    "code": "AuthorizationFailed",
+                    "message": "The client 'me@contoso.com' with object id "
+                    "'x' does not have authorization to perform action 'Microsoft.MachineLearningServices/workspaces/"
+                    "codes/versions/read'",
+                }
+            },
+            None,
+            [
+                "403 AuthorizationFailed",
+                "'AzureML Data Scientist'",
+                "workspace hvd-dev475c-mlwx7k2q5b8e",
+                "az role assignment create",
+            ],
+        ),
+        # ARM: a token from the wrong tenant (azure-core raises ClientAuthenticationError for 401)
+        (
+            arm,
+            401,
+            {
+                "error": {
+                    "code": "InvalidAuthenticationTokenTenant",
+                    "message": "The access token is from the wrong issuer.",
+                }
+            },
+            None,
+            ["not signed in to Azure", "az login --tenant 11111111-1111-1111-1111-111111111111", "az account set"],
+        ),
+        # Storage: the workspace storage firewall does not admit this machine
+        (
+            blob,
+            403,
+            *storage_error("AuthorizationFailure", "This request is not authorized to perform this operation."),
+            ["refused the code upload (403 AuthorizationFailure)", "network.allowedClientIps"],
+        ),
+        (
+            blob,
+            403,
+            *storage_error(
+                "AuthorizationPermissionMismatch",
+                "This request is not authorized to perform this operation using this permission.",
+            ),
+            ["refused the code upload (403 AuthorizationPermissionMismatch)", "'Storage Blob Data Contributor'"],
+        ),
+        # the workspace does not exist (outputs of a destroyed stack, another subscription)
+        (
+            arm,
+            404,
+            {
+                "error": {
+                    "code": "ResourceNotFound",
+                    "message": "The Resource 'Microsoft.MachineLearningServices/"
+                    "workspaces/hvd-dev475c-mlwx7k2q5b8e' under resource group 'hvd-dev475c-rg' was not found.",
+                }
+            },
+            None,
+            ["workspace hvd-dev475c-mlwx7k2q5b8e in resource group hvd-dev475c-rg was not found"],
+        ),
+    ],
+)
 def test_refused_submissions_name_the_fix(azure, dev_outputs, small_job, where, status, body, headers, expected):
     azure.upload_code = True
     azure.fail = (where, status, body, headers)
@@ -546,13 +657,23 @@ def test_refused_submissions_name_the_fix(azure, dev_outputs, small_job, where, 
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("body,expected", [
-    ({"error": {"code": "UserError", "message": "Compute gpu-ib-c764 not found in workspace."}},
-     "Azure ML has no usable compute 'gpu-ib-c764' in workspace hvd-dev475c-mlwx7k2q5b8e"),
-    ({"error": {"code": "UserError", "message": "Invalid image name {registry}/training/pytorch:x"}},
-     "Azure ML refused the image {registry}/training/pytorch:torch2.14.1-horovod0.28.1"),
-    ({"error": {"code": "UserError", "message": "Something else."}}, "Azure ML refused the job (400 UserError): Something else."),
-])
+@pytest.mark.parametrize(
+    "body,expected",
+    [
+        (
+            {"error": {"code": "UserError", "message": "Compute gpu-ib-c764 not found in workspace."}},
+            "Azure ML has no usable compute 'gpu-ib-c764' in workspace hvd-dev475c-mlwx7k2q5b8e",
+        ),
+        (
+            {"error": {"code": "UserError", "message": "Invalid image name {registry}/training/pytorch:x"}},
+            "Azure ML refused the image {registry}/training/pytorch:torch2.14.1-horovod0.28.1",
+        ),
+        (
+            {"error": {"code": "UserError", "message": "Something else."}},
+            "Azure ML refused the job (400 UserError): Something else.",
+        ),
+    ],
+)
 def test_job_refused_at_creation(azure, dev_outputs, small_job, body, expected):
     # The registry's name is the stack's (hashed from the subscription), not a literal.
     registry = json.loads(dev_outputs.read_text())["registry_login_server"]
@@ -566,10 +687,12 @@ def test_job_refused_at_creation(azure, dev_outputs, small_job, body, expected):
 def test_sign_in_failure_before_any_request(azure, dev_outputs, small_job, monkeypatch):
     from azure.core.exceptions import ClientAuthenticationError
 
-    class NoLogin:     # DefaultAzureCredential with no `az login`, managed identity or env credentials
+    class NoLogin:  # DefaultAzureCredential with no `az login`, managed identity or env credentials
         def get_token(self, *scopes, **kw):
-            raise ClientAuthenticationError("DefaultAzureCredential failed to retrieve a token from the included "
-                                            "credentials.\nAttempted credentials: ...")
+            raise ClientAuthenticationError(
+                "DefaultAzureCredential failed to retrieve a token from the included "
+                "credentials.\nAttempted credentials: ..."
+            )
 
         get_token_info = get_token
 
@@ -581,14 +704,27 @@ def test_sign_in_failure_before_any_request(azure, dev_outputs, small_job, monke
 
 # ---- item 9: --resume-from ---------------------------------------------------------------------------
 
+
 def test_resume_dry_run_writes_to_the_earlier_jobs_folder(dev_outputs, capsys):
-    code = cli.main([str(SYNTHETIC), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--dry-run",
-                     "--resume-from", "witty_jackal_3d4kq79d3v"])
+    code = cli.main(
+        [
+            str(SYNTHETIC),
+            "--stack-outputs",
+            str(dev_outputs),
+            "--cluster",
+            "gpu-ib",
+            "--dry-run",
+            "--resume-from",
+            "witty_jackal_3d4kq79d3v",
+        ]
+    )
     out = capsys.readouterr().out
     job = yaml.safe_load(out)
     assert code == 0
-    assert job["outputs"]["run"]["path"] == \
-        "azureml://datastores/training_logs/paths/runs/pytorch-resnet50-synthetic/witty_jackal_3d4kq79d3v/"
+    assert (
+        job["outputs"]["run"]["path"]
+        == "azureml://datastores/training_logs/paths/runs/pytorch-resnet50-synthetic/witty_jackal_3d4kq79d3v/"
+    )
     assert job["tags"]["resumed_from"] == "witty_jackal_3d4kq79d3v"
     assert "not checked against the workspace (dry run)" in out
     assert "if it was itself resumed (a chain)" in out and "confirmed only at submission" in out
@@ -604,8 +740,9 @@ def test_resumed_job_writes_where_the_earlier_job_wrote(azure, dev_outputs, smal
     from launcher import azureml, jobspec
 
     outs = stack.load_file(dev_outputs)
-    filled = jobspec.resume(jobspec.fill(jobspec.read_template(SYNTHETIC), outs, "gpu-ib", 2, None, []),
-                            earlier, SYNTHETIC)
+    filled = jobspec.resume(
+        jobspec.fill(jobspec.read_template(SYNTHETIC), outs, "gpu-ib", 2, None, []), earlier, SYNTHETIC
+    )
     job = jobspec.validate(filled, SYNTHETIC)
     job.code = str(small_job)
     azure.run_statuses, azure.job_status = ["Running", "Completed"], "Completed"
@@ -619,8 +756,17 @@ def test_resumed_job_writes_where_the_earlier_job_wrote(azure, dev_outputs, smal
 
 @pytest.mark.parametrize("name", ["bad name", "-leading-dash", "x" * 300, "a.b"])
 def test_resume_from_an_ill_formed_name(dev_outputs, capsys, name):
-    code = cli.main([str(SYNTHETIC), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--dry-run",
-                     f"--resume-from={name}"])
+    code = cli.main(
+        [
+            str(SYNTHETIC),
+            "--stack-outputs",
+            str(dev_outputs),
+            "--cluster",
+            "gpu-ib",
+            "--dry-run",
+            f"--resume-from={name}",
+        ]
+    )
     assert code == 2
     assert "is not an Azure ML job name" in capsys.readouterr().err
 
@@ -630,8 +776,9 @@ def resubmit(dev_outputs, code_dir, earlier):
     from launcher.errors import JobError
 
     outs = stack.load_file(dev_outputs)
-    filled = jobspec.resume(jobspec.fill(jobspec.read_template(SYNTHETIC), outs, "gpu-ib", 2, None, []),
-                            earlier, SYNTHETIC)
+    filled = jobspec.resume(
+        jobspec.fill(jobspec.read_template(SYNTHETIC), outs, "gpu-ib", 2, None, []), earlier, SYNTHETIC
+    )
     job = jobspec.validate(filled, SYNTHETIC)
     job.code = str(code_dir)
     with pytest.raises(JobError) as e:
@@ -644,8 +791,9 @@ def resume_job(azure, dev_outputs, code_dir, earlier):
     from launcher import azureml, jobspec
 
     outs = stack.load_file(dev_outputs)
-    filled = jobspec.resume(jobspec.fill(jobspec.read_template(SYNTHETIC), outs, "gpu-ib", 2, None, []),
-                            earlier, SYNTHETIC)
+    filled = jobspec.resume(
+        jobspec.fill(jobspec.read_template(SYNTHETIC), outs, "gpu-ib", 2, None, []), earlier, SYNTHETIC
+    )
     job = jobspec.validate(filled, SYNTHETIC)
     job.code = str(code_dir)
     before = set(azure.jobs)
@@ -669,17 +817,19 @@ def test_resume_chain_writes_where_the_first_job_wrote(azure, dev_outputs, small
 
     code, b = resume_job(azure, dev_outputs, small_job, a)
     assert code == 0 and azure.jobs[b]["properties"]["outputs"]["run"]["uri"] == a_path
-    assert "--resume-from" not in capsys.readouterr().out.replace(f"submitted {b}", "")   # no path changed
+    assert "--resume-from" not in capsys.readouterr().out.replace(f"submitted {b}", "")  # no path changed
 
     code, c = resume_job(azure, dev_outputs, small_job, b)
     sent = azure.jobs[c]["properties"]
     assert code == 0 and len({a, b, c}) == 3
     assert sent["outputs"]["run"]["uri"] == a_path, "C must resume from A's folder, where B wrote"
     assert sent["tags"]["resumed_from"] == b
-    assert f"--resume-from {b}: output run -> {a_path} (where {b} wrote; it was itself resumed from {a})" \
+    assert (
+        f"--resume-from {b}: output run -> {a_path} (where {b} wrote; it was itself resumed from {a})"
         in capsys.readouterr().out
+    )
 
-    code, d = resume_job(azure, dev_outputs, small_job, c)       # and on down the chain
+    code, d = resume_job(azure, dev_outputs, small_job, c)  # and on down the chain
     assert code == 0 and azure.jobs[d]["properties"]["outputs"]["run"]["uri"] == a_path
 
 
@@ -745,7 +895,9 @@ def test_imagenet_jobs_mount_with_the_block_cache(dev_outputs, job):
     assert sdk_job.inputs["imagenet"].mode == "ro_mount"
     assert sdk_job.environment_variables["DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED"] == "true"
     template = yaml.safe_load(job.read_text())
-    assert "false" not in str((template.get("environment_variables") or {}).get("DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED"))
+    assert "false" not in str(
+        (template.get("environment_variables") or {}).get("DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED")
+    )
 
 
 @pytest.mark.parametrize("job", IMAGENET_JOBS, ids=lambda p: p.stem)
@@ -753,19 +905,39 @@ def test_download_mode_copies_the_data_first(dev_outputs, job, capsys):
     sdk_job = resolved(dev_outputs, job, "download")
     assert sdk_job.inputs["imagenet"].mode == "download"
     assert not [k for k in sdk_job.environment_variables if k.startswith("DATASET_MOUNT_")]
-    assert cli.main([str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--dry-run",
-                     "--input-mode", "download"]) == 0
+    assert (
+        cli.main(
+            [
+                str(job),
+                "--stack-outputs",
+                str(dev_outputs),
+                "--cluster",
+                "gpu-ib",
+                "--dry-run",
+                "--input-mode",
+                "download",
+            ]
+        )
+        == 0
+    )
     assert yaml.safe_load(capsys.readouterr().out)["inputs"]["imagenet"]["mode"] == "download"
 
 
-@pytest.mark.parametrize("job,mode,message", [
-    (IMAGENET, "mount", "--input-mode 'mount': choose ro_mount (stream"),
-    (IMAGENET, "rw_mount", "--input-mode 'rw_mount': choose ro_mount"),
-    (SYNTHETIC, "download", "--input-mode download: pytorch-resnet50-synthetic.yaml declares no inputs"),
-])
+@pytest.mark.parametrize(
+    "job,mode,message",
+    [
+        (IMAGENET, "mount", "--input-mode 'mount': choose ro_mount (stream"),
+        (IMAGENET, "rw_mount", "--input-mode 'rw_mount': choose ro_mount"),
+        (SYNTHETIC, "download", "--input-mode download: pytorch-resnet50-synthetic.yaml declares no inputs"),
+    ],
+)
 def test_bad_input_modes(dev_outputs, capsys, job, mode, message):
-    assert cli.main([str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--dry-run",
-                     "--input-mode", mode]) == 2
+    assert (
+        cli.main(
+            [str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--dry-run", "--input-mode", mode]
+        )
+        == 2
+    )
     assert message in capsys.readouterr().err
 
 

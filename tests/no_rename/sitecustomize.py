@@ -3,6 +3,7 @@ imports sitecustomize at start-up): os.rename, os.replace and os.renames (and so
 shutil.move's first try) raise OSError(EXDEV) for any path under $NO_RENAME_UNDER, as a mount without rename
 could. Each process that loads it leaves a file named for its pid in $NO_RENAME_LOG holding its command line,
 so a test can show the hook was live in the processes it ran."""
+
 import errno
 import os
 import sys
@@ -13,7 +14,7 @@ _ROOT = os.environ.get("NO_RENAME_UNDER")
 def _under(path) -> bool:
     try:
         return os.path.abspath(os.fsdecode(path)).startswith(os.path.abspath(_ROOT) + os.sep)
-    except TypeError:   # a file descriptor
+    except TypeError:  # a file descriptor
         return False
 
 
@@ -22,6 +23,7 @@ def _refusing(real):
         if _under(src) or _under(dst):
             raise OSError(errno.EXDEV, f"rename is not supported on this file system (tests/no_rename): {src} -> {dst}")
         return real(src, dst, *args, **kwargs)
+
     return refuse
 
 

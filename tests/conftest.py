@@ -1,8 +1,16 @@
 # Tests import the checkout's packages through pytest.ini's `pythonpath`, and `trainingplatform` as installed
 # (infra/pyproject.toml, editable: toolchain/bootstrap.sh).
 import ctypes
+import os
+import tempfile
 
 import pytest
+
+
+def pytest_configure(config):
+    # The platform program reads the Azure CLI's login (trainingplatform/access.py); tests never see this machine's.
+    os.environ["AZURE_CONFIG_DIR"] = tempfile.mkdtemp(prefix="no-azure-cli-")
+
 
 _libc = ctypes.CDLL(None)
 _libc.getenv.restype = ctypes.c_char_p

@@ -79,8 +79,9 @@ def test_slug_matches_github():
 
 
 def _links(page: pathlib.Path) -> list[str]:
+    """Every link target outside fenced code, a link wrapped across lines included (the prose is read whole)."""
     prose, _ = split_fences(page.read_text())
-    return [m.group(1) for line in prose for m in LINK.finditer(strip_inline_code(line))]
+    return [m.group(1) for m in LINK.finditer(strip_inline_code("\n".join(prose)))]
 
 
 def broken_links(page: pathlib.Path) -> list[str]:
@@ -108,11 +109,12 @@ def test_the_link_check_catches_a_missing_page_and_anchor(tmp_path):
     page = tmp_path / "b.md"
     page.write_text(
         "[ok](a.md#its-part) [ok](#b) [gone](c.md) [no anchor](a.md#not-a-heading) "
-        "`[in code](c.md)` [web](https://example.com/x.md)\n\n# B\n"
+        "`[in code](c.md)` [web](https://example.com/x.md) [a link\nwrapped](d.md) [another](a.md#its-part)\n\n# B\n"
     )
     assert broken_links(page) == [
         "c.md: no such file",
         "a.md#not-a-heading: no heading with anchor #not-a-heading in a.md",
+        "d.md: no such file",
     ]
 
 

@@ -5,6 +5,7 @@ params and per-epoch metrics equal to metrics.json, for every payload; bad track
 import pathlib
 import re
 import subprocess
+import sys
 
 import pytest
 from helpers import ROOT, TINY, env, horovodrun, metrics
@@ -181,6 +182,25 @@ def _pins(path: str) -> dict[str, str]:
     return {
         m.group(1).lower(): m.group(2) for m in re.finditer(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==(\S+)", text, re.M)
     }
+
+
+def test_tensorboard_events_are_written_without_importing_tensorflow(tmp_path):
+    """The PyTorch payloads' writer uses tensorboard's stub, not TensorFlow, which .venv also holds (about 4 s
+    at every start): the events it writes are still TensorBoard's, read back with tensorboard's own reader."""
+    code = (
+        "import sys; from payloads.pytorch import runtime; w = runtime.summary_writer(sys.argv[1]); "
+        "w.add_scalar('loss', 0.5, 3); w.close(); print('tensorflow' in sys.modules)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "False", "TensorFlow was imported by the PyTorch payload's TensorBoard writer"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(3, 0.5)]
 
 
 def test_both_images_carry_mlflow_and_the_azure_ml_plugin_at_the_same_pins():

@@ -27,7 +27,9 @@ and the deployer's type cannot be read from getClientConfig (`deployer_users`).
 
 from __future__ import annotations
 
+import json
 import os
+import pathlib
 import uuid
 from dataclasses import dataclass
 
@@ -92,11 +94,35 @@ _SP_ENVIRONMENT = (
 )
 
 
+def azure_cli_account(subscription_id: str | None) -> dict | None:
+    """The Azure CLI's account for the subscription (else its default one), from azureProfile.json in
+    $AZURE_CONFIG_DIR or ~/.azure: the login the provider uses when none of the settings above is given.
+    `az login --service-principal` and `az login --identity` record it with user.type "servicePrincipal"
+    (azure-cli's _profile.py); `az login` as a person, "user"."""
+    folder = pathlib.Path(os.environ.get("AZURE_CONFIG_DIR") or pathlib.Path.home() / ".azure")
+    try:
+        accounts = json.loads((folder / "azureProfile.json").read_text(encoding="utf-8-sig")).get("subscriptions")
+    except (OSError, ValueError, AttributeError):
+        return None  # no CLI login here: the provider then fails with its own sign-in message
+    accounts = [a for a in accounts or [] if isinstance(a, dict)]
+    wanted = (subscription_id or "").lower()
+    matching = [a for a in accounts if wanted and str(a.get("id", "")).lower() == wanted] or accounts
+    return next((a for a in matching if a.get("isDefault")), matching[0] if matching else None)
+
+
 def signed_in_as_service_principal() -> list[str]:
-    """The provider settings that sign the deployment in as a service principal (empty: a user login)."""
+    """How the deployment signs in as a service principal: provider settings, environment variables, or the Azure
+    CLI's login (empty: a person's login)."""
     provider = pulumi.Config("azure-native")
     found = [f"azure-native:{k}" for k in _SP_SETTINGS if provider.get(k) not in (None, "", "false")]
-    return found + [k for k in _SP_ENVIRONMENT if os.environ.get(k) not in (None, "", "false")]
+    found += [k for k in _SP_ENVIRONMENT if os.environ.get(k) not in (None, "", "false")]
+    if not found:  # the provider falls back to the Azure CLI's login
+        user = (azure_cli_account(provider.get("subscriptionId")) or {}).get("user") or {}
+        if str(user.get("type", "")).lower() == "serviceprincipal":
+            found.append(
+                f"the Azure CLI's login as {user.get('name') or 'a service principal'} (az login --service-principal or --identity)"
+            )
+    return found
 
 
 def deployer_users(users: tuple[Principal, ...] | None, project: str) -> tuple[Principal, ...]:

@@ -30,11 +30,6 @@ def setup(cfg: config.TrainConfig, backend) -> tuple[torch.device, precision.Pre
         device = torch.device("cuda", backend.local_rank())
     else:
         device = torch.device("cpu")
-    if cfg.xla:
-        raise ConfigError(
-            "--xla is a TensorFlow/Keras option: for PyTorch, mixed precision (--amp) and --compile "
-            "are the speed levers"
-        )
     chosen = precision.choose(device, cfg.amp, cfg.amp_dtype, cfg.adasum)
     if cfg.adasum:
         backend.check(cfg)
@@ -151,6 +146,20 @@ def save(cfg, backend, epoch_done: int, model, opt, scaler) -> None:
     }
     checkpoint.write(checkpoint.path_for(cfg.checkpoint_dir, epoch_done, SUFFIX), lambda p: torch.save(state, p))
     checkpoint.prune(cfg.checkpoint_dir, SUFFIX, cfg.keep_checkpoints)
+
+
+def summary_writer(folder):
+    """TensorBoard's writer (rank 0). tensorboard does its file I/O through tensorboard.compat.tf, which imports
+    TensorFlow when it is installed: about 4 s at start-up in .venv (measured), and TF's threads in a PyTorch
+    process. The marker module tensorboard.compat.notf (the no_tensorflow target in tensorboard/compat/__init__.py)
+    selects tensorboard's own stub, which writes the same event files, as in the PyTorch image, where TF is absent."""
+    import sys
+    import types
+
+    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(str(folder))
 
 
 def global_sums(backend, name: str, *values) -> list[float]:

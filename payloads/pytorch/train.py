@@ -173,12 +173,10 @@ def run(cfg: config.TrainConfig) -> dict:
 
     metrics = writer = None
     if root:
-        from torch.utils.tensorboard import SummaryWriter
-
         metrics = MetricsFile(
             cfg.metrics_path, {"config": cfg.to_json(), "world": runtime.world(backend, model, device, prec, cfg)}
         )
-        writer = SummaryWriter(str(cfg.tensorboard_dir))
+        writer = runtime.summary_writer(cfg.tensorboard_dir)
         log.info(
             "training %s on %s data, %d process(es) x batch %d (%s), %s, %s%s%s, outputs in %s",
             cfg.model,

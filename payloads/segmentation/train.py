@@ -304,8 +304,6 @@ def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
 
     metrics_file = writer = None
     if root:
-        from torch.utils.tensorboard import SummaryWriter
-
         world = {
             **runtime.world(backend, model, device, prec, cfg),
             "train_blocks": sampler.n,
@@ -320,7 +318,7 @@ def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
         metrics_file = MetricsFile(
             cfg.metrics_path, {"config": cfg.to_json(), "segmentation": asdict(seg), "world": world}
         )
-        writer = SummaryWriter(str(cfg.tensorboard_dir))
+        writer = runtime.summary_writer(cfg.tensorboard_dir)
         log.info(
             "training %s on %d blocks (%s), %d process(es) x %d patches of %d px, %s, outputs in %s",
             cfg.model,

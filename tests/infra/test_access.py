@@ -16,6 +16,7 @@ Azure's rules these tests hold the program to:
 """
 
 import copy
+import json
 import re
 import uuid
 
@@ -212,6 +213,41 @@ def test_a_service_principal_deployment_without_users_is_refused_with_the_fix(de
     raw = dict(copy.deepcopy(dev_data_raw[0]), users=[{"objectId": ALICE, "type": "User"}])
     mocks, _ = mocked.run_data(raw, "dev", dev_data_raw[1])
     assert {r.inputs["principalId"] for r in mocks.of_type("RoleAssignment")} == {ALICE}
+
+
+def _cli_profile(folder, *accounts):
+    """azureProfile.json as azure-cli writes it (UTF-8 with a byte-order mark): (subscription, user type, default)."""
+    subs = [
+        {"id": sub, "isDefault": default, "user": {"name": "55555555-5555-5555-5555-555555555555", "type": kind}}
+        for sub, kind, default in accounts
+    ]
+    (folder / "azureProfile.json").write_text(json.dumps({"installationId": "x", "subscriptions": subs}), "utf-8-sig")
+
+
+def test_an_azure_cli_service_principal_login_without_users_is_refused(dev_raw, tmp_path, monkeypatch):
+    # `az login --service-principal` (or --identity) sets no provider setting or ARM_* variable: the provider
+    # uses the CLI's login, which azureProfile.json records with user.type "servicePrincipal".
+    monkeypatch.setenv("AZURE_CONFIG_DIR", str(tmp_path))
+    _cli_profile(tmp_path, (mocked.SUBSCRIPTION, "servicePrincipal", True))
+    mocks = mocked.RecordingMocks()
+    with pytest.raises(config.ConfigError) as e:
+        mocked.run(copy.deepcopy(dev_raw[0]), "dev", dev_raw[1], mocks=mocks)
+    assert "signs in as a service principal (the Azure CLI's login as 55555555-" in str(e.value)
+    assert "UnmatchedPrincipalType" in str(e.value) and mocks.resources == []
+
+
+def test_the_cli_account_is_the_pinned_subscriptions_not_the_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("AZURE_CONFIG_DIR", str(tmp_path))
+    other = "11111111-1111-1111-1111-111111111111"
+    _cli_profile(tmp_path, (other, "servicePrincipal", True), (mocked.SUBSCRIPTION.upper(), "user", False))
+    assert access.azure_cli_account(mocked.SUBSCRIPTION)["user"]["type"] == "user"
+    assert access.azure_cli_account(None)["id"] == other  # nothing pinned: the CLI's default
+    monkeypatch.setenv("PULUMI_CONFIG", json.dumps({"azure-native:subscriptionId": mocked.SUBSCRIPTION}))
+    assert access.signed_in_as_service_principal() == []
+    monkeypatch.setenv("PULUMI_CONFIG", json.dumps({"azure-native:subscriptionId": other}))
+    assert "the Azure CLI's login as" in access.signed_in_as_service_principal()[0]
+    (tmp_path / "azureProfile.json").write_text("{not json")
+    assert access.azure_cli_account(other) is None  # an unreadable profile: the provider reports its own sign-in
 
 
 @pytest.mark.parametrize(

@@ -133,6 +133,11 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
             ),
             Grant(f"{label}-submits-jobs", "AzureML Data Scientist", u.object_id, ws.workspace.id, u.type),
         ]
+        if cfg.registry_public_access:
+            # Reading the registry's tags (the doctor's image check) and pulling a job's image to reproduce it:
+            # AcrPull. A private registry's users get AcrPush instead (private.py), which includes pull
+            # (learn.microsoft.com/azure/container-registry/container-registry-roles).
+            grants.append(Grant(f"{label}-pulls-images", "AcrPull", u.object_id, registry.registry.id, u.type))
     # The studio reads the datastores' accounts and the workspace storage (not the NFS share: no datastore).
     studio_links = [links[0], links[1], *(link for k, link in ws.links.items() if k.startswith("storage"))]
     grants += private.grants(

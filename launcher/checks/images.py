@@ -62,7 +62,7 @@ def check(login_server: str, credential, images: dict[tuple[str, str], list[str]
                     FAIL,
                     name,
                     describe(e, f"reading {login_server}"),
-                    "reading tags needs AcrPull (or Contributor) on the registry; with "
+                    "reading tags needs AcrPull on the registry (the stack grants it to `users`: add yourself there); with "
                     "registryPublicAccess: false, only from inside the VNet",
                 )
             )

@@ -38,12 +38,14 @@ def _run(dev_raw, dev_data, users=None):
 
 
 def _expected(mocks):
-    """A user's roles on the platform's own resources."""
+    """A user's roles on the platform's own resources (the dev profile: a public registry)."""
     ws_storage = one(mocks, "StorageAccount", "ml-storage").id
     return {
         (access.ROLES["Storage Blob Data Contributor"], ws_storage),
         (access.ROLES["Storage File Data Privileged Contributor"], ws_storage),
         (access.ROLES["AzureML Data Scientist"], one(mocks, "machinelearningservices:Workspace", "ml-workspace").id),
+        # the doctor's image check lists the registry's tags: AcrPull
+        (access.ROLES["AcrPull"], one(mocks, "Registry", "registry-acr").id),
     }
 
 
@@ -68,7 +70,7 @@ def _grants_of(mocks, principal):
 def test_the_deployer_gets_the_user_roles_by_default(dev, dev_data):
     mocks, _ = dev
     grants = _grants_of(mocks, mocked.DEPLOYER)  # getClientConfig's objectId: whoever runs `pulumi up`
-    assert _roles(grants) == _expected(mocks) and len(grants) == 3
+    assert _roles(grants) == _expected(mocks) and len(grants) == 4
     data_grants = _grants_of(dev_data[0], mocked.DEPLOYER)
     assert _roles(data_grants) == _expected_data(dev_data[0]) and len(data_grants) == 2
     grants += data_grants
@@ -88,7 +90,7 @@ def test_a_deployer_who_lists_themselves_keeps_the_same_assignments(dev, dev_raw
     assert {
         (r.name, r.inputs["principalId"], r.inputs["principalType"]) for r in _grants_of(listed, mocked.DEPLOYER)
     } == default
-    assert len(default) == 3
+    assert len(default) == 4
 
 
 def test_listed_users_and_groups_get_exactly_the_user_roles_with_their_principal_type(dev_raw, dev_data):
@@ -97,7 +99,7 @@ def test_listed_users_and_groups_get_exactly_the_user_roles_with_their_principal
     for principal, kind in ((ALICE, "User"), (TEAM, "Group")):
         grants = _grants_of(mocks, principal)
         assert _roles(grants) == expected
-        assert len(grants) == 3 and {r.inputs["principalType"] for r in grants} == {kind}
+        assert len(grants) == 4 and {r.inputs["principalType"] for r in grants} == {kind}
     assert _grants_of(mocks, mocked.DEPLOYER) == [], "a listed set replaces the default"
     identities = {"principal-compute-identity", "principal-ml-workspace", ALICE, TEAM}
     assert {r.inputs["principalId"] for r in mocks.of_type("RoleAssignment")} == identities, "nobody else"
@@ -124,7 +126,7 @@ def test_assignment_names_change_with_the_principal_and_stay_put_otherwise(dev_r
 
     assert names(first, ALICE) == names(again, ALICE), "the same grant keeps its name (no churn on every up)"
     alice, bob = names(first, ALICE), names(swapped, BOB)
-    assert alice.keys() == bob.keys() and len(alice) == 3
+    assert alice.keys() == bob.keys() and len(alice) == 4
     for key in alice:  # same scope and role, another principal: another assignment, never an update
         assert alice[key] != bob[key], key
     every = [r.inputs["roleAssignmentName"] for r in first.of_type("RoleAssignment")]

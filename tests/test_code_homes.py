@@ -109,7 +109,7 @@ def violations(name: str, source: str, is_package: bool = False) -> list[str]:
     return found
 
 
-# Every module of the project that is not a test: payloads, data tools, launcher, benchmarks, the platform library,
+# Every module of the project but the tests (they may reach into what they test): payloads, data tools, launcher, benchmarks, the platform library,
 # the stacks' programs, the policy pack and the toolchain's scripts.
 SOURCES = sorted(
     p

@@ -26,8 +26,24 @@ fi
 
 STAMP="$VENV/.bootstrap-stamp"
 WANT=$(cat "$ROOT/requirements.txt" "$ROOT/payloads/requirements.txt" "$ROOT/payloads/requirements-tensorflow.txt" "$ROOT/constraints.txt" "$ROOT/infra/requirements.txt" "$ROOT/policy/requirements.txt" "$ROOT/launcher/requirements.txt" "$ROOT/benchmarks/requirements.txt" "$ROOT/toolchain/build_horovod.sh" "$ROOT/toolchain/patch_horovod.py" \
-            "$ROOT/toolchain/bootstrap.sh" | sha256sum | cut -d' ' -f1)
+            "$ROOT/toolchain/bootstrap.sh" "$ROOT/infra/pyproject.toml" | sha256sum | cut -d' ' -f1)
+
+# `trainingplatform` is installed editable (infra/pyproject.toml): from this checkout, not from another clone
+# that shares the venv (a linked .venv, as the disk-space message suggests).
+install_platform() {
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e "$ROOT/infra" 2>&1 | quiet
+}
+platform_is_ours() {
+    "$VENV/bin/python" - "$ROOT/infra/trainingplatform" <<'PY' 2>/dev/null
+import importlib.util, os, sys
+spec = importlib.util.find_spec("trainingplatform")
+ours = os.path.realpath(sys.argv[1])
+sys.exit(0 if spec and spec.origin and os.path.dirname(os.path.realpath(spec.origin)) == ours else 1)
+PY
+}
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$VENV/bin/horovodrun" ]; then
+    platform_is_ours || { log "installing trainingplatform from $ROOT/infra"; install_platform; }
     exit 0
 fi
 
@@ -65,7 +81,7 @@ fi
 log "installing requirements.txt (torch is a large download on a machine without a local copy)"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$ROOT/requirements.txt" -c "$ROOT/constraints.txt" 2>&1 | quiet
 # The platform's library (infra/pyproject.toml): `import trainingplatform` for the launcher, policy and tests.
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e "$ROOT/infra" 2>&1 | quiet
+install_platform
 
 WHEEL=$(PYTHON="$VENV/bin/python" "$ROOT/toolchain/build_horovod.sh" | tail -1)
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$WHEEL" 2>&1 | quiet

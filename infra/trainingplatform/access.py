@@ -84,7 +84,7 @@ def assignment_name(scope: str, principal_id: str, role_definition: str, stack: 
 # managed identity rather than through the Azure CLI's user login
 # (https://www.pulumi.com/registry/packages/azure-native/installation-configuration/).
 _SP_SETTINGS = ("clientId", "clientSecret", "clientCertificatePath", "useMsi", "useOidc", "oidcToken")
-_SP_ENVIRONMENT = (
+SP_ENVIRONMENT = (
     "ARM_CLIENT_ID",
     "ARM_CLIENT_SECRET",
     "ARM_CLIENT_CERTIFICATE_PATH",
@@ -115,7 +115,7 @@ def signed_in_as_service_principal() -> list[str]:
     CLI's login (empty: a person's login)."""
     provider = pulumi.Config("azure-native")
     found = [f"azure-native:{k}" for k in _SP_SETTINGS if provider.get(k) not in (None, "", "false")]
-    found += [k for k in _SP_ENVIRONMENT if os.environ.get(k) not in (None, "", "false")]
+    found += [k for k in SP_ENVIRONMENT if os.environ.get(k) not in (None, "", "false")]
     if not found:  # the provider falls back to the Azure CLI's login
         user = (azure_cli_account(provider.get("subscriptionId")) or {}).get("user") or {}
         if str(user.get("type", "")).lower() == "serviceprincipal":

@@ -13,13 +13,16 @@ of date). Values Azure would compute appear as mock placeholders.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import pathlib
 import sys
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from . import config, dataconfig, mocked
+from . import access, config, dataconfig, mocked
 
 
 def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
@@ -33,7 +36,27 @@ def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
         yield prefix, json.dumps(value, sort_keys=True)
 
 
+@contextlib.contextmanager
+def _as_a_person():
+    """The render is what the stack declares, whoever runs it: without `users`, the program refuses a service
+    principal's sign-in (access.py: ARM_* variables, the Azure CLI's login), which a CI agent often has. The stack
+    file's own provider settings still count."""
+    saved = {k: os.environ.pop(k) for k in (*access.SP_ENVIRONMENT, "AZURE_CONFIG_DIR") if k in os.environ}
+    with tempfile.TemporaryDirectory(prefix="no-azure-cli-") as empty:
+        os.environ["AZURE_CONFIG_DIR"] = empty
+        try:
+            yield
+        finally:
+            os.environ.pop("AZURE_CONFIG_DIR", None)
+            os.environ.update(saved)
+
+
 def render(stack_file: pathlib.Path) -> str:
+    with _as_a_person():
+        return _render(stack_file)
+
+
+def _render(stack_file: pathlib.Path) -> str:
     stack = stack_file.name.removeprefix("Pulumi.").removesuffix(".yaml")
     if is_data_stack(stack_file):
         project = dataconfig.PROJECT

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -29,3 +30,17 @@ def test_review_names_the_key_settings_and_fails_cleanly_on_bad_config(tmp_path)
         [sys.executable, "-m", "trainingplatform.review", str(bad)], cwd=ROOT / "infra", capture_output=True, text=True
     )
     assert proc.returncode == 2 and "retired by Azure on 2025-09-30" in proc.stderr
+
+
+def test_the_render_does_not_depend_on_who_runs_it(tmp_path, monkeypatch):
+    # A CI agent signed in as a service principal (ARM_* variables, or `az login --service-principal`, which
+    # azureProfile.json records) renders the same file: the render is what the stack declares.
+    (tmp_path / "azureProfile.json").write_text(
+        '{"subscriptions": [{"id": "00000000-0000-0000-0000-000000000000", "isDefault": true, '
+        '"user": {"name": "ci-app", "type": "servicePrincipal"}}]}',
+        "utf-8-sig",
+    )
+    monkeypatch.setenv("AZURE_CONFIG_DIR", str(tmp_path))
+    monkeypatch.setenv("ARM_CLIENT_ID", "44444444-4444-4444-4444-444444444444")
+    assert review.render(DEV_FILE) == (ROOT / "infra" / "review" / "dev.txt").read_text()
+    assert os.environ["AZURE_CONFIG_DIR"] == str(tmp_path) and os.environ["ARM_CLIENT_ID"].startswith("4444")

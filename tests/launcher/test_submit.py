@@ -182,7 +182,7 @@ def uploaded(folder: pathlib.Path) -> tuple[object, frozenset[str]]:
 
 
 def snapshot() -> tuple[object, frozenset[str]]:
-    """The files azure-ai-ml uploads for `code: ../..` (the repository root)."""
+    """The files azure-ai-ml uploads for `code: ..` in jobs/*.yaml (the repository root)."""
     return uploaded(ROOT)
 
 

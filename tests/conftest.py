@@ -2,6 +2,7 @@
 # (infra/pyproject.toml, editable: toolchain/bootstrap.sh).
 import ctypes
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -10,6 +11,10 @@ import pytest
 def pytest_configure(config):
     # The platform program reads the Azure CLI's login (trainingplatform/access.py); tests never see this machine's.
     os.environ["AZURE_CONFIG_DIR"] = tempfile.mkdtemp(prefix="no-azure-cli-")
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(os.environ.pop("AZURE_CONFIG_DIR", ""), ignore_errors=True)
 
 
 _libc = ctypes.CDLL(None)

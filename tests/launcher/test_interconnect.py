@@ -17,28 +17,24 @@ import helpers
 import pytest
 
 from launcher import interconnect
-from trainingplatform import vm_sizes
+from trainingplatform import compute, config, vm_sizes
 
 # What both images set before issue 12 (images/*/Dockerfile ENV).
 OLD_IMAGE_ENV = {"OMPI_MCA_pml": "ucx", "OMPI_MCA_btl": "^openib,uct", "NCCL_DEBUG": "WARN"}
 
 
 def cluster(size_name: str) -> dict:
-    """A `clusters` entry of the stack outputs, as infra/trainingplatform/compute.describe writes it."""
-    s = vm_sizes.CATALOG[size_name]
-    return {
-        "name": "c",
-        "vm_size": s.name,
-        "gpus_per_node": s.gpus,
-        "gpu_model": s.gpu_model,
-        "infiniband": bool(s.infiniband),
-        "infiniband_generation": s.infiniband,
-        "intra_node": s.intra_node,
-        "min_nodes": 0,
-        "max_nodes": 2,
-        "low_priority": False,
-        "vcpus_per_node": s.vcpus,
-    }
+    """A `clusters` entry of the stack outputs, written by the function the stack writes them with."""
+    c = config.Cluster(
+        name="c",
+        vm_size=size_name,
+        min_nodes=0,
+        max_nodes=2,
+        low_priority=False,
+        idle_seconds_before_scale_down=1800,
+        ssh_enabled=False,
+    )
+    return compute.describe(c, "c")
 
 
 CURRENT = [n for n in vm_sizes.available()]

@@ -5,6 +5,7 @@ import shlex
 
 import pytest
 import yaml
+from test_interconnect import cluster
 
 from launcher import __main__ as cli
 from launcher import jobspec, local, sizing, stack
@@ -14,23 +15,6 @@ from trainingplatform import vm_sizes
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SYNTHETIC = ROOT / "jobs/pytorch-resnet50-synthetic.yaml"
 IMAGENET = ROOT / "jobs/pytorch-resnet50-imagenet.yaml"
-
-
-def cluster(size_name: str) -> dict:
-    s = vm_sizes.CATALOG[size_name]
-    return {
-        "name": "c",
-        "vm_size": s.name,
-        "gpus_per_node": s.gpus,
-        "gpu_model": s.gpu_model,
-        "infiniband": bool(s.infiniband),
-        "infiniband_generation": s.infiniband,
-        "intra_node": s.intra_node,
-        "min_nodes": 0,
-        "max_nodes": 2,
-        "low_priority": False,
-        "vcpus_per_node": s.vcpus,
-    }
 
 
 # size: (per-process batch, loader workers per process) at one process per GPU (one per node on CPU sizes)

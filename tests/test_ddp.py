@@ -212,3 +212,39 @@ def test_options_ddp_lacks_are_refused_naming_the_backend(tmp_path):
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "--backend ddp in a process started by mpirun or horovodrun" in proc.stderr
     assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_cuda_branches_of_the_backends_follow_horovods_and_pytorchs_rules(monkeypatch):
+    """The CUDA-only choices, on this CPU with fakes at the library boundary (the NCCL process group itself needs
+    a GPU: docs/status.md#ddp-on-gpus). Adasum on GPUs scales the LR by the GPUs of a node, which NCCL averages
+    before Adasum adds the nodes (Horovod's pytorch_imagenet_resnet50.py: `hvd.local_size() if args.cuda and
+    hvd.nccl_built() else 1`); DDP takes device_ids=[the process's GPU] for a one-GPU module and None for a CPU
+    one (DistributedDataParallel's documentation)."""
+    from types import SimpleNamespace
+
+    import torch.nn.parallel
+
+    from payloads.pytorch import backends
+
+    hvd = SimpleNamespace(local_size=lambda: 8, nccl_built=lambda: True)
+    horovod = backends.Horovod(hvd)
+    assert horovod.adasum_lr_scale(torch.device("cuda", 3)) == 8
+    assert horovod.adasum_lr_scale(torch.device("cpu")) == 1
+    hvd.nccl_built = lambda: False  # a Horovod without NCCL reduces GPU tensors through MPI: Adasum alone
+    assert horovod.adasum_lr_scale(torch.device("cuda", 3)) == 1
+
+    seen = {}
+
+    class RecordingDDP:
+        def __init__(self, module, **kw):
+            seen.update(kw)
+
+        def register_comm_hook(self, state, hook):
+            seen["hook"] = hook.__name__
+
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", RecordingDDP)
+    model, cfg = torch.nn.Linear(2, 2), SimpleNamespace(fp16_allreduce=True)
+    backends.DDP().wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg, torch.device("cuda", 3))
+    assert seen == {"device_ids": [3], "forward_sync_buffers": False, "hook": "fp16_compress_hook"}
+    backends.DDP().wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg, torch.device("cpu"))
+    assert seen["device_ids"] is None

@@ -1,4 +1,4 @@
-"""The subscription this session is on, against the one the stack pins (`azure-native:subscriptionId`).
+"""The subscription you are signed in to, against the one the stack pins (`azure-native:subscriptionId`).
 
 Pulumi deploys to the pinned subscription; `az`, the launcher's follow-up commands and a later `pulumi
 config` edit follow the session's. A difference means someone is about to look at, pay for or break the
@@ -60,7 +60,7 @@ def check(arm: Arm, pinned: str | None, current: tuple[str | None, str]) -> list
             Finding(
                 WARN,
                 "subscription",
-                f"cannot tell which subscription this session is on (no "
+                f"cannot tell which subscription you are signed in to (no "
                 f"{' or '.join(ENV_KEYS)}, no signed-in Azure CLI); checking {pinned}",
             )
         )
@@ -69,7 +69,7 @@ def check(arm: Arm, pinned: str | None, current: tuple[str | None, str]) -> list
             Finding(
                 FAIL,
                 "subscription",
-                f"this session is on subscription {found} ({source}), the stack "
+                f"you are signed in to subscription {found} ({source}), the stack "
                 f"deploys to {pinned} (azure-native:subscriptionId)",
                 f"az account set --subscription {pinned} (and unset {' / '.join(ENV_KEYS)}), or fix "
                 "azure-native:subscriptionId if the stack file is what is wrong",
@@ -101,6 +101,8 @@ def check(arm: Arm, pinned: str | None, current: tuple[str | None, str]) -> list
         ]
     return findings + [
         Finding(
-            OK, "subscription", f"{sub.get('displayName', '')} ({pinned}) is the stack's and this session's, Enabled"
+            OK,
+            "subscription",
+            f"{sub.get('displayName', '')} ({pinned}) is the stack's and the one you are signed in to, Enabled",
         )
     ]

@@ -244,7 +244,7 @@ def test_wrong_subscription_refused_before_anything_else(azure):
     code, out = run(dev_stack(), current=(other, "`az account show`"))
     print(out)
     assert code == 1
-    assert f"this session is on subscription {other} (`az account show`), the stack deploys to {SUB}" in out
+    assert f"you are signed in to subscription {other} (`az account show`), the stack deploys to {SUB}" in out
     assert f"az account set --subscription {SUB}" in out
     assert "quota" not in out and not any("/providers/" in r.url for r in azure.requests)
 

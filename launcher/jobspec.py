@@ -202,12 +202,15 @@ def fill(
     if distribution == "mpi":
         interconnect.check_under_mpi(env, "environment_variables of the job file")
     job["environment_variables"] = {k: str(v) for k, v in env.items()}
+    sizing.check_cache_dir(job["command"].split() + list(extra_args), (job.get("resources") or {}).get("shm_size"))
     if sizing.uses_placeholders(job["command"]):
         args = job["command"].split() + list(extra_args)
         fit = sizing.for_cluster(cluster, ppn, args)
         shm = (job.get("resources") or {}).get("shm_size")
         if shm:
             fit = sizing.within_shm(fit, shm, ppn, nodes * ppn, args)
+        if sizing.SAMPLES in job["command"]:
+            fit = sizing.with_timed_samples(fit, nodes * ppn, args)
         job["command"] = sizing.apply(job["command"], fit, extra_args)
         job.setdefault("tags", {})["sizing"] = fit.basis  # in the studio, and in --dry-run's output
     if extra_args:

@@ -19,8 +19,19 @@ from .errors import JobError
 
 BATCH = "<<batch_size>>"
 WORKERS = "<<workers>>"
+SAMPLES = "<<synthetic_samples>>"
 # placeholder -> (the payload flag it must follow, the user flags after `--` that replace that flag)
-FLAGS = {BATCH: ("--batch-size", ("--batch-size", "--global-batch-size")), WORKERS: ("--workers", ("--workers",))}
+FLAGS = {
+    BATCH: ("--batch-size", ("--batch-size", "--global-batch-size")),
+    WORKERS: ("--workers", ("--workers",)),
+    SAMPLES: ("--synthetic-samples", ("--synthetic-samples",)),
+}
+
+# Synthetic throughput jobs time at least this many steady-state steps on every rank, whatever the node count:
+# a fixed sample count gives 8 GPUs about 53 steps at batch 256 and 16 GPUs 22, a few seconds in which one
+# checkpoint or the first NCCL call moves the figure by percents.
+STEADY_STEPS = 300
+DEFAULT_STARTUP_STEPS = 10  # payloads/common/config.py, TrainConfig.startup_steps
 
 # Per-GPU batch of ResNet-50 in NVIDIA's reference runs (NVIDIA/DeepLearningExamples,
 # PyTorch/Classification/ConvNets/configs.yml, resnet50): with AMP and NHWC (channels_last, as the payloads
@@ -55,6 +66,7 @@ class Sizing:
     batch_size: int
     workers: int
     basis: str  # one line: where the numbers come from (the job's `sizing` tag)
+    synthetic_samples: int = 0  # per epoch, whole job (timed_samples)
 
 
 def gpu_batch(gpu_memory_gib: float, precision: str = "amp") -> int:
@@ -121,12 +133,27 @@ def _last(args: list[str], flag: str) -> str | None:
     return found if found is not None and found.isdigit() else None
 
 
+def _per_process_batch(fit: Sizing, processes: int, args: list[str]) -> int:
+    batch = _last(args, "--batch-size")
+    glob = _last(args, "--global-batch-size")
+    return int(batch) if batch else (int(glob) // max(1, processes) if glob else fit.batch_size)
+
+
+def with_timed_samples(fit: Sizing, processes: int, args: list[str]) -> Sizing:
+    """`fit` with the synthetic sample count that gives every rank STEADY_STEPS steps after its start-up steps
+    (`args`: the payload's, overrides last): processes x batch x backward passes x (start-up + STEADY_STEPS)."""
+    per_process = _per_process_batch(fit, processes, args)
+    passes = int(_last(args, "--backward-passes-per-step") or 1)
+    startup = int(_last(args, "--startup-steps") or DEFAULT_STARTUP_STEPS)
+    samples = processes * per_process * passes * (startup + STEADY_STEPS)
+    basis = f"{fit.basis}; {samples} synthetic samples: {STEADY_STEPS} timed steps per rank after {startup}"
+    return replace(fit, synthetic_samples=samples, basis=basis)
+
+
 def within_shm(fit: Sizing, shm_size: str, processes_per_node: int, processes: int, args: list[str]) -> Sizing:
     """`fit` with no more workers than the job's /dev/shm holds (`args`: the payload's, overrides last); a
     user's --workers beyond it is refused, with the fix, before anything is submitted."""
-    batch = _last(args, "--batch-size")
-    glob = _last(args, "--global-batch-size")
-    per_process = int(batch) if batch else (int(glob) // max(1, processes) if glob else fit.batch_size)
+    per_process = _per_process_batch(fit, processes, args)
     image = int(_last(args, "--image-size") or DEFAULT_IMAGE_SIZE)
     per_worker = processes_per_node * PREFETCH * per_process * 3 * image * image  # uint8: a byte a value
     limit = int(shm_bytes(shm_size) * SHM_SHARE // per_worker)
@@ -141,6 +168,28 @@ def within_shm(fit: Sizing, shm_size: str, processes_per_node: int, processes: i
     if fit.workers > limit:
         return replace(fit, workers=limit, basis=f"{fit.basis}, {limit} within shm_size {shm_size}")
     return fit
+
+
+def check_cache_dir(args: list[str], shm_size: str | None) -> None:
+    """--cache-decoded keeps a rank's decoded images in a file in --cache-dir (TMPDIR by default, the node's
+    disk): about 260 KB an image at --resize 256, some 42 GB per process of an 8-GPU node on ImageNet. In
+    /dev/shm that file would share the job's shm_size with the loaders' batches; the payload checks the room
+    before epoch 1, but the job would end there, after its queue and start-up."""
+    if "--cache-decoded" not in args:
+        return
+    folder = None
+    for i, a in enumerate(args):
+        if a == "--cache-dir" and i + 1 < len(args):
+            folder = args[i + 1]
+        elif a.startswith("--cache-dir="):
+            folder = a.split("=", 1)[1]
+    if folder and (folder.rstrip("/") == "/dev/shm" or folder.startswith("/dev/shm/")):
+        raise JobError(
+            f"--cache-dir {folder}: /dev/shm is the job's shm_size ({shm_size or 'Docker default 64m'}), shared with "
+            "the loaders' batches, and the decoded cache is about 260 KB an image at --resize 256 (42 GB per "
+            "process on one 8-GPU node for ImageNet): leave --cache-dir out (TMPDIR, the node's disk) or name a "
+            "folder on a local disk"
+        )
 
 
 def _flag_given(extra_args: list[str], flags: tuple[str, ...]) -> bool:
@@ -167,7 +216,7 @@ def apply(command: str, sizing: Sizing, extra_args: list[str]) -> str:
         if _flag_given(extra_args, overrides):
             command = pair.sub("", command)
         else:
-            value = sizing.batch_size if token == BATCH else sizing.workers
+            value = {BATCH: sizing.batch_size, WORKERS: sizing.workers, SAMPLES: sizing.synthetic_samples}[token]
             command = pair.sub(lambda m, token=token, value=value: m.group(0).replace(token, str(value)), command)
     return command
 

@@ -2,6 +2,7 @@
 # (infra/pyproject.toml, editable: toolchain/bootstrap.sh).
 import ctypes
 import os
+import pathlib
 import shutil
 import tempfile
 
@@ -34,3 +35,16 @@ def _no_mpi_inside_pytest(request):
             "run the payload as a subprocess",
             pytrace=False,
         )
+
+
+@pytest.fixture
+def cuda_fused_sgd_rule(tmp_path, monkeypatch):
+    """Every process the test starts holds torch._fused_sgd_ to CUDA's layout rule (tests/gpu_rules). Returns a
+    function giving the number of fused calls checked by each process that made any."""
+    log = tmp_path / "fused-sgd-checked"
+    log.mkdir()
+    hook = pathlib.Path(__file__).with_name("gpu_rules")
+    monkeypatch.setenv("PYTHONPATH", str(hook) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv("FUSED_SGD_STRIDE_CHECK", "1")
+    monkeypatch.setenv("FUSED_SGD_STRIDE_LOG", str(log))
+    return lambda: sorted(int(f.read_text()) for f in log.iterdir())

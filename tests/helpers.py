@@ -81,8 +81,10 @@ def train(
     check: bool = True,
     payload: str = "pytorch",
     backend: str = "horovod",
+    prefix: list[str] = (),
 ) -> subprocess.CompletedProcess:
-    cmd = horovodrun(np, args, payload) if backend == "horovod" else torchrun(np, args, payload)
+    """`prefix`: a command the launch runs under (a private mount namespace, say)."""
+    cmd = [*prefix, *(horovodrun(np, args, payload) if backend == "horovod" else torchrun(np, args, payload))]
     proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         pytest.fail(

@@ -44,9 +44,11 @@ def test_channels_last_averages_exactly_and_is_recorded(tmp_path):
     assert m["run"]["config"]["channels_last"] is True
 
 
-def test_channels_last_resume_equals_a_straight_run(tmp_path):
-    """Resume broadcasts rank 0's optimizer state (channels_last momentum from the checkpoint) into the other
-    ranks' state, which Horovod creates in the default layout: a byte-wise broadcast would scramble it."""
+def test_channels_last_resume_equals_a_straight_run(tmp_path, cuda_fused_sgd_rule):
+    """Resume gives every rank rank 0's optimizer state (channels_last momentum from the checkpoint) in each
+    parameter's layout, with no optimizer step: Horovod's broadcast_optimizer_state first stepped the other
+    ranks on default-layout zero gradients, which CUDA's fused SGD refuses for channels_last weights. Every
+    fused SGD call of the three runs is held to the CUDA kernel's layout rule (tests/gpu_rules)."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     args = TINY + ["--batch-size", "8", "--warmup-epochs", "1", "--channels-last"]
     train(2, args + ["--epochs", "3", "--output-dir", str(straight)])
@@ -56,6 +58,8 @@ def test_channels_last_resume_equals_a_straight_run(tmp_path):
     a, b = final_weights(straight), final_weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a), f"max diff {_max_diff(a, b)}"
     assert metrics(resumed)["summary"]["ranks_identical"] is True
+    checked = cuda_fused_sgd_rule()
+    assert len(checked) == 6 and min(checked) > 0, f"fused SGD calls checked per process: {checked}"
 
 
 @pytest.mark.parametrize(

@@ -199,7 +199,18 @@ def _reference_two_ranks(combine, epochs: int, batch: int, base_lr: float) -> di
     torch.manual_seed(cfg["seed"])
     shared = models.build("tiny_cnn", cfg["classes"], cfg["size"])
     replicas = [models.build("tiny_cnn", cfg["classes"], cfg["size"]) for _ in range(2)]
-    sgd = [torch.optim.SGD(r.parameters(), lr=base_lr, momentum=0.9, weight_decay=5e-5) for r in replicas]
+    # The payload's decay (Goyal et al.): 1e-4 on kernels and dense matrices, none on BatchNorm or biases.
+    sgd = [
+        torch.optim.SGD(
+            [
+                {"params": [p for p in r.parameters() if p.ndim > 1], "weight_decay": 1e-4},
+                {"params": [p for p in r.parameters() if p.ndim <= 1], "weight_decay": 0.0},
+            ],
+            lr=base_lr,
+            momentum=0.9,
+        )
+        for r in replicas
+    ]
     samplers = [data.ShardedBatchSampler(cfg["samples"], r, 2, batch, cfg["seed"]) for r in range(2)]
     for epoch in range(epochs):
         for s in samplers:

@@ -12,7 +12,10 @@ check, in order:
   2. imports every module a payload imports;
   3. takes one optimizer step of a small model in two Horovod processes (horovodrun --gloo on localhost)
      and checks that the step applied the gradient averaged over both ranks (TensorFlow: once eagerly,
-     once compiled with XLA, once through Keras' fit with Horovod's DistributedOptimizer);
+     once compiled with XLA, once through Keras' fit with Horovod's DistributedOptimizer); for PyTorch also
+     the payload's own step (--payload-root: payloads/ beside this script in the image): its optimizer (fused
+     SGD where torch has it), channels_last, autocast (bf16 on the CPU), one checkpoint written and restored
+     into a fresh optimizer on both ranks and a step after it, every fused call held to CUDA's layout rule;
   4. finds the CUDA data directory XLA needs on a GPU (libdevice, ptxas) where --require-libdevice asks, and
      the CUDA forward-compatibility driver where --cuda-compat names its folder;
   5. `horovodrun --check-build` shows the framework, Gloo and every --require'd controller and op.
@@ -160,8 +163,12 @@ def check_build(framework: str, require: list[str], horovodrun: str, timeout: fl
     )
 
 
-def check_step(framework: str, horovodrun: str, timeout: float) -> list[str]:
+def check_step(framework: str, horovodrun: str, timeout: float, payload_root: pathlib.Path = None) -> list[str]:
     env = dict(os.environ)
+    root = payload_root or PAYLOAD_ROOT
+    if framework == "pytorch" and not (root / "payloads" / "pytorch").is_dir():
+        return [f"{root} holds no payloads/pytorch: pass --payload-root, the folder that holds payloads/"]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "60")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU path, as at build time, also where a build machine has a GPU
@@ -232,6 +239,85 @@ def worker_pytorch() -> list[str]:
     for p, e in zip(model.parameters(), expected):
         _close(p.detach().numpy(), e.numpy(), "PyTorch SGD step with Horovod's averaged gradient")
     return ["pytorch-sgd"]
+
+
+def _hold_fused_sgd_to_cuda_rule(torch, runtime) -> list[int]:
+    """torch._fused_sgd_ refusing what CUDA's kernel refuses (runtime.fused_layout_problem); the CPU kernel
+    does not check. Returns the list whose first item counts the checked calls."""
+    calls = [0]
+    real = torch._fused_sgd_
+
+    def checked(params, grads, bufs, *args, **kwargs):
+        problem = runtime.fused_layout_problem(params, grads, bufs)
+        if problem:
+            raise AssertionError(f"CUDA's fused SGD would refuse this step: {problem}")
+        calls[0] += 1
+        return real(params, grads, bufs, *args, **kwargs)
+
+    torch._fused_sgd_ = checked
+    return calls
+
+
+def worker_pytorch_payload() -> list[str]:
+    """The payload's pieces, as a GPU job runs them (payloads.pytorch: backends, runtime, precision)."""
+    import shutil
+    import tempfile
+
+    import torch
+
+    from payloads.common import config
+    from payloads.pytorch import backends, models, precision, runtime
+
+    backend = backends.Horovod()
+    backend.init()
+    calls = _hold_fused_sgd_to_cuda_rule(torch, runtime)
+    folder = backend.broadcast_object(tempfile.mkdtemp(prefix="check-") if backend.rank() == 0 else None, "folder")
+    cfg = config.TrainConfig(output_dir=pathlib.Path(folder), batch_size=4, channels_last=True, amp=True)
+    cpu = torch.device("cpu")
+    prec = precision.choose(cpu, True, "bf16", False)
+    gen = torch.Generator().manual_seed(100 + backend.rank())
+    x = torch.randn(4, 3, 8, 8, generator=gen).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 2, (4,), generator=gen)
+
+    def build():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 4, 3),
+            torch.nn.BatchNorm2d(4),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(4, 4, 1),  # a 1x1 kernel: strides that differ only in size-1 dimensions
+            torch.nn.Flatten(),
+            torch.nn.Linear(4 * 6 * 6, 2),
+        ).to(memory_format=torch.channels_last)
+        return backend.wrap(model, runtime.optimizer(cfg, model, LR, cpu), cfg, cpu)
+
+    def step(model, opt):
+        opt.zero_grad()
+        with prec.autocast():
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        runtime.optimizer_step(opt, None, backend)
+
+    model, opt = build()
+    with prec.autocast():
+        if model[0](x).dtype != torch.bfloat16:
+            raise AssertionError("autocast did not run the convolution in bf16 on the CPU")
+    backend.broadcast_parameters(model.state_dict())
+    step(model, opt)
+    runtime.save(cfg, backend, 1, model, opt, None)
+    fresh, fresh_opt = build()
+    if runtime.restore(cfg, backend, fresh, fresh_opt, None) != 1:
+        raise AssertionError("the checkpoint was not restored")
+    step(fresh, fresh_opt)
+    digests = backend.allgather_object(models.parameters_digest(fresh), "digests")  # also: both ranks are done
+    if backend.rank() == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+    if len(set(digests)) != 1:
+        raise AssertionError(f"ranks differ after a step on the restored optimizer: {digests}")
+    fused = bool(fresh_opt.defaults.get("fused"))
+    if fused and calls[0] != 2:
+        raise AssertionError(f"fused SGD ran {calls[0]} times, expected 2 (a step, then one after the restore)")
+    return ["pytorch-payload" + ("-fused" if fused else "")]
 
 
 def worker_tensorflow() -> list[str]:
@@ -312,8 +398,17 @@ def worker_tensorflow() -> list[str]:
     return done
 
 
-WORKER_STEPS = {"pytorch": ["pytorch-sgd"], "tensorflow": ["tensorflow-tape", "tensorflow-xla", "keras-fit"]}
-WORKERS = {"pytorch": worker_pytorch, "tensorflow": worker_tensorflow}
+def worker_pytorch_all() -> list[str]:
+    return worker_pytorch() + worker_pytorch_payload()
+
+
+WORKER_STEPS = {
+    "pytorch": ["pytorch-sgd", "pytorch-payload"],
+    "tensorflow": ["tensorflow-tape", "tensorflow-xla", "keras-fit"],
+}
+WORKERS = {"pytorch": worker_pytorch_all, "tensorflow": worker_tensorflow}
+# The folder that holds payloads/: the repository here, /opt/checks in the images (their Dockerfiles copy it).
+PAYLOAD_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def main(argv=None) -> int:
@@ -344,6 +439,12 @@ def main(argv=None) -> int:
         metavar="DIR",
         help="the forward-compatibility driver's folder must serve torch's CUDA (PyTorch GPU image)",
     )
+    ap.add_argument(
+        "--payload-root",
+        type=pathlib.Path,
+        default=PAYLOAD_ROOT,
+        help="the folder that holds payloads/ (PyTorch: the payload's own step is checked)",
+    )
     ap.add_argument("--step-timeout", type=float, default=600)
     ap.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -369,7 +470,7 @@ def main(argv=None) -> int:
     if any(f.startswith("imports:") for f in failed):
         failed.append("step: not tried, the imports failed")
     else:
-        problems = check_step(args.framework, horovodrun, args.step_timeout)
+        problems = check_step(args.framework, horovodrun, args.step_timeout, args.payload_root)
         failed += [f"step: {p}" for p in problems]
         print(f"[check] two-process optimizer step: {'FAILED' if problems else 'ok'}", flush=True)
     if args.require_libdevice:

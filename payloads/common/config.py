@@ -51,7 +51,9 @@ class TrainConfig:
     startup_steps: int = 10  # first steps of a run: timed as start-up, not in the throughput
     base_lr: float | None = None  # one process at its batch; None = LR_PER_256 x batch / 256
     momentum: float = 0.9
-    weight_decay: float = 5e-5
+    # Goyal et al. 2017 (the linear-scaling recipe these payloads follow) and NVIDIA's ResNet-50: 1e-4, none on
+    # BatchNorm's scale and shift; NVIDIA also exempts biases. decays() says which parameters decay.
+    weight_decay: float = 1e-4
     warmup_epochs: float = 5.0
     lr_decay_epochs: tuple[int, ...] = (30, 60, 80)
     fp16_allreduce: bool = False
@@ -73,7 +75,8 @@ class TrainConfig:
     shuffle_buffer: int = 5000  # shards: samples held for shuffling per process
     decoder: str = "auto"  # PyTorch: the CPU JPEG decoder (payloads/pytorch/decoders.py)
     gpu_decode: bool = False  # PyTorch shards: decode JPEGs on the GPU (nvJPEG through torchvision)
-    cache_decoded: bool = False  # shards: keep the decoded images in memory after epoch 1
+    cache_decoded: bool = False  # shards: keep the decoded images after epoch 1 (a memory-mapped file)
+    cache_dir: pathlib.Path | None = None  # where that file lives; None = the temporary folder (TMPDIR, /tmp)
     progress: bool = True
     mlflow: bool = True  # log to MLflow when MLFLOW_TRACKING_URI is set (Azure ML sets it)
     # The options the payload declared (its --help); to_json() records these. Empty: every field.
@@ -115,6 +118,10 @@ class TrainConfig:
             raise ConfigError(
                 "--data shards needs --data-dir: the webdataset folder written by "
                 "python -m datatools.prepare (local, downloaded or an Azure ML mount)"
+            )
+        if self.cache_dir is not None and not self.cache_decoded:
+            raise ConfigError(
+                "--cache-dir is where --cache-decoded keeps decoded images: add --cache-decoded or drop it"
             )
         if self.data == "synthetic" and self.data_dir is not None:
             raise ConfigError("--data-dir was given with --data synthetic: add --data imagefolder to train on it")
@@ -228,6 +235,12 @@ def check_output_dir(path: pathlib.Path) -> None:
         ) from None
 
 
+def decays(shape: Sequence[int]) -> bool:
+    """Whether a trainable tensor of this shape gets weight decay: kernels and dense matrices do; BatchNorm's
+    scale and shift and biases, the one-dimensional tensors, do not (the same rule for every payload)."""
+    return len(shape) > 1
+
+
 def _positive(cfg: TrainConfig, *names: str) -> None:
     for n in names:
         if getattr(cfg, n) < 1:
@@ -338,7 +351,14 @@ def _schedule(g, c: Declared) -> None:
         ),
     )
     g.add_argument("--momentum", type=float, default=d.momentum, help="SGD momentum")
-    g.add_argument("--weight-decay", type=float, default=d.weight_decay, help="L2 penalty on every trainable weight")
+    g.add_argument(
+        "--weight-decay",
+        type=float,
+        default=d.weight_decay,
+        help="L2 penalty on convolution and dense weights; BatchNorm's scale and shift and every bias get none "
+        "(Goyal et al. 2017, whose LR rule these payloads follow: 1e-4 and no decay on BatchNorm; NVIDIA's "
+        "ResNet-50 exempts BatchNorm and biases)",
+    )
     g.add_argument(
         "--warmup-epochs",
         type=float,
@@ -482,7 +502,16 @@ def _pytorch_classification(g, c: Declared) -> None:
         "--cache-decoded",
         action="store_true",
         default=d.cache_decoded,
-        help="--data shards: keep each process's decoded images in memory after the first epoch (size the RAM for it)",
+        help="--data shards: keep each process's decoded images after the first epoch in a memory-mapped file in "
+        "--cache-dir (the page cache serves it from RAM where it fits); its size is checked against the folder's "
+        "free space before training",
+    )
+    g.add_argument(
+        "--cache-dir",
+        type=pathlib.Path,
+        default=d.cache_dir,
+        help="--cache-decoded: the folder of the decoded-image file, shared by the node's processes; a local disk "
+        "(default: TMPDIR or /tmp). /dev/shm also works, but its size is the job's shm_size",
     )
 
 

@@ -105,9 +105,11 @@ class Horovod:
         self.hvd.broadcast_parameters(state, root_rank=0)
 
     def broadcast_optimizer_state(self, optimizer) -> None:
-        # Fresh optimizers on the other ranks have no state; Horovod initialises it with a zero-gradient step
-        # that moves the weights, so the caller broadcasts the parameters after this.
-        self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        """Not hvd.broadcast_optimizer_state: on the ranks whose optimizer has no state yet, it creates the state
+        with a step on zero gradients made by p.data.new(p.size()) (horovod/torch/functions.py), in the default
+        layout; CUDA's fused SGD refuses parameters and gradients whose strides differ
+        (check_fast_path_restrictions), so every resume of a channels_last model died there on GPUs."""
+        load_root_optimizer_state(self, optimizer)
 
     def broadcast_object(self, obj: Any, name: str) -> Any:
         # Always named: unnamed, Horovod names the broadcast after the object's type, which differs between
@@ -249,11 +251,7 @@ class DDP:
                     t.copy_(buf)
 
     def broadcast_optimizer_state(self, optimizer) -> None:
-        """Rank 0's optimizer state (momentum buffers, step counts, param groups) loaded by every other rank.
-        Sent as host tensors: a CUDA tensor would be unpickled onto rank 0's GPU on every rank."""
-        state = self.broadcast_object(_to_cpu(optimizer.state_dict()) if self._rank == 0 else None, "optimizer_state")
-        if self._rank != 0:
-            optimizer.load_state_dict(state)
+        load_root_optimizer_state(self, optimizer)
 
     def broadcast_object(self, obj: Any, name: str) -> Any:
         import torch.distributed as dist
@@ -288,6 +286,18 @@ class DDP:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def load_root_optimizer_state(backend, optimizer) -> None:
+    """Rank 0's optimizer state (momentum buffers, step counts, param groups) loaded by every other rank, with
+    no optimizer step: load_state_dict moves each tensor to its parameter's device and dtype keeping its
+    strides, and runtime.align_state_layouts then gives any other layout the parameter's. Sent as host
+    tensors: a CUDA tensor would be unpickled onto rank 0's GPU on every rank."""
+    state = backend.broadcast_object(
+        _to_cpu(optimizer.state_dict()) if backend.rank() == 0 else None, name="optimizer_state"
+    )
+    if backend.rank() != 0:
+        optimizer.load_state_dict(state)
 
 
 def _to_cpu(value):

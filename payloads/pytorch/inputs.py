@@ -185,9 +185,12 @@ def _scan(directory, what: str, rank: int, broadcast_object):
     return imagefolder.scan(directory, what)
 
 
-def build(cfg, rank: int, size: int, batch: int, device: torch.device, broadcast_object=None) -> Inputs:
+def build(
+    cfg, rank: int, size: int, batch: int, device: torch.device, broadcast_object=None, local_size: int = 1
+) -> Inputs:
     """The train (and validation, when the data has it) batches of this rank; every input problem is
-    raised here as a ConfigError, before training. `batch` is the per-process batch of one step."""
+    raised here as a ConfigError, before training. `batch` is the per-process batch of one step; `local_size`
+    the processes on this node, which share its --cache-dir."""
     channels_last = bool(cfg.channels_last)
     gpu_decode = bool(getattr(cfg, "gpu_decode", False))
     if gpu_decode and cfg.data != "shards":
@@ -207,13 +210,13 @@ def build(cfg, rank: int, size: int, batch: int, device: torch.device, broadcast
         train_split, val_split, num_classes = shards.datasets(cfg.data_dir)
         make = shards.gpu_loader if gpu_decode else shards.loader
 
-        def wrap(split, b, shuffle):
-            host = make(split, cfg, rank, size, b, shuffle, device, decoder=decoder)
+        def wrap(host):
             return host.on_device(device, channels_last) if gpu_decode else Prefetched(host, device, channels_last)
 
-        train = wrap(train_split, batch, True)
-        val = wrap(val_split, batch, False) if val_split is not None else None
-        return Inputs(train, val, num_classes)
+        train = make(train_split, cfg, rank, size, batch, True, device, decoder=decoder)
+        val = make(val_split, cfg, rank, size, batch, False, device, decoder=decoder) if val_split is not None else None
+        shards.check_cache_room([train, val], shards.cache_folder(cfg), local_size)
+        return Inputs(wrap(train), wrap(val) if val is not None else None, num_classes)
     if cfg.data != "imagefolder":
         raise ConfigError(
             f"--data {cfg.data} is not read by the PyTorch payload: choose synthetic, imagefolder or shards"

@@ -43,9 +43,10 @@ def setup(cfg: config.TrainConfig, backend) -> tuple[torch.device, precision.Pre
 
 def optimizer(cfg: config.TrainConfig, model: torch.nn.Module, lr: float, device: torch.device) -> torch.optim.SGD:
     """SGD with momentum, fused (one kernel for all parameters) where this torch offers it for the device."""
-    kwargs = dict(lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    kwargs = dict(lr=lr, momentum=cfg.momentum)
+    groups = parameter_groups(model, cfg.weight_decay)
     try:
-        opt = torch.optim.SGD(model.parameters(), fused=True, **kwargs)
+        opt = torch.optim.SGD(groups, fused=True, **kwargs)
         # GradScaler hands a fused optimizer its found-inf flag and always calls its step, which then skips the
         # update in the kernel; but fused SGD's first step creates the momentum buffers with empty_like before
         # that kernel (torch/optim/sgd.py, _fused_sgd), so an overflowing first step (fp16's usual start) leaves
@@ -56,7 +57,18 @@ def optimizer(cfg: config.TrainConfig, model: torch.nn.Module, lr: float, device
         return opt
     except (RuntimeError, ValueError, TypeError) as e:  # a device or dtype without a fused kernel
         log.info("fused SGD unavailable on %s (%s): using the foreach implementation", device, e)
-        return torch.optim.SGD(model.parameters(), foreach=True, **kwargs)
+        return torch.optim.SGD(groups, foreach=True, **kwargs)
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: the weights that decay (config.decays: kernels and dense matrices) and those that do not
+    (BatchNorm's scale and shift, biases)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if config.decays(p.shape)], "weight_decay": weight_decay},
+        {"params": [p for p in params if not config.decays(p.shape)], "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
 
 
 def optimizer_step(optimizer, scaler, backend) -> None:
@@ -98,7 +110,7 @@ def restore(cfg, backend, model, opt, scaler) -> int:
     if start < 0:
         raise ConfigError("the newest checkpoint could not be loaded (see the message above)")
     if start > 0:
-        # The parameters are broadcast after this: Horovod's version moves the other ranks' weights.
+        # Rank 0's state loaded by the others, without an optimizer step (backends.load_root_optimizer_state).
         backend.broadcast_optimizer_state(opt)
         if scaler is not None:
             # Every rank must scale its loss by the same factor: the averaged gradient is unscaled by each rank's
@@ -116,17 +128,41 @@ def restore(cfg, backend, model, opt, scaler) -> int:
     return start
 
 
+def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """CUDA's fused and foreach optimizers take a parameter, its gradient and its state only in one layout:
+    check_fast_path_restrictions (ATen/native/ForeachUtils.h) compares sizes, and strides except in
+    dimensions of size 1 (where a stride means nothing)."""
+    return a.shape == b.shape and all(n == 1 or x == y for n, x, y in zip(a.shape, a.stride(), b.stride()))
+
+
+def fused_layout_problem(*lists) -> str | None:
+    """What CUDA's fused SGD (torch._fused_sgd_) would refuse in these lists (params, grads, momentum
+    buffers): "params, grads, and momentum_buffer_list must have same dtype, device, and layout"
+    (aten/src/ATen/native/cuda/FusedSgdKernel.cu). None where it would run. The CPU kernel has no such check:
+    tests/gpu_rules and the images' build check apply this one on the CPU."""
+    first = lists[0]
+    for other in lists[1:]:
+        for a, b in zip(first, other or ()):
+            if a.dtype != b.dtype or a.device != b.device or not same_layout(a, b):
+                return (
+                    "params, grads, and momentum_buffer_list must have same dtype, device, and layout: "
+                    f"{tuple(a.shape)} {a.dtype} strides {a.stride()} vs {tuple(b.shape)} {b.dtype} "
+                    f"strides {b.stride()}"
+                )
+    return None
+
+
 def align_state_layouts(opt: torch.optim.Optimizer) -> None:
     """Give every optimizer state tensor its parameter's memory layout. A fused optimizer walks parameter, gradient
     and state memory element by element, so a momentum buffer laid out differently from its channels_last
     parameter pairs the wrong elements (measured: 0.36 off after one fused SGD step; tests/test_layouts.py).
-    Resume makes such buffers: Horovod's broadcast_optimizer_state creates the other ranks' state in the default layout,
-    and a checkpoint written without --channels-last holds default-layout state."""
+    Resume can make such buffers: a checkpoint written without --channels-last holds default-layout state, and
+    load_state_dict keeps the layout it is given."""
     for group in opt.param_groups:
         for p in group["params"]:
             state = opt.state.get(p, {})
             for key, value in state.items():
-                if torch.is_tensor(value) and value.shape == p.shape and value.stride() != p.stride():
+                if torch.is_tensor(value) and value.shape == p.shape and not same_layout(value, p):
                     state[key] = torch.empty_like(p, dtype=value.dtype).copy_(value)
 
 

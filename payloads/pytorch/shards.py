@@ -10,8 +10,10 @@ the largest part), its part split into that many near-equal batches, as common/s
 class folders; so the last allreduce never waits for a rank that has finished.
 
 Order: files in a new order every epoch (file split), then a shuffle buffer; with --cache-decoded, the
-first epoch keeps every decoded image of the rank in shared memory and later epochs shuffle that fully
-and decode nothing. A reader thread (file reads release the GIL) cuts the stream into batches and hands
+first epoch keeps every decoded image of the rank in a file in --cache-dir that the workers map read-only,
+and later epochs shuffle that fully and decode nothing. The file's size is estimated before epoch 1 and
+checked against the folder's free space for all the node's processes (a write into a mapping past a full
+tmpfs is a SIGBUS; a plain write past a full disk is an error, met here by dropping the cache). A reader thread (file reads release the GIL) cuts the stream into batches and hands
 each batch to a pool of worker processes (forkserver, one intra-op thread each, shared by every loader of
 the process), which decode and augment it and return one uint8 NxHxWx3 tensor through shared memory:
 the training process's Python thread only launches GPU work. Augmentation draws from a generator seeded
@@ -24,17 +26,20 @@ from __future__ import annotations
 
 import atexit
 import collections
+import errno
 import logging
 import math
 import multiprocessing
+import os
 import pathlib
 import queue
+import socket
+import tempfile
 import threading
 import weakref
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from multiprocessing import shared_memory
 
 import numpy as np
 import torch
@@ -182,7 +187,7 @@ class Task:
     seed: int
     epoch: int
     decoder: str
-    cache: str | None  # shared-memory name of the decoded cache the samples point into
+    cache: str | None  # path of the decoded-cache file the samples point into
     keep: bool  # return the decoded images too (the first epoch fills the cache)
     encoded: bool  # --gpu-decode: JPEGs stay encoded, only their crops are chosen here
 
@@ -196,7 +201,7 @@ class Result:
 
 
 _decode_fns: dict[str, object] = {}
-_shm: dict[str, shared_memory.SharedMemory] = {}  # caches attached in this process, by name
+_maps: dict[str, np.memmap] = {}  # decoded-cache files mapped in this process, by path
 
 
 def _init_worker() -> None:
@@ -209,14 +214,13 @@ def _sample_rng(seed: int, epoch: int, key: str) -> np.random.Generator:
     return np.random.default_rng([seed, epoch, int(key) if key.isdigit() else zlib.crc32(key.encode())])
 
 
-def _cached(name: str, ref: tuple) -> np.ndarray:
-    shm = _shm.get(name)
-    if shm is None:
-        # Workers share the training process's resource tracker (forkserver passes it on): attaching registers
-        # the name again in the same set, and the owner's unlink() unregisters it once.
-        shm = _shm[name] = shared_memory.SharedMemory(name)
+def _cached(path: str, ref: tuple) -> np.ndarray:
+    mapped = _maps.get(path)
+    if mapped is None:
+        # Read-only: nothing is ever written through the mapping, so a full file system cannot fault it.
+        mapped = _maps[path] = np.memmap(path, np.uint8, mode="r")
     offset, shape = ref
-    return np.ndarray(shape, np.uint8, buffer=shm.buf, offset=offset)
+    return mapped[offset : offset + math.prod(shape)].reshape(shape)
 
 
 def _jpeg_size(data: bytes) -> tuple[int, int]:
@@ -293,33 +297,118 @@ class _Now:
         return self.value
 
 
+CACHE_PREFIX = "decoded-"
+CACHE_MARGIN = 1.1  # the estimate is a mean over a sample of headers: room for a part with larger images
+HEADER_SAMPLE = 64  # JPEG headers read per split to estimate the decoded size
+
+
 class DecodedCache:
-    """A rank's decoded images in one shared-memory block that every worker reads by offset."""
+    """A rank's decoded images in one file in the cache folder, written with plain writes while epoch 1 decodes
+    them and mapped read-only by every worker once complete. Named for host, process and rank, removed when the
+    loader goes; a run that was killed leaves its file behind, removed by the next run on that host."""
 
-    def __init__(self, kept: list[tuple[Sample, np.ndarray]]):
-        kept = sorted(kept, key=lambda k: k[0].key)  # key order: later epochs do not depend on the filling one
-        total = max(1, sum(a.nbytes for _, a in kept))
-        self.shm = shared_memory.SharedMemory(create=True, size=total)
-        _shm[self.shm.name] = self.shm
-        self.samples, offset = [], 0
+    def __init__(self, folder: pathlib.Path, rank: int):
+        remove_stale(folder)
+        name = f"{CACHE_PREFIX}{socket.gethostname()}-{os.getpid()}-rank{rank}-"
+        fd, self.path = tempfile.mkstemp(prefix=name, suffix=".u8", dir=folder)
+        self.file = os.fdopen(fd, "wb")
+        self.samples: list[Sample] = []
+        self.nbytes = 0
+        weakref.finalize(self, _remove, self.path)
+
+    def add(self, kept: list[tuple[Sample, np.ndarray]]) -> None:
+        """Appends a batch's decoded images; OSError (ENOSPC) when the folder is full."""
         for s, a in kept:
-            np.ndarray(a.shape, np.uint8, buffer=self.shm.buf, offset=offset)[...] = a
-            self.samples.append(Sample(s.key, s.label, (offset, a.shape)))
-            offset += a.nbytes
-        self.nbytes = offset
-        weakref.finalize(self, DecodedCache._release, self.shm)
+            a = np.ascontiguousarray(a, dtype=np.uint8)
+            self.file.write(memoryview(a).cast("B"))
+            self.samples.append(Sample(s.key, s.label, (self.nbytes, a.shape)))
+            self.nbytes += a.nbytes
 
-    @staticmethod
-    def _release(shm: shared_memory.SharedMemory) -> None:
-        _shm.pop(shm.name, None)
-        shm.close()
-        shm.unlink()
+    def close(self) -> None:
+        self.file.close()
+        self.samples.sort(key=lambda s: s.key)  # key order: later epochs do not depend on the filling one
+
+    def discard(self) -> None:
+        self.file.close()
+        _remove(self.path)
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, i: int) -> Sample:
         return self.samples[i]
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def remove_stale(folder: pathlib.Path) -> None:
+    """Cache files of this host whose process no longer runs (a killed or preempted run)."""
+    host = socket.gethostname()
+    for f in pathlib.Path(folder).glob(f"{CACHE_PREFIX}{host}-*-rank*.u8"):
+        pid = f.name[len(CACHE_PREFIX) + len(host) + 1 :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            _remove(str(f))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cache_folder(cfg) -> pathlib.Path:
+    return pathlib.Path(cfg.cache_dir) if cfg.cache_dir is not None else pathlib.Path(tempfile.gettempdir())
+
+
+def estimate_cache_bytes(loader: ShardLoader) -> int:
+    """The decoded bytes of this rank's part: its sample count x the mean H x W x 3 of up to HEADER_SAMPLE JPEG
+    headers from its first file (read without decoding), with CACHE_MARGIN."""
+    sizes = []
+    for s in read_shard(loader.split.files[loader.plan.files[0]]):
+        try:
+            h, w = _jpeg_size(s.data)
+        except Exception:  # noqa: BLE001 - not a plain JPEG: decoded here to learn its size
+            try:
+                h, w = decoders.make(loader.decoder)(s.data).shape[:2]
+            except decoders.DecodeError:
+                continue
+        sizes.append(h * w * 3)
+        if len(sizes) == HEADER_SAMPLE:
+            break
+    mean = sum(sizes) / len(sizes) if sizes else 0
+    return int(mean * loader.plan.samples * CACHE_MARGIN)
+
+
+def check_cache_room(loaders: Sequence[ShardLoader], folder: pathlib.Path, local_size: int) -> int:
+    """Before epoch 1: the decoded cache of every split of this rank, times the processes on this node (one
+    folder per node), must fit the folder's free space. Returns this rank's estimate in bytes."""
+    wanted = [x for x in loaders if x is not None and x.cache_wanted]
+    if not wanted:
+        return 0
+    folder = pathlib.Path(folder)
+    if not folder.is_dir():
+        raise ConfigError(f"--cache-dir {folder}: no such folder (create it, or pick a folder on a local disk)")
+    per_rank = sum(estimate_cache_bytes(x) for x in wanted)
+    node = per_rank * local_size
+    st = os.statvfs(folder)
+    free = st.f_bavail * st.f_frsize
+    if node > free:
+        raise ConfigError(
+            f"--cache-decoded: the decoded images need about {per_rank / 2**30:.1f} GiB per process x {local_size} "
+            f"process(es) on this node = {node / 2**30:.1f} GiB in {folder}, which has {free / 2**30:.1f} GiB "
+            "free: pass --cache-dir on a local disk with that room (on Azure ML, the node's local NVMe disk), "
+            "train more nodes (each keeps only its part), or drop --cache-decoded (every epoch then decodes)"
+        )
+    return per_rank
 
 
 # ------------------------------------------------------------------------------------------------ loader
@@ -340,6 +429,7 @@ class ShardLoader:
         shuffle: bool = True,
         shuffle_buffer: int = 5000,
         cache: bool = False,
+        cache_dir: pathlib.Path | None = None,
         workers: int = 2,
         max_steps: int = 0,
         skip_corrupt: bool = False,
@@ -361,7 +451,9 @@ class ShardLoader:
             log.warning("--cache-decoded is off: --max-steps-per-epoch stops epochs before the data is read whole")
         if cache and encoded:
             raise ConfigError("--cache-decoded keeps CPU-decoded images, --gpu-decode decodes on the GPU: choose one")
+        self.cache_dir = pathlib.Path(cache_dir) if cache_dir is not None else pathlib.Path(tempfile.gettempdir())
         self.cache: DecodedCache | None = None
+        self._filling: DecodedCache | None = None
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -393,8 +485,9 @@ class ShardLoader:
 
     def _produce(self, out: queue.Queue, stop: threading.Event) -> None:
         try:
-            filling = [] if self.cache_wanted and self.cache is None else None
-            cache_name = self.cache.shm.name if self.cache is not None else None
+            if self.cache_wanted and self.cache is None:
+                self._start_cache()
+            cache_name = self.cache.path if self.cache is not None else None
             stream = self._samples()
             workers = pool(self.workers) if self.workers > 0 else None
             pending: collections.deque = collections.deque()
@@ -406,27 +499,21 @@ class ShardLoader:
                     self.epoch,
                     self.decoder,
                     cache_name,
-                    filling is not None,
+                    self._filling is not None,
                     self.encoded,
                 )
                 pending.append(workers.apply_async(decode_batch, (task,)) if workers else _Now(decode_batch(task)))
                 while len(pending) > (self.inflight if workers else 0):
-                    if not self._emit(pending.popleft().get(), out, filling, stop):
+                    if not self._emit(pending.popleft().get(), out, stop):
                         return
             while pending:
-                if not self._emit(pending.popleft().get(), out, filling, stop):
+                if not self._emit(pending.popleft().get(), out, stop):
                     return
-            if filling is not None:
+            if self._filling is not None:
                 rest = list(stream)
                 if rest:  # never the case: the plan sized the batches from the manifest's counts
                     raise ConfigError(f"{len(rest)} more samples than the manifest of {self.split.folder} lists")
-                self.cache = DecodedCache(filling)
-                log.info(
-                    "kept %d decoded images of rank %d in memory (%.0f MB)",
-                    len(self.cache),
-                    self.rank,
-                    self.cache.nbytes / 1e6,
-                )
+                self._finish_cache()
             out.put(None)
         except StopIteration:
             out.put(
@@ -438,7 +525,53 @@ class ShardLoader:
         except BaseException as e:  # noqa: BLE001 - handed to the training thread, which raises it
             out.put(e)
 
-    def _emit(self, result: Result, out: queue.Queue, filling, stop) -> bool:
+    def _start_cache(self) -> None:
+        """Epoch 1 (or the first whole epoch after a truncated one) writes the cache as it decodes."""
+        if self._filling is not None:  # a partial cache of an epoch that stopped early
+            self._filling.discard()
+            self._filling = None
+        try:
+            self._filling = DecodedCache(self.cache_dir, self.rank)
+        except OSError as e:
+            self._drop_cache(e)
+
+    def _keep(self, kept: list) -> None:
+        try:
+            self._filling.add(kept)
+        except OSError as e:
+            self._drop_cache(e)
+
+    def _finish_cache(self) -> None:
+        try:
+            self._filling.close()
+        except OSError as e:
+            self._drop_cache(e)
+            return
+        self.cache, self._filling = self._filling, None
+        log.info(
+            "kept %d decoded images of rank %d in %s (%.0f MB)",
+            len(self.cache),
+            self.rank,
+            self.cache.path,
+            self.cache.nbytes / 1e6,
+        )
+
+    def _drop_cache(self, e: OSError) -> None:
+        """A full folder (another job's files, an estimate too low): the run goes on decoding every epoch."""
+        if self._filling is not None:
+            self._filling.discard()
+        self._filling, self.cache_wanted = None, False
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+        log.warning(
+            "--cache-decoded is off for rank %d: %s in %s (%s); every epoch decodes its images. Fix: --cache-dir "
+            "on a local disk with room for the decoded images (the size check before epoch 1 is an estimate)",
+            self.rank,
+            "the folder is full" if full else "the cache file failed",
+            self.cache_dir,
+            e,
+        )
+
+    def _emit(self, result: Result, out: queue.Queue, stop) -> bool:
         for key, reason in result.skipped:
             if not self.skip_corrupt:
                 raise ConfigError(
@@ -446,8 +579,8 @@ class ShardLoader:
                     "prepare the set again, or pass --skip-corrupt-images to skip and count such samples"
                 )
             log.warning("skipping undecodable sample %s in %s: %s", key, self.split.folder, reason)
-        if filling is not None:
-            filling.extend(result.kept)
+        if self._filling is not None and result.kept:
+            self._keep(result.kept)
         n = len(result.labels) + len(result.skipped)
         if not result.labels:
             collate([None] * n)  # raises: every image of the batch was undecodable
@@ -555,6 +688,7 @@ def loader(
         shuffle=shuffle,
         shuffle_buffer=cfg.shuffle_buffer,
         cache=cfg.cache_decoded,
+        cache_dir=cache_folder(cfg),
         workers=cfg.workers,
         max_steps=cfg.max_steps_per_epoch if shuffle else 0,
         skip_corrupt=cfg.skip_corrupt_images,

@@ -157,6 +157,7 @@ def run(cfg: config.TrainConfig) -> dict:
         batch * cfg.backward_passes_per_step,
         device,
         broadcast_object=lambda obj: backend.broadcast_object(obj, name="image_listing"),
+        local_size=backend.local_size(),
     )
 
     torch.manual_seed(cfg.seed)

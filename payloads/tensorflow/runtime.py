@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from ..common import checkpoint, devices
+from ..common import checkpoint, config, devices
 from ..common.errors import ConfigError
 
 SUFFIX = ".npz"
@@ -123,8 +123,12 @@ def lr_scale(cfg, hvd, device: str) -> float:
 
 
 def weight_decay_loss(cfg, model) -> tf.Tensor:
-    """wd/2 * sum(w^2): its gradient wd*w is PyTorch SGD's weight decay, so the payloads train alike."""
-    return cfg.weight_decay * tf.add_n([tf.nn.l2_loss(tf.cast(v, tf.float32)) for v in model.trainable_variables])
+    """wd/2 * sum(w^2) over the variables that decay (config.decays: not BatchNorm's or biases): its gradient wd*w
+    is PyTorch SGD's weight decay, so the payloads train alike."""
+    decayed = [v for v in model.trainable_variables if config.decays(v.shape)]
+    if not decayed:
+        return tf.constant(0.0)
+    return cfg.weight_decay * tf.add_n([tf.nn.l2_loss(tf.cast(v, tf.float32)) for v in decayed])
 
 
 def build_optimizer_state(optimizer, model) -> None:

@@ -102,7 +102,7 @@ def test_cache_keeps_decoded_images_so_later_epochs_read_no_files(tmp_path):
     cached = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=label_only, shuffle_buffer=2, cache=True, workers=0)
     plain = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=label_only, shuffle_buffer=2, workers=0)
     pix = shards.ShardLoader(train, 0, 1, 1, seed=0, transform=pixels, cache=True, workers=0)
-    # The same through worker processes, which read the cache from shared memory (eval crops: no randomness).
+    # The same through worker processes, which map the cache file (eval crops: no randomness).
     crops = shards.ShardLoader(
         train, 0, 1, 2, seed=0, transform=shards.Transform(8, train=False), cache=True, shuffle=False, workers=2
     )
@@ -122,6 +122,97 @@ def test_cache_keeps_decoded_images_so_later_epochs_read_no_files(tmp_path):
     assert sorted((int(y), x.numpy().tobytes()) for xs, ys, _ in crops for x, y in zip(xs, ys)) == crops0
     with pytest.raises(ConfigError, match="cannot open shard .*check the data input"):
         _labels(plain)
+
+
+def _eight_images(tmp_path):
+    root = write_tree(tmp_path / "img", classes=[f"c{i}" for i in range(8)], per_class=1)
+    prepare.run(root, tmp_path / "out", shards=2, formats=["webdataset"], progress=False)
+    train, _, _ = shards.open_set(tmp_path / "out" / "webdataset")
+    return train
+
+
+def test_the_cache_is_a_file_in_cache_dir_removed_with_its_loader(tmp_path):
+    train = _eight_images(tmp_path)
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    loader = shards.ShardLoader(train, 0, 1, 1, 0, transform=pixels, cache=True, cache_dir=folder, workers=0)
+    first = sorted((int(y), x.numpy().tobytes()) for xs, ys, _ in loader for x, y in zip(xs, ys))
+    (kept,) = folder.iterdir()
+    assert kept.name.startswith(f"decoded-{shards.socket.gethostname()}-{shards.os.getpid()}-rank0-")
+    assert kept.stat().st_size == loader.cache.nbytes == sum(len(b) for _, b in first)
+    estimate = shards.estimate_cache_bytes(loader)
+    assert loader.cache.nbytes <= estimate <= 1.5 * loader.cache.nbytes, (estimate, loader.cache.nbytes)
+    loader.set_epoch(1)
+    assert sorted((int(y), x.numpy().tobytes()) for xs, ys, _ in loader for x, y in zip(xs, ys)) == first
+    del loader
+    import gc
+
+    gc.collect()
+    assert list(folder.iterdir()) == []
+
+
+def test_a_cache_left_by_a_killed_run_is_removed_and_a_live_ones_kept(tmp_path):
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    host = shards.socket.gethostname()
+    stale = tmp_path / f"decoded-{host}-{dead.pid}-rank0-x.u8"
+    live = tmp_path / f"decoded-{host}-{shards.os.getpid()}-rank1-y.u8"
+    other = tmp_path / f"decoded-otherhost-{dead.pid}-rank0-z.u8"  # another node's, on a shared folder
+    for f in (stale, live, other):
+        f.write_bytes(b"x")
+    shards.remove_stale(tmp_path)
+    assert not stale.exists() and live.exists() and other.exists()
+
+
+def test_a_cache_that_cannot_fit_is_refused_before_epoch_1_with_the_figure_and_the_fix(tmp_path, monkeypatch):
+    """A write into a shared-memory mapping past a full tmpfs is a SIGBUS, after the slowest epoch: the size
+    (estimate x the node's processes) is checked against the folder's free space before anything is read."""
+    train = _eight_images(tmp_path)
+    loader = shards.ShardLoader(train, 0, 1, 4, 0, transform=pixels, cache=True, cache_dir=tmp_path, workers=0)
+    need = shards.estimate_cache_bytes(loader)
+    real = shards.os.statvfs
+
+    class Small:
+        f_frsize, f_bavail = 1, need * 8 - 1  # room for 7 processes' caches, not 8
+
+    monkeypatch.setattr(shards.os, "statvfs", lambda path: Small() if str(path) == str(tmp_path) else real(path))
+    assert shards.check_cache_room([loader], tmp_path, 7) == need
+    with pytest.raises(ConfigError) as e:
+        shards.check_cache_room([loader, None], tmp_path, 8)
+    text = str(e.value)
+    assert "--cache-decoded" in text and "x 8 process(es)" in text and str(tmp_path) in text
+    assert "--cache-dir" in text and "drop --cache-decoded" in text
+    with pytest.raises(ConfigError, match="--cache-dir .*no such folder"):
+        shards.check_cache_room([loader], tmp_path / "missing", 1)
+    off = shards.ShardLoader(train, 0, 1, 4, 0, transform=pixels, workers=0)
+    assert shards.check_cache_room([off], tmp_path, 8) == 0  # no --cache-decoded: nothing to check
+
+
+def test_a_full_folder_during_epoch_1_drops_the_cache_and_training_goes_on(tmp_path, monkeypatch, caplog):
+    """The estimate can be low, or another job can fill the disk: the cache file is written with plain writes, so
+    a full folder is an OSError (never a SIGBUS), and the loader goes on decoding every epoch."""
+    import errno
+
+    train = _eight_images(tmp_path)
+    loader = shards.ShardLoader(train, 0, 1, 1, 0, transform=pixels, cache=True, cache_dir=tmp_path, workers=0)
+    real_add = shards.DecodedCache.add
+    added = []
+
+    def add(self, kept):
+        if added:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        added.append(len(kept))
+        real_add(self, kept)
+
+    monkeypatch.setattr(shards.DecodedCache, "add", add)
+    first = sorted((int(y), x.numpy().tobytes()) for xs, ys, _ in loader for x, y in zip(xs, ys))
+    assert len(first) == 8 and loader.cache is None and not loader.cache_wanted
+    assert not list(tmp_path.glob("decoded-*")), "the partial file is removed"
+    assert "--cache-decoded is off for rank 0: the folder is full" in caplog.text
+    loader.set_epoch(1)
+    assert sorted((int(y), x.numpy().tobytes()) for xs, ys, _ in loader for x, y in zip(xs, ys)) == first
 
 
 def test_truncated_shard_and_unfinished_set_fail_with_the_fix(tree, tmp_path):

@@ -1,7 +1,10 @@
 """Two real Horovod processes train on WebDataset shards: each rank reads its own part, gradients are
 averaged (ranks end identical), every image is trained on once per epoch."""
 
+import re
+
 import numpy as np
+import pytest
 from helpers import TINY, metrics, train
 from PIL import Image
 
@@ -21,7 +24,31 @@ def _learnable_tree(root, classes=4, per_class=12, seed=0):
     return root
 
 
+def _small_mounts(tmp_path, shm_kib: int, cache_kib: int) -> list[str]:
+    """A command prefix: a private mount namespace in which /dev/shm is a tmpfs of shm_kib KiB and
+    tmp_path/small a tmpfs of cache_kib KiB, as a container's shm_size or a small local disk would be."""
+    import shutil
+    import subprocess
+
+    (tmp_path / "small").mkdir(parents=True)
+    script = (
+        'mount -t tmpfs -o size="$1"k tmpfs /dev/shm && mount -t tmpfs -o size="$2"k tmpfs "$3" && shift 3 && exec "$@"'
+    )
+    prefix = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "mounts"]
+    prefix += [str(shm_kib), str(cache_kib), str(tmp_path / "small")]
+    probe = (
+        subprocess.run([*prefix, "df", "-k", "/dev/shm"], capture_output=True, text=True)
+        if shutil.which("unshare")
+        else None
+    )
+    if probe is None or probe.returncode != 0:
+        pytest.skip(f"no private mounts here (unshare and mount need root): {probe.stderr if probe else 'no unshare'}")
+    return prefix
+
+
 def test_two_processes_train_on_shards_with_identical_weights(tmp_path):
+    """Under a /dev/shm of 16 KiB, smaller than the ranks' decoded images: the cache lives in --cache-dir
+    (TMPDIR here), not in shared memory, where writing past the tmpfs's size was a SIGBUS at the end of epoch 1."""
     _learnable_tree(tmp_path / "img")
     prepare.run(tmp_path / "img", tmp_path / "shards", shards=4, formats=["webdataset"], progress=False)
     out = tmp_path / "run"
@@ -46,12 +73,30 @@ def test_two_processes_train_on_shards_with_identical_weights(tmp_path):
             "--output-dir",
             str(out),
         ],
+        prefix=_small_mounts(tmp_path, shm_kib=16, cache_kib=4),
     )
     m = metrics(out)
     assert m["run"]["world"]["processes"] == 2
     assert m["summary"]["ranks_identical"] is True  # digests gathered from both ranks
     assert [e["images"] for e in m["epochs"]] == [48, 48, 48]  # every image once per epoch, over both ranks
-    assert "kept 24 decoded images of rank 0 in memory" in proc.stdout + proc.stderr
+    kept = re.search(r"kept 24 decoded images of rank 0 in \S+ \((\d+) MB\)", proc.stdout + proc.stderr)
+    assert kept, proc.stdout[-2000:]
+    assert "bus error" not in (proc.stdout + proc.stderr).lower()
+
+    # The same job with --cache-dir on a 4 KiB tmpfs: refused before epoch 1, naming the flag, the figure, the fix.
+    small = tmp_path / "second" / "small"
+    refused = train(
+        2,
+        args
+        + ["--data", "shards", "--data-dir", str(tmp_path / "shards" / "webdataset"), "--epochs", "3"]
+        + ["--batch-size", "6", "--cache-decoded", "--cache-dir", str(small), "--output-dir", str(tmp_path / "r")],
+        check=False,
+        prefix=_small_mounts(tmp_path / "second", shm_kib=1024, cache_kib=4),
+    )
+    text = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "error: --cache-decoded: the decoded images need about" in text, text[-3000:]
+    assert "x 2 process(es) on this node" in text and "pass --cache-dir on a local disk" in text
+    assert not (tmp_path / "r" / "checkpoints").exists() or not any((tmp_path / "r" / "checkpoints").iterdir())
     losses = [e["train_loss"] for e in m["epochs"]]
     assert losses[-1] < losses[0], losses
 

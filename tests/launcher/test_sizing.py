@@ -235,3 +235,38 @@ def test_the_docs_table_is_what_the_launcher_sets():
             assert nccl == f"InfiniBand, {env['NCCL_TOPO_FILE'].rsplit('/', 1)[1]}", size
         else:
             assert nccl == "sockets on eth0" and env["NCCL_SOCKET_IFNAME"] == "eth0", size
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 8])
+@pytest.mark.parametrize("job", sorted((ROOT / "jobs").glob("*resnet50-synthetic.yaml")), ids=lambda p: p.stem)
+def test_synthetic_jobs_time_300_steady_steps_per_rank_at_any_node_count(dev_outputs, job, nodes):
+    """A fixed 128,000 samples gave each of 8 GPUs about 53 steady steps at batch 256 and 16 GPUs 22: seconds,
+    in which one checkpoint or the first NCCL call moves the figure by percents. The launcher sizes the sample
+    count so that every rank, as the payloads' own split deals the samples (payloads/common/sharding.py), runs
+    its start-up steps and then at least sizing.STEADY_STEPS."""
+    from payloads.common import sharding
+
+    template = jobspec.read_template(job)
+    filled = jobspec.fill(template, stack.load_file(dev_outputs), "gpu-ib", nodes, None, [])
+    args = _payload_args(filled["command"])
+    (samples,), (batch,) = _values(args, "--synthetic-samples"), _values(args, "--batch-size")
+    processes = nodes * 8  # gpu-ib: ND96asr_v4, 8 GPUs a node
+    for rank in (0, processes - 1):
+        steps = len(sharding.batches(int(samples), rank, processes, int(batch), 42, 0))
+        assert steps - 10 >= 300, (nodes, rank, steps)  # 10: the payloads' --startup-steps default
+    assert f"{samples} synthetic samples" in filled["tags"]["sizing"]
+    # A user's own count after `--` wins, and a larger batch or more start-up steps raise the filled one.
+    mine = jobspec.fill(template, stack.load_file(dev_outputs), "gpu-ib", nodes, None, ["--synthetic-samples", "5"])
+    assert _values(_payload_args(mine["command"]), "--synthetic-samples") == ["5"]
+    more = jobspec.fill(template, stack.load_file(dev_outputs), "gpu-ib", nodes, None, ["--startup-steps", "50"])
+    assert int(_values(_payload_args(more["command"]), "--synthetic-samples")[0]) == processes * 256 * 350
+
+
+def test_a_decoded_cache_in_dev_shm_is_refused_before_submission(dev_outputs):
+    job = ROOT / "jobs/pytorch-resnet50-imagenet-shards.yaml"
+    template = jobspec.read_template(job)
+    outputs = stack.load_file(dev_outputs)
+    with pytest.raises(JobError, match=r"--cache-dir /dev/shm/x: /dev/shm is the job's shm_size \(64g\)"):
+        jobspec.fill(template, outputs, "gpu-ib", 1, None, ["--cache-dir", "/dev/shm/x"])
+    filled = jobspec.fill(template, outputs, "gpu-ib", 1, None, ["--cache-dir", "/mnt/cache"])
+    assert "--cache-dir /mnt/cache" in filled["command"]

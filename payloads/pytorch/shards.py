@@ -549,7 +549,7 @@ class ShardLoader:
             return
         self.cache, self._filling = self._filling, None
         log.info(
-            "kept %d decoded images of rank %d in %s (%.0f MB)",
+            "kept %d decoded images of rank %d in %s (%.1f MB)",
             len(self.cache),
             self.rank,
             self.cache.path,

@@ -46,6 +46,28 @@ def test_the_check_passes_on_the_local_environment(framework):
     assert proc.returncode == 0, out
     assert "[check] two-process optimizer step: ok" in out
     assert f"[check] the {framework} training path works" in out
+    if framework == "pytorch":  # the payload's own step, with torch 2.14's fused SGD on the CPU
+        assert "pytorch-payload-fused" in out, out
+
+
+def test_a_resume_that_seeds_the_optimizer_with_horovods_zero_step_fails_the_check(tmp_path):
+    """Issue 26, items 2 and 4: the payload's step restores a checkpoint into a fresh optimizer on both ranks
+    with every fused SGD call held to CUDA's layout rule. Horovod's broadcast_optimizer_state (what the
+    payload called before) seeds the other ranks' state with a step on default-layout zero gradients, which
+    CUDA's fused kernel refuses for channels_last weights: the check must fail there."""
+    site = tmp_path / "hvdseed"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "if '--worker' in sys.argv:\n"
+        "    from payloads.pytorch import backends\n"
+        "    backends.Horovod.broadcast_optimizer_state = (\n"
+        "        lambda self, opt: self.hvd.broadcast_optimizer_state(opt, root_rank=0))\n"
+    )
+    proc = run_check("--framework", "pytorch", env_extra={"PYTHONPATH": str(site)})
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert "step: the two-process pytorch optimizer step failed" in proc.stderr
+    assert "CUDA's fused SGD would refuse this step" in proc.stderr, proc.stderr[-3000:]
 
 
 def test_an_rc1_interpreter_fails_the_check_naming_the_cause_where_check_build_passes(tmp_path):

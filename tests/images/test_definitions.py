@@ -189,9 +189,12 @@ def test_the_build_ends_by_running_the_training_path_check(image):
     assert ("COPY", "toolchain/check_training_path.py /opt/checks/check_training_path.py") in runtime
     runs = [args for op, args in runtime if op == "RUN" and "check_training_path.py" in args]
     assert len(runs) == 1, f"{image}: the runtime stage does not run the training path check"
-    argv = runs[0].split()
+    argv = runs[0].split("&&")[0].split()
     assert argv[:2] == ["python", "/opt/checks/check_training_path.py"], "the venv's python (first on PATH)"
     parsed = _check_parser(check).parse_args(argv[2:])
+    if image == "pytorch":  # the payload's own step needs payloads/ where --payload-root points
+        assert ("COPY", "payloads /opt/checks/payloads") in runtime
+        assert parsed.payload_root == pathlib.Path("/opt/checks")
     assert parsed.framework == image and parsed.worker is None
     assert check.WORKER_STEPS[image], "the check takes optimizer steps for this framework"
     assert {"MPI", "NCCL"} <= set(parsed.require)

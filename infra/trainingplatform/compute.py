@@ -20,10 +20,11 @@ from .config import Cluster
 # What Azure ML cannot change on an existing cluster. Its update call carries scale settings only
 # (REST "Compute - Update": ClusterUpdateParameters.properties.properties.scaleSettings; `az ml compute
 # update` and Update-AzMLWorkspaceCompute offer min/max nodes and idle time), so a PUT with a new VM size,
-# priority, subnet or node public IP is answered with success and the cluster keeps the old one. Replacing
-# is the only way, and under a new name (naming.cluster hashes these into it): the new cluster is created
-# beside the old one, which is deleted after. With the same name, delete-then-create raced Azure ML's
-# asynchronous delete and could leave the old size in place. The identity is not here: Azure ML updates a
+# priority, subnet or node public IP is answered with success and the cluster keeps the old one; likewise
+# SSH access ("SSH access can't be changed after creation", how-to-create-attach-compute-cluster). Replacing
+# is the only way, and under a new name (naming.cluster hashes these, and sshEnabled, into it): the new
+# cluster is created beside the old one, which is deleted after. With the same name, delete-then-create
+# raced Azure ML's asynchronous delete and could leave the old size in place. The identity is not here: Azure ML updates a
 # cluster's identity in place (`az ml compute update --identity-type/--user-assigned-identities`), so an
 # identity change must not delete the cluster and the jobs running on it.
 REPLACE_ON_CHANGES = (
@@ -33,6 +34,18 @@ REPLACE_ON_CHANGES = (
     "properties.properties.subnet",
     "properties.properties.enableNodePublicIp",
 )
+
+
+def priority(c: Cluster) -> str:
+    return "LowPriority" if c.low_priority else "Dedicated"
+
+
+def compute_name(c: Cluster, subnet_id, workspace_name) -> pulumi.Output[str] | str:
+    """The Azure ML name of cluster `c` in the workspace named `workspace_name`: what jobs and the workspace's
+    imageBuildCompute name. The one place it is made, so that the two can never differ."""
+    return naming.cluster(
+        c.name, c.vm_size, priority(c), subnet_id, ssh_enabled=c.ssh_enabled, workspace_name=workspace_name
+    )
 
 
 def compute_identity(
@@ -81,10 +94,9 @@ class ComputeClusters(pulumi.ComponentResource):
                 ssh = ml.UserAccountCredentialsArgs(
                     admin_user_name="azureuser", admin_user_ssh_public_key=ssh_public_key
                 )
-            priority = "LowPriority" if c.low_priority else "Dedicated"
             self.clusters[c.name] = ml.Compute(
                 f"{name}-{c.name}",
-                compute_name=naming.cluster(c.name, c.vm_size, priority, subnet_id),
+                compute_name=compute_name(c, subnet_id, workspace_name),
                 resource_group_name=resource_group,
                 workspace_name=workspace_name,
                 location=location,
@@ -96,7 +108,7 @@ class ComputeClusters(pulumi.ComponentResource):
                     f"{', InfiniBand ' + c.size.infiniband if c.size.infiniband else ''}",
                     properties=ml.AmlComputePropertiesArgs(
                         vm_size=c.vm_size,
-                        vm_priority=priority,
+                        vm_priority=priority(c),
                         os_type="Linux",
                         enable_node_public_ip=False,
                         isolated_network=False,

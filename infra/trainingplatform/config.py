@@ -140,6 +140,7 @@ PLATFORM_KEYS = (
     "dataStack",
     "mountNfs",
     "sshPublicKey",
+    "jumpHostSshPublicKey",
     "access",
 )
 NETWORK_KEYS = (
@@ -625,7 +626,8 @@ def pulumi_settings(project: str) -> tuple[dict, str, str | None, str | None]:
 def from_pulumi() -> PlatformConfig:
     """Read the current stack's config through Pulumi (the program's entry point)."""
     raw, stack, location, subscription = pulumi_settings(PROJECT)
-    raw.pop("sshPublicKey", None)  # a secret, read by the entry point itself
+    for secret in ("sshPublicKey", "jumpHostSshPublicKey"):
+        raw.pop(secret, None)  # secrets, read by the entry point itself
     return load(raw, stack, location, subscription)
 
 

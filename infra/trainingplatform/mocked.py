@@ -205,5 +205,10 @@ def run(
             _, data_outputs = run_data(data_raw, stack, data_location, RecordingMocks(subscription=mocks.subscription))
         mocks.stack_outputs[reference] = data_outputs
     return mocks, _declare(
-        mocks, config.PROJECT, stack, lambda: program.build(cfg, ssh_public_key=raw.get("sshPublicKey"))
+        mocks,
+        config.PROJECT,
+        stack,
+        lambda: program.build(
+            cfg, ssh_public_key=raw.get("sshPublicKey"), jump_host_ssh_public_key=raw.get("jumpHostSshPublicKey")
+        ),
     )

@@ -13,8 +13,12 @@
   carry a random suffix made once per stack lifetime (pulumi_random): a recreated stack never collides with
   its soft-deleted predecessor.
 
+- Azure ML compute cluster names are unique per REGION, not per workspace ("Name needs to be unique across
+  all existing computes within an Azure region", learn.microsoft.com/azure/machine-learning/
+  how-to-create-attach-compute-cluster), so they hash the workspace's own name (see `cluster`).
+
 Azure's rules (learn.microsoft.com/azure/azure-resource-manager/management/resource-name-rules) are
-checked for each name in tests/infra/test_naming.py.
+checked for each name in tests/infra/test_naming.py, for thousands of generated stack names.
 """
 
 from __future__ import annotations
@@ -27,6 +31,13 @@ import pulumi
 SUFFIX_LENGTH = 8  # 32 bits of hash: the storage name still fits 24 characters with an 8-letter prefix
 STACK_HASH_LENGTH = 4
 STACK_TEXT_LENGTH = 3  # with the hash: 7 characters, so a Key Vault name fits 24 (vault_name)
+# Azure ML compute names: 2-16 characters (resource-name-rules, Microsoft.MachineLearningServices
+# "workspaces / computes"; the studio's form for clusters says 3-24: 3-16 meets both). The cluster's hash is
+# letters only (26**5, about 11.9 million values): see `cluster` for why never digits.
+CLUSTER_NAME_MAX = 16
+CLUSTER_HASH_LENGTH = 5
+CLUSTER_TEXT_LENGTH = CLUSTER_NAME_MAX - 1 - CLUSTER_HASH_LENGTH  # 10, then "-" and the hash
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 def _clean(text: str) -> str:
@@ -35,6 +46,16 @@ def _clean(text: str) -> str:
 
 def stable_suffix(*parts: str, length: int = SUFFIX_LENGTH) -> str:
     return hashlib.sha256("/".join(parts).encode()).hexdigest()[:length]
+
+
+def letter_suffix(*parts: str, length: int = CLUSTER_HASH_LENGTH) -> str:
+    """A hash of `parts` written in lowercase letters only (base 26 of the SHA-256 digest)."""
+    n = int(hashlib.sha256("/".join(parts).encode()).hexdigest(), 16)
+    out = []
+    for _ in range(length):
+        n, digit = divmod(n, len(_LETTERS))
+        out.append(_LETTERS[digit])
+    return "".join(out)
 
 
 def stack_id(stack: str) -> str:
@@ -74,6 +95,8 @@ def dashed(prefix: str, stack: str, role: str) -> str:
 def vault_name(prefix: str, stack: str, random_suffix):
     """Key Vault: 3-24 letters, digits and hyphens, starting with a letter, ending with a letter or digit,
     no two hyphens in a row. At most 8 + 1 + 7 + 3 + 5 = 24."""
+    if isinstance(random_suffix, str):
+        return f"{_clean(prefix)}-{stack_id(stack)}-kv{random_suffix}"
     return pulumi.Output.concat(f"{_clean(prefix)}-{stack_id(stack)}-kv", random_suffix)
 
 
@@ -89,18 +112,36 @@ def workspace_name(prefix: str, stack: str, random_suffix, *dependencies):
         rand, *deps = values
         return f"{_clean(prefix)}-{stack_id(stack)}-mlw{rand}{stable_suffix(*(str(d).lower() for d in deps), length=4)}"
 
+    if all(isinstance(v, str) for v in (random_suffix, *dependencies)):
+        return name([random_suffix, *dependencies])
     return pulumi.Output.all(random_suffix, *dependencies).apply(name)
 
 
-def cluster(name: str, vm_size: str, priority: str, subnet_id):
-    """Azure ML compute name: 2-16 letters, digits and hyphens, starting with a letter, ending with a letter
-    or digit. What Azure ML cannot change on a cluster (VM size, priority, subnet: compute.py) is hashed into
-    the name, so a change creates a new cluster beside the old one instead of a PUT to the old one, which
-    Azure answers with success while keeping the old size. At most 11 + 1 + 4 = 16."""
+def cluster(name: str, vm_size: str, priority: str, subnet_id, *, ssh_enabled: bool, workspace_name):
+    """Azure ML compute name `<config name, up to 10>-<5 letters>`.
 
-    def make(subnet):
-        return f"{name[:11].rstrip('-')}-{stable_suffix(name, vm_size, priority, str(subnet).lower(), length=4)}"
+    Valid by construction: 2-16 letters, digits and hyphens starting with a letter (resource-name-rules;
+    the config name starts with a letter, config.py), and the hash is letters only, so the name ends in a
+    letter. Azure ML refuses a name ending in a hyphen and digits ("Numbers cannot be the ending of the name
+    if the previous character is a minus symbol"), and for clusters every "-" "needs to be followed by at
+    least one letter later in the name" (how-to-create-attach-compute-cluster): with hex digits, about 15%
+    of the former hex suffixes (four digits all 0-9) made names Azure refuses at `up`.
 
-    if isinstance(subnet_id, str):
-        return make(subnet_id)
-    return pulumi.Output.from_input(subnet_id).apply(make)
+    The hash covers:
+    - what Azure ML cannot change on an existing cluster (VM size, priority, subnet: compute.py; SSH access,
+      "SSH access can't be changed after creation", how-to-create-attach-compute-cluster), so a change
+      creates a new cluster beside the old one instead of a PUT that Azure answers with success while
+      keeping the old settings;
+    - the workspace's own name. Compute names are unique per region, across workspaces, and a replaced
+      workspace gets a new name (workspace_name above) while the old one still exists: its clusters, created
+      before the old ones are deleted, need names the old ones do not hold. Nothing else in the hash changes
+      on a workspace replacement."""
+
+    def make(values):
+        subnet, workspace = values
+        parts = (name, vm_size, priority, str(subnet).lower(), f"ssh={bool(ssh_enabled)}", str(workspace).lower())
+        return f"{name[:CLUSTER_TEXT_LENGTH].rstrip('-')}-{letter_suffix(*parts)}"
+
+    if isinstance(subnet_id, str) and isinstance(workspace_name, str):
+        return make((subnet_id, workspace_name))
+    return pulumi.Output.all(subnet_id, workspace_name).apply(make)

@@ -42,8 +42,15 @@ def way_in(
     net: PlatformNetwork,
     dns: PrivateDnsZones,
     tags: dict,
-    ssh_public_key: pulumi.Input[str] | None,
+    jump_host_ssh_public_key: pulumi.Input[str] | None,
 ) -> WayIn | None:
+    """jump_host_ssh_public_key: the `jumpHostSshPublicKey` secret, the jump host's own key (the clusters' is
+    `sshPublicKey`): a key for a jump host that is not declared is refused rather than ignored."""
+    if jump_host_ssh_public_key is not None and (cfg.access is None or cfg.access.mode != "bastion"):
+        raise ValueError(
+            "jumpHostSshPublicKey is set, but only access.mode bastion declares a jump host: remove it "
+            "(pulumi config rm jumpHostSshPublicKey) or declare the bastion (docs/private-access.md)"
+        )
     if cfg.access is None or cfg.access.mode == "none":
         return None
     return WayIn(
@@ -56,7 +63,7 @@ def way_in(
         net.nat.id,
         dns,
         tags,
-        ssh_public_key,
+        jump_host_ssh_public_key,
     )
 
 

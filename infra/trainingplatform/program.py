@@ -22,7 +22,13 @@ from .registry import Registry
 from .workspace import Workspace
 
 
-def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) -> dict[str, pulumi.Input]:
+def build(
+    cfg: PlatformConfig,
+    ssh_public_key: pulumi.Input[str] | None = None,
+    jump_host_ssh_public_key: pulumi.Input[str] | None = None,
+) -> dict[str, pulumi.Input]:
+    """ssh_public_key: the `sshPublicKey` secret, for clusters with sshEnabled; jump_host_ssh_public_key: the
+    `jumpHostSshPublicKey` secret, for the jump host alone (each key's change touches only its own resources)."""
     users = deployer_users(cfg.users, PROJECT)  # before anything is declared: it may refuse
     for warning in cfg.warnings:
         pulumi.log.warn(warning)
@@ -99,7 +105,7 @@ def build(cfg: PlatformConfig, ssh_public_key: pulumi.Input[str] | None = None) 
         depends_on=registry.link.ready if registry.link else (),
     )
     identity = compute_identity("compute", group.name, cfg.location, tags)
-    way_in = private.way_in(cfg, group.name, net, dns, tags, ssh_public_key)  # after every private endpoint
+    way_in = private.way_in(cfg, group.name, net, dns, tags, jump_host_ssh_public_key)  # after every private endpoint
 
     job_identity = identity.principal_id
     workspace_identity = ws.workspace.identity.apply(lambda i: i.principal_id)

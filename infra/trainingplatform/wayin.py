@@ -49,6 +49,16 @@ runcmd:
 """
 
 
+# Azure cannot change a VM's OS settings after creation: a PUT with another SSH key or custom data fails with
+# PropertyChangeNotAllowed ("Changing property 'linuxConfiguration.ssh.publicKeys' is not allowed",
+# "Changing property 'customData' is not allowed"; azure-native's compute.OSProfileArgs, from the REST spec,
+# on customData and adminUsername: "This property cannot be updated after the VM is created"). So any change
+# under osProfile (the key setting `jumpHostSshPublicKey`, the admin password, CLOUD_INIT) replaces the jump
+# host. Deleted first: its NIC belongs to one VM at a time (a second VM on it is refused with NicInUse), and
+# the replacement gets a new auto-name. What was on the old VM's disk (Docker layers, clones) goes with it.
+JUMP_HOST_REPLACE_ON_CHANGES = ("osProfile",)
+
+
 class WayIn(pulumi.ComponentResource):
     """Outputs (`describe()`): what a user needs to get in: Bastion and jump host names, or the resolver's address.
 
@@ -69,6 +79,8 @@ class WayIn(pulumi.ComponentResource):
         ssh_public_key: pulumi.Input[str] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ):
+        """ssh_public_key: the jump host's admin key (the `jumpHostSshPublicKey` secret), never the clusters'
+        `sshPublicKey`: a change to it replaces the jump host (JUMP_HOST_REPLACE_ON_CHANGES)."""
         super().__init__("trainingplatform:wayin:WayIn", name, None, opts)
         self.cfg = cfg
         self.bastion: network.BastionHost | None = None
@@ -207,7 +219,9 @@ class WayIn(pulumi.ComponentResource):
                 ),
             ),
             tags=self._tags,
-            opts=child,
+            opts=pulumi.ResourceOptions(
+                parent=self, replace_on_changes=list(JUMP_HOST_REPLACE_ON_CHANGES), delete_before_replace=True
+            ),
         )
         # Entra ID sign-in over SSH (https://learn.microsoft.com/entra/identity/devices/howto-vm-sign-in-azure-ad-linux):
         # users need "Virtual Machine Administrator Login" on the VM (program.py grants it).

@@ -29,11 +29,19 @@ from pulumi_azure_native import applicationinsights, keyvault, operationalinsigh
 from pulumi_azure_native import machinelearningservices as ml
 
 from . import naming
+from .compute import compute_name
 from .privatelink import PrivateDnsZones, PrivateLink
 from .storage import network_rules, secure_account
 
 # The workspace inputs Azure ML cannot update (see the module docstring).
 REPLACE_ON_CHANGES = ("storageAccount", "keyVault")
+
+
+def image_build_compute(cfg, compute_subnet_id, workspace_name) -> pulumi.Input[str] | None:
+    """The Azure ML name of the `imageBuildCluster` (config.py checks it is a declared CPU cluster), made by
+    the same function that names the cluster itself (compute.compute_name), in this workspace."""
+    build = next((c for c in cfg.clusters if c.name == cfg.image_build_cluster), None)
+    return None if build is None else compute_name(build, compute_subnet_id, workspace_name)
 
 
 class Workspace(pulumi.ComponentResource):
@@ -143,11 +151,10 @@ class Workspace(pulumi.ComponentResource):
             self.links["storage-file"] = link("storage-file", self.storage.id, "file")
         for endpoint in self.links.values():
             ready.extend(endpoint.ready)
+        workspace_name = naming.workspace_name(cfg.prefix, cfg.stack, random_suffix, self.storage.name, self.vault.name)
         self.workspace = ml.Workspace(
             f"{name}-workspace",
-            workspace_name=naming.workspace_name(
-                cfg.prefix, cfg.stack, random_suffix, self.storage.name, self.vault.name
-            ),
+            workspace_name=workspace_name,
             resource_group_name=resource_group,
             location=location,
             kind="Default",
@@ -157,7 +164,9 @@ class Workspace(pulumi.ComponentResource):
             application_insights=self.insights.id,
             storage_account=self.storage.id,
             container_registry=registry_id,
-            image_build_compute=cfg.image_build_cluster,
+            # The build cluster's Azure ML name (`cpu-smoke-<hash>`), not its config name: Azure ML builds
+            # environments on the compute of exactly this name, and there is none called `cpu-smoke`.
+            image_build_compute=image_build_compute(cfg, compute_subnet_id, workspace_name),
             public_network_access="Enabled" if cfg.workspace_public_access else "Disabled",
             system_datastores_auth_mode="identity",  # the workspace storage has shared keys off
             v1_legacy_mode=False,

@@ -194,7 +194,8 @@ def test_registry_and_workspace(dev):
     assert ws["applicationInsights"] == one(mocks, "Component", "ml-insights").id
     assert ws["storageAccount"] == one(mocks, "StorageAccount", "ml-storage").id
     assert ws["containerRegistry"] == acr.id
-    assert ws["imageBuildCompute"] == "cpu-smoke"
+    # The build cluster's Azure ML name, not its config name (test_replacements: image builds name a cluster).
+    assert ws["imageBuildCompute"] == one(mocks, "Compute", "compute-cpu-smoke").inputs["computeName"]
     assert ws["identity"]["type"] == "SystemAssigned"
     insights = one(mocks, "Component", "ml-insights").inputs
     assert insights["workspaceResourceId"] == one(mocks, "operationalinsights:Workspace", "ml-log-analytics").id

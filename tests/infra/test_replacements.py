@@ -112,3 +112,73 @@ def test_the_stack_output_names_the_cluster_jobs_are_submitted_to(dev):
     for name, cluster in outputs["clusters"].items():
         assert cluster["name"] == name
         assert cluster["compute_name"] == _cluster(mocks, f"compute-{name}")["computeName"]
+
+
+# ---- issue 28: cluster names across a workspace replacement (item 4), SSH access (item 11), image builds (8) ----
+
+
+def _compute_names(mocks):
+    return {r.name: r.inputs["computeName"] for r in mocks.of_type("machinelearningservices:Compute")}
+
+
+def test_a_workspace_replacement_gives_every_cluster_a_new_name(dev, dev_raw, dev_data, monkeypatch):
+    # "Name needs to be unique across all existing computes within an Azure region" (learn.microsoft.com/azure/
+    # machine-learning/how-to-create-attach-compute-cluster, "Compute name"). A replaced workspace is a new one,
+    # created before the old one is deleted (module docstring), and its clusters with it: while the old clusters
+    # still exist in the same region, the new ones must not take their names.
+    before_ws = one(dev[0], "machinelearningservices:Workspace", "ml-workspace").inputs["workspaceName"]
+    before = _compute_names(dev[0])
+    new_vault = _run(dev_raw, dev_data, random_result="p3m9w")  # a new Key Vault: a new workspace
+    original = naming.storage_account
+    monkeypatch.setattr(
+        naming, "storage_account", lambda prefix, stack, role, suffix: original(prefix, stack, "v2" + role, suffix)
+    )
+    new_storage = _run(dev_raw, dev_data)  # a new workspace storage account: a new workspace
+    for replaced in (new_vault, new_storage):
+        ws = one(replaced, "machinelearningservices:Workspace", "ml-workspace").inputs["workspaceName"]
+        assert ws != before_ws, "the premise: this change replaces the workspace under a new name"
+        after = _compute_names(replaced)
+        assert after.keys() == before.keys()
+        for logical, name in after.items():
+            assert name != before[logical], (logical, name, "same name as the old workspace's cluster")
+            assert name.startswith(logical.removeprefix("compute-") + "-")  # the config name stays readable
+
+
+def test_an_ssh_access_change_gives_the_cluster_a_new_name(dev, dev_raw, dev_data):
+    # "SSH access is disabled by default. SSH access can't be changed after creation."
+    # (learn.microsoft.com/azure/machine-learning/how-to-create-attach-compute-cluster, "Enable SSH access").
+    # Like the VM size, sshEnabled is hashed into the name: a new cluster beside the old one, not a PUT that
+    # Azure ML would answer with success while leaving SSH as it was.
+    old = _cluster(dev[0])
+    assert old["properties"]["properties"].get("userAccountCredentials") is None
+
+    def ssh_on(raw):
+        raw["clusters"][1]["sshEnabled"] = True
+        raw["sshPublicKey"] = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample user@laptop"
+
+    changed = _run(dev_raw, dev_data, ssh_on)
+    new = _cluster(changed)
+    assert new["properties"]["properties"]["userAccountCredentials"]["adminUserName"] == "azureuser"
+    assert new["computeName"] != old["computeName"] and new["computeName"].startswith("gpu-ib-")
+    # Only the cluster whose SSH access changed moves.
+    assert _cluster(changed, "compute-cpu-smoke")["computeName"] == _cluster(dev[0], "compute-cpu-smoke")["computeName"]
+
+
+def test_image_builds_name_a_declared_cluster(dev, prod, dev_raw, dev_data):
+    # The workspace's imageBuildCompute is "The compute name for image build" (REST Workspaces,
+    # WorkspaceProperties.imageBuildCompute; learn.microsoft.com/azure/machine-learning/how-to-secure-workspace-vnet,
+    # "Enable Azure Container Registry": `az ml workspace update ... --image-build-compute mycomputecluster`): an
+    # Azure ML compute name. The config name `cpu-smoke` names no compute (the cluster is `cpu-smoke-<hash>`),
+    # so every environment build failed.
+    for mocks in (dev[0], prod[0]):
+        ws = one(mocks, "machinelearningservices:Workspace", "ml-workspace").inputs
+        declared = _compute_names(mocks)
+        assert ws["imageBuildCompute"] in declared.values(), (ws["imageBuildCompute"], declared)
+        assert ws["imageBuildCompute"] == declared["compute-cpu-smoke"]  # imageBuildCluster: cpu-smoke
+    # It follows the cluster when the cluster is replaced under a new name.
+    moved = _run(dev_raw, dev_data, lambda r: r["clusters"][0].update(vmSize="Standard_D8s_v5"))
+    assert (
+        one(moved, "machinelearningservices:Workspace", "ml-workspace").inputs["imageBuildCompute"]
+        == _cluster(moved, "compute-cpu-smoke")["computeName"]
+        != _cluster(dev[0], "compute-cpu-smoke")["computeName"]
+    )

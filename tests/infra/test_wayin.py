@@ -180,6 +180,59 @@ def test_bastion_and_jump_host(prod):
     assert "wayin-bastion-subnet" in mocks.depends_on("wayin-jumphost-subnet")
 
 
+# ---- issue 28, item 10: the jump host's OS settings cannot change after creation ----
+
+JUMP_KEY = "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQCjumphostkey jump@laptop"
+
+
+def test_a_new_jump_host_key_or_cloud_init_replaces_the_vm_instead_of_failing(
+    prod, prod_raw, prod_data_out, monkeypatch
+):
+    # Azure refuses to change a VM's OS profile after creation, with PropertyChangeNotAllowed: "Changing property
+    # 'linuxConfiguration.ssh.publicKeys' is not allowed." (github.com/Azure/azure-cli/issues/11840,
+    # Azure/azure-quickstart-templates#5442), "Changing property 'customData' is not allowed."
+    # (Azure/azure-sdk-for-node#2297); azure-native's VirtualMachine docs (pulumi-azure-native 3.29.0,
+    # compute.OSProfileArgs, from the REST spec), custom_data and admin_username: "This property cannot be
+    # updated after the VM is created." So a change there must replace the VM (Pulumi's replaceOnChanges)
+    # rather than fail in the middle of `up`.
+    mocks, _ = prod
+    opts = mocks.options["wayin-jumphost"]
+    assert "osProfile" in opts.replace_on_changes
+    # Deleted first: its NIC belongs to one VM at a time (a second VM on it: NicInUse, "Network Interface ... is
+    # used by existing VM"), and the replacement is auto-named anew.
+    assert opts.delete_before_replace is True
+    before = one(mocks, "compute:VirtualMachine", "wayin-jumphost").inputs["osProfile"]
+    assert "vmName" not in one(mocks, "compute:VirtualMachine", "wayin-jumphost").inputs  # auto-named
+
+    # Its own key setting: jumpHostSshPublicKey changes the jump host's osProfile ...
+    keyed = one(
+        _run(prod_raw, prod_data_out, jumpHostSshPublicKey=JUMP_KEY)[0], "compute:VirtualMachine", "wayin-jumphost"
+    )
+    profile = keyed.inputs["osProfile"]
+    assert profile != before
+    assert profile["linuxConfiguration"]["disablePasswordAuthentication"] is True
+    assert profile["linuxConfiguration"]["ssh"]["publicKeys"][0]["keyData"] == JUMP_KEY
+    assert "adminPassword" not in profile
+    # ... and the clusters' sshPublicKey does not touch it.
+    cluster_key = _run(prod_raw, prod_data_out, sshPublicKey="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIClusters c@l")[0]
+    assert one(cluster_key, "compute:VirtualMachine", "wayin-jumphost").inputs["osProfile"] == before
+
+    # An edited cloud-init (custom data) changes osProfile too, so it replaces the VM as well.
+    monkeypatch.setattr(wayin, "CLOUD_INIT", wayin.CLOUD_INIT + "  - [sh, -c, 'echo edited']\n")
+    edited = one(_run(prod_raw, prod_data_out)[0], "compute:VirtualMachine", "wayin-jumphost").inputs["osProfile"]
+    assert edited["customData"] != before["customData"]
+
+
+def test_a_jump_host_key_without_a_jump_host_is_refused(prod_raw, prod_data_out):
+    with pytest.raises(ValueError, match="jumpHostSshPublicKey is set, but only access.mode bastion declares"):
+        _run(
+            prod_raw,
+            prod_data_out,
+            jumpHostSshPublicKey=JUMP_KEY,
+            access={"mode": "hub", "hubVnetId": HUB},
+        )
+
+
 def test_private_dns_zones_are_linked_to_the_platform_vnet_only(prod):
     # Outside the VNet the private endpoints do not resolve (private-endpoint-dns): nobody but the way in gets in.
     mocks, _ = prod

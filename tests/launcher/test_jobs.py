@@ -82,8 +82,10 @@ def test_dry_run_prints_the_job_and_its_hourly_cost(dev_outputs, capsys):
     )
     out = capsys.readouterr().out
     resolved = yaml.safe_load(out)
+    compute_name = stack.load_file(dev_outputs).cluster("gpu-ib")["compute_name"]
+    assert compute_name.startswith("gpu-ib-") and compute_name != "gpu-ib"
     assert (
-        resolved["distribution"]["process_count_per_instance"] == 8 and resolved["compute"] == "azureml:gpu-ib-c764"
+        resolved["distribution"]["process_count_per_instance"] == 8 and resolved["compute"] == f"azureml:{compute_name}"
     )  # the Azure ML name (stack output compute_name)
     assert "# cost of one hour: $10.88 (2 x Standard_ND96asr_v4 (low priority) at $5.439/node-hour" in out
 

@@ -237,7 +237,7 @@ def test_the_docs_table_is_what_the_launcher_sets():
             assert nccl == "sockets on eth0" and env["NCCL_SOCKET_IFNAME"] == "eth0", size
 
 
-@pytest.mark.parametrize("nodes", [1, 2, 8])
+@pytest.mark.parametrize("nodes", [1, 2])  # gpu-ib scales to 2 nodes in the dev stack
 @pytest.mark.parametrize("job", sorted((ROOT / "jobs").glob("*resnet50-synthetic.yaml")), ids=lambda p: p.stem)
 def test_synthetic_jobs_time_300_steady_steps_per_rank_at_any_node_count(dev_outputs, job, nodes):
     """A fixed 128,000 samples gave each of 8 GPUs about 53 steady steps at batch 256 and 16 GPUs 22: seconds,

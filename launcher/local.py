@@ -48,7 +48,7 @@ def horovodrun_options(choice: str) -> tuple[list[str], dict[str, str]]:
 def _mpi_available() -> bool:
     import shutil
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # the check loads Horovod's TensorFlow library: no INFO lines
+    # read from Horovod's library file (toolchain/patch_horovod.py): no framework imported, no process forked
     from horovod.common.util import mpi_built
 
     return bool(shutil.which("mpirun")) and bool(mpi_built())
@@ -90,7 +90,10 @@ def plan(
 
     command = REFERENCE.sub(substitute, job["command"])
     if sizing.uses_placeholders(command):
-        command = sizing.apply(command, sizing.for_local(processes), extra_args)
+        fit = sizing.for_local(processes)
+        if sizing.SAMPLES in command:
+            fit = sizing.with_timed_samples(fit, processes, command.split() + list(extra_args))
+        command = sizing.apply(command, fit, extra_args)
     if extra_args:
         command += " " + shlex.join(extra_args)
     if job["distribution"]["type"] == "pytorch":

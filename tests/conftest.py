@@ -12,10 +12,50 @@ import pytest
 def pytest_configure(config):
     # The platform program reads the Azure CLI's login (trainingplatform/access.py); tests never see this machine's.
     os.environ["AZURE_CONFIG_DIR"] = tempfile.mkdtemp(prefix="no-azure-cli-")
+    # Every payload launch of the session (helpers.record_launch), for the device rule below.
+    if "TEST_LAUNCH_LOG" not in os.environ:
+        fd, path = tempfile.mkstemp(prefix="launches-", suffix=".jsonl")
+        os.close(fd)
+        os.environ["TEST_LAUNCH_LOG"] = path
+
+
+def _whole_suite(session) -> bool:
+    """Run as scripts/test and CI run it: the tests folder, nothing selected or deselected."""
+    o = session.config.option
+    tests = pathlib.Path(__file__).parent.resolve()
+    args = [pathlib.Path(a.split("::")[0]).resolve() for a in session.config.args]
+    narrowed = o.keyword or o.markexpr or getattr(o, "deselect", None) or getattr(o, "lf", False)
+    return all(a == tests for a in args) and not narrowed
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The device rule (tests/README.md), checked on what ran: every value of every device-dependent flag trained
+    in a successful launch of two or more processes. Deleting those runs fails the whole suite."""
+    import json
+
+    from helpers import uncovered_device_values
+
+    from payloads.common import config
+
+    path = os.environ.get("TEST_LAUNCH_LOG")
+    if not path or exitstatus != 0 or not _whole_suite(session):
+        return
+    with open(path) as f:
+        launches = [json.loads(line) for line in f if line.strip()]
+    missing = uncovered_device_values(launches, config.DEVICE_DEPENDENT)
+    if missing:
+        session.config.get_terminal_writer().line(
+            "device rule (tests/README.md): no successful multi-process launch trained with " + "; ".join(missing),
+            red=True,
+        )
+        session.exitstatus = 1
 
 
 def pytest_unconfigure(config):
     shutil.rmtree(os.environ.pop("AZURE_CONFIG_DIR", ""), ignore_errors=True)
+    path = os.environ.pop("TEST_LAUNCH_LOG", None)
+    if path and os.path.basename(path).startswith("launches-"):
+        os.unlink(path)
 
 
 _libc = ctypes.CDLL(None)

@@ -86,6 +86,7 @@ def train(
     """`prefix`: a command the launch runs under (a private mount namespace, say)."""
     cmd = [*prefix, *(horovodrun(np, args, payload) if backend == "horovod" else torchrun(np, args, payload))]
     proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout)
+    record_launch(np, args, payload, proc.returncode)
     if check and proc.returncode != 0:
         pytest.fail(
             f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
@@ -104,3 +105,31 @@ def final_weights(out: pathlib.Path) -> dict:
 
     epoch, path = checkpoint.latest(out / "checkpoints", ".pt")
     return torch.load(path, map_location="cpu", weights_only=False)["model"]
+
+
+# Every payload launch of the session, for the device rule (conftest.py, pytest_sessionfinish): one JSON line each.
+LAUNCH_LOG = "TEST_LAUNCH_LOG"
+
+
+def record_launch(np: int, args: list[str], payload: str, returncode: int) -> None:
+    path = os.environ.get(LAUNCH_LOG)
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"np": np, "args": list(args), "payload": payload, "rc": returncode}) + "\n")
+
+
+def uncovered_device_values(launches: list[dict], device_dependent: dict) -> list[str]:
+    """The device-dependent flag values (payloads/common/config.py, DEVICE_DEPENDENT) that no successful launch of
+    two or more processes passed: the rule is that each value trains distributed, not that it appears in a test
+    (a refusal test or a one-process run names a flag without running its gradients through Horovod or DDP)."""
+
+    def passes(args: list[str], value: tuple[str, ...]) -> bool:
+        n = len(value)
+        return any(tuple(args[i : i + n]) == value for i in range(len(args) - n + 1))
+
+    return [
+        f"{name}: {' '.join(value)}"
+        for name, values in device_dependent.items()
+        for value in values
+        if value and not any(r["np"] >= 2 and r["rc"] == 0 and passes(r["args"], value) for r in launches)
+    ]

@@ -65,6 +65,125 @@ _SYNCHRONIZE = f"""        mpi_lib.horovod_torch_wait_and_clear(handle)
 """
 
 
+# Horovod's launcher asks which controllers and operations the build has (horovod/common/util.py: mpi_built,
+# gloo_built, nccl_built, ddl_built, ccl_built) by forking a process per question that imports a framework's
+# extension, TensorFlow's first: several seconds of TensorFlow for every horovodrun, a PyTorch job's included, and
+# six TensorFlow imports for `horovodrun --check-build`. The compiled library knows the answers (operations.cc,
+# horovod_*_built()); the patch adds them to it as one string, decided by the same preprocessor conditions, and
+# util.py reads that string from the extension's file: no framework imported, no process forked. A library
+# without the string (another build) is asked as before, PyTorch's extension before TensorFlow's.
+# `--check-build` still imports each framework once, for its "Available Frameworks" lines (does it load).
+_BUILT_WITH_CC = f"""bool horovod_ccl_built() {{
+#if HAVE_CCL
+  return true;
+#else
+  return false;
+#endif
+}}
+
+// {MARK}: the answers of the horovod_*_built() above as one string in the library's
+// read-only data, which horovod/common/util.py reads from the file without loading the library or a framework.
+#define HOROVOD_BUILT_WITH_STR_(x) #x
+#define HOROVOD_BUILT_WITH_STR(x) HOROVOD_BUILT_WITH_STR_(x)
+const char* horovod_built_with() {{
+  return "HOROVOD_BUILT_WITH["
+#if HAVE_MPI
+         "mpi=1;"
+#else
+         "mpi=0;"
+#endif
+#if HAVE_GLOO
+         "gloo=1;"
+#else
+         "gloo=0;"
+#endif
+#if HAVE_NCCL
+         "nccl=" HOROVOD_BUILT_WITH_STR(NCCL_VERSION_CODE) ";"
+#else
+         "nccl=0;"
+#endif
+#if HAVE_DDL
+         "ddl=1;"
+#else
+         "ddl=0;"
+#endif
+#if HAVE_CCL
+         "ccl=1"
+#else
+         "ccl=0"
+#endif
+         "]";
+}}
+"""
+
+_BUILT_WITH_PY = f"""_BUILT_WITH = b'HOROVOD_BUILT_WITH['  {MARK}: what the build has, read from its library
+# each extension's library, PyTorch's first: also the order the fallback probe imports them in (torch is cheaper)
+_LIBRARIES = (('torch', 'mpi_lib_v2'), ('tensorflow', 'mpi_lib'), ('mxnet', 'mpi_lib'))
+
+
+def _read_built_with(path):
+    \"\"\"{{'mpi': 1, 'gloo': 1, 'nccl': 0, ...}} from the string horovod_built_with() returns, found in the
+    library's file (nothing loaded), or None for a file without it. An item that is not a number is left out.\"\"\"
+    import mmap
+    try:
+        with open(path, 'rb') as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            start = m.find(_BUILT_WITH)
+            if start < 0:
+                return None
+            start += len(_BUILT_WITH)
+            end = m.find(b']', start, start + 256)
+            text = m[start:end].decode('ascii') if end > 0 else ''
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    built = {{}}
+    for item in text.split(';'):
+        name, _, value = item.partition('=')
+        if value.isdigit():
+            built[name] = int(value)
+    return built or None
+
+
+@_cache
+def _built_with(verbose=False):
+    horovod_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for ext_base_name, lib in _LIBRARIES:
+        path = os.path.join(horovod_dir, ext_base_name, lib + get_ext_suffix())
+        built = _read_built_with(path) if os.path.exists(path) else None
+        if built is not None:
+            if verbose:
+                print('Extension {{}} was built with {{}} (read from {{}}).'.format(ext_base_name, built, path))
+            return built
+    return {{}}
+
+
+def _built(name, verbose):
+    \"\"\"The build's answer for one controller or operation (nccl: NCCL's version code), or None when no
+    library has the string: then the caller probes by importing an extension.\"\"\"
+    built = _built_with(verbose)
+    if name not in built:
+        return None
+    return built[name] if name == 'nccl' else bool(built[name])
+
+
+@_cache
+def mpi_built(verbose=False):
+"""
+
+
+def _built_edit(name: str, desc: str) -> tuple:
+    """util.<name>_built: the library's string first; without it, the old probe with PyTorch's extension first."""
+    return (
+        "horovod/common/util.py",
+        f"def {name}_built(verbose=False):\n    for ext_base_name in EXTENSIONS:\n"
+        f"        built_fn = lambda ext: ext.{name}_built()\n",
+        f"def {name}_built(verbose=False):\n    result = _built({name!r}, verbose)  {MARK}\n"
+        "    if result is not None:\n        return result\n"
+        "    for ext_base_name, _ in _LIBRARIES:\n"
+        f"        built_fn = lambda ext: ext.{name}_built()\n",
+        f"{name}_built: {desc} from the library, no framework imported",
+    )
+
+
 def _edits(cxx: int, cpu_only: bool) -> list[tuple]:
     """(file, old, new, why[, count]) for each edit: `old` must occur exactly `count` times (default 1)."""
     edits = [
@@ -131,6 +250,22 @@ def _edits(cxx: int, cpu_only: bool) -> list[tuple]:
             "        return output\n    except RuntimeError as e:\n        _handle_map.pop(handle, None)\n",
             _SYNCHRONIZE,
             "synchronize: staged in-place results written back",
+        ),
+        (
+            "horovod/common/operations.cc",
+            _BUILT_WITH_CC.split("\n\n")[0] + "\n",
+            _BUILT_WITH_CC,
+            "horovod_built_with(): the build's controllers and operations as a string in the library",
+        ),
+        (
+            "horovod/common/util.py",
+            "@_cache\ndef mpi_built(verbose=False):\n",
+            _BUILT_WITH_PY,
+            "the build's answers read from its library (horovodrun imports no framework to learn them)",
+        ),
+        *(
+            _built_edit(name, desc)
+            for name, desc in (("mpi", "MPI"), ("gloo", "Gloo"), ("nccl", "NCCL"), ("ddl", "DDL"), ("ccl", "CCL"))
         ),
     ]
     if cpu_only:

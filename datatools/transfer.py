@@ -5,7 +5,7 @@
 
 The account and container come from the stack outputs (datastores.data.account/.container, written by
 `pulumi stack output --json`); --account-url/--container override them. Authentication is Entra ID only
-(DefaultAzureCredential: `az login`, a managed identity, ...): the stack turns shared keys off.
+(launcher/credential.py: your `az login`; a machine's managed identity only when asked): the stack turns shared keys off.
 
 Every blob carries the file's MD5 as its Content-MD5 property. A rerun skips blobs whose size and MD5
 already match, so an interrupted upload or download continues where it stopped. manifest.json goes up
@@ -53,9 +53,9 @@ def container_client(url: str, container: str, credential=None, **kwargs):
     from azure.storage.blob import ContainerClient
 
     if credential is None:
-        from azure.identity import DefaultAzureCredential
+        from launcher.credential import azure_credential  # the person's sign-in, not this machine's identity
 
-        credential = DefaultAzureCredential(exclude_interactive_browser_credential=True)
+        credential = azure_credential()
     return ContainerClient(url, container, credential=credential, **kwargs)
 
 
@@ -74,7 +74,7 @@ def _explain(e: Exception, client) -> TransferError:
     if isinstance(e, ClientAuthenticationError) or status in (401, 403) or "Credential" in type(e).__name__:
         return TransferError(
             f"Azure Storage refused the credential for {where} ({code or type(e).__name__}: "
-            f"{str(e).splitlines()[0][:200]}): `az login` as a user (or use a managed identity) with the Storage Blob "
+            f"{str(e).splitlines()[0][:200]}): `az login` as a user (or AZURE_TOKEN_CREDENTIALS=ManagedIdentityCredential for a machine's identity) with the Storage Blob "
             "Data Contributor role on the data account (Reader suffices to download); shared keys are off on the "
             "stack's accounts. From outside the VNet, also add your IP to network.allowed_client_ips"
         )

@@ -21,10 +21,11 @@ EXIT_ENDED_BADLY, EXIT_INTERRUPTED = 1, 130
 
 def client(outputs: StackOutputs):
     from azure.ai.ml import MLClient
-    from azure.identity import DefaultAzureCredential  # az login, a managed identity, or env credentials
+
+    from .credential import azure_credential  # the person's sign-in (or env credentials), not a machine's identity
 
     return MLClient(
-        DefaultAzureCredential(), outputs["subscription_id"], outputs["resource_group"], outputs["workspace_name"]
+        azure_credential(), outputs["subscription_id"], outputs["resource_group"], outputs["workspace_name"]
     )
 
 
@@ -67,8 +68,8 @@ def submission_failure(error: BaseException, outputs: StackOutputs, compute: str
         return (
             f"not signed in to Azure ({_first_line(auth.message)}): run `az login"
             f"{f' --tenant {tenant}' if tenant else ''}` and `az account set --subscription "
-            f"{outputs['subscription_id']}`, or give DefaultAzureCredential a managed identity or "
-            "AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET"
+            f"{outputs['subscription_id']}`, or set AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET for a "
+            "service principal (a machine's managed identity only with AZURE_TOKEN_CREDENTIALS=ManagedIdentityCredential)"
         )
     http = _http(error)
     if http is None:
@@ -220,9 +221,9 @@ def check_quota(outputs: StackOutputs, cluster: str, nodes: int, credential=None
     from .checks import findings as f
 
     if credential is None:
-        from azure.identity import DefaultAzureCredential
+        from .credential import azure_credential
 
-        credential = DefaultAzureCredential()
+        credential = azure_credential()
     c, location = outputs.cluster(cluster), outputs.values.get("location") or ""
     need = quota.Need(cluster, c["vm_size"], int(c["max_nodes"]), bool(c.get("low_priority")))
     from .checks import workspace

@@ -18,8 +18,9 @@ def check_folder(outputs: StackOutputs, folder: str, credential=None) -> str:
         ResourceNotFoundError,
         ServiceRequestError,
     )
-    from azure.identity import DefaultAzureCredential
     from azure.storage.blob import ContainerClient
+
+    from .credential import azure_credential
 
     logs = outputs["datastores"]["logs"]
     account, container = logs.get("account"), logs.get("container")
@@ -31,7 +32,7 @@ def check_folder(outputs: StackOutputs, folder: str, credential=None) -> str:
     prefix = folder + "checkpoints/"
     where = f"{container}/{prefix} of storage account {account}"
     client = ContainerClient(
-        f"https://{account}.blob.core.windows.net", container, credential=credential or DefaultAzureCredential()
+        f"https://{account}.blob.core.windows.net", container, credential=credential or azure_credential()
     )
     try:
         first = next(iter(client.list_blobs(name_starts_with=prefix, results_per_page=1)), None)

@@ -38,7 +38,8 @@ from pulumi_azure_native import authorization
 
 from .config import ConfigError, Principal
 
-# Azure built-in role definition IDs (the same in every tenant; learn.microsoft.com/azure/role-based-access-control/built-in-roles).
+# Azure built-in role definition IDs (the same in every tenant), as Microsoft's "Azure built-in roles" page lists
+# them (learn.microsoft.com/azure/role-based-access-control/built-in-roles; tests/infra/test_wayin.py quotes the rows).
 ROLES = {
     "Storage Blob Data Reader": "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1",
     "Storage Blob Data Contributor": "ba92f5b4-2d11-453d-a403-e96b0029c9fe",
@@ -47,7 +48,9 @@ ROLES = {
     "AcrPull": "7f951dda-4ed3-4680-a7ca-43fe172d538d",
     "AcrPush": "8311e382-0749-4cb8-b61a-304f252e45ec",
     "Reader": "acdd72a7-3385-48ef-bd42-f606fba81ae7",
-    "Virtual Machine Administrator Login": "1c0163c0-47e6-4577-8991-ea5c82e47dfa",
+    # Entra ID sign-in to the jump host: "login as administrator" (sudo) or "login as a regular user".
+    "Virtual Machine Administrator Login": "1c0163c0-47e6-4577-8991-ea5c82e286e4",
+    "Virtual Machine User Login": "fb879df8-f326-4884-b1cf-06f3ad86be52",
 }
 
 # Fixed namespace for the assignment-name GUIDs: the same inputs give the same name on every machine.

@@ -343,14 +343,19 @@ def read_subnet_ids(r: Reader, n: dict, p: str) -> tuple[str, ...]:
 
 
 def read_users(r: Reader, raw: dict) -> tuple[Principal, ...] | None:
-    items = r.get(raw, "users", "", list, None, "a list of {objectId, type} (type: User, Group or ServicePrincipal)")
+    return read_principals(r, raw, "users", "")
+
+
+def read_principals(r: Reader, d: dict, key: str, path: str) -> tuple[Principal, ...] | None:
+    """A list of Entra principals {objectId, type} at d[key] (the shape of `users`); None when the key is absent."""
+    items = r.get(d, key, path, list, None, "a list of {objectId, type} (type: User, Group or ServicePrincipal)")
     if items is None:
         return None
     out, seen = [], set()
     for i, u in enumerate(items):
-        p = f"users[{i}]."
+        p = f"{path}{key}[{i}]."
         if not isinstance(u, dict):
-            r.bad(f"users[{i}]", u, "expected {objectId: <guid>, type: User|Group|ServicePrincipal}")
+            r.bad(f"{path}{key}[{i}]", u, "expected {objectId: <guid>, type: User|Group|ServicePrincipal}")
             continue
         r.known(u, p, PRINCIPAL_KEYS)
         oid = r.get(
@@ -540,6 +545,17 @@ def load(
     acr_public = r.get(raw, "registryPublicAccess", "", bool, True)
     kv_public = r.get(raw, "keyVaultPublicAccess", "", bool, True)
     tags = r.get(raw, "tags", "", dict, {})
+    if network is not None and network.restrict_outbound and acr_public is True:
+        r.bad(
+            "registryPublicAccess",
+            acr_public,
+            "network.restrictOutbound puts a service endpoint policy on the compute subnet that drops storage "
+            "requests to any account it does not list, and a registry reached over its public endpoint serves the "
+            "image layers from storage accounts the registry service owns (*.blob.core.windows.net), which no policy "
+            "can list: the clusters could not pull the training images. Set registryPublicAccess: false (the "
+            "registry then answers on its private endpoint, which the policy does not filter; images are pushed "
+            "from inside the VNet, docs/private-access.md) or restrictOutbound: false",
+        )
     access = _access(r, raw, network, ws_public)
     if r.problems:
         raise ConfigError(r.problems)
@@ -635,7 +651,7 @@ def from_pulumi() -> PlatformConfig:
 
 ACCESS_MODES = ("bastion", "hub", "none")
 _ACCESS_KEYS = {
-    "bastion": {"mode", "bastionSubnetCidr", "jumpHostSubnetCidr", "jumpHostVmSize"},
+    "bastion": {"mode", "bastionSubnetCidr", "jumpHostSubnetCidr", "jumpHostVmSize", "jumpHostAdmins"},
     "hub": {"mode", "hubVnetId", "useHubGateway", "resolverSubnetCidr"},
     "none": {"mode"},
 }
@@ -661,6 +677,9 @@ class AccessConfig:
     hub_vnet_id: str | None = None
     use_hub_gateway: bool = False
     resolver_subnet_cidr: str | None = None
+    # Who among `users` signs in to the jump host with sudo ("Virtual Machine Administrator Login"; Docker builds
+    # need it); every other user gets "Virtual Machine User Login" (program.py checks they are users).
+    jump_host_admins: tuple[Principal, ...] = ()
 
     @property
     def hub(self) -> tuple[str, str, str] | None:
@@ -745,7 +764,9 @@ def _access(r: Reader, raw: dict, network: Network | None, workspace_public: boo
                 size,
                 "an Azure VM size such as Standard_D4s_v5 (it builds the images: 4 vCPUs or more)",
             )
-        return AccessConfig("bastion", bastion, jump, size or "Standard_D4s_v5")
+        # Same shape as `users`; a subset of them (checked by program.py once the default user is known).
+        admins = read_principals(r, a, "jumpHostAdmins", p) or ()
+        return AccessConfig("bastion", bastion, jump, size or "Standard_D4s_v5", jump_host_admins=admins)
     if mode == "hub":
         hub = r.get(
             a,

@@ -27,6 +27,10 @@ SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
 TENANT = "11111111-1111-1111-1111-111111111111"
 DEPLOYER = "22222222-2222-2222-2222-222222222222"  # object id of whoever runs `pulumi up` (getClientConfig)
 ORGANIZATION = "organization"  # what the Pulumi CLI's self-managed backends call the org
+# Secrets are never in a stack file (`pulumi config set --secret`). A stack that declares the bastion's jump host
+# must set jumpHostSshPublicKey to deploy (the program refuses it otherwise); the mocks stand in this for it
+# unless the settings given to them carry the key (a value, or None: "not set").
+JUMP_HOST_KEY_PLACEHOLDER = "<the stack's jumpHostSshPublicKey secret>"
 DATA_DIR = pathlib.Path(__file__).resolve().parents[1] / "data-stack"  # the data project (its stack files)
 
 
@@ -204,11 +208,11 @@ def run(
             data_raw, data_location = read_stack_file(data_stack_file(stack), dataconfig.PROJECT)
             _, data_outputs = run_data(data_raw, stack, data_location, RecordingMocks(subscription=mocks.subscription))
         mocks.stack_outputs[reference] = data_outputs
+    bastion = cfg.access is not None and cfg.access.mode == "bastion"
+    jump_host_key = raw.get("jumpHostSshPublicKey", JUMP_HOST_KEY_PLACEHOLDER if bastion else None)
     return mocks, _declare(
         mocks,
         config.PROJECT,
         stack,
-        lambda: program.build(
-            cfg, ssh_public_key=raw.get("sshPublicKey"), jump_host_ssh_public_key=raw.get("jumpHostSshPublicKey")
-        ),
+        lambda: program.build(cfg, ssh_public_key=raw.get("sshPublicKey"), jump_host_ssh_public_key=jump_host_key),
     )

@@ -10,7 +10,7 @@ import pulumi
 
 from . import naming
 from .access import Grant
-from .config import PlatformConfig
+from .config import PlatformConfig, Principal
 from .egress import StorageEgressPolicy, storage_account_id
 from .network import PlatformNetwork
 from .privatelink import PrivateDnsZones, PrivateLink
@@ -36,6 +36,41 @@ def egress_policy(cfg: PlatformConfig, subscription_id, resource_group, suffix, 
     return StorageEgressPolicy("egress", resource_group, cfg.location, accounts, cfg.tags)
 
 
+def jump_host_problems(
+    cfg: PlatformConfig, jump_host_ssh_public_key: pulumi.Input[str] | None, users: tuple[Principal, ...]
+) -> list[str]:
+    """What the way in's settings lack or contradict, found before anything is declared (program.py).
+
+    jump_host_ssh_public_key: the `jumpHostSshPublicKey` secret, the jump host's own key (the clusters' is
+    `sshPublicKey`): required with a jump host (its admin account takes a key only, never a password), refused
+    without one. users: the principals with the user roles (`users`, else the deployer): jumpHostAdmins must be
+    among them, since only they get the Reader roles Bastion's native client needs."""
+    bastion = cfg.access is not None and cfg.access.mode == "bastion"
+    problems = []
+    if jump_host_ssh_public_key is not None and not bastion:
+        problems.append(
+            "jumpHostSshPublicKey is set, but only access.mode bastion declares a jump host: remove it "
+            "(pulumi config rm jumpHostSshPublicKey) or declare the bastion (docs/private-access.md)"
+        )
+    if jump_host_ssh_public_key is None and bastion:
+        problems.append(
+            "jumpHostSshPublicKey is not set, and access.mode bastion declares a jump host whose admin account signs "
+            "in with an SSH key only (people sign in with Entra ID; a password is never set): pulumi config set "
+            '--secret jumpHostSshPublicKey "$(cat ~/.ssh/id_ed25519.pub)" (an RSA key works too; keep the private '
+            "key as the break-glass credential, docs/private-access.md)"
+        )
+    if bastion:
+        listed = {u.object_id for u in users}
+        for i, admin in enumerate(cfg.access.jump_host_admins):
+            if admin.object_id not in listed:
+                problems.append(
+                    f"access.jumpHostAdmins[{i}].objectId = {admin.object_id!r}: not one of the platform's users "
+                    f"({', '.join(sorted(listed)) or 'users is empty'}); an admin is a user who also gets sudo on "
+                    "the jump host: list them in users too"
+                )
+    return problems
+
+
 def way_in(
     cfg: PlatformConfig,
     resource_group,
@@ -44,13 +79,7 @@ def way_in(
     tags: dict,
     jump_host_ssh_public_key: pulumi.Input[str] | None,
 ) -> WayIn | None:
-    """jump_host_ssh_public_key: the `jumpHostSshPublicKey` secret, the jump host's own key (the clusters' is
-    `sshPublicKey`): a key for a jump host that is not declared is refused rather than ignored."""
-    if jump_host_ssh_public_key is not None and (cfg.access is None or cfg.access.mode != "bastion"):
-        raise ValueError(
-            "jumpHostSshPublicKey is set, but only access.mode bastion declares a jump host: remove it "
-            "(pulumi config rm jumpHostSshPublicKey) or declare the bastion (docs/private-access.md)"
-        )
+    """jump_host_ssh_public_key: the `jumpHostSshPublicKey` secret (checked first by jump_host_problems)."""
     if cfg.access is None or cfg.access.mode == "none":
         return None
     return WayIn(
@@ -82,21 +111,25 @@ def grants(
         Grant(f"workspace-reads-{link.pulumi_resource_name}", "Reader", workspace_identity, link.endpoint.id)
         for link in storage_links
     ]
+    admins = {a.object_id for a in cfg.access.jump_host_admins} if cfg.access else set()
     for label, principal, kind in users:
         if not cfg.registry_public_access:
             # Images are built and pushed from inside the VNet with the user's own token (docs/private-access.md):
             # `docker push` needs AcrPush (learn.microsoft.com/azure/container-registry/container-registry-roles).
             out.append(Grant(f"{label}-pushes-images", "AcrPush", principal, registry.registry.id, kind))
         if way_in is not None and way_in.jump_host is not None:
-            # Entra ID SSH sign-in to the jump host, with sudo (Docker): "Virtual Machine Administrator Login"
-            # (learn.microsoft.com/entra/identity/devices/howto-vm-sign-in-azure-ad-linux).
-            out.append(
-                Grant(
-                    f"{label}-jumphost-login",
-                    "Virtual Machine Administrator Login",
-                    principal,
-                    way_in.jump_host.id,
-                    kind,
-                )
-            )
+            # Bastion's native client (`az network bastion ssh`, learn.microsoft.com/azure/bastion/
+            # connect-vm-native-client-linux, "Verify roles and ports"): "Reader role on the virtual machine.
+            # Reader role on the NIC with private IP of the virtual machine. Reader role on the Azure Bastion
+            # resource. Virtual Machine Administrator Login or Virtual Machine User Login role".
+            out += [
+                Grant(f"{label}-reads-jumphost", "Reader", principal, way_in.jump_host.id, kind),
+                Grant(f"{label}-reads-jumphost-nic", "Reader", principal, way_in.jump_host_nic.id, kind),
+                Grant(f"{label}-reads-bastion", "Reader", principal, way_in.bastion.id, kind),
+            ]
+            # Entra ID sign-in (learn.microsoft.com/entra/identity/devices/howto-vm-sign-in-azure-ad-linux): User
+            # Login for "regular user privileges" ("Users who are assigned the VM User role won't be able to run
+            # sudo"); Administrator Login, with sudo (Docker), for access.jumpHostAdmins only.
+            login = "Virtual Machine Administrator Login" if principal in admins else "Virtual Machine User Login"
+            out.append(Grant(f"{label}-jumphost-login", login, principal, way_in.jump_host.id, kind))
     return out

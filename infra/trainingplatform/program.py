@@ -14,7 +14,7 @@ from pulumi_azure_native import authorization, resources
 from . import naming, private
 from .access import AccessGrants, Grant, container_scope, deployer_users
 from .compute import ComputeClusters, compute_identity, describe
-from .config import PROJECT, PlatformConfig
+from .config import PROJECT, ConfigError, PlatformConfig
 from .datastack import DataStackReference, default_reference
 from .network import PlatformNetwork
 from .privatelink import PrivateDnsZones, PrivateLink
@@ -30,6 +30,9 @@ def build(
     """ssh_public_key: the `sshPublicKey` secret, for clusters with sshEnabled; jump_host_ssh_public_key: the
     `jumpHostSshPublicKey` secret, for the jump host alone (each key's change touches only its own resources)."""
     users = deployer_users(cfg.users, PROJECT)  # before anything is declared: it may refuse
+    problems = private.jump_host_problems(cfg, jump_host_ssh_public_key, users)
+    if problems:
+        raise ConfigError(problems)  # before anything is declared, like every other setting
     for warning in cfg.warnings:
         pulumi.log.warn(warning)
     client = authorization.get_client_config_output()

@@ -10,7 +10,8 @@ that no longer exists).
 
 - `bastion`: Azure Bastion (Standard: native-client tunnelling, `az network bastion ssh`) in
   `AzureBastionSubnet`, and a Linux jump host in a subnet of its own, reached through Bastion only (no
-  public IP), signed in with Entra ID (AADSSHLoginForLinux). Microsoft's machine-learning-end-to-end-secure
+  public IP), signed in with Entra ID (AADSSHLoginForLinux); its local admin account takes an SSH key only
+  (`jumpHostSshPublicKey`: break-glass, never a password). Microsoft's machine-learning-end-to-end-secure
   template deploys Bastion and a jump host by default (it uses a Windows DSVM); here the jump host is also
   where the training images are built and pushed (docs/private-access.md, "Images").
 - `hub`: peering both ways with an existing hub VNet (the hub side through a provider for the hub's
@@ -25,7 +26,6 @@ import base64
 
 import pulumi
 import pulumi_azure_native as azure_native
-import pulumi_random as random
 from pulumi_azure_native import compute, dnsresolver, network, privatedns
 
 from .config import AccessConfig
@@ -53,9 +53,9 @@ runcmd:
 # PropertyChangeNotAllowed ("Changing property 'linuxConfiguration.ssh.publicKeys' is not allowed",
 # "Changing property 'customData' is not allowed"; azure-native's compute.OSProfileArgs, from the REST spec,
 # on customData and adminUsername: "This property cannot be updated after the VM is created"). So any change
-# under osProfile (the key setting `jumpHostSshPublicKey`, the admin password, CLOUD_INIT) replaces the jump
-# host. Deleted first: its NIC belongs to one VM at a time (a second VM on it is refused with NicInUse), and
-# the replacement gets a new auto-name. What was on the old VM's disk (Docker layers, clones) goes with it.
+# under osProfile (the key setting `jumpHostSshPublicKey`, CLOUD_INIT) replaces the jump host. Deleted first:
+# its NIC belongs to one VM at a time (a second VM on it is refused with NicInUse), and the replacement gets a new
+# auto-name. What was on the old VM's disk (Docker layers, clones) goes with it.
 JUMP_HOST_REPLACE_ON_CHANGES = ("osProfile",)
 
 
@@ -80,11 +80,13 @@ class WayIn(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ):
         """ssh_public_key: the jump host's admin key (the `jumpHostSshPublicKey` secret), never the clusters'
-        `sshPublicKey`: a change to it replaces the jump host (JUMP_HOST_REPLACE_ON_CHANGES)."""
+        `sshPublicKey`: a change to it replaces the jump host (JUMP_HOST_REPLACE_ON_CHANGES). Required in bastion
+        mode (private.jump_host_problems refuses the stack first, with the fix)."""
         super().__init__("trainingplatform:wayin:WayIn", name, None, opts)
         self.cfg = cfg
         self.bastion: network.BastionHost | None = None
         self.jump_host: compute.VirtualMachine | None = None
+        self.jump_host_nic: network.NetworkInterface | None = None
         self.resolver_endpoint: dnsresolver.InboundEndpoint | None = None
         self.peerings: list[network.VirtualNetworkPeering] = []
         self.zone_links: dict[str, privatedns.VirtualNetworkLink] = {}
@@ -150,7 +152,7 @@ class WayIn(pulumi.ComponentResource):
             nat_gateway=network.SubResourceArgs(id=nat_gateway_id),
             default_outbound_access=False,
         )
-        nic = network.NetworkInterface(
+        nic = self.jump_host_nic = network.NetworkInterface(
             f"{self._name}-jumphost-nic",
             resource_group_name=self._rg,
             location=self._location,
@@ -164,32 +166,20 @@ class WayIn(pulumi.ComponentResource):
             tags=self._tags,
             opts=child,
         )
-        if ssh_public_key is not None:
-            linux = compute.LinuxConfigurationArgs(
-                disable_password_authentication=True,
-                ssh=compute.SshConfigurationArgs(
-                    public_keys=[
-                        compute.SshPublicKeyArgs(
-                            path=f"/home/{ADMIN_USER}/.ssh/authorized_keys", key_data=ssh_public_key
-                        )
-                    ]
-                ),
-            )
-            password = None
-        else:
-            # Azure wants an admin credential; people sign in with Entra ID. A random password that only the
-            # stack's state holds (encrypted as a secret), never an output: break-glass for stack admins.
-            linux = compute.LinuxConfigurationArgs(disable_password_authentication=False)
-            password = random.RandomPassword(
-                f"{self._name}-jumphost-admin",
-                length=32,
-                special=True,
-                min_lower=1,
-                min_upper=1,
-                min_numeric=1,
-                min_special=1,
-                opts=child,
-            ).result
+        if ssh_public_key is None:
+            raise ValueError("the jump host's admin account needs jumpHostSshPublicKey (key only, no password)")
+        # The local admin account is break-glass: an SSH key only, password sign-in off. People sign in with
+        # Entra ID (the AADSSHLoginForLinux extension below). Azure Policy 630c64f9-8b6b-4c64-b511-6544ceff6fd6,
+        # "Authentication to Linux machines should require SSH keys": "using passwords with SSH still leaves the VM
+        # vulnerable to brute-force attacks".
+        linux = compute.LinuxConfigurationArgs(
+            disable_password_authentication=True,
+            ssh=compute.SshConfigurationArgs(
+                public_keys=[
+                    compute.SshPublicKeyArgs(path=f"/home/{ADMIN_USER}/.ssh/authorized_keys", key_data=ssh_public_key)
+                ]
+            ),
+        )
         self.jump_host = compute.VirtualMachine(
             f"{self._name}-jumphost",
             resource_group_name=self._rg,
@@ -202,7 +192,6 @@ class WayIn(pulumi.ComponentResource):
             os_profile=compute.OSProfileArgs(
                 computer_name="jumphost",
                 admin_username=ADMIN_USER,
-                admin_password=password,
                 linux_configuration=linux,
                 custom_data=base64.b64encode(CLOUD_INIT.encode()).decode(),
             ),
@@ -224,7 +213,9 @@ class WayIn(pulumi.ComponentResource):
             ),
         )
         # Entra ID sign-in over SSH (https://learn.microsoft.com/entra/identity/devices/howto-vm-sign-in-azure-ad-linux):
-        # users need "Virtual Machine Administrator Login" on the VM (program.py grants it).
+        # users need "Virtual Machine User Login" (or, for sudo, "Virtual Machine Administrator Login") on the VM,
+        # and Bastion's native client Reader on the VM, its NIC and the Bastion (private.py grants them). The VM's
+        # system-assigned identity above is the extension's requirement ("System-assigned managed identity").
         compute.VirtualMachineExtension(
             f"{self._name}-jumphost-entra-login",
             resource_group_name=self._rg,

@@ -100,9 +100,19 @@ class Workspace(pulumi.ComponentResource):
                 network_acls=keyvault.NetworkRuleSetArgs(
                     default_action="Deny",
                     bypass="AzureServices",
-                    virtual_network_rules=[
-                        keyvault.VirtualNetworkRuleArgs(id=s)
-                        for s in (compute_subnet_id, *cfg.network.allowed_subnet_ids)
+                    # The compute subnet has the Microsoft.KeyVault service endpoint (network.py), which Azure
+                    # checks. allowedSubnetIds are the user's subnets, listed for the storage firewall (which needs
+                    # their Microsoft.Storage endpoint); Azure refuses a vault rule for a subnet without the
+                    # Microsoft.KeyVault endpoint (SubnetsHaveNoServiceEndpointsConfigured: "Add Microsoft.KeyVault
+                    # to subnet's ServiceEndpoints collection before trying to ACL Microsoft.KeyVault resources to
+                    # these subnets"), in the middle of `up`. ignoreMissingVnetServiceEndpoint ("whether NRP will
+                    # ignore the check if parent subnet has serviceEndpoints configured") lets the vault take the
+                    # rule: it admits the subnet once it has that endpoint, and nothing before (its traffic then
+                    # arrives from a public address, which only ipRules could admit).
+                    virtual_network_rules=[keyvault.VirtualNetworkRuleArgs(id=compute_subnet_id)]
+                    + [
+                        keyvault.VirtualNetworkRuleArgs(id=s, ignore_missing_vnet_service_endpoint=True)
+                        for s in cfg.network.allowed_subnet_ids
                     ],
                     ip_rules=[keyvault.IPRuleArgs(value=ip) for ip in cfg.network.allowed_client_ips],
                 ),

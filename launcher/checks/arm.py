@@ -25,6 +25,8 @@ from azure.mgmt.core import ARMPipelineClient
 from azure.mgmt.core.exceptions import ARMErrorFormat
 from azure.mgmt.core.policies import ARMChallengeAuthenticationPolicy, ARMHttpLoggingPolicy
 
+from ..credential import SIGN_IN_FIX as SIGN_IN  # noqa: F401  the fix every "not signed in" finding prints
+
 ENDPOINT = "https://management.azure.com"
 SCOPE = ENDPOINT + "/.default"
 # REST API versions, each the stable one whose documented response shape the parsers read.
@@ -36,7 +38,7 @@ _ERRORS = {401: ClientAuthenticationError, 404: ResourceNotFoundError, 409: Reso
 
 
 class Arm:
-    """GETs against ARM with `credential` (DefaultAzureCredential in use; any azure-core TokenCredential)."""
+    """GETs against ARM with `credential` (launcher/credential.py in use; any azure-core TokenCredential)."""
 
     def __init__(self, credential, transport=None, endpoint: str = ENDPOINT):
         self._client = ARMPipelineClient(
@@ -107,9 +109,3 @@ def describe(error: Exception, doing: str) -> str:
             )
         return f"{doing}: Azure answered {status} {code}: {message}"
     return f"{doing}: {first_line(error) or type(error).__name__}"
-
-
-SIGN_IN = (
-    "sign in: `az login` (and `az account set --subscription <id>`), or give DefaultAzureCredential a "
-    "managed identity or AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET"
-)

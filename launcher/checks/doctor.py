@@ -1,17 +1,20 @@
-"""After `pulumi up`: can this person use the platform from here? The workspace by name (privately when
-its public access is off), its datastores, a code-snapshot upload, every job's image in the registry, and
-every cluster's quota; each failure with its fix. Exit status 1 when anything fails."""
+"""After `pulumi up`: can this person use the platform from here? Whose token the checks use (launcher/credential.py),
+the workspace by name (privately when its public access is off), its datastores, a code-snapshot upload, every
+job's image in the registry, and every cluster's quota; each failure with its fix. Exit status 1 when anything
+fails."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 from azure.core.exceptions import AzureError, ClientAuthenticationError
 
+from .. import credential as signing_in
 from ..stack import StackOutputs
-from . import images, quota, upload, workspace
+from . import images, quota, roles, upload, workspace
 from .arm import SIGN_IN, Arm, describe
-from .findings import FAIL, Finding, report
+from .findings import FAIL, OK, WARN, Finding, report
 from .preflight import quota_findings
 
 
@@ -22,9 +25,35 @@ def needs(outputs: StackOutputs) -> list[quota.Need]:
     ]
 
 
+def sign_in(credential) -> Finding:
+    """Whose token every check below uses: Azure answers for that identity, which is the person's unless a
+    managed identity was asked for (AZURE_TOKEN_CREDENTIALS) or handed in."""
+    claims = roles.claims(credential)
+    message = f"the token of {signing_in.whose(claims)}, from {signing_in.source(credential)}"
+    if not claims.get("xms_mirid"):
+        return Finding(OK, "sign-in", message)
+    switch = os.environ.get(signing_in.SWITCH, "").strip()
+    return Finding(
+        WARN,
+        "sign-in",
+        message
+        + ": the checks below answer for this machine's identity, not for you"
+        + (f" ({signing_in.SWITCH}={switch})" if switch else ""),
+        f"unset {signing_in.SWITCH} to use your own `az login`",
+    )
+
+
 def findings(
     outputs: StackOutputs, credential, transport=None, resolver=workspace.resolve, job_images=None
 ) -> list[Finding]:
+    try:
+        who = [sign_in(credential)]
+    except ClientAuthenticationError as e:
+        return [Finding(FAIL, "sign-in", describe(e, "asking Azure"), SIGN_IN)]
+    return who + _platform(outputs, credential, transport, resolver, job_images)
+
+
+def _platform(outputs: StackOutputs, credential, transport, resolver, job_images) -> list[Finding]:
     arm = Arm(credential, transport)
     sub, ws_name = outputs["subscription_id"], outputs["workspace_name"]
     ws_id = workspace.resource_id(sub, outputs["resource_group"], ws_name)
@@ -72,9 +101,7 @@ def findings(
 
 def run(outputs: StackOutputs, credential=None, transport=None, resolver=workspace.resolve, out=sys.stdout) -> int:
     if credential is None:
-        from azure.identity import DefaultAzureCredential
-
-        credential = DefaultAzureCredential()
+        credential = signing_in.azure_credential()  # the person's sign-in, not this machine's identity
     print(
         f"doctor for workspace {outputs['workspace_name']} ({outputs['resource_group']}, subscription "
         f"{outputs['subscription_id']})",

@@ -75,9 +75,9 @@ def findings(stack: StackFile, credential, transport=None, current=None) -> list
 
 def run(stack: StackFile, credential=None, transport=None, current=None, out=sys.stdout) -> int:
     if credential is None:
-        from azure.identity import DefaultAzureCredential
+        from ..credential import azure_credential
 
-        credential = DefaultAzureCredential()
+        credential = azure_credential()  # the person's sign-in, not this machine's identity
     print(
         f"preflight for stack {stack.settings.stack}: subscription {stack.subscription or '(not pinned)'}, "
         f"region {stack.settings.location}",

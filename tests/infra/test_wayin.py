@@ -171,9 +171,9 @@ def test_bastion_and_jump_host(prod):
         "AADSSHLoginForLinux",
         vm.inputs.get("vmName", "wayin-jumphost"),
     )
-    # Users sign in with Entra ID: "Virtual Machine Administrator Login" on the VM
-    # (https://learn.microsoft.com/entra/identity/devices/howto-vm-sign-in-azure-ad-linux).
-    assert (access.ROLES["Virtual Machine Administrator Login"], vm.id) in _roles_of(mocks, mocked.DEPLOYER)
+    # Users sign in with Entra ID: "Virtual Machine User Login" on the VM, Administrator Login for jumpHostAdmins
+    # only (https://learn.microsoft.com/entra/identity/devices/howto-vm-sign-in-azure-ad-linux; item 6 below).
+    assert (access.ROLES["Virtual Machine User Login"], vm.id) in _roles_of(mocks, mocked.DEPLOYER)
     assert outputs["way_in"]["mode"] == "bastion" and outputs["way_in"]["jump_host_id"] == vm.id
     # Subnets change one at a time in a VNet: each new one waits for the one before.
     assert "net-endpoints" in mocks.depends_on("wayin-bastion-subnet")
@@ -422,3 +422,197 @@ def test_the_entry_point_reads_the_access_setting(prod_raw):
     finally:
         pulumi.runtime.set_all_config({})
     assert cfg.access == config.AccessConfig("bastion", "10.41.17.0/26", "10.41.17.64/28", "Standard_D4s_v5")
+
+
+# ---- issue 28, item 6: the roles Bastion's native client and Entra ID sign-in need ----
+
+# Azure's built-in role ids, as Microsoft's "Azure built-in roles" page lists them
+# (learn.microsoft.com/azure/role-based-access-control/built-in-roles, ms.date 2026-09-10), for example:
+#   "| [Virtual Machine Administrator Login](built-in-roles/compute#virtual-machine-administrator-login) | View
+#    Virtual Machines in the portal and login as administrator | 1c0163c0-47e6-4577-8991-ea5c82e286e4 |"
+#   "| [Virtual Machine User Login](built-in-roles/compute#virtual-machine-user-login) | View Virtual Machines in
+#    the portal and login as a regular user. | fb879df8-f326-4884-b1cf-06f3ad86be52 |"
+#   "| [Reader](built-in-roles/general#reader) | View all resources, but does not allow you to make any changes. |
+#    acdd72a7-3385-48ef-bd42-f606fba81ae7 |"
+# A role definition id Azure does not know fails the assignment in the middle of `pulumi up`.
+BUILT_IN_ROLES = {
+    "Reader": "acdd72a7-3385-48ef-bd42-f606fba81ae7",
+    "Virtual Machine Administrator Login": "1c0163c0-47e6-4577-8991-ea5c82e286e4",
+    "Virtual Machine User Login": "fb879df8-f326-4884-b1cf-06f3ad86be52",
+    "Storage Blob Data Reader": "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1",
+    "Storage Blob Data Contributor": "ba92f5b4-2d11-453d-a403-e96b0029c9fe",
+    "Storage File Data Privileged Contributor": "69566ab7-960f-475b-8e7c-b3118f30c6bd",
+    "AzureML Data Scientist": "f6c7c914-8db3-469d-8ca1-694a8f32e121",
+    "AcrPull": "7f951dda-4ed3-4680-a7ca-43fe172d538d",
+    "AcrPush": "8311e382-0749-4cb8-b61a-304f252e45ec",
+}
+ALICE = "a11ce000-0000-4000-8000-000000000001"
+BOB = "b0b00000-0000-4000-8000-000000000002"
+TEAM = "7ea70000-0000-4000-8000-000000000003"
+
+
+def test_role_ids_are_azures_built_in_ones():
+    assert {role: access.ROLES[role] for role in access.ROLES} == {role: BUILT_IN_ROLES[role] for role in access.ROLES}
+    assert {"Reader", "Virtual Machine User Login", "Virtual Machine Administrator Login"} <= set(access.ROLES)
+
+
+def _way_in_ids(mocks):
+    return (
+        one(mocks, "compute:VirtualMachine", "wayin-jumphost").id,
+        one(mocks, "NetworkInterface", "wayin-jumphost-nic").id,
+        one(mocks, "BastionHost", "wayin-bastion").id,
+    )
+
+
+def test_every_user_can_connect_through_bastion_as_an_ordinary_user(prod):
+    # Bastion's native client (learn.microsoft.com/azure/bastion/connect-vm-native-client-linux, "Verify roles and
+    # ports"): "Reader role on the virtual machine. Reader role on the NIC with private IP of the virtual machine.
+    # Reader role on the Azure Bastion resource. Virtual Machine Administrator Login or Virtual Machine User Login
+    # role, if you're using the Azure AD sign-in method." Entra ID sign-in
+    # (learn.microsoft.com/entra/identity/devices/howto-vm-sign-in-azure-ad-linux): "Virtual Machine User Login:
+    # Users who have this role assigned can log in to an Azure virtual machine with regular user privileges";
+    # "Users who are assigned the VM User role won't be able to run sudo."
+    mocks, _ = prod  # no `users`: the deployer is the one user
+    vm, nic, bastion = _way_in_ids(mocks)
+    reader, user_login = access.ROLES["Reader"], access.ROLES["Virtual Machine User Login"]
+    roles = _roles_of(mocks, mocked.DEPLOYER)
+    assert {(reader, vm), (reader, nic), (reader, bastion), (user_login, vm)} <= roles
+    assert BUILT_IN_ROLES["Virtual Machine Administrator Login"] not in {role for role, _ in roles}, "no sudo"
+
+
+def test_jump_host_admins_get_administrator_login_and_everyone_the_readers(prod_raw, prod_data_out):
+    users = [
+        {"objectId": ALICE, "type": "User"},
+        {"objectId": TEAM, "type": "Group"},
+        {"objectId": BOB, "type": "User"},
+    ]
+    way_in = dict(prod_raw[0]["access"], jumpHostAdmins=[{"objectId": BOB.upper(), "type": "User"}])
+    mocks, _ = _run(prod_raw, prod_data_out, users=users, access=way_in)
+    vm, nic, bastion = _way_in_ids(mocks)
+    reader = access.ROLES["Reader"]
+    user_login = access.ROLES["Virtual Machine User Login"]
+    admin_login = access.ROLES["Virtual Machine Administrator Login"]
+    for principal, kind in ((ALICE, "User"), (TEAM, "Group"), (BOB, "User")):
+        roles = _roles_of(mocks, principal)
+        assert {(reader, vm), (reader, nic), (reader, bastion)} <= roles, principal
+        logins = {role for role, scope in roles if scope == vm and role in (user_login, admin_login)}
+        assert logins == ({admin_login} if principal == BOB else {user_login}), principal
+        kinds = {
+            r.inputs["principalType"] for r in mocks.of_type("RoleAssignment") if r.inputs["principalId"] == principal
+        }
+        assert kinds == {kind}
+    assert _roles_of(mocks, mocked.DEPLOYER) == set(), "a listed set replaces the default"
+
+
+@pytest.mark.parametrize(
+    "admins,message",
+    [
+        (
+            [{"objectId": ALICE, "type": "User"}],
+            f"access.jumpHostAdmins[0].objectId = '{ALICE}': not one of the platform's users",
+        ),
+        (
+            [{"objectId": "bob@example.com", "type": "User"}],
+            "access.jumpHostAdmins[0].objectId = 'bob@example.com': an Entra object id (a GUID)",
+        ),
+        (
+            [{"objectId": BOB, "type": "user"}],
+            "access.jumpHostAdmins[0].type = 'user': User, Group or ServicePrincipal",
+        ),
+    ],
+)
+def test_bad_jump_host_admins_are_refused_before_anything_is_declared(prod_raw, prod_data_out, admins, message):
+    raw, location = copy.deepcopy(prod_raw)
+    raw.update(users=[{"objectId": BOB, "type": "User"}], access=dict(raw["access"], jumpHostAdmins=admins))
+    mocks = mocked.RecordingMocks()
+    with pytest.raises(config.ConfigError) as e:
+        mocked.run(raw, "prod", location, mocks, data_outputs=prod_data_out)
+    assert message in str(e.value) and mocks.resources == []
+
+
+def test_jump_host_admins_belong_to_the_bastion_mode(prod_raw):
+    raw = dict(copy.deepcopy(prod_raw[0]), access={"mode": "hub", "hubVnetId": HUB, "jumpHostAdmins": []})
+    assert "access.jumpHostAdmins = []: not a setting of mode hub" in _problems(raw)
+
+
+# ---- issue 28, item 17: the break-glass admin signs in with a key only; people with Entra ID ----
+
+
+def test_the_jump_hosts_admin_account_takes_a_key_only(prod):
+    # Azure Policy 630c64f9-8b6b-4c64-b511-6544ceff6fd6, "Authentication to Linux machines should require SSH
+    # keys": "Although SSH itself provides an encrypted connection, using passwords with SSH still leaves the VM
+    # vulnerable to brute-force attacks. The most secure option for authenticating to an Azure Linux virtual
+    # machine over SSH is with a public-private key pair, also known as SSH keys." People sign in with Entra ID.
+    mocks, _ = prod
+    profile = one(mocks, "compute:VirtualMachine", "wayin-jumphost").inputs["osProfile"]
+    linux = profile["linuxConfiguration"]
+    assert linux["disablePasswordAuthentication"] is True and "adminPassword" not in profile
+    assert [k["path"] for k in linux["ssh"]["publicKeys"]] == [f"/home/{wayin.ADMIN_USER}/.ssh/authorized_keys"]
+    assert not mocks.of_type("RandomPassword"), "no password exists for the jump host, not even in the state"
+
+
+def test_a_jump_host_without_a_key_is_refused_with_the_fix(prod_raw, prod_data_out):
+    raw, location = copy.deepcopy(prod_raw)
+    raw["jumpHostSshPublicKey"] = None  # the secret is not set
+    mocks = mocked.RecordingMocks()
+    with pytest.raises(config.ConfigError) as e:
+        mocked.run(raw, "prod", location, mocks, data_outputs=prod_data_out)
+    assert "pulumi config set --secret jumpHostSshPublicKey" in str(e.value)
+    assert mocks.resources == [], "refused before anything is declared"
+
+
+# ---- issue 28, item 12: allowedSubnetIds in the Key Vault's rules ----
+
+RUNNERS = (
+    "/subscriptions/33333333-3333-3333-3333-333333333333/resourceGroups/ci-rg/providers/"
+    "Microsoft.Network/virtualNetworks/ci-vnet/subnets/runners"
+)
+
+
+def test_a_listed_subnet_without_the_key_vault_endpoint_does_not_fail_the_vault(dev_raw, dev_data):
+    # Azure refuses a vault rule for a subnet without the Microsoft.KeyVault service endpoint:
+    # "SubnetsHaveNoServiceEndpointsConfigured ... do not have ServiceEndpoints for Microsoft.KeyVault resources
+    # configured. Add Microsoft.KeyVault to subnet's ServiceEndpoints collection before trying to ACL
+    # Microsoft.KeyVault resources to these subnets." (Azure/avdaccelerator#818; Microsoft's "Configure Azure Key
+    # Vault networking settings": "Enable a service endpoint for Key Vault on an existing virtual network and
+    # subnet", then "Add a network rule"). allowedSubnetIds are the user's subnets, whose endpoints this program
+    # neither declares nor sees; the documented requirement for them is Microsoft.Storage (the workspace storage).
+    # Key Vault's VirtualNetworkRule.ignoreMissingVnetServiceEndpoint: "Property to specify whether NRP will
+    # ignore the check if parent subnet has serviceEndpoints configured" (Key Vault REST API, 2023-07-01).
+    raw, location = copy.deepcopy(dev_raw)
+    raw["network"]["allowedSubnetIds"] = [RUNNERS]
+    mocks, _ = mocked.run(raw, "dev", location, data_outputs=dev_data[1])
+    rules = one(mocks, "keyvault:Vault", "ml-kv").inputs["properties"]["networkAcls"]["virtualNetworkRules"]
+    by_id = {r["id"]: r for r in rules}
+    assert by_id[RUNNERS].get("ignoreMissingVnetServiceEndpoint") is True
+    # The compute subnet's endpoint is this program's own: Azure checks that rule as usual.
+    compute = one(mocks, "Subnet", "net-compute")
+    assert "Microsoft.KeyVault" in {e["service"] for e in compute.inputs["serviceEndpoints"]}
+    assert not by_id[compute.id].get("ignoreMissingVnetServiceEndpoint")
+    # The workspace storage still admits the listed subnet (it needs Microsoft.Storage, as documented).
+    storage_rules = one(mocks, "StorageAccount", "ml-storage").inputs["networkRuleSet"]["virtualNetworkRules"]
+    assert RUNNERS in {r["virtualNetworkResourceId"] for r in storage_rules}
+
+
+# ---- issue 28, item 13: restrictOutbound with a public registry ----
+
+
+def test_restricted_outbound_with_a_public_registry_is_refused(prod_raw, dev_raw):
+    # With restrictOutbound the compute subnet gets a service endpoint policy over Microsoft.Storage
+    # (egress.py): "Once a policy is configured on that subnet, only the resources specified in the policy can be
+    # accessed from compute instances in that subnet. Access to all other resources, for the specific service,
+    # will be denied." (virtual-network-service-endpoint-policies-overview). A registry reached over its public
+    # endpoint serves image layers from storage: "Storage (data) endpoint - Allow access to all Azure blob storage
+    # accounts using the wildcard *.blob.core.windows.net" (container-registry-firewall-access-rules); "The
+    # registry service manages the data endpoint storage accounts" (container-registry-dedicated-data-endpoints),
+    # so no policy can list them. Azure ML says the same of its own images: "If the container registry is
+    # viennaglobal.azurecr.io you cannot use the curated environment with the data exfiltration preview"
+    # (how-to-prevent-data-loss-exfiltration). A private registry's layers come through its private endpoint, which
+    # the policy does not filter.
+    raw = dict(copy.deepcopy(prod_raw[0]), registryPublicAccess=True)
+    problems = _problems(raw)
+    assert "registryPublicAccess = True: network.restrictOutbound" in problems
+    assert "registryPublicAccess: false" in problems and "restrictOutbound: false" in problems
+    # Each alone is fine: the private profile (private registry), the public profile (open outbound).
+    assert _load(copy.deepcopy(prod_raw[0])).network.restrict_outbound is True
+    assert _load(copy.deepcopy(dev_raw[0])).registry_public_access is True

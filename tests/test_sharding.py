@@ -13,10 +13,20 @@ def test_shards_are_disjoint_and_cover_the_dataset(n, size, batch):
         assert sorted(everything.tolist()) == list(range(n))
 
 
-@pytest.mark.parametrize("n,size,batch", [(101, 2, 8), (1000, 3, 7), (11, 2, 5), (129, 4, 32)])
-def test_every_rank_runs_the_same_number_of_non_empty_steps(n, size, batch):
+# Steps by hand: the largest shard (n / size, rounded up) in batches of `batch`, the last one short.
+@pytest.mark.parametrize(
+    "n,size,batch,steps",
+    [
+        (101, 2, 8, 7),  # shards of 51 and 50: 6 x 8 + 3
+        (1000, 3, 7, 48),  # 334, 333, 333: 47 x 7 + 5
+        (11, 2, 5, 2),  # 6 and 5: 5 + 1
+        (129, 4, 32, 2),  # 33, 32, 32, 32: 32 + 1
+    ],
+)
+def test_every_rank_runs_the_same_number_of_non_empty_steps(n, size, batch, steps):
     counts = {len(sharding.batches(n, r, size, batch, seed=0, epoch=0)) for r in range(size)}
-    assert counts == {sharding.steps_per_epoch(n, size, batch)}
+    assert counts == {steps}
+    assert sharding.steps_per_epoch(n, size, batch) == steps
     for r in range(size):
         assert all(0 < len(b) <= batch for b in sharding.batches(n, r, size, batch, seed=0, epoch=0))
 

@@ -2,6 +2,7 @@
 it, with MLFLOW_RUN_ID, in every job). Tested with real 2-process jobs against MLflow's file store: one run,
 params and per-epoch metrics equal to metrics.json, for every payload; bad tracking set-ups fail before training."""
 
+import json
 import pathlib
 import re
 import subprocess
@@ -33,6 +34,19 @@ def _run(np: int, args: list[str], e: dict, payload: str = "pytorch") -> subproc
     return subprocess.run(horovodrun(np, args, payload), cwd=ROOT, env=e, capture_output=True, text=True, timeout=600)
 
 
+def _param_strings(run_record: dict) -> dict[str, str]:
+    """What the params must be, written apart from tracking.flatten: MLflow params are flat strings, one per leaf
+    of metrics.json's run record, named by the dotted path and read as metrics.json reads (JSON: null, true)."""
+    out, todo = {}, [((), run_record)]
+    while todo:
+        path, node = todo.pop()
+        if isinstance(node, dict):
+            todo += [((*path, key), value) for key, value in node.items()]
+        else:
+            out[".".join(path)] = node if isinstance(node, str) else json.dumps(node)
+    return out
+
+
 def _client(store: pathlib.Path):
     from mlflow.tracking import MlflowClient
 
@@ -57,7 +71,7 @@ def test_rank_zero_logs_one_run_equal_to_metrics_json(tmp_path, monkeypatch, pay
     run = runs[0]
     assert run.info.status == "FINISHED"
     # params: metrics.json's run record (config and world), flattened
-    assert run.data.params == tracking.flatten(m["run"])
+    assert run.data.params == _param_strings(m["run"])
     assert run.data.params["config.model"] == "tiny_cnn" and run.data.params["world.processes"] == "2"
     # per-epoch metrics: every number of every epoch record, at step = epoch
     for key in ("train_loss", "train_accuracy", "images_per_sec", "lr", "images", "epoch_seconds"):

@@ -1,11 +1,22 @@
 """The dev stack under mocks: the properties and relationships the platform depends on."""
 
 import copy
+import ipaddress
 
 import pytest
 from infra_helpers import one
 
-from trainingplatform import access, mocked
+from trainingplatform import mocked
+
+# Azure's built-in role ids, as Microsoft's "Azure built-in roles" page lists them (learn.microsoft.com/azure/
+# role-based-access-control/built-in-roles; the role JSON's "name"), not taken from trainingplatform.access:
+# a role definition id Azure does not know fails the assignment in the middle of `pulumi up`.
+BUILT_IN_ROLES = {
+    "Reader": "acdd72a7-3385-48ef-bd42-f606fba81ae7",
+    "Storage Blob Data Reader": "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1",
+    "Storage Blob Data Contributor": "ba92f5b4-2d11-453d-a403-e96b0029c9fe",
+    "AcrPull": "7f951dda-4ed3-4680-a7ca-43fe172d538d",
+}
 
 
 def test_declares_every_part_of_the_platform(dev, dev_data):
@@ -76,8 +87,10 @@ def test_storage_accounts(dev, dev_data):
         endpoint_subnet,
     ]
     svc = one(data_mocks, "BlobServiceProperties", "storage-data-blob-service").inputs
-    assert svc["deleteRetentionPolicy"] == {"enabled": True, "days": 14}
-    assert svc["containerDeleteRetentionPolicy"]["enabled"] is True
+    # Soft delete on, for blobs and containers alike, within Azure's "between 1 and 365 days"
+    # (learn.microsoft.com/azure/storage/blobs/soft-delete-blob-overview, "retention period").
+    for policy in (svc["deleteRetentionPolicy"], svc["containerDeleteRetentionPolicy"]):
+        assert policy["enabled"] is True and 1 <= policy["days"] <= 365, policy
     assert one(data_mocks, "BlobContainer", "storage-data-container").inputs["publicAccess"] == "None"
 
 
@@ -132,7 +145,9 @@ def test_compute_reaches_the_data_through_private_endpoints_of_its_own_vnet(dev,
     assert acct["kind"] == "FileStorage" and acct["publicNetworkAccess"] == "Disabled"
     assert acct["networkRuleSet"]["defaultAction"] == "Deny"
     share = one(data_mocks, "FileShare", "nfs-share").inputs
-    assert share["enabledProtocols"] == "NFS" and share["shareQuota"] == 100
+    # Premium file shares (NFS needs them) take 100 GiB to 100 TiB (learn.microsoft.com/azure/storage/files/
+    # understanding-billing, "Provisioned v1": minimum 100 GiB; storage-files-scale-targets: 102,400 GiB).
+    assert share["enabledProtocols"] == "NFS" and 100 <= share["shareQuota"] <= 102400
     name = acct["accountName"]
     assert (
         outputs["nfs"]["mount_target"]
@@ -180,12 +195,18 @@ def test_network_isolation(dev):
     assert any(
         r["direction"] == "Inbound" and r["access"] == "Deny" and r["sourceAddressPrefix"] == "Internet" for r in rules
     )
+    # Azure refuses a subnet outside its VNet's address space or overlapping another subnet; the nodes' Docker
+    # bridge takes 172.17.0.0/16, so the VNet must stay clear of it.
     vnet = one(mocks, "VirtualNetwork", "net-vnet").inputs
-    assert vnet["addressSpace"]["addressPrefixes"] == ["10.40.0.0/16"]
+    (space,) = map(ipaddress.ip_network, vnet["addressSpace"]["addressPrefixes"])
+    subnets = [ipaddress.ip_network(r.inputs["addressPrefix"]) for r in mocks.of_type("Subnet")]
+    assert subnets and all(s.subnet_of(space) for s in subnets), (space, subnets)
+    assert not any(a.overlaps(b) for i, a in enumerate(subnets) for b in subnets[i + 1 :]), subnets
+    assert not space.overlaps(ipaddress.ip_network("172.17.0.0/16"))
     assert outputs["nat_public_ip"]
 
 
-def test_registry_and_workspace(dev):
+def test_registry_and_workspace(dev, dev_data):
     mocks, outputs = dev
     acr = one(mocks, "Registry", "registry-acr")
     assert acr.inputs["sku"]["name"] == "Premium" and acr.inputs["adminUserEnabled"] is False
@@ -205,7 +226,9 @@ def test_registry_and_workspace(dev):
     assert "x7k2q" in ws["workspaceName"] and one(mocks, "Vault", "ml-kv").inputs["vaultName"].endswith("x7k2q")
     stores = {r.inputs["name"]: r.inputs["properties"] for r in mocks.of_type("Datastore")}
     assert stores["training_data"]["credentials"]["credentialsType"] == "None"  # identity-based
-    assert stores["training_data"]["containerName"] == "training-data"
+    # The datastore names the data stack's training-data container (not a name of its own).
+    data_container = one(dev_data[0], "BlobContainer", "storage-data-container").inputs["containerName"]
+    assert stores["training_data"]["containerName"] == data_container
     assert stores["training_logs"]["accountName"] == outputs["datastores"]["logs"]["account"]
 
 
@@ -235,10 +258,10 @@ def test_compute_identity_gets_exactly_read_data_write_logs_pull_images(dev, dev
     data = one(dev_data[0], "StorageAccount", "storage-data").id
     logs = one(dev_data[0], "StorageAccount", "storage-logs").id
     assert grants == {
-        (access.ROLES["Storage Blob Data Reader"], f"{data}/blobServices/default/containers/training-data"),
-        (access.ROLES["Storage Blob Data Contributor"], f"{logs}/blobServices/default/containers/logs"),
-        (access.ROLES["AcrPull"], one(mocks, "Registry", "registry-acr").id),
-        (access.ROLES["Storage Blob Data Contributor"], one(mocks, "StorageAccount", "ml-storage").id),
+        (BUILT_IN_ROLES["Storage Blob Data Reader"], f"{data}/blobServices/default/containers/training-data"),
+        (BUILT_IN_ROLES["Storage Blob Data Contributor"], f"{logs}/blobServices/default/containers/logs"),
+        (BUILT_IN_ROLES["AcrPull"], one(mocks, "Registry", "registry-acr").id),
+        (BUILT_IN_ROLES["Storage Blob Data Contributor"], one(mocks, "StorageAccount", "ml-storage").id),
     }
     workspace = {
         (r.inputs["roleDefinitionId"].rsplit("/", 1)[1], r.inputs["scope"])
@@ -246,11 +269,11 @@ def test_compute_identity_gets_exactly_read_data_write_logs_pull_images(dev, dev
         if r.inputs["principalId"] == "principal-ml-workspace"
     }
     assert workspace == {
-        (access.ROLES["Storage Blob Data Reader"], f"{data}/blobServices/default/containers/training-data"),
-        (access.ROLES["Storage Blob Data Reader"], f"{logs}/blobServices/default/containers/logs"),
+        (BUILT_IN_ROLES["Storage Blob Data Reader"], f"{data}/blobServices/default/containers/training-data"),
+        (BUILT_IN_ROLES["Storage Blob Data Reader"], f"{logs}/blobServices/default/containers/logs"),
         # Studio data preview through the storage private endpoints (test_wayin.py)
-        (access.ROLES["Reader"], one(mocks, "PrivateEndpoint", "data-blob-endpoint").id),
-        (access.ROLES["Reader"], one(mocks, "PrivateEndpoint", "logs-blob-endpoint").id),
+        (BUILT_IN_ROLES["Reader"], one(mocks, "PrivateEndpoint", "data-blob-endpoint").id),
+        (BUILT_IN_ROLES["Reader"], one(mocks, "PrivateEndpoint", "logs-blob-endpoint").id),
     }
     for r in mocks.of_type("RoleAssignment"):
         if r.inputs["principalId"] in (principal, "principal-ml-workspace"):

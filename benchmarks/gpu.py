@@ -1,50 +1,192 @@
 """The GPU benchmark: one command, one GPU, under 10 minutes; prints a table and writes JSON.
 
-    .venv/bin/python -m benchmarks.gpu [--json gpu.json] [--workers 12] [--quick]
+    python -m benchmarks.gpu [--json gpu.json] [--workers 12] [--quick] [--compiled] [--plan]
+
+Needs Python 3.11 or 3.12 with torch and torchvision, and benchmarks/requirements-gpu-box.txt (no Horovod, no
+.venv: docs/pytorch-gpu.md#on-a-gpu-machine-without-horovod).
 
 1. Synthetic ceiling: ResNet-50 training steps on one fixed batch made on the GPU (Horovod's synthetic benchmark
-   pattern), channels_last, fused SGD, at batch 64 and 256, fp16 (with GradScaler) and bf16, eager and
-   torch.compile'd. Steady state: the first steps (cuDNN autotuning, compilation) are not timed.
+   pattern), channels_last, at batch 64 and 256, fp16 and bf16, with the payload's own optimizer and step
+   (runtime.optimizer: fused SGD, its weight-decay groups; runtime.optimizer_step: fp16's loss scaler unscales,
+   steps unless inf/NaN, updates, exactly as in training). Steady state: the first steps (cuDNN autotuning,
+   compilation) are not timed. --compiled adds each case torch.compile'd (inductor compiles every batch and dtype
+   anew: minutes each, beyond the 10 minutes).
 2. The payload: `payloads.pytorch.train` on synthetic data, one process, its defaults for the GPU, batch 256;
    its steady-state "Total images/sec" (start-up excluded, see --startup-steps).
-3. The input pipeline alone: images/sec of the shard reader per decoder, from pre-resized JPEG shards the
-   benchmark writes, with `--workers` decode processes (12 = the vCPUs per GPU of ND H100 v5).
+3. The input pipeline alone: images/sec of the shard reader per decoder, from JPEG shards pre-resized to 256 px
+   (shorter side) as the shards job's are (datatools.prepare --resize 256), with `--workers` decode processes
+   (12 = the vCPUs per GPU of ND H100 v5).
 4. Real data: the payload on those shards with `--workers`, and its ratio to (2).
-`--quick` (any device) runs small sizes for a smoke check; `--device cpu` runs on the CPU (CI does, with --quick).
+The payload runs in one process: under `horovodrun -np 1 --gloo` where Horovod is installed, else as a plain
+`python -m payloads.pytorch.train`, which trains alone (backends.Single); the checkout goes first on its
+PYTHONPATH (extended, never replaced).
+`--quick` (any device) runs small sizes for a smoke check, one case compiled; `--device cpu` runs on the CPU (CI
+does, with --quick). `--plan` prints the rows and the payload commands as JSON and runs nothing.
 Reference: NVIDIA's published ResNet-50 (PyTorch, AMP, A100 80 GB, batch 256): 2,470 img/s per GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
+SHARD_SIDE = 256  # the shards job's --resize (jobs/pytorch-resnet50-imagenet-shards.yaml, docs/data.md)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    model: str
+    image_size: int
+    batches: tuple[int, ...]
+    warmup: int  # steps not timed (ceiling) / the payload's --startup-steps
+    steps: int  # steps timed
+    images: int  # generated photos in the shards
+    shard_side: int  # their shorter side after datatools.prepare --resize
+    real_epochs: int  # of the payload on the shards
+
+
+FULL = Sizes("resnet50", 224, (64, 256), 15, 40, 12800, SHARD_SIDE, 3)
+QUICK = Sizes("resnet18", 32, (8,), 2, 3, 128, 40, 1)
+
+
+def ceiling_cases(quick: bool, compiled: bool | None) -> list[tuple[int, str, bool]]:
+    """(batch, dtype, compiled) of the ceiling rows. Compiled rows: with --compiled every case, with --quick and
+    no choice one (bf16: the smoke check that the compiled path runs), else none (each compiles for minutes)."""
+    sizes = QUICK if quick else FULL
+    if compiled is None:
+        compiled = False
+        one_compiled = quick
+    else:
+        one_compiled = False
+    cases = []
+    for batch in sizes.batches:
+        for dtype in ("fp16", "bf16"):
+            cases.append((batch, dtype, False))
+            if compiled or (one_compiled and dtype == "bf16"):
+                cases.append((batch, dtype, True))
+    return cases
+
+
+def horovod_installed() -> bool:
+    """Whether this Python (the payload's) has Horovod. A finder that hides it (the tests' sitecustomize) raises."""
+    try:
+        return importlib.util.find_spec("horovod") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def payload_env(environ: dict | None = None, extra: dict | None = None) -> dict:
+    """The payload's environment: this one, with the checkout put first on PYTHONPATH. Extended, never replaced:
+    what the machine or the caller put there (a vendor image's packages, a folder of wheels unpacked with
+    pip --target) stays importable in the payload."""
+    env = dict(os.environ if environ is None else environ)
+    old = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + old if old else "")
+    env.update(extra or {})
+    return env
+
+
+def horovodrun() -> str | None:
+    found = BIN / "horovodrun"
+    return str(found) if found.exists() else shutil.which("horovodrun")
+
+
+def payload_command(args: list[str], out: str, processes: int = 1, horovod: bool | None = None) -> list[str]:
+    """The command of a payload row. With Horovod installed (None: ask this Python): horovodrun (Gloo, this host),
+    as before. Without it: one plain process, `python -m payloads.pytorch.train`, which trains alone
+    (backends.Single); a row of several processes cannot run there and stops the benchmark, naming why."""
+    train = [
+        sys.executable,
+        "-m",
+        "payloads.pytorch.train",
+        "--no-progress",
+        "--no-resume",
+        "--no-mlflow",
+        *args,
+        "--output-dir",
+        str(out),
+    ]
+    launcher = horovodrun() if (horovod_installed() if horovod is None else horovod) else None
+    if launcher:
+        return [launcher, "-np", str(processes), "-H", f"localhost:{processes}", "--gloo", *train]
+    if processes == 1:
+        return train
+    raise SystemExit(
+        f"error: a row of {processes} payload processes needs Horovod and horovodrun, which {sys.executable} "
+        "does not have: install Horovod, or run the rows of one process"
+    )
+
+
+def payload_args(sizes: Sizes, device: str, data: list[str], epochs: int = 1) -> list[str]:
+    """The payload's arguments for a row: the ceiling's model and size at the largest batch."""
+    args = [
+        "--model",
+        sizes.model,
+        "--image-size",
+        str(sizes.image_size),
+        "--batch-size",
+        str(sizes.batches[-1]),
+        "--epochs",
+        str(epochs),
+        "--warmup-epochs",
+        "0",
+        "--startup-steps",
+        str(sizes.warmup),
+    ]
+    if device == "cpu":
+        args += ["--amp", "--threads", str(os.cpu_count() or 1)]
+    return args + data
+
+
+def plan(sizes: Sizes, device: str, workers: int, compiled: bool | None, quick: bool) -> dict:
+    """What the benchmark will run: the ceiling cases and the payload rows' commands (with placeholders for the
+    folders it makes), and the payload's PYTHONPATH."""
+    big = sizes.batches[-1]
+    samples = str(big * (sizes.warmup + sizes.steps))
+    synthetic = payload_args(sizes, device, ["--data", "synthetic", "--synthetic-samples", samples])
+    shard_args = ["--data", "shards", "--data-dir", "SHARDS", "--workers", str(workers)]
+    real = payload_args(sizes, device, shard_args, sizes.real_epochs)
+    return {
+        "sizes": asdict(sizes),
+        "ceiling": [{"batch": b, "dtype": d, "compiled": c} for b, d, c in ceiling_cases(quick, compiled)],
+        "horovod_installed": horovod_installed(),
+        "payload": {"synthetic": payload_command(synthetic, "OUT"), "real": payload_command(real, "OUT")},
+        "shards": f"datatools.prepare --resize {sizes.shard_side}, {sizes.images} generated photos",
+        "pythonpath": payload_env()["PYTHONPATH"],
+    }
 
 
 def ceiling(
     device: str, model_name: str, batch: int, image_size: int, dtype: str, compiled: bool, warmup: int, steps: int
 ) -> float:
-    """Images/sec of a training step on a fixed batch on the device (no input pipeline, no Horovod)."""
+    """Images/sec of the payload's training step on a fixed batch on the device (no input pipeline, no Horovod):
+    its model, optimizer (runtime.optimizer) and step (runtime.optimizer_step, fp16's loss scaler included)."""
     import torch
     import torch.nn.functional as F
-    import torchvision
 
+    from payloads.common.config import TrainConfig
+    from payloads.pytorch import backends, models, runtime
     from payloads.pytorch.precision import Precision
 
     torch.manual_seed(0)
     dev = torch.device(device)
-    model = getattr(torchvision.models, model_name)(num_classes=1000).to(dev).to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
+    cfg = TrainConfig(model=model_name, image_size=image_size)  # the payload's defaults: momentum, weight decay, scale
+    model = models.build(model_name, 1000, image_size).to(dev).to(memory_format=torch.channels_last)
+    opt = runtime.optimizer(cfg, model, 0.1, dev)
     prec = Precision(dtype, dev.type)
-    scaler = prec.grad_scaler()
+    scaler = prec.grad_scaler(cfg.loss_scale_init)
+    alone = backends.Single()  # one process: the gradients are the average already
     step_model = torch.compile(model) if compiled else model
     x = torch.randn(batch, 3, image_size, image_size, device=dev).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (batch,), device=dev)
@@ -53,13 +195,8 @@ def ceiling(
         opt.zero_grad(set_to_none=True)
         with prec.autocast():
             loss = F.cross_entropy(step_model(x), y)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        else:
-            loss.backward()
-            opt.step()
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        runtime.optimizer_step(opt, scaler, alone)
 
     def sync():
         if dev.type == "cuda":
@@ -76,40 +213,55 @@ def ceiling(
 
 
 def payload(args: list[str], env_extra: dict | None = None) -> dict:
-    """One process of the PyTorch payload (horovodrun -np 1, Gloo); returns its metrics.json summary."""
+    """One process of the PyTorch payload (payload_command); returns its metrics.json summary and world."""
     with tempfile.TemporaryDirectory() as out:
-        cmd = [
-            str(BIN / "horovodrun"),
-            "-np",
-            "1",
-            "-H",
-            "localhost:1",
-            "--gloo",
-            sys.executable,
-            "-m",
-            "payloads.pytorch.train",
-            "--no-progress",
-            "--no-resume",
-            "--no-mlflow",
-            *args,
-            "--output-dir",
-            out,
-        ]
-        env = dict(os.environ, PYTHONPATH=str(ROOT), **(env_extra or {}))
+        cmd = payload_command(args, out)
+        env = payload_env(extra=env_extra)
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
         if proc.returncode:
             raise RuntimeError(
                 f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
             )
-        return json.loads((pathlib.Path(out) / "metrics.json").read_text())["summary"]
+        metrics = json.loads((pathlib.Path(out) / "metrics.json").read_text())
+        return {**metrics["summary"], "world": metrics["run"]["world"]}
+
+
+def _photos_part(root: str, images: int, classes: int, seed: int) -> str:
+    from benchmarks.input_pipeline import generate
+
+    return str(generate(pathlib.Path(root), images, classes, seed))
+
+
+def photos(work: pathlib.Path, images: int, classes: int, workers: int) -> pathlib.Path:
+    """Photo-like JPEGs (input_pipeline.generate) in class folders, made by `workers` processes: 12,800 take
+    minutes in one. Each part is generated apart, then its files are moved into one tree."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    parts = max(1, min(workers, images // 100 or 1))
+    counts = [images // parts + (i < images % parts) for i in range(parts)]
+    tree = work / "tree" / "train"
+    roots = [str(work / f"part{i}") for i in range(parts)]
+    if parts == 1:
+        made = [_photos_part(roots[0], images, classes, 0)]
+    else:  # spawn: the parent may hold CUDA, which a forked child must not touch
+        with ProcessPoolExecutor(parts, mp_context=get_context("spawn")) as pool:
+            made = list(pool.map(_photos_part, roots, counts, [classes] * parts, range(parts)))
+    for i, part in enumerate(made):
+        for folder in sorted(pathlib.Path(part).iterdir()):
+            (tree / folder.name).mkdir(parents=True, exist_ok=True)
+            for f in folder.iterdir():
+                f.rename(tree / folder.name / f"p{i}-{f.name}")
+        shutil.rmtree(work / f"part{i}")
+    return tree
 
 
 def shards(work: pathlib.Path, images: int, size: int) -> pathlib.Path:
-    """Pre-resized JPEG shards (datatools.prepare) from generated photos-like images."""
-    from benchmarks.input_pipeline import generate
+    """JPEG shards pre-resized to `size` px (datatools.prepare --resize, as the shards job's; prepare uses every
+    core) from generated photo-like images."""
     from datatools import prepare
 
-    tree = generate(work / "tree", images, classes=100)
+    tree = photos(work, images, classes=100, workers=os.cpu_count() or 1)
     out = work / "shards"
     prepare.main(
         [
@@ -123,6 +275,7 @@ def shards(work: pathlib.Path, images: int, size: int) -> pathlib.Path:
             str(size),
             "--formats",
             "webdataset",
+            "--no-progress",
         ]
     )
     return out / "webdataset"
@@ -150,110 +303,122 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None, help="cuda (default when a GPU is visible) or cpu")
     ap.add_argument("--workers", type=int, default=12, help="decode processes (ND H100 v5: 12 vCPUs per GPU)")
     ap.add_argument("--quick", action="store_true", help="small sizes: a smoke check of the whole benchmark")
+    ap.add_argument(
+        "--compiled",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="add every ceiling case torch.compile'd (minutes each: beyond the 10 minutes); default: none, "
+        "with --quick one",
+    )
+    ap.add_argument("--plan", action="store_true", help="print the rows and payload commands as JSON; run nothing")
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    sizes = QUICK if args.quick else FULL
+    if args.plan:
+        print(json.dumps({"device": device, **plan(sizes, device, args.workers, args.compiled, args.quick)}, indent=2))
+        return 0
     if device == "cuda" and not torch.cuda.is_available():
         print(
             "error: --device cuda but torch sees no GPU (run the health check for the driver and CUDA versions)",
             file=sys.stderr,
         )
         return 2
-    if args.quick:
-        model, size, batches, warmup, steps, images, real_size = "resnet18", 32, (8,), 2, 3, 128, 40
-    else:
-        model, size, batches, warmup, steps, images, real_size = "resnet50", 224, (64, 256), 15, 40, 12800, 160
-    dtypes = ("fp16", "bf16")
+    model, size, warmup, steps = sizes.model, sizes.image_size, sizes.warmup, sizes.steps
     rows: list[dict] = []
     facts = {
         "device": device,
+        "python": sys.version.split()[0],
         "torch": torch.__version__,
+        "horovod": horovod_installed(),
         "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
         "cuda": torch.version.cuda if device == "cuda" else None,
         "workers": args.workers,
         "quick": args.quick,
+        "shard_side": sizes.shard_side,
     }
     started = time.perf_counter()
 
-    for batch in batches:
-        for dtype in dtypes:
-            # --quick compiles one case only: inductor's compile alone takes minutes on a CPU.
-            for compiled in (False, True) if not args.quick or dtype == "bf16" else (False,):
-                rate = ceiling(device, model, batch, size, dtype, compiled, warmup, steps)
-                rows.append(
-                    {
-                        "what": f"ceiling {model} batch {batch} {dtype}{' compiled' if compiled else ''}",
-                        "images_per_sec": rate,
-                        "kind": "ceiling",
-                        "batch": batch,
-                        "dtype": dtype,
-                        "compiled": compiled,
-                    }
-                )
-                print(table(rows[-1:]).splitlines()[-1], flush=True)
+    def add(row: dict, since: float) -> None:
+        row["seconds"] = round(time.perf_counter() - since, 1)  # what the row cost, set-up included
+        rows.append(row)
+        print(table(rows[-1:]).splitlines()[-1], flush=True)
 
-    big = batches[-1]
-    common = [
-        "--model",
-        model,
-        "--image-size",
-        str(size),
-        "--batch-size",
-        str(big),
-        "--epochs",
-        "1",
-        "--warmup-epochs",
-        "0",
-        "--startup-steps",
-        str(warmup),
-    ]
-    if device == "cpu":
-        common += ["--amp", "--threads", str(os.cpu_count() or 1)]
-    synthetic = payload(common + ["--data", "synthetic", "--synthetic-samples", str(big * (warmup + steps))])
-    rows.append(
+    for batch, dtype, compiled in ceiling_cases(args.quick, args.compiled):
+        since = time.perf_counter()
+        rate = ceiling(device, model, batch, size, dtype, compiled, warmup, steps)
+        add(
+            {
+                "what": f"ceiling {model} batch {batch} {dtype}{' compiled' if compiled else ''}",
+                "images_per_sec": rate,
+                "kind": "ceiling",
+                "batch": batch,
+                "dtype": dtype,
+                "loss_scaler": dtype == "fp16",
+                "compiled": compiled,
+            },
+            since,
+        )
+
+    big = sizes.batches[-1]
+    since = time.perf_counter()
+    synthetic = payload(
+        payload_args(sizes, device, ["--data", "synthetic", "--synthetic-samples", str(big * (warmup + steps))])
+    )
+    facts["payload_backend"] = synthetic["world"]["backend"]
+    add(
         {
             "what": f"payload synthetic batch {big}",
             "images_per_sec": synthetic["total_images_per_sec"],
             "kind": "payload",
             "startup_seconds": synthetic.get("startup_seconds"),
-        }
+            "precision": synthetic["world"]["precision"],
+            "backend": synthetic["world"]["backend"],
+        },
+        since,
     )
-    print(table(rows[-1:]).splitlines()[-1], flush=True)
 
     with tempfile.TemporaryDirectory() as work:
-        shard_dir = shards(pathlib.Path(work), images, real_size)
+        since = time.perf_counter()
+        shard_dir = shards(pathlib.Path(work), sizes.images, sizes.shard_side)
+        facts["shards_seconds"] = round(time.perf_counter() - since, 1)
         from payloads.pytorch.decoders import available
 
         for decoder in available():
+            since = time.perf_counter()
             rate = pipeline(shard_dir, size, big, args.workers, decoder, epochs=2)
-            rows.append(
+            add(
                 {
-                    "what": f"input pipeline {decoder}, {args.workers} workers, {real_size} px shards",
+                    "what": f"input pipeline {decoder}, {args.workers} workers, {sizes.shard_side} px shards",
                     "images_per_sec": rate,
                     "kind": "pipeline",
                     "decoder": decoder,
-                }
+                },
+                since,
             )
-            print(table(rows[-1:]).splitlines()[-1], flush=True)
-        real = payload(
-            common + ["--data", "shards", "--data-dir", str(shard_dir), "--workers", str(args.workers), "--epochs", "3"]
-        )
+        since = time.perf_counter()
+        shard_args = ["--data", "shards", "--data-dir", str(shard_dir), "--workers", str(args.workers)]
+        real = payload(payload_args(sizes, device, shard_args, sizes.real_epochs))
         ratio = real["total_images_per_sec"] / synthetic["total_images_per_sec"]
-        rows.append(
+        add(
             {
-                "what": f"payload real data ({real_size} px shards, {args.workers} workers)",
+                "what": f"payload real data ({sizes.shard_side} px shards, {args.workers} workers)",
                 "images_per_sec": real["total_images_per_sec"],
                 "kind": "real",
                 "note": f"{ratio:.0%} of synthetic",
                 "ratio_to_synthetic": ratio,
-            }
+            },
+            since,
         )
 
     facts["seconds"] = time.perf_counter() - started
     print()
-    print(f"{facts['gpu'] or 'CPU'}, torch {facts['torch']}, CUDA {facts['cuda']}, {facts['seconds']:.0f} s")
+    print(
+        f"{facts['gpu'] or 'CPU'}, Python {facts['python']}, torch {facts['torch']}, CUDA {facts['cuda']}, "
+        f"payload backend {facts['payload_backend']}, {facts['seconds']:.0f} s"
+    )
     print(table(rows))
     if args.json:
         args.json.write_text(json.dumps({"machine": facts, "rows": rows}, indent=2) + "\n")

@@ -1,7 +1,8 @@
-"""The collective layer under both PyTorch payloads: Horovod (the default) or PyTorch DDP (--backend ddp).
+"""The collective layer under both PyTorch payloads: Horovod (the default) or PyTorch DDP (--backend ddp), and
+Single, one process without any collective library, where Horovod is not installed.
 
 train.py, segmentation/train.py and runtime.py reach ranks, gradients and collectives through these methods
-only, so the two backends run the same training: the same shards (by global rank), the same averaged
+only, so the backends run the same training: the same shards (by global rank), the same averaged
 gradients, the same checkpoints (the plain model's state, never DDP's `module.`-prefixed one).
 
 - Horovod: hvd.DistributedOptimizer averages gradients in the optimizer; ranks come from hvd (horovodrun,
@@ -10,6 +11,10 @@ gradients, the same checkpoints (the plain model's state, never DDP's `module.`-
   Azure ML's PyTorch distribution set (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). NCCL carries
   GPU tensors and Gloo CPU ones ("cpu:gloo,cuda:nccl"), so the metric sums, which are CPU tensors, and the
   object collectives work with either; on a CPU, Gloo carries everything.
+- Single: --backend horovod (the default) in a Python without Horovod (a vendor GPU image, say) and started
+  by no launcher: rank 0 of 1, every collective an identity. It says so in its first line and in metrics.json
+  (`world.backend` "single"). Started by a launcher that made several processes (horovodrun, mpirun, torchrun),
+  it refuses instead: each process would train its own copy of the model.
 
 The one step where they differ (runtime.optimizer_step): under fp16 with a loss scaler, Horovod's gradients
 are averaged only when the optimizer synchronises, so it must synchronise before GradScaler unscales them and
@@ -18,6 +23,8 @@ not again when GradScaler steps; DDP's gradients are already averaged when backw
 
 from __future__ import annotations
 
+import inspect
+import logging
 import os
 import socket
 from collections.abc import Iterator
@@ -29,19 +36,143 @@ import torch
 from ..common.config import BACKENDS
 from ..common.errors import ConfigError
 
+log = logging.getLogger("payloads.pytorch")
+
 # What torchrun (and Azure ML's PyTorch distribution) sets for every process: env:// rendezvous reads them.
 RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 # Set by mpirun / horovodrun: a DDP process started there has no RENDEZVOUS and would train alone.
 MPI_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HOROVOD_RANK")
+# What launchers set in each process they start: (variable, what it counts). A size above 1 or a rank above 0
+# means this process is one of several (horovodrun: HOROVOD_*; Open MPI's mpirun and Azure ML's MPI
+# distribution: OMPI_COMM_WORLD_*; MPICH and Intel MPI: PMI_*; torchrun and Azure ML's PyTorch distribution).
+LAUNCHER_COUNTS = (
+    ("HOROVOD_SIZE", "size"),
+    ("HOROVOD_RANK", "rank"),
+    ("OMPI_COMM_WORLD_SIZE", "size"),
+    ("OMPI_COMM_WORLD_RANK", "rank"),
+    ("PMI_SIZE", "size"),
+    ("PMI_RANK", "rank"),
+    ("WORLD_SIZE", "size"),
+    ("RANK", "rank"),
+)
+ALONE = "Horovod is not installed: training alone in one process (no collectives)"
 
 
 def create(name: str):
-    """The backend named by --backend (not yet initialised)."""
+    """The backend named by --backend (not yet initialised). --backend horovod in a Python without Horovod:
+    Single when no launcher started several processes, else a ConfigError naming the fix."""
     if name == "horovod":
-        return Horovod()
+        try:
+            import horovod.torch as hvd  # late: --help and config errors need no Horovod
+        except ModuleNotFoundError as e:
+            if e.name != "horovod":  # Horovod is there but broken: its own error says why
+                raise
+            several = several_processes(os.environ)
+            if several:
+                raise ConfigError(
+                    f"Horovod is not installed in this Python ({e}), and a launcher started this process as "
+                    f"one of several ({several}): each would train its own copy of the model alone. Install "
+                    "Horovod here (the training image has it; toolchain/build_horovod.sh builds it), or under "
+                    "torchrun pass --backend ddp, or start one process without a launcher (plain python -m ...), "
+                    "which trains alone"
+                ) from None
+            return Single(reason=str(e))
+        return Horovod(hvd)
     if name == "ddp":
         return DDP()
     raise ConfigError(f"--backend {name!r}: choose {' or '.join(BACKENDS)}")
+
+
+def several_processes(env) -> str | None:
+    """The launcher variable that says this process is one of several (`NAME=value`), or None. A value that is
+    not a whole number counts as several: better a refusal naming it than N copies training apart."""
+    for key, kind in LAUNCHER_COUNTS:
+        value = env.get(key)
+        if value is None:
+            continue
+        try:
+            n = int(value)
+        except ValueError:
+            return f"{key}={value!r}"
+        if (kind == "size" and n > 1) or (kind == "rank" and n > 0):
+            return f"{key}={value}"
+    return None
+
+
+class Single:
+    """One process, no collective library: rank 0 of 1. Collectives are identities (the sum or mean over one
+    rank is the tensor itself), broadcasts return what rank 0 holds, wrap leaves the model and the optimizer as
+    they are. --adasum and --fp16-allreduce combine the gradients of several processes: with one they would do
+    nothing, so they are refused (check) rather than accepted and ignored."""
+
+    name = "single"
+
+    def __init__(self, reason: str = "Horovod is not installed"):
+        self.reason = reason
+
+    def init(self) -> None:
+        log.warning(ALONE)
+
+    def rank(self) -> int:
+        return 0
+
+    def size(self) -> int:
+        return 1
+
+    def local_rank(self) -> int:
+        return 0
+
+    def local_size(self) -> int:
+        return 1
+
+    def check(self, cfg) -> None:
+        for flag, asked in (("--adasum", cfg.adasum), ("--fp16-allreduce", getattr(cfg, "fp16_allreduce", False))):
+            if asked:
+                raise ConfigError(
+                    f"{flag} combines the gradients of several processes, and this run trains alone in one "
+                    f"(Horovod is not installed): drop {flag}, or install Horovod and start the job with horovodrun "
+                    "or mpirun"
+                )
+
+    def adasum_lr_scale(self, device: torch.device) -> int:
+        return 1  # not reached: check() refuses --adasum
+
+    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, device: torch.device):
+        """(the module to train, the optimizer to step): both as they are."""
+        return model, optimizer
+
+    def accumulate(self, model: torch.nn.Module, last: bool):
+        """Micro-batches add to p.grad; nothing to hold back."""
+        return nullcontext()
+
+    def averaged(self, optimizer):
+        """The gradients are already the average over the one process."""
+        return nullcontext()
+
+    def broadcast_parameters(self, state: dict[str, torch.Tensor]) -> None:
+        """Rank 0's tensors are this process's."""
+
+    def broadcast_optimizer_state(self, optimizer) -> None:
+        """Rank 0's optimizer state is this process's."""
+
+    def broadcast_object(self, obj: Any, name: str) -> Any:
+        return obj
+
+    def allgather_object(self, obj: Any, name: str) -> list:
+        return [obj]
+
+    def allreduce_sum(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        """A new tensor, as the other backends return: the sum over one rank."""
+        return tensor.detach().clone(memory_format=torch.contiguous_format)
+
+    def allreduce_mean(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        return self.allreduce_sum(tensor, name)
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "alone": True, "collectives": "none", "why_alone": self.reason}
+
+    def shutdown(self) -> None:
+        pass
 
 
 class Horovod:
@@ -217,7 +348,7 @@ class DDP:
         from torch.nn.parallel import DistributedDataParallel
 
         ddp = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None, forward_sync_buffers=False
+            model, device_ids=[device.index] if device.type == "cuda" else None, **no_forward_buffer_sync()
         )
         if cfg.fp16_allreduce:
             # Each gradient bucket cast to fp16, divided by the world size, summed, cast back: Horovod's
@@ -286,6 +417,22 @@ class DDP:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def no_forward_buffer_sync() -> dict:
+    """DDP's argument that keeps each rank's buffers its own in forward: forward_sync_buffers=False from torch
+    2.13, which deprecates broadcast_buffers (and warns on it); broadcast_buffers=False before (vendor images
+    with torch 2.4 to 2.12). The old flag also skips the buffers' broadcast at construction; restore() sends rank
+    0's whole state_dict, buffers included, right after wrap, so both start every rank from rank 0's buffers."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    try:
+        params = inspect.signature(DistributedDataParallel).parameters
+    except (TypeError, ValueError):  # no signature to read: assume the current one
+        return {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
 
 
 def load_root_optimizer_state(backend, optimizer) -> None:

@@ -1,11 +1,13 @@
 """What both PyTorch payloads (classification and land cover) do around the training step: the device and its
 defaults, the optimizer and its step, checkpoints and resume, exact sums over ranks, and the run's world record.
-Collectives go through the backend (backends.py: Horovod or DDP), the same calls for both."""
+Collectives go through the backend (backends.py: Horovod, DDP, or Single where Horovod is not installed), the same
+calls for all."""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 
 import torch
 
@@ -15,12 +17,27 @@ from . import models, precision
 
 SUFFIX = ".pt"
 log = logging.getLogger("payloads.pytorch")
+# torch.amp.GradScaler(device) (2.3), torch.compile on Python 3.12 and torchvision 0.19's batched nvJPEG decode
+# for --gpu-decode (2.4): docs/pytorch-gpu.md#which-torch.
+OLDEST_TORCH = (2, 4)
+
+
+def torch_version(version: str | None = None) -> tuple[int, int]:
+    """(major, minor) of torch.__version__: "2.14.1+cpu", "2.11.0a0+gitabc" (NVIDIA's images) -> (2, 14), (2, 11)."""
+    m = re.match(r"(\d+)\.(\d+)", version or torch.__version__)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
 def setup(cfg: config.TrainConfig, backend) -> tuple[torch.device, precision.Precision]:
     """The device of this process and its precision; fills the device-dependent defaults (amp, channels_last)."""
     if backend.local_rank() == 0:  # one line per node: the driver, the CUDA torch was built for, any mismatch
         log.info("%s", devices.report("PyTorch", torch.version.cuda))
+        if torch_version() < OLDEST_TORCH:
+            log.warning(
+                "torch %s is older than %d.%d, the oldest these payloads support (docs/pytorch-gpu.md#which-torch)",
+                torch.__version__,
+                *OLDEST_TORCH,
+            )
     devices.require_gpus(torch.cuda.device_count(), backend.local_size(), "PyTorch", torch.version.cuda)
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // backend.local_size())
     torch.set_num_threads(threads)
@@ -31,7 +48,7 @@ def setup(cfg: config.TrainConfig, backend) -> tuple[torch.device, precision.Pre
     else:
         device = torch.device("cpu")
     chosen = precision.choose(device, cfg.amp, cfg.amp_dtype, cfg.adasum)
-    if cfg.adasum:
+    if cfg.adasum or cfg.fp16_allreduce:  # what the backend cannot do with them (backends.py: check)
         backend.check(cfg)
     if cfg.amp is None and device.type == "cuda" and chosen.name == "fp32":
         log.info("mixed precision off: --adasum steps on unscaled gradients and this GPU's native dtype is fp16")

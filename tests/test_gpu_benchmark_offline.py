@@ -1,0 +1,140 @@
+"""`python -m benchmarks.gpu` on a GPU machine without Horovod (issue 29), checked here without a GPU: what it plans
+to run (its rows, the payload's commands, the payload's PYTHONPATH), with Horovod hidden as
+tests/test_without_horovod.py hides it (a sitecustomize.py first on PYTHONPATH whose finder refuses `horovod`), and
+the whole benchmark at toy sizes on this CPU in that state."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import ROOT, env
+from test_without_horovod import HIDE_HOROVOD
+
+from benchmarks import gpu
+from payloads.pytorch import backends
+
+
+@pytest.fixture
+def hidden(tmp_path) -> tuple[dict, str]:
+    """(an environment whose Python has no Horovod, the PYTHONPATH it was given: hook folder, a caller's folder)."""
+    hook = tmp_path / "no-horovod"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HIDE_HOROVOD)
+    e = {k: v for k, v in env().items() if k not in dict(backends.LAUNCHER_COUNTS)}
+    given = os.pathsep.join([str(hook), str(tmp_path / "a-callers-folder")])
+    e["PYTHONPATH"] = given  # what the caller set; the benchmark itself finds the checkout (cwd)
+    return e, given
+
+
+def plan(environ: dict, *args: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu", "--plan", *args],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_without_horovod_the_payload_rows_are_plain_processes_on_an_extended_pythonpath(hidden):
+    environ, given = hidden
+    p = plan(environ)
+    assert p["horovod_installed"] is False
+    train = [sys.executable, "-m", "payloads.pytorch.train"]
+    for name, cmd in p["payload"].items():
+        assert cmd[:3] == train, (name, cmd)
+        assert "horovodrun" not in " ".join(cmd)
+        assert cmd[cmd.index("--model") + 1] == "resnet50" and cmd[cmd.index("--batch-size") + 1] == "256"
+    real = p["payload"]["real"]
+    assert real[real.index("--data") + 1] == "shards" and real[real.index("--workers") + 1] == "12"
+    assert real[real.index("--epochs") + 1] == "3"
+    # Extended, never replaced: the checkout first, then every folder the caller gave, in order (the hook among them,
+    # so the payload processes are as Horovod-less as the benchmark's).
+    assert p["pythonpath"] == str(ROOT) + os.pathsep + given
+    # The real-data rows read shards of the shards job's size; no compiled row unless asked for.
+    assert p["sizes"]["shard_side"] == 256 and "--resize 256" in p["shards"]
+    assert [(c["batch"], c["dtype"], c["compiled"]) for c in p["ceiling"]] == [
+        (64, "fp16", False),
+        (64, "bf16", False),
+        (256, "fp16", False),
+        (256, "bf16", False),
+    ]
+    assert len(plan(environ, "--compiled")["ceiling"]) == 8
+    quick = plan(environ, "--quick")
+    assert [(c["dtype"], c["compiled"]) for c in quick["ceiling"]] == [("fp16", False), ("bf16", False), ("bf16", True)]
+    assert [c["compiled"] for c in plan(environ, "--quick", "--no-compiled")["ceiling"]] == [False, False]
+
+
+def test_with_horovod_the_payload_rows_run_under_horovodrun(tmp_path):
+    environ = {k: v for k, v in env().items() if k not in dict(backends.LAUNCHER_COUNTS)}
+    environ.pop("PYTHONPATH", None)  # nothing given: PYTHONPATH is the checkout alone, no empty entry (the cwd)
+    p = plan(environ)
+    assert p["horovod_installed"] is True
+    for cmd in p["payload"].values():
+        assert cmd[0].endswith("horovodrun") and cmd[1:6] == ["-np", "1", "-H", "localhost:1", "--gloo"]
+        assert cmd[6:9] == [sys.executable, "-m", "payloads.pytorch.train"]
+    assert p["pythonpath"] == str(ROOT)
+
+
+def test_command_building_in_process():
+    assert gpu.payload_env({"PYTHONPATH": "/a" + os.pathsep + "/b", "X": "1"}, {"Y": "2"}) == {
+        "PYTHONPATH": str(ROOT) + os.pathsep + "/a" + os.pathsep + "/b",
+        "X": "1",
+        "Y": "2",
+    }
+    assert gpu.payload_env({})["PYTHONPATH"] == str(ROOT)
+    plain = gpu.payload_command(["--model", "resnet50"], "/out", horovod=False)
+    assert plain == [
+        sys.executable,
+        "-m",
+        "payloads.pytorch.train",
+        "--no-progress",
+        "--no-resume",
+        "--no-mlflow",
+        "--model",
+        "resnet50",
+        "--output-dir",
+        "/out",
+    ]
+    with pytest.raises(SystemExit, match="a row of 2 payload processes needs Horovod and horovodrun"):
+        gpu.payload_command([], "/out", processes=2, horovod=False)
+    assert gpu.payload_command([], "/out", processes=2, horovod=True)[1:5] == ["-np", "2", "-H", "localhost:2"]
+
+
+def test_the_whole_benchmark_runs_without_horovod_at_toy_sizes(hidden, tmp_path):
+    """Every row, on this CPU, Horovod hidden from the benchmark and from the payload processes it starts: the
+    payload rows train alone (backends.Single), the fp16 ceiling row steps through the payload's loss scaler."""
+    environ, _ = hidden
+    out = tmp_path / "gpu.json"
+    cmd = [sys.executable, "-m", "benchmarks.gpu", "--quick", "--device", "cpu", "--workers", "1", "--no-compiled"]
+    proc = subprocess.run(
+        [*cmd, "--json", str(out)], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    machine, rows = result["machine"], result["rows"]
+    assert machine["horovod"] is False and machine["payload_backend"] == "single"
+    kinds = [r["kind"] for r in rows]
+    assert kinds.count("ceiling") == 2 and {"payload", "pipeline", "real"} <= set(kinds), kinds
+    fp16 = next(r for r in rows if r["kind"] == "ceiling" and r["dtype"] == "fp16")
+    assert fp16["loss_scaler"] is True and not fp16["compiled"]
+    assert all(r["images_per_sec"] > 0 and r["seconds"] >= 0 for r in rows)
+    assert "payload backend single" in proc.stdout
+
+
+def test_the_photos_are_made_by_several_processes_into_one_tree(tmp_path):
+    """The full benchmark's 12,800 photos take minutes in one process: parts are generated in parallel (spawned, as
+    the parent holds CUDA by then) and moved into one class-folder tree, every file kept."""
+    tree = gpu.photos(tmp_path, 250, classes=5, workers=2)
+    files = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*.JPEG"))
+    assert len(files) == 250 and len(set(files)) == 250
+    assert sorted(p.name for p in tree.iterdir()) == [f"n{c:08d}" for c in range(5)]
+    assert {f.split("/")[1].split("-")[0] for f in files} == {"p0", "p1"}
+    assert not list(tmp_path.glob("part*"))

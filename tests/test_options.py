@@ -108,6 +108,7 @@ def sample(payload: str, option: Listed, tmp: pathlib.Path) -> list[str]:
         "--lr-decay-epochs": ["10,20"],
         "--output-dir": [str(tmp / "elsewhere")],
         "--decoder": ["pillow"],
+        "--cache-dir": [str(tmp / "cache"), "--cache-decoded"],  # refused without the cache it places
     }
     if flag == "--image-size":  # land cover: a multiple of the encoder's stride
         return [flag, str(2 * int(option.default))]
@@ -249,6 +250,11 @@ REFUSALS = [
     ("segmentation", ["--workers", "2"], "--workers is not an option of the segmentation payload"),
     ("segmentation", ["--xla"], "--xla is an option of the TensorFlow and Keras payloads"),
     ("segmentation", ["--data", "tiles"], "--data is an option of the image-classification payloads"),
+    (
+        "pytorch",
+        ["--cache-dir", "/tmp"],
+        "--cache-dir is where --cache-decoded keeps decoded images: add --cache-decoded",
+    ),
 ]
 
 

@@ -215,7 +215,7 @@ def build(
 
         train = make(train_split, cfg, rank, size, batch, True, device, decoder=decoder)
         val = make(val_split, cfg, rank, size, batch, False, device, decoder=decoder) if val_split is not None else None
-        shards.check_cache_room([train, val], shards.cache_folder(cfg), local_size)
+        shards.check_cache_room([train, val], local_size)
         return Inputs(wrap(train), wrap(val) if val is not None else None, num_classes)
     if cfg.data != "imagefolder":
         raise ConfigError(

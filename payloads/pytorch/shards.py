@@ -365,10 +365,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def cache_folder(cfg) -> pathlib.Path:
-    return pathlib.Path(cfg.cache_dir) if cfg.cache_dir is not None else pathlib.Path(tempfile.gettempdir())
-
-
 def estimate_cache_bytes(loader: ShardLoader) -> int:
     """The decoded bytes of this rank's part: its sample count x the mean H x W x 3 of up to HEADER_SAMPLE JPEG
     headers from its first file (read without decoding), with CACHE_MARGIN."""
@@ -388,13 +384,13 @@ def estimate_cache_bytes(loader: ShardLoader) -> int:
     return int(mean * loader.plan.samples * CACHE_MARGIN)
 
 
-def check_cache_room(loaders: Sequence[ShardLoader], folder: pathlib.Path, local_size: int) -> int:
+def check_cache_room(loaders: Sequence[ShardLoader], local_size: int) -> int:
     """Before epoch 1: the decoded cache of every split of this rank, times the processes on this node (one
-    folder per node), must fit the folder's free space. Returns this rank's estimate in bytes."""
+    folder per node), must fit the free space of the loaders' --cache-dir. Returns this rank's estimate in bytes."""
     wanted = [x for x in loaders if x is not None and x.cache_wanted]
     if not wanted:
         return 0
-    folder = pathlib.Path(folder)
+    folder = wanted[0].cache_dir  # every loader of the run gets the same --cache-dir (loader())
     if not folder.is_dir():
         raise ConfigError(f"--cache-dir {folder}: no such folder (create it, or pick a folder on a local disk)")
     per_rank = sum(estimate_cache_bytes(x) for x in wanted)
@@ -688,7 +684,7 @@ def loader(
         shuffle=shuffle,
         shuffle_buffer=cfg.shuffle_buffer,
         cache=cfg.cache_decoded,
-        cache_dir=cache_folder(cfg),
+        cache_dir=cfg.cache_dir,
         workers=cfg.workers,
         max_steps=cfg.max_steps_per_epoch if shuffle else 0,
         skip_corrupt=cfg.skip_corrupt_images,

@@ -178,16 +178,19 @@ def test_a_cache_that_cannot_fit_is_refused_before_epoch_1_with_the_figure_and_t
         f_frsize, f_bavail = 1, need * 8 - 1  # room for 7 processes' caches, not 8
 
     monkeypatch.setattr(shards.os, "statvfs", lambda path: Small() if str(path) == str(tmp_path) else real(path))
-    assert shards.check_cache_room([loader], tmp_path, 7) == need
+    assert shards.check_cache_room([loader], 7) == need
     with pytest.raises(ConfigError) as e:
-        shards.check_cache_room([loader, None], tmp_path, 8)
+        shards.check_cache_room([loader, None], 8)
     text = str(e.value)
     assert "--cache-decoded" in text and "x 8 process(es)" in text and str(tmp_path) in text
     assert "--cache-dir" in text and "drop --cache-decoded" in text
+    elsewhere = shards.ShardLoader(
+        train, 0, 1, 4, 0, transform=pixels, cache=True, cache_dir=tmp_path / "missing", workers=0
+    )
     with pytest.raises(ConfigError, match="--cache-dir .*no such folder"):
-        shards.check_cache_room([loader], tmp_path / "missing", 1)
+        shards.check_cache_room([elsewhere], 1)
     off = shards.ShardLoader(train, 0, 1, 4, 0, transform=pixels, workers=0)
-    assert shards.check_cache_room([off], tmp_path, 8) == 0  # no --cache-decoded: nothing to check
+    assert shards.check_cache_room([off], 8) == 0  # no --cache-decoded: nothing to check
 
 
 def test_a_full_folder_during_epoch_1_drops_the_cache_and_training_goes_on(tmp_path, monkeypatch, caplog):

@@ -10,8 +10,6 @@ Each process that checked a call writes, at exit, a file named for its pid in $F
 with the number of fused SGD calls it checked, so a test can show that the fused kernel really ran under it."""
 
 import atexit
-import importlib.abc
-import importlib.util
 import os
 import sys
 
@@ -33,25 +31,6 @@ def wrap(torch) -> None:
     torch._fused_sgd_ = checked
 
 
-class AfterSGD(importlib.abc.MetaPathFinder):
-    """Wraps torch._fused_sgd_ once torch.optim.sgd is imported; torch is not imported here, so horovodrun's own
-    process does not pay for it."""
-
-    def find_spec(self, name, path, target=None):
-        if name != "torch.optim.sgd":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            wrap(sys.modules["torch"])
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def report() -> None:
     folder = os.environ.get("FUSED_SGD_STRIDE_LOG")
     if folder and CALLS[0]:
@@ -60,5 +39,10 @@ def report() -> None:
 
 
 if os.environ.get("FUSED_SGD_STRIDE_CHECK"):
-    sys.meta_path.insert(0, AfterSGD())
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: import_hooks
+    from import_hooks import after_import
+
+    sys.path.pop(0)
+    # torch is not imported here, so horovodrun's own process does not pay for it.
+    after_import("torch.optim.sgd", lambda sgd: wrap(sys.modules["torch"]))
     atexit.register(report)

@@ -3,8 +3,6 @@ started with this folder on PYTHONPATH and NUDGE_RANK set: the rank whose HOROVO
 (torchrun) equals it. A test shows with it that `ranks_identical` (payloads/common/metrics.py, from every rank's
 parameters_digest) turns False when the ranks differ by a single bit, so its many `is True` checks can fail."""
 
-import importlib.abc
-import importlib.util
 import os
 import sys
 
@@ -26,22 +24,10 @@ def _nudge(models) -> None:
     models.parameters_digest = digest
 
 
-class _After(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != TARGET:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            _nudge(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 _rank = os.environ.get("HOROVOD_RANK", os.environ.get("RANK"))
 if os.environ.get("NUDGE_RANK") is not None and _rank == os.environ["NUDGE_RANK"]:
-    sys.meta_path.insert(0, _After())
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: import_hooks
+    from import_hooks import after_import
+
+    sys.path.pop(0)
+    after_import(TARGET, _nudge)

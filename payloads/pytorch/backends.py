@@ -413,9 +413,14 @@ class DDP:
         return {"backend": self.name, "process_group": self.process_group}
 
     def shutdown(self) -> None:
+        """Every rank past its last collective and rank 0's writes before any rank tears Gloo down: a rank that
+        destroys its group while a peer still holds the pair can die in Gloo's teardown ("terminate called
+        without an active exception", SIGABRT at exit, seen once in CI), failing a job that trained."""
         import torch.distributed as dist
 
         if dist.is_initialized():
+            if self._size > 1:
+                dist.barrier()
             dist.destroy_process_group()
 
 

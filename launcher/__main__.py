@@ -1,5 +1,6 @@
 """python -m launcher JOB.yaml [--target azureml|local] [--dry-run] ... [-- extra payload arguments]
-python -m launcher preflight --stack STACK | doctor --stack STACK (launcher/checks/)"""
+python -m launcher preflight --stack STACK | doctor --stack STACK (launcher/checks/)
+python -m launcher cost JOB_NAME --stack STACK [--json PATH] (launcher/cost.py)"""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def parser() -> argparse.ArgumentParser:
         description=(
             "Fill a job definition from the stack outputs, validate it offline with azure-ai-ml, then submit it "
             "to Azure ML, run it here with horovodrun, or print it with its hourly cost. "
-            "Checks against Azure: python -m launcher preflight|doctor --help (docs/preflight-and-doctor.md)."
+            "Checks against Azure: python -m launcher preflight|doctor --help (docs/preflight-and-doctor.md). "
+            "What a job cost: python -m launcher cost --help (docs/jobs.md#what-a-job-cost)."
         ),
     )
     p.add_argument("job", type=pathlib.Path, help="a job definition, e.g. jobs/pytorch-resnet50-synthetic.yaml")
@@ -76,6 +78,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "cost":
+        from . import cost
+
+        return cost.main(argv[1:])
     if argv and argv[0] in checks_cli.COMMANDS:
         try:
             return checks_cli.main(argv)

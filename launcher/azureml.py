@@ -323,6 +323,9 @@ def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None, resu
         )
         return EXIT_ENDED_BADLY
     final = str(getattr(final, "value", final))
+    from .cost import after_watch
+
+    after_watch(ml, name, outputs)  # the job's cost ledger (docs/jobs.md#what-a-job-cost); never raises
     if final in DONE_OK:
         print(f"job {name} ended: {final}", flush=True)
         return 0

@@ -148,7 +148,13 @@ def run(argv: list[str], outputs: dict[str, pathlib.Path], env_overrides: dict[s
     print("+ " + shlex.join(argv), flush=True)
     start = time.time()
     code = subprocess.call(argv, cwd=ROOT, env=env)
-    print(f"local job exited {code} after {time.time() - start:.0f}s; outputs:", flush=True)
+    wall = time.time() - start
+    print(f"local job exited {code} after {wall:.0f}s; outputs:", flush=True)
     for name, folder in outputs.items():
         print(f"  {name}: {folder}", flush=True)
+    if "run" in outputs:
+        # The same split as a cluster job's ledger (docs/jobs.md#what-a-job-cost), without queue or money.
+        from .cost import local_split, render_local
+
+        print(render_local(local_split(outputs["run"] / "metrics.json", wall)), flush=True)
     return code

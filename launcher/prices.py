@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import argparse
 import csv
+import datetime as dt
 import io
 import json
 import pathlib
+import re
 import sys
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 
 TABLE = pathlib.Path(__file__).with_name("vm_prices.csv")
 FIELDS = ("region", "vm_size", "dedicated", "low_priority")
@@ -35,30 +38,74 @@ def table(path: pathlib.Path = TABLE) -> tuple[str, Prices]:
     return header, prices
 
 
-def hourly(
-    vm_size: str, nodes: int, low_priority: bool, region: str | None, path: pathlib.Path = TABLE
-) -> tuple[float | None, str]:
-    """(USD per hour for the job's nodes or None, a line saying where the number comes from)."""
+@dataclass(frozen=True)
+class Quote:
+    """One node-hour of a size: the price, which row gave it and how old that row is."""
+
+    vm_size: str  # as the table spells it
+    per_node_hour: float
+    kind: str  # "low priority" or "dedicated"
+    region: str  # the table's region that gave the price
+    wanted_region: str | None  # the job's or stack's region
+    date: str | None  # YYYY-MM-DD the header gives for that region's rows, if any
+    source: str  # the table header's first line
+    no_low_priority_price: bool  # low priority asked, the table has none: priced as dedicated
+
+    def line(self, nodes: int) -> str:
+        """Where the number comes from, in one line (the dry run's and the ledger's)."""
+        line = f"{nodes} x {self.vm_size} ({self.kind}) at ${self.per_node_hour:.3f}/node-hour in {self.region}; {self.source}"
+        if self.region != self.wanted_region:
+            # A price from another region can be off by tens of percent: say so on the same line.
+            line += (
+                f" -- NOT the stack's region ({self.wanted_region or 'unknown: the stack outputs have no location'}); "
+                f"refresh with `python -m launcher.prices --refresh {self.wanted_region or 'REGION'}`"
+            )
+        return line
+
+
+def quote(vm_size: str, low_priority: bool, region: str | None, path: pathlib.Path = TABLE) -> tuple[Quote | None, str]:
+    """(the price of one node-hour, or None and a line naming what is missing and the fix). Size names are matched
+    without regard to case, as Azure treats them (ARM answers some in capitals: STANDARD_ND96ASR_V4)."""
     header, prices = table(path)
     source = header.splitlines()[0] if header else path.name
-    regions = sorted({r for r, size in prices if size == vm_size})
+    spelled = {size.lower(): size for _, size in prices}
+    size = spelled.get(vm_size.lower())
+    regions = sorted({r for r, s in prices if s == size})
     if not regions:
         return None, (
             f"no price for {vm_size} in launcher/vm_prices.csv (any region): add it with "
             f"`python -m launcher.prices --refresh {region or 'REGION'}` where prices.azure.com is reachable"
         )
     used = region if region in regions else regions[0]
-    dedicated, spot = prices[(used, vm_size)]
-    price = spot if low_priority and spot is not None else dedicated
-    kind = "low priority" if low_priority and spot is not None else "dedicated"
-    line = f"{nodes} x {vm_size} ({kind}) at ${price:.3f}/node-hour in {used}; {source}"
-    if used != region:
-        # A price from another region can be off by tens of percent: say so on the same line.
-        line += (
-            f" -- NOT the stack's region ({region or 'unknown: the stack outputs have no location'}); "
-            f"refresh with `python -m launcher.prices --refresh {region or 'REGION'}`"
-        )
-    return nodes * price, line
+    dedicated, spot = prices[(used, size)]
+    low = low_priority and spot is not None
+    return Quote(
+        vm_size=size,
+        per_node_hour=spot if low else dedicated,
+        kind="low priority" if low else "dedicated",
+        region=used,
+        wanted_region=region,
+        date=dated(header, used),
+        source=source,
+        no_low_priority_price=low_priority and spot is None,
+    ), ""
+
+
+def dated(header: str, region: str) -> str | None:
+    """The date the table's header gives for `region`'s rows ("eastus: unverified figures of 2026-11-22",
+    "westeurope: fetched ... on 2026-12-01")."""
+    m = re.search(rf"\b{re.escape(region)}: [^\n]*?(\d{{4}}-\d{{2}}-\d{{2}})", header)
+    return m.group(1) if m else None
+
+
+def hourly(
+    vm_size: str, nodes: int, low_priority: bool, region: str | None, path: pathlib.Path = TABLE
+) -> tuple[float | None, str]:
+    """(USD per hour for the job's nodes or None, a line saying where the number comes from)."""
+    found, missing = quote(vm_size, low_priority, region, path)
+    if found is None:
+        return None, missing
+    return nodes * found.per_node_hour, found.line(nodes)
 
 
 def parse_api(items: list[dict]) -> tuple[float | None, float | None]:
@@ -80,8 +127,9 @@ def _fetch(region: str, size: str) -> list[dict]:
     return items
 
 
-def refresh(region: str, path: pathlib.Path = TABLE, fetch=_fetch) -> str:
-    """The table with `region`'s rows fetched for every size the table knows; other regions kept."""
+def refresh(region: str, path: pathlib.Path = TABLE, fetch=_fetch, today: dt.date | None = None) -> str:
+    """The table with `region`'s rows fetched for every size the table knows; other regions kept. The header
+    dates them (the cost ledger states the date of the price it used)."""
     header, prices = table(path)
     sizes = sorted({size for _, size in prices})
     fresh = {}
@@ -94,7 +142,8 @@ def refresh(region: str, path: pathlib.Path = TABLE, fetch=_fetch) -> str:
     notes = [line for line in header.splitlines() if not line.startswith(f"{region}: fetched")]
     out.write("".join(f"# {line}\n" for line in notes))
     out.write(
-        f"# {region}: fetched from the Azure Retail Prices API by `python -m launcher.prices --refresh {region}`.\n"
+        f"# {region}: fetched from the Azure Retail Prices API on {(today or dt.date.today()).isoformat()} by "
+        f"`python -m launcher.prices --refresh {region}`.\n"
     )
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(FIELDS)

@@ -100,3 +100,71 @@ def install(monkeypatch) -> FakeAzure:
     fake = FakeAzure()
     monkeypatch.setattr(HTTPAdapter, "send", lambda self, request, **kw: fake(request))
     return fake
+
+
+# ---- documented shapes of the data planes the cost ledger reads (launcher/cost.py) ----------------------------
+
+
+def rfc1123(when) -> str:
+    """An HTTP date as Azure Storage writes Last-Modified: 'Fri, 20 Nov 2026 09:36:40 GMT'."""
+    return when.strftime("%a, %d %b %Y %H:%M:%S GMT")
+
+
+def list_blobs_xml(account: str, container: str, prefix: str, blobs: list[dict]) -> bytes:
+    """A "List Blobs" answer (learn.microsoft.com/rest/api/storageservices/list-blobs): each blob a dict of name,
+    last_modified (datetime), size, and with include=versions its version_id and current (IsCurrentVersion)."""
+    items = []
+    for b in blobs:
+        version = (
+            f"<VersionId>{b['version_id']}</VersionId>"
+            + ("<IsCurrentVersion>true</IsCurrentVersion>" if b.get("current") else "")
+            if b.get("version_id")
+            else ""
+        )
+        items.append(
+            f"<Blob><Name>{b['name']}</Name>{version}<Properties>"
+            f"<Creation-Time>{rfc1123(b['last_modified'])}</Creation-Time>"
+            f"<Last-Modified>{rfc1123(b['last_modified'])}</Last-Modified><Etag>0x8DD{len(items):05d}</Etag>"
+            f"<Content-Length>{b.get('size', 0)}</Content-Length><Content-Type>application/octet-stream</Content-Type>"
+            "<BlobType>BlockBlob</BlobType><LeaseStatus>unlocked</LeaseStatus><LeaseState>available</LeaseState>"
+            "</Properties></Blob>"
+        )
+    return (
+        '<?xml version="1.0" encoding="utf-8"?>'
+        f'<EnumerationResults ServiceEndpoint="https://{account}.blob.core.windows.net/" ContainerName="{container}">'
+        f"<Prefix>{prefix}</Prefix><Blobs>{''.join(items)}</Blobs><NextMarker /></EnumerationResults>"
+    ).encode()
+
+
+def blob_content(data: bytes, last_modified) -> tuple[int, bytes, dict]:
+    """A "Get Blob" answer to the ranged first GET azure-storage-blob sends (206, Content-Range)."""
+    return (
+        206,
+        data,
+        {
+            "Content-Range": f"bytes 0-{len(data) - 1}/{len(data)}",
+            "Last-Modified": rfc1123(last_modified),
+            "ETag": '"0x8DD00000"',
+            "x-ms-blob-type": "BlockBlob",
+            "Content-Type": "application/octet-stream",
+        },
+    )
+
+
+def storage_error(status: int, code: str, message: str) -> tuple[int, bytes, dict]:
+    """Azure Storage's error: XML body and the x-ms-error-code header
+    (learn.microsoft.com/rest/api/storageservices/blob-service-error-codes)."""
+    xml = (
+        f'<?xml version="1.0" encoding="utf-8"?><Error><Code>{code}</Code><Message>{message}\n'
+        "RequestId:0\nTime:2026-11-20T12:00:00Z</Message></Error>"
+    )
+    return status, xml.encode(), {"x-ms-error-code": code, "Content-Type": "application/xml"}
+
+
+def log_analytics(columns: list[tuple[str, str]], rows: list[list]) -> tuple[int, dict, dict]:
+    """A Log Analytics query answer (learn.microsoft.com/azure/azure-monitor/logs/api/response-format)."""
+    return (
+        200,
+        {"tables": [{"name": "PrimaryResult", "columns": [{"name": n, "type": t} for n, t in columns], "rows": rows}]},
+        {},
+    )

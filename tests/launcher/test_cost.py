@@ -1,0 +1,705 @@
+"""The cost ledger (launcher/cost.py, `python -m launcher cost`) against recorded job histories.
+
+Azure is replaced at the network boundary (tests/fake_arm.py answers through requests' adapter), so azure-ai-ml,
+azure-storage-blob and azure-core run for real. Each history is written in the documented shapes: ARM "Jobs - Get"
+(a CommandJob) and "Compute - Get" (AmlCompute: vmSize, vmPriority, scaleSettings), run history's run details
+(createdTimeUtc, startTimeUtc, endTimeUtc, computeDuration as a .NET TimeSpan, lastStartTimeUtc, currentAttemptId,
+compute), the Log Analytics query API's tables for AmlRunStatusChangedEvent, and Blob storage's Get Blob and List
+Blobs (with versions). Every expected figure is worked out here from the recorded times and the price table's row,
+never by calling the ledger's own arithmetic.
+"""
+
+import csv
+import datetime as dt
+import json
+import re
+import urllib.parse
+
+import fake_arm
+import pytest
+import urllib3
+from test_submit import FakeAzure as SubmitFake
+from test_submit import submit
+
+from launcher import __main__ as cli
+from launcher import cost, prices, stack
+
+DAY = dt.datetime(2026, 11, 20, tzinfo=dt.UTC)
+NAME = "bright_sail_x7k2m9q4wd"
+LOG_WS = "5b1b4a39-7e2f-4c1e-9d3a-2f6c0e8b7a11"  # a Log Analytics workspace id (customerId)
+EPOCH_IMAGES = 1_281_167  # one ImageNet epoch
+GPU_SIZE, NODES = "Standard_ND96asr_v4", 2
+
+
+def at(clock: str) -> dt.datetime:
+    h, m, *s = (int(x) for x in clock.split(":"))
+    return DAY.replace(hour=h, minute=m, second=s[0] if s else 0)
+
+
+def iso(when: dt.datetime, digits: int = 3) -> str:
+    """As run history writes times: '2026-11-20T09:09:00.000Z'; createdTimeUtc with 7 digits and an offset, here
+    always '.1234567+00:00' (read as 123456 microseconds: Python keeps 6)."""
+    if digits == 7:
+        return when.strftime("%Y-%m-%dT%H:%M:%S") + ".1234567+00:00"
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+
+
+def timespan(seconds: float) -> str:
+    """A .NET TimeSpan as run history writes computeDuration: '03:12:00.0000000'."""
+    s = int(seconds)
+    return f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}.0000000"
+
+
+def seconds(a: str, b: str) -> float:
+    return (at(b) - at(a)).total_seconds()
+
+
+def price_row(size: str, region: str) -> tuple[str, float, float | None, str | None]:
+    """The table's row for the size in `region`, else its first region's (read here with csv, not prices.py), and
+    the date its header gives for that region."""
+    lines = prices.TABLE.read_text().splitlines()
+    rows = [r for r in csv.DictReader(x for x in lines if not x.startswith("#")) if r["vm_size"] == size]
+    row = next((r for r in rows if r["region"] == region), None) or sorted(rows, key=lambda r: r["region"])[0]
+    header = " ".join(x for x in lines if x.startswith("#"))
+    date = re.search(rf"{row['region']}: [^#]*?(\d{{4}}-\d{{2}}-\d{{2}})", header)
+    low = float(row["low_priority"]) if row["low_priority"] else None
+    return row["region"], float(row["dedicated"]), low, date.group(1) if date else None
+
+
+# ---- the recorded workspace ---------------------------------------------------------------------------------------
+
+
+def metrics_json(epochs: list[tuple[int, float]], target: int, startup: float | None = None) -> dict:
+    """metrics.json as payloads/common/metrics.py writes it: run (config, world), epochs, summary."""
+    records = [
+        {
+            "epoch": n,
+            "train_loss": 6.9 - 0.1 * n,
+            "train_accuracy": 0.001 * n,
+            "images": EPOCH_IMAGES,
+            "skipped_images": 0,
+            "epoch_seconds": secs,
+            "images_per_sec": EPOCH_IMAGES / secs,
+            "lr": 0.1,
+        }
+        for n, secs in epochs
+    ]
+    summary = {}
+    if startup is not None:
+        summary = {
+            "epochs_run": len(epochs),
+            "images": EPOCH_IMAGES * len(epochs),
+            "train_seconds": sum(s for _, s in epochs),
+            "total_images_per_sec": EPOCH_IMAGES * len(epochs) / sum(s for _, s in epochs),
+            "startup_seconds": startup,
+            "steady_state": True,
+            "ranks_identical": True,
+        }
+    return {
+        "run": {
+            "config": {"epochs": target, "batch_size": 256, "backward_passes_per_step": 1, "model": "resnet50"},
+            "world": {"processes": 16, "local_processes": 8, "gradient_mbytes": 102.228128, "precision": "bf16"},
+        },
+        "epochs": records,
+        "summary": summary,
+    }
+
+
+class Workspace:
+    """The dev stack's workspace with one recorded job, answered through tests/fake_arm.py."""
+
+    def __init__(self, fake: fake_arm.FakeAzure, outputs: dict):
+        self.fake, self.outputs = fake, outputs
+        self.ws_id = (
+            f"/subscriptions/{outputs['subscription_id']}/resourceGroups/{outputs['resource_group']}/providers/"
+            f"Microsoft.MachineLearningServices/workspaces/{outputs['workspace_name']}"
+        )
+        self.compute = outputs["clusters"]["gpu-ib"]["compute_name"]
+        self.logs = outputs["datastores"]["logs"]
+        self.status_queries: list[str] = []
+        api = "https://westeurope.api.azureml.ms"
+        arm = "management.azure.com" + self.ws_id
+        fake.on(
+            "GET",
+            re.escape(arm),
+            (200, {"id": self.ws_id, "name": outputs["workspace_name"], "location": "westeurope",
+                   "properties": {"discoveryUrl": f"{api}/discovery"}}, {}),
+        )  # fmt: skip
+        fake.on("GET", r"westeurope\.api\.azureml\.ms/discovery", (200, {"api": api, "history": api}, {}))
+        fake.on(
+            "GET",
+            re.escape(arm) + r"/computes/" + re.escape(self.compute),
+            (200, self.cluster("STANDARD_ND96ASR_V4", "LowPriority", 0, "PT10M"), {}),
+        )
+
+    def cluster(self, size: str, priority: str, min_nodes: int, idle: str) -> dict:
+        """ARM "Compute - Get" of an AmlCompute cluster (ARM writes some sizes in capitals)."""
+        return {
+            "id": f"{self.ws_id}/computes/{self.compute}",
+            "name": self.compute,
+            "type": "Microsoft.MachineLearningServices/workspaces/computes",
+            "location": "westeurope",
+            "properties": {
+                "computeType": "AmlCompute",
+                "provisioningState": "Succeeded",
+                "properties": {
+                    "vmSize": size,
+                    "vmPriority": priority,
+                    "osType": "Linux",
+                    "scaleSettings": {
+                        "maxNodeCount": 2,
+                        "minNodeCount": min_nodes,
+                        "nodeIdleTimeBeforeScaleDown": idle,
+                    },
+                    "currentNodeCount": 0,
+                    "allocationState": "Steady",
+                },
+            },
+        }
+
+    def folder(self, name: str) -> str:
+        return f"runs/pytorch-resnet50-synthetic/{name}/"
+
+    def job(self, name: str, status: str, created: dt.datetime, nodes: int = NODES, folder: str | None = None):
+        """ARM "Jobs - Get" of a command job; its output `run` in the logs datastore under the job's name."""
+        uri = f"azureml://datastores/{self.logs['name']}/paths/{folder or self.folder(name)}"
+        body = {
+            "id": f"{self.ws_id}/jobs/{name}",
+            "name": name,
+            "type": "Microsoft.MachineLearningServices/workspaces/jobs",
+            "systemData": {"createdAt": iso(created), "createdBy": "someone@example.com", "createdByType": "User"},
+            "properties": {
+                "jobType": "Command",
+                "displayName": "pytorch-resnet50-synthetic",
+                "experimentName": "resnet50-synthetic",
+                "status": status,
+                "computeId": f"{self.ws_id}/computes/{self.compute}",
+                "command": "python -m payloads.pytorch.train --model resnet50 --output-dir ${{outputs.run}}",
+                "environmentId": f"{self.ws_id}/environments/CliV2AnonymousEnvironment/versions/1",
+                "resources": {"instanceCount": nodes, "shmSize": "32g"},
+                "distribution": {"distributionType": "Mpi", "processCountPerInstance": 8},
+                "outputs": {"run": {"jobOutputType": "uri_folder", "mode": "ReadWriteMount", "uri": uri}},
+                "services": {"Studio": {"jobServiceType": "Studio", "endpoint": f"https://ml.azure.com/runs/{name}"}},
+                "tags": {},
+                "properties": {},
+            },
+        }
+        self.fake.on("GET", re.escape("management.azure.com" + self.ws_id) + "/jobs/" + name, (200, body, {}))
+
+    def run(self, name: str, status: str, created: dt.datetime, start=None, end=None, held=None, **more):
+        """Run history's details: what `az ml job stream` polls."""
+        body = {
+            "runId": name,
+            "runUuid": "114befc9-48ce-4762-96f3-63c5817fd851",
+            "target": self.compute,
+            "status": status,
+            "createdTimeUtc": iso(created, 7),
+            "startTimeUtc": iso(start) if start else None,
+            "endTimeUtc": iso(end) if end else None,
+            "computeDuration": timespan(held) if held is not None else None,
+            "effectiveStartTimeUtc": None,
+            "lastStartTimeUtc": None,
+            "currentAttemptId": 1,
+            "compute": {
+                "target": self.compute,
+                "targetType": "AmlCompute",
+                "vmSize": "STANDARD_ND96ASR_V4",
+                "instanceType": "STANDARD_ND96ASR_V4",
+                "instanceCount": NODES,
+                "gpuCount": None,
+                "priority": "LowPriority",
+                "region": None,
+            },
+            "logFiles": {},
+            "warnings": None,
+            "error": None,
+            **more,
+        }
+        self.fake.on(
+            "GET",
+            r"westeurope\.api\.azureml\.ms/history/v1\.0" + re.escape(self.ws_id) + f"/runs/{name}/details",
+            (200, body, {}),
+        )
+
+    def status_log(self, name: str, changes: list[tuple[str, str]]):
+        """AmlRunStatusChangedEvent rows for run `name`, answered only to a query for that RunId."""
+
+        def answer(request, match):
+            query = json.loads(request.body)["query"]
+            self.status_queries.append(query)
+            rows = [[iso(at(t)), s] for t, s in changes] if f'RunId == "{name}"' in query else []
+            return fake_arm.log_analytics([("TimeGenerated", "datetime"), ("Status", "string")], rows)
+
+        self.fake.on("POST", rf"api\.loganalytics\.io/v1/workspaces/{LOG_WS}/query", answer)
+
+    def outputs_folder(self, name: str, metrics: dict | None, markers: list[tuple[int, str, bool]], folder=None):
+        """The run folder in the logs container: metrics.json, and each checkpoint's data file and completion
+        marker (epoch, time written, still current: the payload rotates old checkpoints out, their versions stay)."""
+        base = folder or self.folder(name)
+        host = re.escape(f"{self.logs['account']}.blob.core.windows.net/{self.logs['container']}/")
+        if metrics is not None:
+            data = json.dumps(metrics).encode()
+            self.fake.on("GET", host + re.escape(base + "metrics.json"), fake_arm.blob_content(data, DAY))
+        blobs = []
+        for epoch, written, current in markers:
+            when = at(written)
+            version = when.strftime("%Y-%m-%dT%H:%M:%S.0000000Z")
+            for file in (f"checkpoint-epoch-{epoch:04d}.pt", f".checkpoint-epoch-{epoch:04d}.pt.complete"):
+                blobs.append(
+                    {"name": base + "checkpoints/" + file, "last_modified": when, "version_id": version,
+                     "current": current, "size": 204_000_000 if not file.startswith(".") else 120}
+                )  # fmt: skip
+
+        def listing(request, match):
+            # Previous versions are listed only when asked for (include=versions); a prefix filters as Azure does.
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.url).query)
+            versions = "versions" in ",".join(query.get("include", [])).split(",")
+            prefix = query.get("prefix", [""])[0]
+            shown = [b for b in blobs if b["name"].startswith(prefix) and (versions or b["current"])]
+            if not versions:
+                shown = [{k: v for k, v in b.items() if k != "version_id"} for b in shown]
+            xml = fake_arm.list_blobs_xml(self.logs["account"], self.logs["container"], prefix, shown)
+            return 200, xml, {"Content-Type": "application/xml"}
+
+        self.fake.on("GET", host.rstrip("/"), listing)
+
+
+@pytest.fixture
+def workspace(monkeypatch, dev_outputs):
+    fake = fake_arm.install(monkeypatch)
+    monkeypatch.setattr("azure.identity.DefaultAzureCredential", lambda **kw: fake_arm.Credential())
+    return Workspace(fake, json.loads(dev_outputs.read_text()))
+
+
+def ledger_of(dev_outputs, tmp_path, capsys, *extra, name=NAME):
+    """`python -m launcher cost NAME ... --json PATH`: (exit status, printed text, the JSON it wrote)."""
+    out = tmp_path / "cost.json"
+    code = cli.main(["cost", name, "--stack-outputs", str(dev_outputs), "--json", str(out), *extra])
+    printed = capsys.readouterr()
+    return code, printed.out, json.loads(out.read_text()) if out.exists() else None, printed.err
+
+
+def gpu_rate(per_node_low: float | None, dedicated: float) -> float:
+    """USD per second for the job's nodes: the cluster is low priority."""
+    return (per_node_low if per_node_low is not None else dedicated) * NODES / 3600
+
+
+# ---- a plain completed job ------------------------------------------------------------------------------------------
+
+PLAIN = [
+    ("09:00:00", "NotStarted"),
+    ("09:00:02", "Starting"),
+    ("09:00:05", "Preparing"),
+    ("09:01:00", "Queued"),
+    ("09:09:00", "Running"),
+    ("10:39:00", "Finalizing"),
+    ("10:40:00", "Completed"),
+]
+PLAIN_EPOCHS = [(1, 1650.0), (2, 1700.0), (3, 1720.0)]
+
+
+def record_plain(workspace, status_log=True):
+    workspace.job(NAME, "Completed", at("09:00"))
+    workspace.run(NAME, "Completed", at("09:00"), at("09:09"), at("10:40"), held=seconds("09:09", "10:40"))
+    if status_log:
+        workspace.status_log(NAME, PLAIN)
+    workspace.outputs_folder(
+        NAME,
+        metrics_json(PLAIN_EPOCHS, 3, startup=95.5),
+        [(1, "09:40:00", True), (2, "10:09:00", True), (3, "10:38:30", True)],
+    )
+
+
+def test_a_completed_job_splits_its_time_and_prices_the_held_nodes(workspace, dev_outputs, tmp_path, capsys):
+    record_plain(workspace)
+    code, out, book, _ = ledger_of(dev_outputs, tmp_path, capsys, "--status-log", LOG_WS)
+    region, dedicated, low, date = price_row(GPU_SIZE, "westeurope")
+    rate = gpu_rate(low, dedicated)
+    held = seconds("09:09", "10:40")  # Running and Finalizing
+    assert code == 0
+    assert book["phases"]["queue"]["seconds"] == seconds("09:00", "09:00:05") + seconds("09:01", "09:09")
+    assert book["phases"]["preparation"]["seconds"] == seconds("09:00:05", "09:01")
+    assert book["phases"]["queue"]["usd"] == 0 and "scales to zero" in book["phases"]["queue"]["note"]
+    assert book["phases"]["startup"]["seconds"] == pytest.approx(95.5)
+    assert book["phases"]["training"]["seconds"] == pytest.approx(held - 95.5)
+    assert book["phases"]["lost_to_preemption"]["seconds"] == 0
+    assert book["total"]["usd"] == pytest.approx(held * rate)
+    assert book["idle_before_scale_down"]["usd_at_most"] == pytest.approx(600 * rate)  # PT10M
+    assert book["per"]["usd_per_epoch"] == pytest.approx(held * rate / 3)
+    assert book["per"]["usd_per_million_images"] == pytest.approx(held * rate / (3 * EPOCH_IMAGES) * 1e6)
+    assert book["projection"] is None  # it ended
+    # the price's row, region and date are said, and that it is not the job's region when it is not
+    assert book["price"]["usd_per_node_hour"] == (low if low is not None else dedicated)
+    assert book["price"]["region"] == region and book["price"]["date"] == date
+    assert f"in {region}, dated {date}" in out
+    assert ("NOT the job's region (westeurope)" in out) == (region != "westeurope")
+    assert f"${held * rate:,.2f}" in out.split("\ntotal")[1].splitlines()[0]
+    assert workspace.status_queries and f'RunId == "{NAME}"' in workspace.status_queries[0]
+
+
+def test_without_the_status_log_run_history_gives_the_totals(workspace, dev_outputs, tmp_path, capsys):
+    record_plain(workspace, status_log=False)
+    code, out, book, _ = ledger_of(dev_outputs, tmp_path, capsys)
+    region, dedicated, low, _ = price_row(GPU_SIZE, "westeurope")
+    held = seconds("09:09", "10:40")  # computeDuration
+    created = at("09:00") + dt.timedelta(microseconds=123456)  # createdTimeUtc as recorded, 7 digits
+    assert code == 0
+    assert book["phases"]["queue"]["seconds"] == pytest.approx((at("09:09") - created).total_seconds())
+    assert book["phases"]["preparation"]["seconds"] is None
+    assert "includes preparation" in book["phases"]["queue"]["note"]
+    assert book["total"]["usd"] == pytest.approx(held * gpu_rate(low, dedicated))
+    assert "run history only" in out
+
+
+# ---- a job preempted twice ----------------------------------------------------------------------------------------
+
+PREEMPTED = [
+    ("09:00:00", "NotStarted"),
+    ("09:00:02", "Starting"),
+    ("09:00:05", "Preparing"),
+    ("09:01:00", "Queued"),
+    ("09:09:00", "Running"),
+    ("09:55:00", "Queued"),  # preempted: back in the queue under the same name
+    ("10:05:00", "Running"),
+    ("11:20:00", "Queued"),  # preempted again
+    ("11:21:00", "Preparing"),
+    ("11:22:00", "Queued"),
+    ("11:40:00", "Running"),
+    ("12:50:00", "Finalizing"),
+    ("12:51:00", "Completed"),
+]
+# checkpoints completed: epoch 1 in the first stretch, 2 and 3 in the second, 4 and 5 in the last; the payload
+# keeps 3, so epochs 1 and 2 are previous versions only
+PREEMPTED_MARKERS = [
+    (1, "09:36:40", False),
+    (2, "10:33:20", False),
+    (3, "10:59:10", True),
+    (4, "12:08:00", True),
+    (5, "12:36:00", True),
+]
+PREEMPTED_EPOCHS = [(1, 1560.0), (2, 1590.0), (3, 1530.0), (4, 1580.0), (5, 1575.0)]
+
+
+def record_preempted(workspace, markers=True):
+    workspace.job(NAME, "Completed", at("09:00"))
+    held = seconds("09:09", "09:55") + seconds("10:05", "11:20") + seconds("11:40", "12:51")
+    workspace.run(
+        NAME,
+        "Completed",
+        at("09:00"),
+        at("09:09"),
+        at("12:51"),
+        held=held,
+        lastStartTimeUtc=iso(at("11:40")),
+        currentAttemptId=3,
+    )
+    workspace.status_log(NAME, PREEMPTED)
+    workspace.outputs_folder(
+        NAME, metrics_json(PREEMPTED_EPOCHS, 5, startup=95.5), PREEMPTED_MARKERS if markers else []
+    )
+
+
+def test_a_job_preempted_twice_loses_the_time_after_each_last_checkpoint(workspace, dev_outputs, tmp_path, capsys):
+    record_preempted(workspace)
+    code, out, book, _ = ledger_of(dev_outputs, tmp_path, capsys, "--status-log", LOG_WS)
+    _, dedicated, low, _ = price_row(GPU_SIZE, "westeurope")
+    rate = gpu_rate(low, dedicated)
+    stretches = [seconds("09:09", "09:55"), seconds("10:05", "11:20"), seconds("11:40", "12:51")]
+    lost = seconds("09:36:40", "09:55") + seconds("10:59:10", "11:20")  # after the last checkpoint of each
+    startup = 3 * 95.5  # three starts
+    assert code == 0
+    assert book["requeues"] == 2 and book["starts"] == 3
+    assert book["phases"]["queue"]["seconds"] == (
+        seconds("09:00", "09:00:05") + seconds("09:01", "09:09") + seconds("09:55", "10:05")
+        + seconds("11:20", "11:21") + seconds("11:22", "11:40")
+    )  # fmt: skip
+    assert book["phases"]["preparation"]["seconds"] == seconds("09:00:05", "09:01") + seconds("11:21", "11:22")
+    assert book["phases"]["lost_to_preemption"]["seconds"] == pytest.approx(lost)
+    assert book["phases"]["lost_to_preemption"]["usd"] == pytest.approx(lost * rate)
+    assert book["phases"]["startup"]["seconds"] == pytest.approx(startup)
+    assert book["phases"]["training"]["seconds"] == pytest.approx(sum(stretches) - startup - lost)
+    assert book["total"]["usd"] == pytest.approx(sum(stretches) * rate)
+    assert [s["last_checkpoint"] for s in book["stretches"]] == [iso(at("09:36:40"))[:19] + "+00:00",
+                                                                  iso(at("10:59:10"))[:19] + "+00:00", None]  # fmt: skip
+    assert book["per"]["usd_per_epoch"] == pytest.approx(sum(stretches) * rate / 5)
+    assert "after the last checkpoint" in book["phases"]["lost_to_preemption"]["note"]
+    line = next(x for x in out.splitlines() if x.startswith("lost to preemption"))
+    assert f"${lost * rate:,.2f}" in line and "2 requeue(s)" in line
+
+
+def test_without_checkpoint_times_a_requeue_loses_the_whole_stretch(workspace, dev_outputs, tmp_path, capsys):
+    record_preempted(workspace)
+    host = f"{workspace.logs['account']}.blob.core.windows.net"
+    workspace.fake.on(
+        "GET",
+        re.escape(f"{host}/{workspace.logs['container']}"),
+        fake_arm.storage_error(403, "AuthorizationPermissionMismatch", "This request is not authorized."),
+    )
+    code, out, book, _ = ledger_of(dev_outputs, tmp_path, capsys, "--status-log", LOG_WS)
+    lost = seconds("09:09", "09:55") - 95.5 + seconds("10:05", "11:20") - 95.5  # each stretch after its start-up
+    assert code == 0
+    assert book["phases"]["lost_to_preemption"]["seconds"] == pytest.approx(lost)
+    assert "no checkpoint times" in book["phases"]["lost_to_preemption"]["note"]
+    assert any("403 AuthorizationPermissionMismatch" in n and "checkpoint times unknown" in n for n in book["notes"])
+
+
+def test_without_the_status_log_the_requeues_are_counted_not_placed(workspace, dev_outputs, tmp_path, capsys):
+    record_preempted(workspace)
+    code, out, book, _ = ledger_of(dev_outputs, tmp_path, capsys)
+    held = seconds("09:09", "09:55") + seconds("10:05", "11:20") + seconds("11:40", "12:51")
+    assert code == 0
+    assert book["requeues"] == 2  # currentAttemptId 3
+    assert book["phases"]["lost_to_preemption"]["seconds"] is None
+    before_last = held - seconds("11:40", "12:51")  # the held time before lastStartTimeUtc
+    assert f"at most {cost.clock(before_last)}" in book["phases"]["lost_to_preemption"]["note"]
+    assert book["phases"]["queue"]["seconds"] == pytest.approx(seconds("09:00", "12:51") - held - 0.123456)
+    assert book["total"]["held_seconds"] == held
+
+
+# ---- a running job ------------------------------------------------------------------------------------------------
+
+
+def test_a_running_job_projects_the_cost_to_finish(workspace, dev_outputs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cost, "utcnow", lambda: at("10:15"))
+    workspace.job(NAME, "Running", at("09:00"))
+    workspace.run(NAME, "Running", at("09:00"), at("09:09"), effectiveStartTimeUtc=iso(at("09:09")))
+    workspace.status_log(NAME, [("09:00:00", "NotStarted"), ("09:01:00", "Queued"), ("09:09:00", "Running")])
+    workspace.outputs_folder(
+        NAME, metrics_json([(1, 1500.0), (2, 1520.0)], 10), [(1, "09:35", True), (2, "10:01", True)]
+    )
+    code, out, book, _ = ledger_of(dev_outputs, tmp_path, capsys, "--status-log", LOG_WS)
+    _, dedicated, low, _ = price_row(GPU_SIZE, "westeurope")
+    rate = gpu_rate(low, dedicated)
+    so_far = seconds("09:09", "10:15")
+    mean = (1500.0 + 1520.0) / 2
+    left = 8 * mean - seconds("10:01", "10:15")  # 8 of 10 epochs left, the third under way since 10:01
+    assert code == 0
+    assert book["total"]["usd"] == pytest.approx(so_far * rate)
+    assert book["phases"]["startup"]["seconds"] == 0 and "not known" in book["phases"]["startup"]["note"]
+    assert book["projection"]["epochs_left"] == 8
+    assert book["projection"]["usd_more"] == pytest.approx(left * rate)
+    assert book["projection"]["usd_total"] == pytest.approx((so_far + left) * rate)
+    assert book["idle_before_scale_down"] is None
+    assert f"projected total ${(so_far + left) * rate:,.2f}" in out
+
+
+# ---- a failed job -------------------------------------------------------------------------------------------------
+
+
+def test_a_failed_job_is_priced_and_says_what_a_resume_redoes(workspace, dev_outputs, tmp_path, capsys):
+    workspace.job(NAME, "Failed", at("09:00"))
+    workspace.run(
+        NAME,
+        "Failed",
+        at("09:00"),
+        at("09:09"),
+        at("09:50"),
+        held=seconds("09:09", "09:50"),
+        error={"error": {"code": "UserError", "message": "Execution failed. User process 'python' exited with status code 1."}},
+    )  # fmt: skip
+    workspace.status_log(
+        NAME, [("09:00", "NotStarted"), ("09:01", "Queued"), ("09:09", "Running"), ("09:50", "Failed")]
+    )
+    workspace.outputs_folder(NAME, metrics_json([(1, 1600.0)], 3), [(1, "09:36:40", True)])
+    code, out, book, _ = ledger_of(dev_outputs, tmp_path, capsys, "--status-log", LOG_WS)
+    _, dedicated, low, _ = price_row(GPU_SIZE, "westeurope")
+    rate = gpu_rate(low, dedicated)
+    assert code == 0 and book["status"] == "Failed"
+    assert book["total"]["usd"] == pytest.approx(seconds("09:09", "09:50") * rate)
+    assert book["since_last_checkpoint"]["seconds"] == seconds("09:36:40", "09:50")
+    assert book["phases"]["lost_to_preemption"]["seconds"] == 0  # a failure is not a requeue
+    assert book["idle_before_scale_down"]["seconds"] == 600
+    assert "a --resume-from job redoes it" in out
+
+
+# ---- bad input ----------------------------------------------------------------------------------------------------
+
+
+def test_an_unknown_job_is_named_with_the_fix(workspace, dev_outputs, tmp_path, capsys):
+    code, out, book, err = ledger_of(dev_outputs, tmp_path, capsys, name="nosuch_job_123")
+    ws = workspace.outputs["workspace_name"]
+    assert code == 2 and book is None
+    assert err.strip() == (
+        f"error: workspace {ws} has no job nosuch_job_123: check the name (`az ml job list -g "
+        f"{workspace.outputs['resource_group']} -w {ws} --query [].name -o tsv`) and that the stack outputs are "
+        "this workspace's"
+    )
+
+
+@pytest.mark.parametrize("bad", ["../etc", "a job", 'x" or RunId != "'])
+def test_a_name_that_is_no_job_name_is_refused_before_any_request(workspace, dev_outputs, tmp_path, capsys, bad):
+    code, _, _, err = ledger_of(dev_outputs, tmp_path, capsys, name=bad)
+    assert code == 2 and "is not an Azure ML job name" in err
+    assert workspace.fake.requests == []
+
+
+def test_a_size_without_a_price_names_the_fix(workspace, dev_outputs, tmp_path, capsys):
+    workspace.job(NAME, "Completed", at("09:00"))
+    workspace.run(NAME, "Completed", at("09:00"), at("09:09"), at("10:40"), held=seconds("09:09", "10:40"))
+    workspace.fake.on(
+        "GET",
+        re.escape(f"westeurope.api.azureml.ms/history/v1.0{workspace.ws_id}/runs/{NAME}/details"),
+        (200, {"runId": NAME, "status": "Completed", "createdTimeUtc": iso(at("09:00")), "startTimeUtc":
+               iso(at("09:09")), "endTimeUtc": iso(at("10:40")), "computeDuration": timespan(5460),
+               "compute": {"vmSize": "Standard_NC48ads_A100_v4", "instanceCount": 2, "priority": "Dedicated"}}, {}),
+    )  # fmt: skip
+    code, _, book, err = ledger_of(dev_outputs, tmp_path, capsys)
+    assert code == 2 and book is None
+    assert "no price for Standard_NC48ads_A100_v4 in launcher/vm_prices.csv (any region)" in err
+    assert "`python -m launcher.prices --refresh westeurope`" in err and "--price-per-node-hour USD" in err
+    code, _, book, _ = ledger_of(dev_outputs, tmp_path, capsys, "--price-per-node-hour", "7.35")
+    assert code == 0 and book["total"]["usd"] == pytest.approx(5460 * 2 * 7.35 / 3600)
+
+
+# ---- item 7: the planner beside the ledger ------------------------------------------------------------------------
+
+
+def test_the_planner_estimate_stands_beside_the_ledger(workspace, dev_outputs, tmp_path, capsys):
+    from benchmarks import planner
+    from trainingplatform import vm_sizes
+
+    record_plain(workspace)
+    code, out, book, _ = ledger_of(
+        dev_outputs, tmp_path, capsys, "--status-log", LOG_WS, "--gpu-images-per-sec", "2470"
+    )
+    _, dedicated, low, _ = price_row(GPU_SIZE, "westeurope")
+    rate = gpu_rate(low, dedicated)
+    # the planner's own model, for what metrics.json records: 16 processes, 8 a node, batch 256, ResNet-50's gradients
+    size = vm_sizes.lookup(GPU_SIZE)
+    eff = planner.efficiency(16, 8, 256, 2470.0, 102.228128e6, planner.nccl_transport(size), False)
+    predicted = eff * 16 * 2470.0
+    images = 3 * EPOCH_IMAGES
+    measured = images / sum(s for _, s in PLAIN_EPOCHS)
+    training = seconds("09:09", "10:40") - 95.5
+    plan = book["planner"]
+    assert code == 0
+    assert plan["predicted_images_per_sec"] == pytest.approx(predicted)
+    assert plan["speed_ratio"] == pytest.approx(measured / predicted)
+    assert plan["planned_usd"] == pytest.approx(images / predicted * rate)
+    assert plan["cost_ratio"] == pytest.approx(training / (images / predicted))
+    assert f"({training / (images / predicted):.2f}x)" in out
+    # without the one-GPU rate the planner has no input, and says where to get it
+    _, out, book, _ = ledger_of(dev_outputs, tmp_path, capsys, "--status-log", LOG_WS)
+    assert "--gpu-images-per-sec" in book["planner"]["note"] and "planner: " in out
+
+
+# ---- the price table: dated rows, any capitalisation --------------------------------------------------------------
+
+
+def test_a_refreshed_region_is_dated_and_sizes_match_in_any_case(tmp_path):
+    table = tmp_path / "prices.csv"
+    table.write_text("# Test prices.\nregion,vm_size,dedicated,low_priority\neastus,Standard_ND96asr_v4,27.197,5.439\n")
+
+    def fetch(region, size):
+        return [{"productName": "NDasrA100_v4", "skuName": "ND96asr v4", "retailPrice": 30.0, "type": "Consumption"}]
+
+    table.write_text(prices.refresh("westeurope", table, fetch, today=dt.date(2026, 12, 1)))
+    found, _ = prices.quote("STANDARD_ND96ASR_V4", False, "westeurope", table)
+    assert found.vm_size == "Standard_ND96asr_v4" and found.per_node_hour == 30.0
+    assert found.region == "westeurope" and found.date == "2026-12-01"
+    found, _ = prices.quote("standard_nd96asr_v4", True, "westeurope", table)  # no low-priority price there
+    assert found.kind == "dedicated" and found.no_low_priority_price
+
+
+# ---- at the end of a watched job ------------------------------------------------------------------------------------
+
+
+class Watched(SubmitFake):
+    """test_submit's fake (create, stream, get), with the ledger's reads answered from recorded routes and the
+    job's run history carrying its times."""
+
+    def __init__(self, routes: fake_arm.FakeAzure, details: dict):
+        super().__init__()
+        self.routes, self.details = routes, details
+
+    def __call__(self, request):
+        url = urllib3.util.parse_url(request.url)
+        target = f"{url.host}{url.path}"
+        if any(m == request.method and p.fullmatch(target) for m, p, _ in self.routes.routes):
+            return self.routes(request)
+        response = super().__call__(request)
+        if request.method == "GET" and re.search(r"/runs/[^/]+/details$", target):
+            body = {**json.loads(response._content), **self.details}
+            response._content = json.dumps(body).encode()
+        elif request.method == "GET" and re.search(r"/jobs/[^/]+$", target) and response.status_code == 200:
+            body = json.loads(response._content)
+            body["systemData"] = {"createdAt": iso(at("09:00")), "createdBy": "someone@example.com"}
+            response._content = json.dumps(body).encode()
+        return response
+
+
+@pytest.fixture
+def watched(monkeypatch, dev_outputs):
+    import requests.adapters
+
+    routes = fake_arm.FakeAzure()
+    space = Workspace(routes, json.loads(dev_outputs.read_text()))
+    logs = space.logs
+    base = re.escape(f"{logs['account']}.blob.core.windows.net/{logs['container']}/runs/pytorch-resnet50-synthetic/")
+    routes.on(
+        "GET",
+        base + r"[^/]+/metrics\.json",
+        fake_arm.blob_content(json.dumps(metrics_json(PLAIN_EPOCHS, 3, 95.5)).encode(), DAY),
+    )
+    listing = fake_arm.list_blobs_xml(logs["account"], logs["container"], "runs/", [])
+    routes.on("GET", re.escape(f"{logs['account']}.blob.core.windows.net/{logs['container']}"), (200, listing, {}))
+    details = {
+        "createdTimeUtc": iso(at("09:00"), 7),
+        "startTimeUtc": iso(at("09:09")),
+        "endTimeUtc": iso(at("10:40")),
+        "computeDuration": timespan(seconds("09:09", "10:40")),
+        "compute": {"vmSize": GPU_SIZE, "instanceCount": NODES, "priority": "LowPriority"},
+    }
+    fake = Watched(routes, details)
+    monkeypatch.setattr(requests.adapters.HTTPAdapter, "send", lambda self, request, **kw: fake(request))
+    monkeypatch.setattr("azure.identity.DefaultAzureCredential", lambda **kw: fake_arm.Credential())
+    monkeypatch.setattr("azure.ai.ml.operations._job_ops_helper._wait_before_polling", lambda seconds: 0)
+    return fake
+
+
+def test_a_watched_job_ends_with_its_ledger(watched, dev_outputs, tmp_path, capsys):
+    watched.run_statuses = ["Running", "Completed"]
+    assert submit(dev_outputs, tmp_path) == 0
+    out = capsys.readouterr().out
+    _, dedicated, low, _ = price_row(GPU_SIZE, "westeurope")
+    held = seconds("09:09", "10:40")
+    name = next(iter(watched.jobs))
+    ledger_at = out.index(f"cost of job {name} (Completed)")
+    assert ledger_at < out.index(f"job {name} ended: Completed")
+    total = next(x for x in out.splitlines() if x.startswith("total"))
+    assert f"${held * gpu_rate(low, dedicated):,.2f}" in total
+    assert "per epoch: " in out
+
+
+def test_a_ledger_that_cannot_be_computed_leaves_the_exit_status_alone(watched, dev_outputs, tmp_path, capsys):
+    watched.run_statuses = ["Running", "Failed"]
+    watched.job_status = "Failed"
+    watched.details["compute"] = {}  # no size in run history, and the cluster is gone:
+    watched.routes.on("GET", r"management\.azure\.com/.*/computes/.*", fake_arm.arm_error(404, "NotFound", "gone"))
+    assert submit(dev_outputs, tmp_path) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert any(line.startswith("cost: not computed: job ") and "no VM size" in line for line in err)
+    assert err[-1].startswith(f"job {next(iter(watched.jobs))} ended: Failed")
+
+
+# ---- a local run ---------------------------------------------------------------------------------------------------
+
+
+def test_a_local_run_splits_its_time_the_same_way(tmp_path):
+    path = tmp_path / "metrics.json"
+    path.write_text(json.dumps(metrics_json([(1, 40.0), (2, 38.0)], 2, startup=6.25)))
+    split = cost.local_split(path, 90.0)
+    assert split["startup_seconds"] == 6.25 and split["training_seconds"] == 90.0 - 6.25
+    assert split["epochs"] == 2 and split["images"] == 2 * EPOCH_IMAGES and split["in_epochs_seconds"] == 78.0
+    assert cost.render_local(split).startswith("time: 0:01:30 in all = start-up 0:00:06")
+    path.write_text("{cut short")  # a crash mid-write: the spare copy has the previous epoch
+    path.with_name(".metrics.json.spare").write_text(json.dumps(metrics_json([(1, 40.0)], 2)))
+    split = cost.local_split(path, 50.0)
+    assert split["epochs"] == 1 and split["startup_seconds"] is None and split["training_seconds"] == 50.0
+    assert cost.local_split(tmp_path / "none.json", 5.0)["metrics"] is None
+
+
+def test_outputs_dev_has_what_the_ledger_reads(dev_outputs):
+    """The ledger finds metrics.json through the logs datastore's account and container in the stack outputs."""
+    outs = stack.load_file(dev_outputs)
+    assert {"account", "container", "name"} <= set(outs["datastores"]["logs"])

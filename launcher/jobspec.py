@@ -108,6 +108,27 @@ def with_backend(job: dict, backend: str | None, source: pathlib.Path, extra_arg
     return job
 
 
+# NCCL's own watchdog for DDP jobs (distribution pytorch), behind the payloads' stall watchdog
+# (payloads/common/watchdog.py), which names the stuck rank first; names from PyTorch's "ProcessGroupNCCL
+# Environment Variables" page, read by torch 2.4 (the oldest the payloads support) and still by 2.14:
+#  - TORCH_NCCL_ASYNC_ERROR_HANDLING=3: when a collective fails or passes its timeout (init_process_group's
+#    `timeout`, which the payload sets from --stall-timeout: payloads/pytorch/runtime.collective_timeout), tear the
+#    process down without aborting the communicator (the default of current torch, pinned here: 0 would let a
+#    timed-out rank hang on);
+#  - TORCH_NCCL_TRACE_BUFFER_SIZE (the flight recorder: the last N collectives of each rank, with their
+#    sequence numbers and state; TORCH_FR_BUFFER_SIZE is its newer name) and TORCH_NCCL_DUMP_ON_TIMEOUT=1: on that
+#    timeout each rank dumps them, to <output>/stalls/nccl-trace-rank<r> (the payload sets the file), so a rank
+#    whose collective never started is seen beside the ones that waited for it.
+# Horovod jobs have Horovod's stall inspector instead (interconnect.STALL_ENV). A job file's own
+# environment_variables override these.
+DDP_WATCHDOG_ENV = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_FR_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
+
+
 # How a job reads its inputs (Azure ML "Access data in a job", how-to-read-write-data-v2):
 #  - ro_mount streams files through a FUSE mount as the job opens them. Its default open mode caches whole
 #    files (DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED defaults to false); for "millions of small files (images)
@@ -198,6 +219,8 @@ def fill(
     job["distribution"]["process_count_per_instance"] = ppn
     distribution = job["distribution"]["type"]
     env = {**data_env, **interconnect.environment(cluster, ppn, distribution)}
+    if distribution == "pytorch":
+        env.update(DDP_WATCHDOG_ENV)
     env.update(job.get("environment_variables") or {})  # the job file may override
     if distribution == "mpi":
         interconnect.check_under_mpi(env, "environment_variables of the job file")

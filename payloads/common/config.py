@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
-from . import tracking
+from . import tracking, watchdog
 from .errors import ConfigError
 
 # Flags whose default depends on the device (a GPU switches them on, or picks their value), with the command-line
@@ -82,6 +82,10 @@ class TrainConfig:
     # The options the payload declared (its --help); to_json() records these. Empty: every field.
     options: tuple[str, ...] = field(default=(), repr=False, compare=False)
     backend: str = "horovod"  # PyTorch: horovod | ddp (DistributedDataParallel under torchrun)
+    # Seconds without a completed step that end the job, naming the stuck ranks (watchdog.py); 0 = off;
+    # "auto" = from the measured step time, with a floor of minutes and a longer bound while the first steps run.
+    stall_timeout: float | str = watchdog.AUTO
+    straggler_every: int = 50  # steps between the ranks' comparisons of their step's parts (watchdog.Phases)
 
     @property
     def checkpoint_dir(self) -> pathlib.Path:
@@ -137,6 +141,7 @@ class TrainConfig:
             "shuffle_buffer",
             "warmup_epochs",
             "momentum",
+            "straggler_every",
         )
         if self.base_lr is not None and self.base_lr <= 0:
             raise ConfigError(f"--base-lr must be positive, got {self.base_lr}")
@@ -161,6 +166,12 @@ class TrainConfig:
                 "--adasum is a Horovod option: PyTorch DDP (--backend ddp) has no Adasum reduction, "
                 "only averaging: drop --adasum, or train with --backend horovod"
             )
+        try:
+            self.stall_timeout = watchdog.parse_timeout(self.stall_timeout)
+        except ValueError as e:
+            raise ConfigError(
+                f"--stall-timeout: {e}: e.g. --stall-timeout 900, or 0 to turn the watchdog off"
+            ) from None
         if self.adasum and self.fp16_allreduce:
             raise ConfigError("--adasum and --fp16-allreduce cannot be combined: Adasum reduces in full precision")
 
@@ -251,6 +262,13 @@ def _non_negative(cfg: TrainConfig, *names: str) -> None:
     for n in names:
         if getattr(cfg, n) < 0:
             raise ConfigError(f"--{n.replace('_', '-')} must not be negative, got {getattr(cfg, n)}")
+
+
+def _stall_timeout(text: str) -> float | str:
+    try:
+        return watchdog.parse_timeout(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _epochs(text: str) -> tuple[int, ...]:
@@ -410,6 +428,25 @@ def _runtime(g, c: Declared) -> None:
     )
     g.add_argument(
         "--amp", action=argparse.BooleanOptionalAction, default=d.amp, help="mixed precision (default: on with a GPU)"
+    )
+    g.add_argument(
+        "--stall-timeout",
+        type=_stall_timeout,
+        default=d.stall_timeout,
+        metavar="SECONDS",
+        help="end the job when no training step completes for this long, naming the stuck ranks and hosts and "
+        "writing every rank's stacks (docs/jobs.md#a-job-is-stuck-or-slow); 0 = off. auto = "
+        f"max({watchdog.FLOOR_SECONDS:.0f}, {watchdog.STEP_MULTIPLE} x the median step time), and "
+        f"{watchdog.STARTUP_SECONDS:.0f} s until the first {watchdog.WARM_STEPS} steps are done",
+    )
+    g.add_argument(
+        "--straggler-every",
+        type=int,
+        default=d.straggler_every,
+        metavar="STEPS",
+        help="every this many steps the ranks compare the time their steps spend waiting for input, computing and "
+        "in the gradient exchange (one small collective), and a rank whose input or compute stays an outlier for "
+        f"{watchdog.STRAGGLER_WINDOWS} comparisons is named in the log with its host; 0 = off",
     )
 
 

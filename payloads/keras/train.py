@@ -56,6 +56,8 @@ def run(cfg: config.TrainConfig) -> dict:
     from ..tensorflow import data, models, runtime
 
     root, device, batch, model, scale, threads = runtime.start(cfg, hvd_tf)
+    # From here on a rank that stops making progress ends the job, named (docs/jobs.md#a-job-is-stuck-or-slow).
+    watch, phases = runtime.watch(cfg, hvd_tf)
     scaled_lr = cfg.base_lr * scale
     optimizer = hvd.DistributedOptimizer(
         tf.keras.optimizers.SGD(learning_rate=scaled_lr, momentum=cfg.momentum),
@@ -82,8 +84,9 @@ def run(cfg: config.TrainConfig) -> dict:
         ],
     )
 
-    recorder = Recorder(cfg, hvd_tf, model, optimizer, batch, inputs)
+    recorder = Recorder(cfg, hvd_tf, model, optimizer, batch, inputs, watch, phases)
     callbacks = [
+        watching(watch, phases, hvd_tf),
         # Also broadcast by runtime.restore before the first step; kept as Horovod's documented safety net.
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
         # Before our recorder: it sees the averaged epoch metrics.
@@ -120,7 +123,8 @@ def run(cfg: config.TrainConfig) -> dict:
             )
     except tf.errors.InvalidArgumentError as e:
         raise ConfigError(data.input_error(e)) from None
-    return finish(
+    watch.doing("finishing")
+    summary = finish(
         cfg,
         hvd_tf,
         metrics,
@@ -129,6 +133,42 @@ def run(cfg: config.TrainConfig) -> dict:
         recorder.images,
         recorder.seconds,
     )
+    watch.stop()
+    return summary
+
+
+def watching(watch, phases, hvd_tf):
+    """The watchdog's marks from fit(): a step (input, compute and Horovod's allreduce in one call: all of it is
+    "compute" to the straggler comparison), validation batches, the epoch's end; and the ranks' comparison every
+    --straggler-every steps. Attribute stores only; _supports_tf_logs keeps Keras from reading the step's logs
+    to the host for it (a sync per step)."""
+    import tensorflow as tf
+
+    from ..tensorflow import runtime
+
+    class _Watching(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self._supports_tf_logs = True
+
+        def on_train_batch_begin(self, batch, logs=None):
+            watch.doing("step")
+
+        def on_train_batch_end(self, batch, logs=None):
+            watch.step_done()
+            if phases.due():  # every rank calls its callbacks at the same batch: a collective is safe here
+                runtime.compare_phases(hvd_tf, phases)
+
+        def on_test_begin(self, logs=None):
+            watch.doing("validation")
+
+        def on_test_batch_end(self, batch, logs=None):
+            watch.tick()
+
+        def on_epoch_end(self, epoch, logs=None):
+            watch.doing("epoch end")
+
+    return _Watching()
 
 
 def with_input(model, prepare):
@@ -147,7 +187,7 @@ def with_input(model, prepare):
     return WithInput()
 
 
-def Recorder(cfg, hvd_tf, model, optimizer, batch: int, inputs):
+def Recorder(cfg, hvd_tf, model, optimizer, batch: int, inputs, watch, phases):
     """Times each epoch, writes the metrics record and the rank-0 checkpoint (our atomic .npz)."""
     import tensorflow as tf
 
@@ -176,8 +216,11 @@ def Recorder(cfg, hvd_tf, model, optimizer, batch: int, inputs):
                 .numpy()
                 .tolist()
             )
+            runtime.compare_phases(hvd_tf, phases)  # the epoch's last steps, for its per-rank totals
+            parts = phases.epoch_record()
             self.images += images
             self.seconds += seconds
+            watch.doing("checkpoint")
             runtime.save(cfg, hvd_tf, epoch + 1, model, optimizer)
             if self.metrics is None:
                 return
@@ -190,6 +233,7 @@ def Recorder(cfg, hvd_tf, model, optimizer, batch: int, inputs):
                 "epoch_seconds": seconds,
                 "images_per_sec": images / seconds,
                 "lr": float(tf.keras.backend.get_value(optimizer.learning_rate)),
+                **parts,
             }
             if validated:
                 record.update(

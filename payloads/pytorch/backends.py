@@ -23,6 +23,7 @@ not again when GradScaler steps; DDP's gradients are already averaged when backw
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import logging
 import os
@@ -58,9 +59,10 @@ LAUNCHER_COUNTS = (
 ALONE = "Horovod is not installed: training alone in one process (no collectives)"
 
 
-def create(name: str):
+def create(name: str, timeout: float | None = None):
     """The backend named by --backend (not yet initialised). --backend horovod in a Python without Horovod:
-    Single when no launcher started several processes, else a ConfigError naming the fix."""
+    Single when no launcher started several processes, else a ConfigError naming the fix. `timeout`: DDP's
+    collective timeout in seconds (runtime.collective_timeout; None: torch's default)."""
     if name == "horovod":
         try:
             import horovod.torch as hvd  # late: --help and config errors need no Horovod
@@ -79,7 +81,7 @@ def create(name: str):
             return Single(reason=str(e))
         return Horovod(hvd)
     if name == "ddp":
-        return DDP()
+        return DDP(timeout)
     raise ConfigError(f"--backend {name!r}: choose {' or '.join(BACKENDS)}")
 
 
@@ -266,9 +268,10 @@ class Horovod:
 class DDP:
     name = "ddp"
 
-    def __init__(self):
+    def __init__(self, timeout: float | None = None):
         self._rank = self._size = self._local_rank = self._local_size = None
         self.process_group = None
+        self.timeout = timeout
 
     def init(self) -> None:
         import torch.distributed as dist
@@ -308,10 +311,12 @@ class DDP:
                 )
             store = None
         self.process_group = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        # A collective that takes longer fails (NCCL's watchdog aborts it): the backstop behind the stall watchdog.
+        limit = {"timeout": datetime.timedelta(seconds=self.timeout)} if self.timeout else {}
         if store is None:
-            dist.init_process_group(self.process_group, init_method="env://", rank=rank, world_size=size)
+            dist.init_process_group(self.process_group, init_method="env://", rank=rank, world_size=size, **limit)
         else:
-            dist.init_process_group(self.process_group, store=store, rank=rank, world_size=size)
+            dist.init_process_group(self.process_group, store=store, rank=rank, world_size=size, **limit)
         self._rank, self._size, self._local_rank = rank, size, local_rank
         # torchrun sets LOCAL_WORLD_SIZE; Azure ML's PyTorch distribution documents only the variables above,
         # so without it the processes count the ones on their own host.
@@ -410,7 +415,7 @@ class DDP:
         return self.allreduce_sum(tensor, name).div_(self._size)
 
     def describe(self) -> dict:
-        return {"backend": self.name, "process_group": self.process_group}
+        return {"backend": self.name, "process_group": self.process_group, "collective_timeout_seconds": self.timeout}
 
     def shutdown(self) -> None:
         """Every rank past its last collective and rank 0's writes before any rank tears Gloo down: a rank that

@@ -11,7 +11,7 @@ import re
 
 import torch
 
-from ..common import checkpoint, config, devices
+from ..common import checkpoint, config, devices, watchdog
 from ..common.errors import ConfigError
 from . import models, precision
 
@@ -246,3 +246,55 @@ def world(backend, model, device, chosen: precision.Precision, cfg) -> dict:
         "cuda": torch.version.cuda if device.type == "cuda" else None,
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
     }
+
+
+def watch(cfg: config.TrainConfig, backend) -> watchdog.Watchdog:
+    """This rank's stall watchdog (payloads/common/watchdog.py), started. One broadcast gives every rank rank 0's
+    name for the run, which tells this run's heartbeats from an earlier run's in the same folder."""
+    return watchdog.started(
+        cfg.output_dir,
+        backend.rank(),
+        backend.size(),
+        cfg.stall_timeout,
+        lambda token: backend.broadcast_object(token, name="watchdog_run"),
+    )
+
+
+def phases(cfg: config.TrainConfig, backend, watch: watchdog.Watchdog) -> watchdog.Phases:
+    """The ranks' step-part times (watchdog.Phases), compared every --straggler-every steps; hosts gathered once."""
+    return watchdog.Phases(watch, backend.allgather_object(watch.host, "hosts"), cfg.straggler_every)
+
+
+def compare_phases(backend, phases: watchdog.Phases) -> None:
+    """One small collective: every rank's row of step-part seconds summed into the matrix; rank 0 logs the
+    stragglers it names (every rank would name the same)."""
+    phases.watch.doing("exchange")
+    rows = backend.allreduce_sum(torch.tensor(phases.matrix(), dtype=torch.float64), "step_phases").tolist()
+    for line in phases.add(rows):
+        if backend.rank() == 0:
+            log.warning("%s", line)
+
+
+# Where NCCL's flight recorder writes its dump (<prefix><rank>) when a collective times out: torch 2.4 reads the
+# first name, later ones also the second (torch/csrc/distributed/c10d; TorchTitan sets both the same way).
+FLIGHT_RECORDER_FILE = ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")
+
+
+def collective_timeout(cfg: config.TrainConfig, environ=None) -> float | None:
+    """DDP's process-group timeout, seconds (None: torch's default). NCCL's watchdog aborts a collective that
+    takes longer, and dumps its flight recorder where the launcher turned it on (TORCH_NCCL_DUMP_ON_TIMEOUT,
+    launcher/jobspec.py): beyond the stall watchdog's start-up bound and its limit, so that the watchdog, which
+    names the ranks, acts first and NCCL's timeout is the backstop. Also points the dump at
+    <output>/stalls/nccl-trace-rank<r> unless the job chose a file."""
+    environ = os.environ if environ is None else environ
+    if cfg.stall_timeout == 0:
+        return None
+    if environ.get("TORCH_NCCL_DUMP_ON_TIMEOUT", "0") not in ("", "0") and not any(
+        k in environ for k in FLIGHT_RECORDER_FILE
+    ):
+        folder = watchdog.stalls_dir(cfg.output_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        for key in FLIGHT_RECORDER_FILE:
+            environ[key] = str(folder / "nccl-trace-rank")
+    steady = 0.0 if cfg.stall_timeout == watchdog.AUTO else float(cfg.stall_timeout)
+    return max(watchdog.STARTUP_SECONDS, steady) + 300

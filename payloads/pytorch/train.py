@@ -68,7 +68,9 @@ class StepClock:
         self.steady_since = None
 
 
-def train_epoch(cfg, backend, epoch, model, optimizer, scaler, prec, batches, device, lr_scale, progress, clock):
+def train_epoch(
+    cfg, backend, epoch, model, optimizer, scaler, prec, batches, device, lr_scale, progress, clock, watch, phases
+):
     model.train()
     steps = len(batches)
     # Accumulated on the device and read once per epoch: no host sync inside the step.
@@ -79,7 +81,10 @@ def train_epoch(cfg, backend, epoch, model, optimizer, scaler, prec, batches, de
     clock.epoch_start()
     start = time.perf_counter()
     lr = cfg.base_lr * lr_scale
+    # The watchdog's marks (attribute stores): what this rank is doing when a stall names it.
+    watch.doing("input")
     for step, (images, labels, n_skipped) in enumerate(batches):
+        watch.doing("compute")
         lr = schedule.learning_rate(cfg.base_lr, lr_scale, epoch, step, steps, cfg.warmup_epochs, cfg.lr_decay_epochs)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -89,21 +94,31 @@ def train_epoch(cfg, backend, epoch, model, optimizer, scaler, prec, batches, de
         chunks = max(1, min(cfg.backward_passes_per_step, n))
         parts = list(zip(images.chunk(chunks), labels.chunk(chunks)))
         for i, (part_x, part_y) in enumerate(parts):
-            with backend.accumulate(model, last=i == len(parts) - 1):
+            last = i == len(parts) - 1
+            with backend.accumulate(model, last=last):
                 with prec.autocast():
                     out = model(part_x)
                     loss = F.cross_entropy(out, part_y)
                 weighted = loss * (part_x.shape[0] / n)
+                if last and backend.name == "ddp":
+                    watch.doing("exchange")  # DDP averages the gradients during this backward pass
                 (scaler.scale(weighted) if scaler else weighted).backward()
             loss_sum += loss.detach().double() * part_x.shape[0]
             correct += (out.argmax(1) == part_y).sum()
+        watch.doing("exchange")  # Horovod waits for the averaged gradients here
         runtime.optimizer_step(optimizer, scaler, backend)
+        watch.step_done()
+        if phases.due():
+            runtime.compare_phases(backend, phases)
         seen += n
         skipped += n_skipped
         clock.step(n)
         bar.update(1)
         if not bar.disable and step % PROGRESS_EVERY == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.4f}")
+        watch.doing("input")
+    runtime.compare_phases(backend, phases)  # the epoch's last steps, for its per-rank totals
+    watch.doing("epoch end")
     clock.epoch_end()
     seconds = time.perf_counter() - start
     bar.close()
@@ -116,12 +131,14 @@ def train_epoch(cfg, backend, epoch, model, optimizer, scaler, prec, batches, de
         "epoch_seconds": seconds,
         "images_per_sec": seen / seconds,
         "lr": lr,
+        **phases.epoch_record(),
     }
 
 
 @torch.no_grad()
-def evaluate(cfg, backend, epoch, model, prec, batches, device):
+def evaluate(cfg, backend, epoch, model, prec, batches, device, watch):
     model.eval()
+    watch.doing("validation")
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.int64, device=device)
     seen = skipped = 0
@@ -132,6 +149,7 @@ def evaluate(cfg, backend, epoch, model, prec, batches, device):
         loss_sum += F.cross_entropy(out.float(), labels, reduction="sum").double()
         correct += (out.argmax(1) == labels).sum()
         seen += images.shape[0]
+        watch.tick()
     loss_sum, correct, seen, skipped = runtime.global_sums(backend, f"val_{epoch}", loss_sum, correct, seen, skipped)
     return {"val_loss": loss_sum / seen, "val_accuracy": correct / seen, "val_skipped_images": int(skipped)}
 
@@ -144,9 +162,12 @@ def lr_scale(cfg, backend, device) -> float:
 
 def run(cfg: config.TrainConfig) -> dict:
     started = time.perf_counter()
-    backend = backends.create(cfg.backend)
+    backend = backends.create(cfg.backend, runtime.collective_timeout(cfg) if cfg.backend == "ddp" else None)
     backend.init()
     root = backend.rank() == 0
+    # From here on a rank that stops making progress ends the job, named (docs/jobs.md#a-job-is-stuck-or-slow).
+    watch = runtime.watch(cfg, backend)
+    phases = runtime.phases(cfg, backend, watch)
     device, prec = runtime.setup(cfg, backend)
     batch = cfg.per_process_batch(backend.size())
     # Each rank loads batch x backward_passes samples per step and splits them into micro-batches.
@@ -202,14 +223,28 @@ def run(cfg: config.TrainConfig) -> dict:
         record = {"epoch": epoch + 1}
         record.update(
             train_epoch(
-                cfg, backend, epoch, step_model, optimizer, scaler, prec, data.train, device, scale, progress, clock
+                cfg,
+                backend,
+                epoch,
+                step_model,
+                optimizer,
+                scaler,
+                prec,
+                data.train,
+                device,
+                scale,
+                progress,
+                clock,
+                watch,
+                phases,
             )
         )
         if data.val is not None:
             data.val.set_epoch(epoch)
-            record.update(evaluate(cfg, backend, epoch, step_model, prec, data.val, device))
+            record.update(evaluate(cfg, backend, epoch, step_model, prec, data.val, device, watch))
         total_images += record["images"]
         total_seconds += record["epoch_seconds"]
+        watch.doing("checkpoint")
         runtime.save(cfg, backend, epoch + 1, model, optimizer, scaler)
         if root:
             metrics.add_epoch(record)
@@ -227,6 +262,7 @@ def run(cfg: config.TrainConfig) -> dict:
                 record["images_per_sec"],
             )
 
+    watch.doing("finishing")
     if root:
         writer.close()
     # The clock counted this rank's images; the throughput is the job's (ranks' batches may differ by a sample).
@@ -252,6 +288,7 @@ def run(cfg: config.TrainConfig) -> dict:
         },
     )
     backend.shutdown()
+    watch.stop()
     return summary
 
 

@@ -138,7 +138,21 @@ def _band_stats(manifest, device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train_epoch(
-    cfg, backend, epoch, model, optimizer, scaler, prec, store, sampler, manifest, device, lr_scale, progress
+    cfg,
+    backend,
+    epoch,
+    model,
+    optimizer,
+    scaler,
+    prec,
+    store,
+    sampler,
+    manifest,
+    device,
+    lr_scale,
+    progress,
+    watch,
+    phases,
 ):
     model.train()
     classes = len(manifest.class_names)
@@ -154,7 +168,10 @@ def train_epoch(
     with ThreadPoolExecutor(1, thread_name_prefix="patches") as pool:
         upcoming = pool.submit(data.batch, store, steps[0], cfg.image_size)
         for step, patches in enumerate(steps):
+            # The watchdog's marks (attribute stores): what this rank is doing when a stall names it.
+            watch.doing("input")
             images, labels = upcoming.result()
+            watch.doing("compute")
             if step + 1 < len(steps):
                 upcoming = pool.submit(data.batch, store, steps[step + 1], cfg.image_size)
             lr = schedule.learning_rate(
@@ -173,13 +190,21 @@ def train_epoch(
             with prec.autocast():
                 out = model(images)
             loss, ce = pixel_loss(out, target, global_valid, backend.size())
+            if backend.name == "ddp":
+                watch.doing("exchange")  # DDP averages the gradients during backward
             (scaler.scale(loss) if scaler is not None else loss).backward()
+            watch.doing("exchange")  # Horovod waits for the averaged gradients here
             runtime.optimizer_step(optimizer, scaler, backend)
+            watch.step_done()
+            if phases.due():
+                runtime.compare_phases(backend, phases)
             loss_sum += ce
             conf += metrics.confusion(out.detach().argmax(1), target, classes)
             valid_sum += valid
             seen += len(patches)
             bar.update(1)
+    runtime.compare_phases(backend, phases)  # the epoch's last steps, for its per-rank totals
+    watch.doing("epoch end")
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
@@ -199,13 +224,15 @@ def train_epoch(
         "images_per_sec": seen / seconds,
         "patches_per_sec": seen / seconds,
         "lr": lr,
+        **phases.epoch_record(),
     }
 
 
 @torch.no_grad()
-def evaluate(cfg, backend, epoch, model, prec, store, manifest, batch, device):
+def evaluate(cfg, backend, epoch, model, prec, store, manifest, batch, device, watch):
     """Every validation pixel once; the confusion matrix is summed over ranks, then scored."""
     model.eval()
+    watch.doing("validation")
     classes = len(manifest.class_names)
     conf = torch.zeros(classes, classes, dtype=torch.int64, device=device)
     loss_sum = 0.0
@@ -220,6 +247,7 @@ def evaluate(cfg, backend, epoch, model, prec, store, manifest, batch, device):
             out = model(images)
         loss_sum += F.cross_entropy(out.float(), target, ignore_index=IGNORE, reduction="sum").item()
         conf += metrics.confusion(out.argmax(1), target, classes)
+        watch.tick()
     matrix = metrics.allreduce(backend, conf, f"val_confusion_{epoch}")
     (loss_sum,) = runtime.global_sums(backend, f"val_{epoch}", loss_sum)
     s = metrics.scores(matrix, manifest.class_names)
@@ -278,9 +306,12 @@ def load_data(cfg, seg, backend, batch):
 
 
 def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
-    backend = backends.create(cfg.backend)
+    backend = backends.create(cfg.backend, runtime.collective_timeout(cfg) if cfg.backend == "ddp" else None)
     backend.init()
     root = backend.rank() == 0
+    # From here on a rank that stops making progress ends the job, named (docs/jobs.md#a-job-is-stuck-or-slow).
+    watch = runtime.watch(cfg, backend)
+    phases = runtime.phases(cfg, backend, watch)
     device, prec = runtime.setup(cfg, backend)
     batch = cfg.per_process_batch(backend.size())
     manifest, train_store, sampler, val_store, load_seconds = load_data(cfg, seg, backend, batch)
@@ -350,15 +381,18 @@ def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
                 device,
                 lr_scale,
                 progress,
+                watch,
+                phases,
             )
         )
         # blocks read from storage so far, per rank: with the cache and an exact share, each rank's share once
         record["train_blocks_read_per_rank"] = backend.allgather_object(train_store.reads, f"reads_{epoch}")
         average_buffers(backend, model)
         if val_store is not None:
-            record.update(evaluate(cfg, backend, epoch, model, prec, val_store, manifest, batch, device))
+            record.update(evaluate(cfg, backend, epoch, model, prec, val_store, manifest, batch, device, watch))
         patches += record["patches"]
         seconds += record["epoch_seconds"]
+        watch.doing("checkpoint")
         runtime.save(cfg, backend, epoch + 1, model, optimizer, scaler)
         if root:
             metrics_file.add_epoch(record)
@@ -388,11 +422,13 @@ def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
                 f", val mIoU {record['val_miou']:.3f}" if "val_miou" in record else "",
                 record["patches_per_sec"],
             )
+    watch.doing("finishing")
     if root:
         writer.close()
     # "images" are patches here: the closing "Total images/sec" line is patches/sec.
     summary = finish(cfg, backend, metrics_file, parameters_digest(model), cfg.epochs - start_epoch, patches, seconds)
     backend.shutdown()
+    watch.stop()
     return summary
 
 

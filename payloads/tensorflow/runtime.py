@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from ..common import checkpoint, config, devices
+from ..common import checkpoint, config, devices, watchdog
 from ..common.errors import ConfigError
 
 SUFFIX = ".npz"
@@ -198,6 +198,28 @@ def restore(cfg, hvd_tf, model, optimizer) -> int:
         raise ConfigError("the newest checkpoint could not be loaded (see the message above)")
     hvd_tf.broadcast_variables(list(model.variables) + list(optimizer.variables), root_rank=0)
     return start
+
+
+def watch(cfg, hvd) -> tuple[watchdog.Watchdog, watchdog.Phases]:
+    """This rank's stall watchdog, started, and the ranks' step-part comparison (payloads/common/watchdog.py):
+    one broadcast names the run, one allgather the hosts."""
+    watch = watchdog.started(
+        cfg.output_dir,
+        hvd.rank(),
+        hvd.size(),
+        cfg.stall_timeout,
+        lambda token: hvd.broadcast_object(token, root_rank=0, name="watchdog_run"),
+    )
+    return watch, watchdog.Phases(watch, hvd.allgather_object(watch.host, name="hosts"), cfg.straggler_every)
+
+
+def compare_phases(hvd, phases: watchdog.Phases) -> None:
+    """One small allreduce of every rank's step-part seconds; rank 0 logs the stragglers named."""
+    phases.watch.doing("exchange")
+    rows = hvd.allreduce(tf.constant(phases.matrix(), tf.float64), op=hvd.Sum, name="step_phases").numpy().tolist()
+    for line in phases.add(rows):
+        if hvd.rank() == 0:
+            log.warning("%s", line)
 
 
 def world(cfg, hvd, device: str, model, inputs) -> dict:

@@ -70,6 +70,8 @@ def run(cfg: config.TrainConfig) -> dict:
     from . import data, models, runtime
 
     root, device, batch, model, scale, threads = runtime.start(cfg, hvd)
+    # From here on a rank that stops making progress ends the job, named (docs/jobs.md#a-job-is-stuck-or-slow).
+    watch, phases = runtime.watch(cfg, hvd)
     optimizer = tf.keras.optimizers.SGD(learning_rate=cfg.base_lr * scale, momentum=cfg.momentum)
     if runtime.loss_scaling():
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
@@ -105,11 +107,16 @@ def run(cfg: config.TrainConfig) -> dict:
                 cfg.base_lr, scale, epoch, i, inputs.steps, cfg.warmup_epochs, cfg.lr_decay_epochs
             )
             optimizer.learning_rate.assign(lr)
+            watch.doing("input")  # the watchdog's marks (attribute stores): what a stall report says
             try:
                 x, labels = next(batches)
             except tf.errors.InvalidArgumentError as e:
                 raise ConfigError(data.input_error(e)) from None
+            watch.doing("compute")  # forward, backward and Horovod's allreduce: one tf.function
             loss, n_correct = step(x, labels)
+            watch.step_done()
+            if phases.due():
+                runtime.compare_phases(hvd, phases)
             n = int(labels.shape[0])
             loss_sum += tf.cast(loss, tf.float64) * n
             correct += n_correct
@@ -117,6 +124,8 @@ def run(cfg: config.TrainConfig) -> dict:
             bar.update(1)
             if not bar.disable:
                 bar.set_postfix(loss=f"{float(loss):.3f}", lr=f"{lr:.4f}")
+        runtime.compare_phases(hvd, phases)  # the epoch's last steps, for its per-rank totals
+        watch.doing("epoch end")
         loss_sum, correct = float(loss_sum), float(correct)  # waits for the epoch's last step
         seconds = time.perf_counter() - start
         bar.close()
@@ -132,18 +141,22 @@ def run(cfg: config.TrainConfig) -> dict:
             "epoch_seconds": seconds,
             "images_per_sec": seen / seconds,
             "lr": lr,
+            **phases.epoch_record(),
         }
         if inputs.validation is not None:
             v_loss = v_correct = v_seen = 0.0
+            watch.doing("validation")
             for x, labels in inputs.validation:
                 loss, c = predict(x, labels)
                 v_loss, v_correct, v_seen = v_loss + float(loss), v_correct + float(c), v_seen + int(labels.shape[0])
+                watch.tick()
             v_loss, v_correct, v_seen, v_skipped = global_sums(
                 hvd, tf, f"val_{epoch}", v_loss, v_correct, v_seen, inputs.validation_skipped()
             )
             record.update(val_loss=v_loss / v_seen, val_accuracy=v_correct / v_seen, val_skipped_images=int(v_skipped))
         total_images += record["images"]
         total_seconds += seconds
+        watch.doing("checkpoint")
         runtime.save(cfg, hvd, epoch + 1, model, optimizer)
         if root:
             metrics.add_epoch(record)
@@ -161,9 +174,12 @@ def run(cfg: config.TrainConfig) -> dict:
                 f", val accuracy {record['val_accuracy']:.3f}" if "val_accuracy" in record else "",
                 record["images_per_sec"],
             )
-    return finish(
+    watch.doing("finishing")
+    summary = finish(
         cfg, hvd, metrics, models.parameters_digest(model), cfg.epochs - start_epoch, total_images, total_seconds
     )
+    watch.stop()
+    return summary
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """python -m launcher JOB.yaml [--target azureml|local] [--dry-run] ... [-- extra payload arguments]
 python -m launcher preflight --stack STACK | doctor --stack STACK (launcher/checks/)
-python -m launcher cost JOB_NAME --stack STACK [--json PATH] (launcher/cost.py)"""
+python -m launcher cost JOB_NAME --stack STACK [--json PATH] (launcher/cost.py)
+python -m launcher nodes REPORT --stack-outputs F --cluster C [--job NAME] (launcher/nodes.py)"""
 
 from __future__ import annotations
 
@@ -47,6 +48,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-stream", action="store_true", help="submit and return without following the logs")
     p.add_argument(
+        "--health-check",
+        action="store_true",
+        help="Azure ML: first run jobs/healthcheck-allreduce.yaml on this job's cluster, nodes and processes per "
+        "node, print each node's verdict, and submit this job only if every node passed (docs/jobs.md#a-bad-node)",
+    )
+    p.add_argument(
         "--skip-quota-check",
         action="store_true",
         help="submit without first checking the cluster's Azure ML quota for the job's nodes",
@@ -82,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import cost
 
         return cost.main(argv[1:])
+    if argv and argv[0] == "nodes":
+        from . import nodes
+
+        return nodes.main(argv[1:])
     if argv and argv[0] in checks_cli.COMMANDS:
         try:
             return checks_cli.main(argv)
@@ -114,6 +125,10 @@ def run(args, extra: list[str]) -> int:
     if args.target == "local":
         if args.input_mode:
             raise JobError("--input-mode is for Azure ML jobs; here inputs are local folders (--input NAME=PATH)")
+        if args.health_check:
+            raise JobError(
+                "--health-check is for Azure ML jobs; here run jobs/healthcheck-allreduce.yaml --target local"
+            )
         if args.resume_from:
             raise JobError(
                 "--resume-from is for Azure ML jobs; here, pass the earlier run's folder as --output-dir "
@@ -166,6 +181,13 @@ def run(args, extra: list[str]) -> int:
         return 0
     if not args.skip_quota_check:
         azureml.check_quota(outputs, args.cluster, nodes)
+    if args.health_check:
+        from . import nodes as node_check
+
+        code = node_check.run_health_check(outputs, args.cluster, nodes, args.processes_per_node)
+        if code:
+            print("error: --health-check: the training job was not submitted (failed nodes above)", file=sys.stderr)
+            return code
     return azureml.submit(sdk_job, outputs, stream=not args.no_stream, resume_from=args.resume_from)
 
 

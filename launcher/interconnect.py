@@ -82,6 +82,17 @@ GLOO_ENV = {"GLOO_SOCKET_IFNAME": "eth0"}
 GPUS_PER_NODE = "TRAINING_GPUS_PER_NODE"
 VM_SIZE = "TRAINING_VM_SIZE"
 MIN_BUSBW = "HEALTHCHECK_MIN_BUSBW_GBYTES_PER_SEC"
+# What each node of the size should deliver, for the health check's per-node verdicts (payloads/healthcheck.py
+# parses it): the catalog's figures from Azure's node health checks, "check=value@message_bytes[/processes]"
+# joined by commas. Plain characters only: no quotes, spaces or $ for a shell or mpirun to mangle.
+EXPECTED = "HEALTHCHECK_EXPECTED"
+
+
+def expected_figures(size: vm_sizes.VmSize) -> str:
+    return ",".join(
+        f"{e.check}={e.value:g}@{e.message_bytes}" + (f"/{e.processes}" if e.processes else "") for e in size.health
+    )
+
 
 KINDS = ("cpu", "gpu-tcp", "infiniband")
 
@@ -132,6 +143,8 @@ def environment(cluster: dict, processes_per_node: int, distribution: str = "mpi
             env.update(NCCL_CONF[size.nccl_topology])
     if size is not None and size.min_busbw_gbytes_per_sec:
         env[MIN_BUSBW] = f"{size.min_busbw_gbytes_per_sec:g}"
+    if size is not None and size.health:
+        env[EXPECTED] = expected_figures(size)
     return env
 
 

@@ -1,9 +1,11 @@
 """The health check judges what it measures, and every payload refuses a GPU node whose GPUs it cannot see.
 
-All with 2 real processes (horovodrun), on this CPU-only machine: no driver, no CUDA, no NCCL, no
+All with real processes (horovodrun), on this CPU-only machine: no driver, no CUDA, no NCCL, no
 InfiniBand, which the health check must report as such. Its training part is failed from outside the
 code, the way real clusters fail: a sitecustomize.py on PYTHONPATH breaks the interpreter or one rank's
-optimizer before the health check starts.
+optimizer before the health check starts. The per-node verdicts run the same way: the sitecustomize gives
+each process a host name (several "nodes" on this one machine) and makes chosen ranks late to chosen
+all-reduces; the measuring and judging code is what runs on GPUs, over Gloo instead of NCCL.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import math
 import pathlib
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -25,8 +28,12 @@ from payloads.common import devices
 from payloads.common.errors import ConfigError
 from payloads.pytorch import models
 
+pytestmark = pytest.mark.launches  # horovodrun runs: one at a time under xdist (tests/conftest.py)
 
-def healthcheck_run(tmp_path, *args: str, env: dict | None = None, np: int = 2) -> subprocess.CompletedProcess:
+
+def healthcheck_run(
+    tmp_path, *args: str, env: dict | None = None, np: int = 2, sizes: str = "1,2"
+) -> subprocess.CompletedProcess:
     cmd = [
         str(pathlib.Path(sys.executable).with_name("horovodrun")),
         "-np",
@@ -38,7 +45,7 @@ def healthcheck_run(tmp_path, *args: str, env: dict | None = None, np: int = 2) 
         "-m",
         "payloads.healthcheck",
         "--sizes-mb",
-        "1,2",
+        sizes,
         "--iterations",
         "2",
         "--model",
@@ -51,13 +58,23 @@ def healthcheck_run(tmp_path, *args: str, env: dict | None = None, np: int = 2) 
     ]
     e = helpers.env()
     e.pop(healthcheck.MIN_BUSBW, None)
+    e.pop(healthcheck.EXPECTED, None)
     e.pop(devices.GPUS_PER_NODE, None)
     e.update(env or {})
     return subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=180)
 
 
+# A figure two CPU processes reach many times over through Gloo on this machine (0.08-0.25 GB/s measured at
+# 2 MB), and a late rank (LATE seconds per all-reduce) cannot: 2 MB x 2(n-1)/n / 0.5 s = 0.004 GB/s at most,
+# whatever the load (the sleep guarantees it).
+EXPECT = 0.01
+LATE = 0.5
+
+
 def test_passes_above_the_floor_and_reports_what_it_saw(tmp_path):
-    proc = healthcheck_run(tmp_path, env={healthcheck.MIN_BUSBW: "0.0001"})
+    """Also the control of the per-node verdicts: the in-node all-reduce of a normal run passes the EXPECT that
+    a late rank fails (test_a_late_rank_fails_its_node...)."""
+    proc = healthcheck_run(tmp_path, "--expect", f"allreduce_in_node={EXPECT}", env={healthcheck.MIN_BUSBW: "0.0001"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "allreduce.json").read_text())
     assert report["passed"] is True and report["processes"] == 2 and report["failures"] == []
@@ -76,6 +93,18 @@ def test_passes_above_the_floor_and_reports_what_it_saw(tmp_path):
     assert math.isfinite(t["loss"]) and t["loss"] > 0 and t["seconds"] > 0
     assert "training tiny_cnn 32px x 8 per process, 2 process(es), fp32, contiguous: 5 steps in" in proc.stdout
     assert "healthcheck passed" in proc.stdout
+    # one node (both processes on this host): judged in the node, nothing to pair with, no InfiniBand
+    (v,) = report["node_verdicts"]
+    assert v["verdict"] == "PASS" and v["ranks"] == [0, 1] and v["private_ip"] == healthcheck.private_ip()
+    c = v["checks"]
+    inside = c["allreduce_in_node"]
+    assert inside["status"] == "PASS" and inside["figure"] >= EXPECT and inside["expected"] == EXPECT
+    assert inside["at_bytes"] == 2_000_000 and [s["bytes"] for s in inside["sizes"]] == [1_000_000, 2_000_000]
+    assert c["allreduce_over_ib"]["status"] == "NOT JUDGED"
+    assert c["allreduce_over_ib"]["reason"] == "one node: no other node to pair with"
+    assert c["ib_write_bw"]["status"] == "SKIPPED" and "no InfiniBand devices" in c["ib_write_bw"]["reason"]
+    row = rf"\[0\]<stdout>:{re.escape(v['host'])} +{re.escape(v['private_ip'])} +[0-9.]+ GB/s >= {EXPECT} PASS "
+    assert v["host"] == socket.gethostname() and re.search(row, proc.stdout)
 
 
 def test_fails_below_the_floor_naming_the_measurement_and_the_floor(tmp_path):
@@ -291,3 +320,311 @@ def test_enough_gpus_or_a_cpu_cluster_pass():
 def test_a_bad_gpu_count_names_the_variable():
     with pytest.raises(devices.ConfigError, match=f"{devices.GPUS_PER_NODE}='eight' is not a GPU count"):
         devices.expected_gpus({devices.GPUS_PER_NODE: "eight"})
+
+
+# ---- per-node verdicts: each node against its VM size's figures ---------------------------------------------
+
+
+def nodes_and_late_ranks(tmp_path, hosts: list[str], late: dict[int, str]) -> dict:
+    """Each process on the host name hosts[rank] (several nodes on this one machine), and each rank in `late`
+    LATE seconds late to every all-reduce whose name starts with late[rank] (the check's name): a slow GPU,
+    link or card as the other ranks of the collective see it."""
+    code = textwrap.dedent(f"""\
+        import socket, sys, time
+        rank = int(os.environ['HOROVOD_RANK'])
+        socket.gethostname = lambda: {hosts!r}[rank]
+        prefix = {late!r}.get(rank)
+        if prefix:
+            sys.path.insert(0, {str(ROOT / "tests")!r})
+            from import_hooks import after_import
+            sys.path.pop(0)
+
+            def make_late(hvd):
+                real = hvd.allreduce
+
+                def allreduce(tensor, *args, name=None, **kwargs):
+                    if name and name.startswith(prefix):
+                        time.sleep({LATE})
+                    return real(tensor, *args, name=name, **kwargs)
+
+                hvd.allreduce = allreduce
+
+            after_import('horovod.torch', make_late)
+        """)
+    return fault(tmp_path, code, "nodes")
+
+
+def test_a_late_rank_fails_its_node_with_the_figure_and_the_other_nodes_pass(tmp_path):
+    """Three nodes on this machine: node-0 with ranks 0 and 1, node-1 with rank 2, node-2 with rank 3. Rank 1 is
+    late to node-0's own all-reduce, rank 3 to every all-reduce over "InfiniBand" (the node pairs 0-1, 1-2,
+    2-0). Node-0 fails in the node; node-2 fails across nodes, since both its pairs are slow; node-1 passes
+    (its pair with node-0 is fast), and so does node-0 across nodes. The EXPECT figure passes a normal run
+    (test_passes_above_the_floor_and_reports_what_it_saw, the same 2 MB)."""
+    hosts = ["node-0", "node-0", "node-1", "node-2"]
+    env = nodes_and_late_ranks(tmp_path, hosts, {1: healthcheck.IN_NODE, 3: healthcheck.OVER_IB})
+    proc = healthcheck_run(
+        tmp_path,
+        "--iterations",
+        "3",
+        "--train-steps",
+        "1",
+        "--expect",
+        f"allreduce_in_node={EXPECT}",
+        "--expect",
+        f"allreduce_over_ib={EXPECT}",
+        np=4,
+        sizes="2",
+        env=env,
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "allreduce.json").read_text())
+    v = {n["host"]: n for n in report["node_verdicts"]}
+    assert [(h, v[h]["ranks"], v[h]["verdict"]) for h in v] == [
+        ("node-0", [0, 1], "FAIL"),
+        ("node-1", [2], "PASS"),
+        ("node-2", [3], "FAIL"),
+    ]
+    most = 2e6 / LATE / 1e9  # 2 MB x 2(n-1)/n with n = 2, in no less than LATE seconds
+    inside = v["node-0"]["checks"]["allreduce_in_node"]
+    assert inside["status"] == "FAIL" and 0 < inside["figure"] <= most and inside["at_bytes"] == 2_000_000
+    across = v["node-2"]["checks"]["allreduce_over_ib"]
+    assert across["status"] == "FAIL" and 0 < across["figure"] <= most
+    assert across["weakest"] == {"process_index": 0, "best_partner": across["weakest"]["best_partner"]}
+    for host in ("node-0", "node-1"):  # each has a fast pair: the pair 0-1
+        ok = v[host]["checks"]["allreduce_over_ib"]
+        assert (
+            ok["status"] == "PASS" and ok["figure"] >= EXPECT and ok["weakest"]["best_partner"] in ("node-0", "node-1")
+        )
+    assert (
+        v["node-1"]["checks"]["allreduce_in_node"]["reason"] == "one process on this node: nothing to all-reduce with"
+    )
+    # the job-wide all-reduce and the training are not what failed
+    assert all(r["correct"] for r in report["results"]) and report["training"]["ranks_agree"] is True
+    # the log names each failing node, the check, its figure and what was expected
+    assert (
+        f"node node-0 ({v['node-0']['private_ip']}): all-reduce in the node {inside['figure']:.3g} GB/s at 2 MB, "
+        f"expected at least {EXPECT:g} GB/s (--expect)"
+    ) in proc.stdout
+    assert (
+        f"node node-2 ({v['node-2']['private_ip']}): all-reduce across nodes over InfiniBand {across['figure']:.3g} "
+        f"GB/s at 2 MB (process 0's card, best with {across['weakest']['best_partner']}), expected at least"
+    ) in proc.stdout
+    row = rf"<stdout>:node-1 +\S+ +not judged +[0-9.]+ GB/s >= {EXPECT:g} PASS +skipped +PASS"
+    assert re.search(row, proc.stdout)
+
+
+def runs(check: str, ranks: list[int], seconds: list[float], nbytes: int = 2**30, **extra) -> list[dict]:
+    """What each rank of one collective records: the same run times on every rank."""
+    return [
+        {"check": check, "ranks": ranks, "bytes": nbytes, "seconds": seconds, "correct": True, **extra} for _ in ranks
+    ]
+
+
+def facts(hosts: list[str]) -> list[dict]:
+    return [
+        {"host": h, "private_ip": f"10.0.0.{4 + sorted(set(hosts)).index(h)}", "physical_host": None} for h in hosts
+    ]
+
+
+def seconds_for(gbytes_per_sec: float, nbytes: int, n: int) -> float:
+    """The run time that makes this bus bandwidth: nbytes x 2(n-1)/n / time (computed here, not by the code)."""
+    return nbytes * 2 * (n - 1) / n / (gbytes_per_sec * 1e9)
+
+
+def test_a_node_is_judged_on_the_median_so_one_slow_run_does_not_fail_it():
+    """Healthy nodes vary (azurehpc-health-checks #690): one run of five at a tenth of the speed leaves the median."""
+    good, slow = seconds_for(240, 2**30, 8), seconds_for(24, 2**30, 8)
+    expected = healthcheck.parse_expected("allreduce_in_node=228", "test")
+    one_bad_run = runs(healthcheck.IN_NODE, list(range(8)), [good, good, slow, good, good])
+    (v,) = healthcheck.judge_nodes(facts(["n"] * 8), one_bad_run, [], expected)
+    assert v["checks"]["allreduce_in_node"]["status"] == "PASS"
+    assert v["checks"]["allreduce_in_node"]["figure"] == pytest.approx(240)
+    mostly_bad = runs(healthcheck.IN_NODE, list(range(8)), [good, slow, slow, good, slow])
+    (v,) = healthcheck.judge_nodes(facts(["n"] * 8), mostly_bad, [], expected)
+    assert v["verdict"] == "FAIL" and v["checks"]["allreduce_in_node"]["figure"] == pytest.approx(24)
+
+
+def test_a_collective_is_timed_at_its_slowest_rank():
+    ranks = [{**r, "seconds": [seconds_for(240, 2**30, 2)] * 3} for r in runs(healthcheck.IN_NODE, [0, 1], [])]
+    ranks[1]["seconds"] = [seconds_for(100, 2**30, 2)] * 3
+    (v,) = healthcheck.judge_nodes(facts(["n", "n"]), ranks, [], {})
+    assert v["checks"]["allreduce_in_node"]["figure"] == pytest.approx(100)
+    assert v["checks"]["allreduce_in_node"]["status"] == "NOT JUDGED" and v["verdict"] == "NOT JUDGED"
+
+
+def test_azures_in_node_figure_applies_to_one_process_per_gpu_at_its_message_size():
+    """nd96isr_h100_v5.conf: check_nccl_allreduce 460.0 1 16G, with 8 processes. Two processes, or a smaller
+    message, are not what Azure measured: reported, not judged (a slow figure that fails is still failed)."""
+    expected = healthcheck.parse_expected(f"allreduce_in_node=460@{16 * 2**30}/8", "catalog")
+    fast = seconds_for(470, 16 * 2**30, 2)
+    (v,) = healthcheck.judge_nodes(
+        facts(["n"] * 2), runs(healthcheck.IN_NODE, [0, 1], [fast] * 3, 16 * 2**30), [], expected
+    )
+    c = v["checks"]["allreduce_in_node"]
+    assert c["status"] == "NOT JUDGED" and "figure is for 8 processes (one per GPU); this node ran 2" in c["reason"]
+    small = runs(healthcheck.IN_NODE, list(range(8)), [seconds_for(470, 2**30, 8)] * 3, 2**30)
+    (v,) = healthcheck.judge_nodes(facts(["n"] * 8), small, [], expected)
+    c = v["checks"]["allreduce_in_node"]
+    assert c["status"] == "NOT JUDGED" and c["reason"] == (
+        "measured up to 1 GiB; the expected figure is at 16 GiB (leave --sizes-mb out)"
+    )
+    full = runs(healthcheck.IN_NODE, list(range(8)), [seconds_for(430, 16 * 2**30, 8)] * 3, 16 * 2**30)
+    (v,) = healthcheck.judge_nodes(facts(["n"] * 8), full, [], expected)
+    assert v["checks"]["allreduce_in_node"]["status"] == "FAIL" and v["checks"]["allreduce_in_node"][
+        "figure"
+    ] == pytest.approx(430)
+
+
+def test_each_card_is_judged_by_its_best_pair_and_the_node_by_its_weakest_card():
+    """Three nodes of 2 processes; process 1 of node c (its second card) is slow with every partner. Node c fails
+    on card 1; nodes a and b, paired with c in one round each, keep their best pair and pass."""
+    hosts = ["a", "a", "b", "b", "c", "c"]
+    assert healthcheck.pair_rounds(3) == [[(0, 1)], [(1, 2)], [(2, 0)]]
+    good, slow = seconds_for(22, 2**30, 2), seconds_for(6, 2**30, 2)
+    records = []
+    for x, y in (("a", "b"), ("b", "c"), ("c", "a")):
+        for i in (0, 1):
+            pair = [hosts.index(x) + i, hosts.index(y) + i]
+            late = "c" in (x, y) and i == 1
+            records += runs(healthcheck.OVER_IB, pair, [slow if late else good] * 3, nodes=[x, y], local_index=i)
+    expected = healthcheck.parse_expected("allreduce_over_ib=18", "catalog")
+    v = {n["host"]: n for n in healthcheck.judge_nodes(facts(hosts), records, [], expected)}
+    assert {h: v[h]["checks"]["allreduce_over_ib"]["status"] for h in v} == {"a": "PASS", "b": "PASS", "c": "FAIL"}
+    c = v["c"]["checks"]["allreduce_over_ib"]
+    assert c["figure"] == pytest.approx(6) and c["weakest"]["process_index"] == 1
+    assert "process 1's card" in healthcheck.failure_line(c)
+
+
+def test_with_two_nodes_the_pair_is_both_nodes_figure_and_says_so():
+    slow = seconds_for(6, 2**30, 2)
+    records = runs(healthcheck.OVER_IB, [0, 1], [slow] * 3, nodes=["a", "b"], local_index=0)
+    expected = healthcheck.parse_expected("allreduce_over_ib=18", "catalog")
+    verdicts = healthcheck.judge_nodes(facts(["a", "b"]), records, [], expected)
+    assert [n["verdict"] for n in verdicts] == ["FAIL", "FAIL"]
+    assert "a third node tells which is slow" in verdicts[0]["checks"]["allreduce_over_ib"]["reason"]
+
+
+@pytest.mark.parametrize("nodes", range(1, 10))
+def test_pair_rounds_put_every_node_in_two_pairs_and_no_node_twice_in_a_round(nodes):
+    rounds = healthcheck.pair_rounds(nodes)
+    pairs = [p for r in rounds for p in r]
+    for r in rounds:
+        members = [n for p in r for n in p]
+        assert len(members) == len(set(members))
+    assert all(sum(n in p for p in pairs) == (0 if nodes == 1 else 1 if nodes == 2 else 2) for n in range(nodes))
+    assert len(rounds) <= 3
+
+
+# ---- ib_write_bw per card, as Azure's check runs perftest -----------------------------------------------------
+
+# What ib_write_bw --report_gbits prints (perftest's README layout); the fake prints it with each card's figure.
+FAKE_IB_WRITE_BW = """#!/bin/sh
+echo "$@" >> "$CALLS"
+last=""; dev=""; prev=""
+for a in "$@"; do [ "$prev" = "-d" ] && dev="$a"; prev="$a"; last="$a"; done
+case "$last" in -*|mlx5_*) exit 0 ;; esac   # the server: no peer host after the options
+figure=$(eval echo \\$BW_$dev)
+echo "---------------------------------------------------------------------------------------"
+echo " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]"
+echo " 8388608    1000             $figure              $figure                0.005"
+echo "---------------------------------------------------------------------------------------"
+"""
+
+
+def fake_sysfs(root: pathlib.Path, cards: dict[str, str]) -> pathlib.Path:
+    for dev, layer in cards.items():
+        (root / dev / "ports" / "1").mkdir(parents=True)
+        (root / dev / "ports" / "1" / "link_layer").write_text(layer + "\n")
+    return root
+
+
+def test_ib_write_bw_runs_each_card_as_azure_does_and_fails_the_weak_card(tmp_path, monkeypatch):
+    binary = tmp_path / "ib_write_bw"
+    binary.write_text(FAKE_IB_WRITE_BW)
+    binary.chmod(0o755)
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.setenv("BW_mlx5_ib0", "181.2")
+    monkeypatch.setenv("BW_mlx5_ib1", "97.4")
+    cards = healthcheck.ib_cards(
+        fake_sysfs(tmp_path / "ib", {"mlx5_an0": "Ethernet", "mlx5_ib0": "InfiniBand", "mlx5_ib1": "InfiniBand"})
+    )
+    assert cards == ["mlx5_ib0", "mlx5_ib1"]  # the Ethernet NIC (ND H200 v5's mlx5_an0) is not an IB card
+    measured = healthcheck.ib_write_bw(cards, str(binary), repeats=3, host="peer-host", wait=0.05)
+    assert measured == {
+        "mlx5_ib0": {"gbits": [181.2] * 3, "error": None},
+        "mlx5_ib1": {"gbits": [97.4] * 3, "error": None},
+    }
+    lines = calls.read_text().splitlines()
+    common = "-s 8388608 -x 0 -F --report_gbits --perform_warm_up -d"
+    assert sorted(lines) == sorted(
+        [f"-p {18510 + i} {common} {d}" for i, d in enumerate(cards)] * 3
+        + [f"-p {18510 + i} {common} {d} peer-host" for i, d in enumerate(cards)] * 3
+    )
+    expected = healthcheck.parse_expected("ib_write_bw=180", "catalog")
+    card = {"check": "ib_write_bw", "host": "n", "memory": "host", "cards": measured}
+    (v,) = healthcheck.judge_nodes(facts(["n"]), [], [card], expected)
+    c = v["checks"]["ib_write_bw"]
+    assert v["verdict"] == "FAIL" and c["figure"] == 97.4 and c["weakest_card"] == "mlx5_ib1"
+    assert c["cards"] == {"mlx5_ib0": 181.2, "mlx5_ib1": 97.4}
+    assert healthcheck.failure_line(c).startswith("ib_write_bw per InfiniBand card 97.4 Gb/s at 8 MiB (card mlx5_ib1)")
+
+
+def test_a_card_whose_ib_write_bw_fails_fails_the_node(tmp_path):
+    binary = tmp_path / "ib_write_bw"
+    binary.write_text("#!/bin/sh\necho \" Couldn't connect to peer-host:18510\" >&2\nexit 1\n")
+    binary.chmod(0o755)
+    measured = healthcheck.ib_write_bw(["mlx5_ib0"], str(binary), repeats=1, host="peer-host", wait=0.01)
+    assert measured == {"mlx5_ib0": {"gbits": [], "error": "ib_write_bw exited 1: Couldn't connect to peer-host:18510"}}
+    card = {"check": "ib_write_bw", "host": "n", "memory": "host", "cards": measured}
+    (v,) = healthcheck.judge_nodes(facts(["n"]), [], [card], healthcheck.parse_expected("ib_write_bw=180", "c"))
+    assert v["verdict"] == "FAIL" and "mlx5_ib0: ib_write_bw exited 1" in v["checks"]["ib_write_bw"]["reason"]
+
+
+def test_without_perftest_the_card_check_is_skipped_and_says_why(tmp_path, monkeypatch):
+    monkeypatch.setattr(healthcheck, "IB_SYSFS", fake_sysfs(tmp_path / "ib", {"mlx5_ib0": "InfiniBand"}))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ib_write_bw anywhere
+    skipped = healthcheck.ib_card_check(3, gpu=False)
+    assert skipped == {
+        "check": "ib_write_bw",
+        "skipped": "the image has no ib_write_bw (perftest; Ubuntu's package perftest)",
+        "cards": ["mlx5_ib0"],
+    }
+    (v,) = healthcheck.judge_nodes(facts(["n"]), [], [{**skipped, "host": "n"}], {})
+    assert v["checks"]["ib_write_bw"]["status"] == "SKIPPED" and v["verdict"] == "NOT JUDGED"
+
+
+# ---- what identifies a node to Azure ----------------------------------------------------------------------
+
+
+def test_the_private_ip_is_eth0s_address():
+    ip = subprocess.run(["ip", "-4", "-o", "addr", "show", "eth0"], capture_output=True, text=True)
+    if ip.returncode != 0 or "inet " not in ip.stdout:
+        pytest.skip("no eth0 with an IPv4 address here")
+    assert healthcheck.private_ip("eth0") == ip.stdout.split("inet ", 1)[1].split("/", 1)[0]
+
+
+def test_the_physical_host_name_is_read_from_hyper_vs_key_value_pool(tmp_path):
+    def record(key: str, value: str) -> bytes:
+        return key.encode().ljust(512, b"\0") + value.encode().ljust(2048, b"\0")
+
+    pool = tmp_path / ".kvp_pool_3"
+    pool.write_bytes(record("VirtualMachineName", "vm-1") + record("PhysicalHostName", "BL2AAP0123456789"))
+    assert healthcheck.physical_host(pool) == "BL2AAP0123456789"
+    assert healthcheck.physical_host(tmp_path / "absent") is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["allreduce_in_node", "nvlink=460", "allreduce_in_node=fast", "allreduce_in_node=-1", "ib_write_bw=380@x"],
+)
+def test_a_bad_expected_figure_is_refused(text):
+    with pytest.raises(ConfigError, match="is not CHECK=VALUE"):
+        healthcheck.parse_expected(text, "--expect")
+
+
+def test_default_message_sizes_reach_azures_size():
+    expected = healthcheck.parse_expected(f"allreduce_in_node=460@{16 * 2**30}/8,ib_write_bw=380@8388608", "c")
+    assert healthcheck.message_sizes(None, expected) == [8 * 2**20 * 4**k for k in range(6)] + [16 * 2**30]
+    assert healthcheck.message_sizes(None, {}) == [8_000_000, 32_000_000, 128_000_000, 256_000_000]
+    assert healthcheck.message_sizes([1, 2.5], expected) == [1_000_000, 2_500_000]

@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import pathlib
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 from . import sizing
@@ -147,7 +149,7 @@ def run(argv: list[str], outputs: dict[str, pathlib.Path], env_overrides: dict[s
     env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
     print("+ " + shlex.join(argv), flush=True)
     start = time.time()
-    code = subprocess.call(argv, cwd=ROOT, env=env)
+    code = _supervise(argv, env)
     wall = time.time() - start
     print(f"local job exited {code} after {wall:.0f}s; outputs:", flush=True)
     for name, folder in outputs.items():
@@ -158,3 +160,105 @@ def run(argv: list[str], outputs: dict[str, pathlib.Path], env_overrides: dict[s
 
         print(render_local(local_split(outputs["run"] / "metrics.json", wall)), flush=True)
     return code
+
+
+# How long the ranks get to end after the forwarded signal before they are killed. Azure ML's own grace is the
+# payloads' business (issue 31, item 1); here it bounds how long a stopped local job can take.
+GRACE_SECONDS = 30.0
+FORWARDED = (signal.SIGTERM, signal.SIGINT)
+
+
+class _Stop(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _tree(pid: int) -> list:
+    """The processes under horovodrun/torchrun (psutil), taken when the signal comes: horovodrun starts each rank
+    in a session of its own (safe_shell_exec's os.setsid), so the group alone does not reach them."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _signal_all(pid: int, procs: list, signum: int) -> None:
+    import psutil
+
+    try:
+        os.killpg(pid, signum)  # horovodrun/torchrun and everything still in its group
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in procs:
+        try:
+            p.send_signal(signum)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _running(p) -> bool:
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _stop(proc: subprocess.Popen, signum: int, grace: float) -> int:
+    """Forward `signum` to the job's processes, wait at most `grace` seconds for them all, kill what is left;
+    returns 128 + signum, as a shell reports a process ended by that signal."""
+    import psutil
+
+    name = signal.Signals(signum).name
+    procs = _tree(proc.pid)
+    _signal_all(proc.pid, procs, signum)
+    started = time.monotonic()
+    print(
+        f"local job: {name} received, sent to {pathlib.Path(proc.args[0]).name} and its {len(procs)} processes; "
+        f"waiting up to {grace:.0f}s for them to end",
+        file=sys.stderr,
+        flush=True,
+    )
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    try:
+        proc.wait(timeout=max(0.0, grace - (time.monotonic() - started)))
+    except subprocess.TimeoutExpired:
+        pass
+    alive = [p for p in alive if _running(p)]
+    if proc.poll() is None or alive:
+        _signal_all(proc.pid, alive, signal.SIGKILL)
+        proc.wait()
+        psutil.wait_procs(alive, timeout=5)
+        ended = f"{len(alive) + (proc.returncode == -signal.SIGKILL)} still running after {grace:.0f}s, killed"
+    else:
+        ended = f"all ended after {time.monotonic() - started:.0f}s"
+    print(f"local job stopped by {name}: {ended}; no process of it is left", file=sys.stderr, flush=True)
+    return 128 + signum
+
+
+def _supervise(argv: list[str], env: dict[str, str], grace: float | None = None) -> int:
+    """Run the job in a session of its own and wait; SIGTERM or SIGINT to this process (a `kill`, Ctrl-C) is
+    forwarded to every process of the job, which gets `grace` seconds before it is killed: none is left training
+    as an orphan. Signal handlers can only be set in the main thread; elsewhere the job just runs."""
+    grace = GRACE_SECONDS if grace is None else grace
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
+    if threading.current_thread() is not threading.main_thread():
+        return proc.wait()
+
+    def raise_stop(signum, frame):
+        raise _Stop(signum)
+
+    previous = {s: signal.signal(s, raise_stop) for s in FORWARDED}
+    try:
+        return proc.wait()
+    except _Stop as stop:
+        for s in FORWARDED:  # a second signal during the grace changes nothing: the grace is bounded already
+            signal.signal(s, signal.SIG_IGN)
+        return _stop(proc, stop.signum, grace)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -12,18 +12,29 @@ is not written under a temporary name and renamed. Instead:
 Only a file whose marker names it, with its size (and, for the one resumed from, its SHA-256), counts as a
 checkpoint. A crash anywhere before step 4 ends leaves no valid marker for the new file, so the previous complete
 checkpoint stays the newest resumable one; after it, the new one is. A truncated file is never chosen.
+
+A full output folder: before step 2, the free space the file system reports for the folder (statvfs) is compared
+with the file's size plus a margin (MARGIN_BYTES + MARGIN_FRACTION of it: the marker, metrics.json, heartbeats and
+TensorBoard's next lines); too little, or ENOSPC/EDQUOT in steps 1, 3 or 4 (a file system that reports space it
+does not have, a quota), raises OutputFull, whose message names the folder, the space needed and free and the fix.
+Nothing older is touched and the partial new file is deleted, so every complete checkpoint stays resumable. The
+payloads' save() runs write() on rank 0 inside on_root(), which hands the message to every rank: each ends with
+the same one line (`error: ...`, exit 2) instead of waiting in the next step's collective until Horovod shuts down.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import pathlib
 import re
+import shutil
 import tempfile
 from collections.abc import Callable
 
 from . import durable
+from .errors import ConfigError
 
 _NAME = re.compile(r"^checkpoint-epoch-(\d{4,})(\.[A-Za-z0-9]+)$")
 MARKER = ".complete"
@@ -101,22 +112,108 @@ def latest(directory: pathlib.Path, suffix: str) -> tuple[int, pathlib.Path] | N
     return None
 
 
-def write(path: pathlib.Path, save: Callable[[pathlib.Path], None]) -> None:
-    """Write a checkpoint with `save(local_path)` under `path`, then its completion marker (see the module doc)."""
+MARGIN_BYTES = 256 << 10  # beside the checkpoint: its marker, metrics.json and its spare, heartbeats, TensorBoard
+MARGIN_FRACTION = 0.05
+_FULL = {errno.ENOSPC, errno.EDQUOT}
+
+
+class OutputFull(ConfigError):
+    """No room for a checkpoint: the message names the folder, the space needed and free, and the fix. A
+    ConfigError, so that every payload's main() prints it as one line and exits 2."""
+
+
+def needed_bytes(size: int) -> int:
+    return size + MARGIN_BYTES + int(size * MARGIN_FRACTION)
+
+
+def free_bytes(folder: pathlib.Path) -> int | None:
+    """What the file system says is free for this process in `folder` (statvfs f_bavail); None where it says
+    nothing usable (no statvfs, or a mount that reports no size at all)."""
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        return None
+    return usage.free if usage.total > 0 else None
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 1e3:.0f} kB"
+
+
+def full_message(path: pathlib.Path, size: int, free: int | None, keep: int | None = None, failed: str = "") -> str:
+    """One line: the folder, the space needed and free, what is kept, the fix. `failed`: the error of a write that
+    ran out of space although the check before it passed (a file system whose free figure is not what it has)."""
+    kept = list_checkpoints(path.parent, path.suffix)
+    fewer = ""
+    if keep is not None and keep != 1:
+        fewer = f", or keep fewer checkpoints (--keep-checkpoints {keep}{' keeps all' if keep == 0 else ''} now)"
+    free_text = f"{_size(free)} is free" if free is not None else "the file system reports no free figure"
+    need = f"{path.name} needs {_size(needed_bytes(size))} ({_size(size)} and a margin)"
+    problem = (
+        f"writing {path.name} ({_size(size)}) failed: {failed}; now {free_text}" if failed else f"{need}, {free_text}"
+    )
+    return (
+        f"the output folder {path.parent} is full: {problem}; its {len(kept)} complete checkpoint(s) are kept"
+        f"{f', the newest {kept[-1][1].name}' if kept else ''}. Fix: a larger output folder (free space there, or "
+        f"--output-dir on a disk with room){fewer}; run again and it resumes from the newest"
+    )
+
+
+def write(path: pathlib.Path, save: Callable[[pathlib.Path], None], keep: int | None = None) -> None:
+    """Write a checkpoint with `save(local_path)` under `path`, then its completion marker (see the module doc).
+    Raises OutputFull, with the previous checkpoints untouched, where the folder has no room; `keep` (the
+    --keep-checkpoints value) only shapes that message."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     marker = marker_for(path)
     with tempfile.TemporaryDirectory(prefix="checkpoint-") as tmp:
         local = pathlib.Path(tmp) / path.name
-        save(local)  # a failure here leaves the output folder untouched
+        try:
+            save(local)  # a failure here leaves the output folder untouched
+        except OSError as e:
+            if e.errno not in _FULL:
+                raise
+            raise OutputFull(
+                f"the temporary folder {tmp} (local disk) is full while the checkpoint is saved there before it is "
+                f"copied to {path.parent} ({e.strerror}): set TMPDIR to a folder on a disk with room"
+            ) from None
+        size = local.stat().st_size
+        # A re-save of the same epoch replaces a file: its bytes come back.
+        replaced = path.stat().st_size if path.is_file() else 0
+        free = free_bytes(path.parent)
+        if free is not None and free + replaced < needed_bytes(size):
+            raise OutputFull(full_message(path, size, free, keep))
         marker.unlink(missing_ok=True)  # an old marker must never vouch for bytes being replaced
         try:
             size, digest = durable.copy(local, path)
-        except BaseException:
+            durable.write_bytes(marker, json.dumps({"file": path.name, "bytes": size, "sha256": digest}).encode())
+        except BaseException as e:
+            # The partial file (or the whole one its marker could not vouch for) goes: space back, nothing unvouched.
+            marker.unlink(missing_ok=True)
             path.unlink(missing_ok=True)
+            if isinstance(e, OSError) and e.errno in _FULL:
+                raise OutputFull(full_message(path, size, free_bytes(path.parent), keep, e.strerror)) from None
             raise
-    durable.write_bytes(marker, json.dumps({"file": path.name, "bytes": size, "sha256": digest}).encode())
     durable.sync_dir(path.parent)
+
+
+def on_root(root: bool, attempt: Callable[[], None], share: Callable[[str | None], str | None]) -> None:
+    """Every rank calls this where rank 0 writes a checkpoint: rank 0 runs `attempt`; `share` (a broadcast from
+    rank 0, one collective) hands its OutputFull message, or None, to every rank, and each raises the same
+    OutputFull. The other ranks thus end with rank 0's one line rather than in the next step's collective with
+    Horovod's shutdown traceback. Other errors stay rank 0's (a traceback there, as before)."""
+    failure = None
+    if root:
+        try:
+            attempt()
+        except OutputFull as e:
+            failure = str(e)
+    failure = share(failure)
+    if failure:
+        raise OutputFull(failure)
 
 
 # The name callers used when this renamed a temporary file; it is the rename-free write now.

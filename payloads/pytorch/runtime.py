@@ -185,20 +185,24 @@ def align_state_layouts(opt: torch.optim.Optimizer) -> None:
 
 def save(cfg, backend, epoch_done: int, model, opt, scaler) -> None:
     """Rank 0 writes the checkpoint. `model` is the plain module (never DDP's wrapper, whose names carry a
-    `module.` prefix), so a checkpoint resumes under either backend."""
-    if backend.rank() != 0:
-        return
-    state = {
-        "epoch": epoch_done,
-        "model": model.state_dict(),
-        "optimizer": opt.state_dict(),
-        "scaler": scaler.state_dict() if scaler is not None else None,
-        "config": cfg.to_json(),
-        "world_size": backend.size(),
-        "backend": backend.name,
-    }
-    checkpoint.write(checkpoint.path_for(cfg.checkpoint_dir, epoch_done, SUFFIX), lambda p: torch.save(state, p))
-    checkpoint.prune(cfg.checkpoint_dir, SUFFIX, cfg.keep_checkpoints)
+    `module.` prefix), so a checkpoint resumes under either backend. Every rank calls it: a full output folder
+    ends every rank with rank 0's one line (checkpoint.on_root)."""
+
+    def write() -> None:
+        state = {
+            "epoch": epoch_done,
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "config": cfg.to_json(),
+            "world_size": backend.size(),
+            "backend": backend.name,
+        }
+        path = checkpoint.path_for(cfg.checkpoint_dir, epoch_done, SUFFIX)
+        checkpoint.write(path, lambda p: torch.save(state, p), cfg.keep_checkpoints)
+        checkpoint.prune(cfg.checkpoint_dir, SUFFIX, cfg.keep_checkpoints)
+
+    checkpoint.on_root(backend.rank() == 0, write, lambda failure: backend.broadcast_object(failure, name="saved"))
 
 
 def summary_writer(folder):

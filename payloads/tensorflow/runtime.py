@@ -138,8 +138,16 @@ def build_optimizer_state(optimizer, model) -> None:
 
 
 def save(cfg, hvd, epochs_done: int, model, optimizer) -> None:
-    if hvd.rank() != 0:
-        return
+    """Rank 0 writes the checkpoint; every rank calls it, so that a full output folder ends every rank with rank
+    0's one line (checkpoint.on_root)."""
+    checkpoint.on_root(
+        hvd.rank() == 0,
+        lambda: _write(cfg, hvd, epochs_done, model, optimizer),
+        lambda failure: hvd.broadcast_object(failure, root_rank=0, name="saved"),
+    )
+
+
+def _write(cfg, hvd, epochs_done: int, model, optimizer) -> None:
     arrays = {f"model/{i:05d}": w for i, w in enumerate(model.get_weights())}
     arrays.update({f"optimizer/{i:05d}": v.numpy() for i, v in enumerate(optimizer.variables)})
     arrays["meta"] = np.frombuffer(
@@ -152,7 +160,7 @@ def save(cfg, hvd, epochs_done: int, model, optimizer) -> None:
         path.write_bytes(buf.getvalue())
 
     # A local file copied to the logs mount, then a completion marker: no rename (see common/checkpoint.py).
-    checkpoint.write(checkpoint.path_for(cfg.checkpoint_dir, epochs_done, SUFFIX), write)
+    checkpoint.write(checkpoint.path_for(cfg.checkpoint_dir, epochs_done, SUFFIX), write, cfg.keep_checkpoints)
     checkpoint.prune(cfg.checkpoint_dir, SUFFIX, cfg.keep_checkpoints)
 
 

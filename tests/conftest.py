@@ -4,12 +4,28 @@ import ctypes
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
 
+# Tests that start processes which train (horovodrun, torchrun, mpirun, a payload, the launcher's local
+# target) carry this marker; under pytest-xdist (scripts/test: -n auto --dist loadgroup) they all run on one
+# worker, one after another, so two multi-process runs never share the cores, while the in-process tests
+# spread over the other workers. `_launches_are_marked` below refuses such a launch from an unmarked test.
+LAUNCHES = "launches"
+
+
+def _worker(config) -> bool:
+    """True in a pytest-xdist worker: the controller alone owns the session's shared files and verdicts."""
+    return hasattr(config, "workerinput")
+
 
 def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", f"{LAUNCHES}: starts processes that train; run serially with every other such test (conftest.py)"
+    )
     # The platform program reads the Azure CLI's login (trainingplatform/access.py); tests never see this machine's.
     os.environ["AZURE_CONFIG_DIR"] = tempfile.mkdtemp(prefix="no-azure-cli-")
     # Every payload launch of the session (helpers.record_launch), for the device rule below.
@@ -28,9 +44,16 @@ def _whole_suite(session) -> bool:
     return all(a == tests for a in args) and not narrowed
 
 
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker(LAUNCHES):
+            item.add_marker(pytest.mark.xdist_group(LAUNCHES))
+
+
 def pytest_sessionfinish(session, exitstatus):
     """The device rule (tests/README.md), checked on what ran: every value of every device-dependent flag trained
-    in a successful launch of two or more processes. Deleting those runs fails the whole suite."""
+    in a successful launch of two or more processes. Deleting those runs fails the whole suite. Checked by the
+    controller alone under xdist: each worker saw only its share of the tests."""
     import json
 
     from helpers import uncovered_device_values
@@ -38,7 +61,7 @@ def pytest_sessionfinish(session, exitstatus):
     from payloads.common import config
 
     path = os.environ.get("TEST_LAUNCH_LOG")
-    if not path or exitstatus != 0 or not _whole_suite(session):
+    if not path or exitstatus != 0 or _worker(session.config) or not _whole_suite(session):
         return
     with open(path) as f:
         launches = [json.loads(line) for line in f if line.strip()]
@@ -54,8 +77,48 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_unconfigure(config):
     shutil.rmtree(os.environ.pop("AZURE_CONFIG_DIR", ""), ignore_errors=True)
     path = os.environ.pop("TEST_LAUNCH_LOG", None)
-    if path and os.path.basename(path).startswith("launches-"):
+    if path and os.path.basename(path).startswith("launches-") and not _worker(config):
         os.unlink(path)
+
+
+# What starts training processes: these programs, or Python running a payload or the launcher's local target.
+_TRAINING_PROGRAMS = {"horovodrun", "torchrun", "mpirun", "mpiexec"}
+
+
+def _starts_training(args) -> bool:
+    argv = [str(a) for a in (args if isinstance(args, (list, tuple)) else [args])]
+    if not argv:
+        return False
+    if any(os.path.basename(a) in _TRAINING_PROGRAMS for a in argv):
+        return True
+    if "--help" in argv or "-h" in argv:
+        return False
+    text = " ".join(argv)
+    python = os.path.basename(argv[0]).startswith("python") or argv[0] == sys.executable
+    return python and (" payloads." in text or "--target local" in text or " benchmarks." in text)
+
+
+@pytest.fixture(autouse=True)
+def _launches_are_marked(request, monkeypatch):
+    """A test that starts training processes without the `launches` marker would run beside another one under
+    xdist, two multi-process runs on the same cores: refused, naming the marker."""
+    if request.node.get_closest_marker(LAUNCHES):
+        yield
+        return
+    real = subprocess.Popen.__init__
+
+    def guarded(self, args, *a, **kw):
+        if _starts_training(args):
+            pytest.fail(
+                f"{request.node.nodeid} starts training processes ({args if isinstance(args, str) else ' '.join(map(str, args))[:200]}) "
+                f"without the `{LAUNCHES}` marker: add `pytestmark = pytest.mark.{LAUNCHES}` to its module "
+                "(or mark the test) so it runs serially with the other multi-process tests (tests/conftest.py)",
+                pytrace=False,
+            )
+        real(self, args, *a, **kw)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
+    yield
 
 
 _libc = ctypes.CDLL(None)

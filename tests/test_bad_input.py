@@ -77,6 +77,7 @@ def _tree(root: pathlib.Path, classes=3, per_class=8) -> pathlib.Path:
     return root
 
 
+@pytest.mark.launches
 def test_global_batch_below_world_size_fails_the_distributed_job(tmp_path):
     proc = train(2, TINY + ["--global-batch-size", "1", "--epochs", "1", "--output-dir", str(tmp_path)], check=False)
     assert proc.returncode != 0
@@ -84,6 +85,7 @@ def test_global_batch_below_world_size_fails_the_distributed_job(tmp_path):
     assert not (tmp_path / "checkpoints").exists(), "nothing may be trained or written"
 
 
+@pytest.mark.launches
 def test_missing_data_dir_fails_the_distributed_job(tmp_path):
     proc = train(
         2,
@@ -104,6 +106,7 @@ def test_missing_data_dir_fails_the_distributed_job(tmp_path):
     assert "missing does not exist" in proc.stderr + proc.stdout
 
 
+@pytest.mark.launches
 def test_corrupt_image_fails_naming_the_file_or_is_skipped_and_counted(tmp_path):
     data = _tree(tmp_path / "data")
     bad = data / "class1" / "img3.png"
@@ -143,6 +146,7 @@ def test_corrupt_image_fails_naming_the_file_or_is_skipped_and_counted(tmp_path)
     assert epoch["images"] == 3 * 8 - 1
 
 
+@pytest.mark.launches
 def test_corrupt_validation_image_is_skipped_and_counted(tmp_path):
     _tree(tmp_path / "data" / "train")
     val = _tree(tmp_path / "data" / "val", per_class=4)
@@ -179,6 +183,7 @@ def test_corrupt_validation_image_is_skipped_and_counted(tmp_path):
     assert [e["skipped_images"] for e in epochs] == [0, 0]
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize(
     "payload,extra,message,fix",
     [
@@ -211,6 +216,7 @@ def test_adasum_combinations_horovod_cannot_run_fail_before_training(tmp_path, p
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.json").exists()
 
 
+@pytest.mark.launches
 def test_adasum_with_a_process_count_that_is_not_a_power_of_two_fails_before_training(tmp_path):
     import subprocess
 
@@ -245,6 +251,7 @@ def test_default_lr_follows_the_linear_scaling_rule_for_the_batch_used():
     assert "Goyal" in text and "0.1 per 256 images" in text
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("payload", ["pytorch", "tensorflow"])
 def test_unwritable_output_dir_is_named_before_training(tmp_path, payload):
     """A file where the folder should be, and a folder no one can create (root included: /proc), each named
@@ -273,6 +280,7 @@ def test_unwritable_output_dir_is_named_before_training(tmp_path, payload):
         assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize(
     "flag",
     [

@@ -4,7 +4,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 from helpers import ROOT, env
+
+pytestmark = pytest.mark.launches  # starts training processes: serial under xdist (tests/conftest.py)
 
 
 def test_gpu_benchmark_runs_on_a_cpu_and_writes_every_row(tmp_path):

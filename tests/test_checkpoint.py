@@ -97,6 +97,7 @@ checkpoint.write(path, save)
 POINTS = ["in_save", "marker_removed", "mid_copy", "before_marker", "mid_marker", "after_marker"]
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("point", POINTS)
 @pytest.mark.parametrize("resave", [False, True], ids=["new-epoch", "same-epoch-again"])
 def test_a_crash_at_any_point_leaves_a_complete_checkpoint_newest(tmp_path, point, resave):

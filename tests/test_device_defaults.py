@@ -13,6 +13,8 @@ import pytest
 import torch
 from helpers import ROOT, TINY, env, final_weights, horovodrun, metrics, train
 
+pytestmark = pytest.mark.launches  # starts training processes: serial under xdist (tests/conftest.py)
+
 
 def _max_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()

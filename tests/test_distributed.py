@@ -6,10 +6,13 @@ import subprocess
 import time
 
 import psutil
+import pytest
 import torch
 from helpers import ROOT, TINY, env, final_weights, horovodrun, metrics, train
 
 from payloads.pytorch.models import parameters_digest
+
+pytestmark = pytest.mark.launches  # starts training processes: serial under xdist (tests/conftest.py)
 
 
 def _max_diff(a: dict, b: dict) -> float:

@@ -43,6 +43,7 @@ print("stepped")
 """
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("hooked", [True, False])
 def test_the_hook_makes_a_cpu_process_refuse_horovods_seeding_step(tmp_path, hooked):
     e = env()

@@ -43,6 +43,7 @@ def plan(environ: dict, *args: str) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.launches
 def test_without_horovod_the_payload_rows_are_plain_processes_on_an_extended_pythonpath(hidden):
     environ, given = hidden
     p = plan(environ)
@@ -72,6 +73,7 @@ def test_without_horovod_the_payload_rows_are_plain_processes_on_an_extended_pyt
     assert [c["compiled"] for c in plan(environ, "--quick", "--no-compiled")["ceiling"]] == [False, False]
 
 
+@pytest.mark.launches
 def test_with_horovod_the_payload_rows_run_under_horovodrun(tmp_path):
     environ = {k: v for k, v in env().items() if k not in dict(backends.LAUNCHER_COUNTS)}
     environ.pop("PYTHONPATH", None)  # nothing given: PYTHONPATH is the checkout alone, no empty entry (the cwd)
@@ -83,6 +85,7 @@ def test_with_horovod_the_payload_rows_run_under_horovodrun(tmp_path):
     assert p["pythonpath"] == str(ROOT)
 
 
+@pytest.mark.launches
 def test_command_building_in_process():
     assert gpu.payload_env({"PYTHONPATH": "/a" + os.pathsep + "/b", "X": "1"}, {"Y": "2"}) == {
         "PYTHONPATH": str(ROOT) + os.pathsep + "/a" + os.pathsep + "/b",
@@ -108,6 +111,7 @@ def test_command_building_in_process():
     assert gpu.payload_command([], "/out", processes=2, horovod=True)[1:5] == ["-np", "2", "-H", "localhost:2"]
 
 
+@pytest.mark.launches
 def test_the_whole_benchmark_runs_without_horovod_at_toy_sizes(hidden, tmp_path):
     """Every row, on this CPU, Horovod hidden from the benchmark and from the payload processes it starts: the
     payload rows train alone (backends.Single), the fp16 ceiling row steps through the payload's loss scaler."""

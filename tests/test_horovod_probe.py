@@ -91,6 +91,7 @@ def _probes(env: dict, setup: str = "", flags: tuple[str, ...] = FLAGS) -> dict:
     return json.loads(_python(env, code).splitlines()[-1])
 
 
+@pytest.mark.launches
 def test_build_probes_import_no_framework_and_tell_the_truth(recorded, library_says):
     env, lookups = recorded
     said = _probes(env)
@@ -100,6 +101,7 @@ def test_build_probes_import_no_framework_and_tell_the_truth(recorded, library_s
     assert said == library_says  # a build without MPI still says no MPI
 
 
+@pytest.mark.launches
 def test_without_the_library_string_the_probe_asks_pytorch_not_tensorflow(recorded, library_says):
     """A library without the string (a build the patch did not touch) is asked by importing an extension:
     PyTorch's, whose import is the cheaper, and TensorFlow is not looked for."""
@@ -122,6 +124,7 @@ def test_library_string_is_what_the_reader_answers(tmp_path):
     assert util._read_built_with(str(lib)) == {"mpi": 1, "gloo": 1}  # nccl: not a number, so probed
 
 
+@pytest.mark.launches
 def test_check_build_looks_for_tensorflow_once_and_marks_what_the_library_says(recorded, library_says):
     """`horovodrun --check-build` imports TensorFlow for its TensorFlow line only (whether Horovod's TensorFlow
     extension loads), not for each controller and operation (6 processes unpatched)."""
@@ -134,6 +137,7 @@ def test_check_build_looks_for_tensorflow_once_and_marks_what_the_library_says(r
         assert (name in marked) == bool(library_says[flag]), (name, done.stdout)
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("controller", ["--gloo", None], ids=["gloo", "auto"])
 def test_a_launch_imports_no_framework(recorded, controller):
     """horovodrun starting a job: with --gloo it checks the build has Gloo, without a controller it picks MPI
@@ -146,6 +150,7 @@ def test_a_launch_imports_no_framework(recorded, controller):
     assert not lookups("torch"), f"horovodrun {controller or ''} imported torch: {_seen(lookups('torch'))}"
 
 
+@pytest.mark.launches
 def test_local_jobs_controller_choice_imports_no_framework(recorded, library_says):
     """The launcher's local target picks MPI when Horovod has it and mpirun is on PATH, importing no framework
     (it used to import TensorFlow, and horovodrun then imported it again)."""

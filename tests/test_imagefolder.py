@@ -92,6 +92,7 @@ def _two_ranks(tree: pathlib.Path, out: pathlib.Path) -> tuple[subprocess.Comple
     return proc, ranks[0], ranks[1]
 
 
+@pytest.mark.launches
 def test_two_horovod_processes_list_the_tree_once(tmp_path):
     tree = _tree(tmp_path / "train", classes=[f"n{i:08d}" for i in range(5)], per_class=4)
     proc, zero, one = _two_ranks(tree, tmp_path / "out")
@@ -102,6 +103,7 @@ def test_two_horovod_processes_list_the_tree_once(tmp_path):
     assert (one["digest"], one["classes"], one["first"]) == (zero["digest"], zero["classes"], zero["first"])
 
 
+@pytest.mark.launches
 def test_two_horovod_processes_both_raise_rank0s_error(tmp_path):
     tree = _tree(tmp_path / "train", classes=["a", "b"], per_class=1)
     (tree / "c").mkdir()  # a class folder with no images

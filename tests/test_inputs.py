@@ -212,6 +212,7 @@ class PidProbe:
         return np.array([[[pid >> 16, (pid >> 8) & 255, pid & 255], [threads, 0, 0]]] * 2, np.uint8)
 
 
+@pytest.mark.launches
 def test_shard_decoding_runs_in_worker_processes_with_one_intra_op_thread_each(shard_set):
     """The training process's Python thread only launches GPU work: decoding and augmentation run in other
     processes, each with torch.set_num_threads(1) (as DataLoader workers do)."""

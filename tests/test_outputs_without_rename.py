@@ -13,6 +13,8 @@ import pytest
 import torch
 from helpers import TINY, env, final_weights, metrics, train
 
+pytestmark = pytest.mark.launches  # starts training processes: serial under xdist (tests/conftest.py)
+
 HOOK = pathlib.Path(__file__).with_name("no_rename")
 
 

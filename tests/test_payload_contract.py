@@ -81,6 +81,7 @@ def test_every_payload_offers_the_common_options(payload, monkeypatch, capsys):
     assert COMMON <= flags, COMMON - flags
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("payload", PAYLOADS)
 def test_a_run_writes_the_outputs_metrics_and_lines_of_the_contract(payload, tiles, tmp_path):
     out = tmp_path / "out"
@@ -121,6 +122,7 @@ def test_a_run_writes_the_outputs_metrics_and_lines_of_the_contract(payload, til
     assert any(p.name.startswith("events.out.tfevents") for p in (out / "tensorboard").rglob("*"))
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("payload", PAYLOADS)
 def test_a_configuration_error_exits_2_with_one_error_line_and_writes_nothing(payload, tiles, tmp_path):
     import subprocess

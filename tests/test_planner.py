@@ -4,6 +4,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from helpers import ROOT
 
 from benchmarks import planner
@@ -26,6 +27,7 @@ def test_model_basics():
     assert planner.efficiency(64, 8, 64, 3000, planner.RESNET50_BYTES, slow, False) < ring
 
 
+@pytest.mark.launches
 def test_planner_command_rejects_a_cpu_size():
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.planner", "--vm-size", "Standard_D4s_v5", "--gpu-images-per-sec", "100"],
@@ -65,6 +67,7 @@ def test_the_overhead_term_holds_on_the_published_rows_it_was_not_fitted_on():
             assert abs(planner.speedup_8(name) - measured) < abs(planner.speedup_8(name, 0.0) - measured) / 2, name
 
 
+@pytest.mark.launches
 def test_overhead_command_prints_the_check_against_the_unfitted_rows():
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.planner", "--check-overhead"], cwd=ROOT, capture_output=True, text=True

@@ -35,6 +35,7 @@ FLAGS = {
 }
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("flag", list(FLAGS), ids=["float32", "amp", "xla"])
 @pytest.mark.parametrize("payload", PAYLOADS)
 def test_two_processes_average_gradients_exactly(tmp_path, monkeypatch, payload, flag):
@@ -74,6 +75,7 @@ def test_two_processes_average_gradients_exactly(tmp_path, monkeypatch, payload,
     assert control > 4 * tolerance, (control, diff)
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("payload", PAYLOADS)
 def test_resume_continues_exactly_and_schedule_matches(tmp_path, payload):
     # Warm-up over 1.5 epochs, decay at epoch 3: the LR each epoch ends with is common/schedule.py's,
@@ -163,6 +165,7 @@ def test_truncated_or_missing_shards_are_named(tmp_path):
         tfrecords.find(tmp_path / "images")
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("payload", PAYLOADS)
 def test_trains_on_tfrecord_shards_with_validation(tmp_path, payload):
     _images(tmp_path / "images" / "train")
@@ -195,6 +198,7 @@ def test_trains_on_tfrecord_shards_with_validation(tmp_path, payload):
     assert all(0.0 <= e["val_accuracy"] <= 1.0 and e["val_loss"] > 0 for e in m["epochs"])
 
 
+@pytest.mark.launches
 def test_corrupt_record_fails_with_the_fix_then_skips_when_asked(tmp_path):
     from payloads.tensorflow import tfrecords
 
@@ -288,6 +292,7 @@ def test_a_shard_with_one_corrupt_record_is_read_to_full_batches_and_counted_onc
     assert skipped[0] == 1 and all(n <= 1 for n in skipped) and sum(skipped) < 6, skipped
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("payload", PAYLOADS)
 def test_corrupt_validation_records_are_skipped_and_counted_per_pass(tmp_path, payload):
     from payloads.tensorflow import tfrecords
@@ -323,6 +328,7 @@ def test_corrupt_validation_records_are_skipped_and_counted_per_pass(tmp_path, p
     assert all(0.0 <= e["val_accuracy"] <= 1.0 for e in epochs)
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -340,6 +346,7 @@ def test_bad_input_names_the_problem_and_the_fix(tmp_path, args, message):
     assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.launches
 def test_label_beyond_num_classes_is_explained(tmp_path):
     shards = _write_shards(_images(tmp_path / "images"), tmp_path / "shards")
     proc = train(
@@ -408,6 +415,7 @@ def _two_rank_reference_tf(epochs: int, batch: int, base_lr: float, mean: bool =
     return model.get_weights()
 
 
+@pytest.mark.launches
 def test_tensorflow_adasum_two_processes_follow_adasums_definition(tmp_path):
     import subprocess
 
@@ -497,6 +505,7 @@ def test_thread_plan_sizes_pools_from_cores_per_local_process(tmp_path, monkeypa
     assert runtime.available_cores(tmp_path / "absent") == 64
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("payload, threads", [("tensorflow", "0"), ("keras", "2")])
 def test_two_process_run_records_the_threads_it_got(tmp_path, payload, threads):
     from payloads.tensorflow import runtime

@@ -58,6 +58,7 @@ def _runs(store: pathlib.Path):
     return client, [r for exp in client.search_experiments() for r in client.search_runs([exp.experiment_id])]
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("payload", ["pytorch", "tensorflow", "keras"])
 def test_rank_zero_logs_one_run_equal_to_metrics_json(tmp_path, monkeypatch, payload):
     store, out = tmp_path / "mlruns", tmp_path / "out"
@@ -90,6 +91,7 @@ def test_rank_zero_logs_one_run_equal_to_metrics_json(tmp_path, monkeypatch, pay
     assert run.data.tags["summary.ranks_identical"] == "true"
 
 
+@pytest.mark.launches
 def test_the_job_run_named_by_azure_ml_is_continued(tmp_path, monkeypatch):
     """Azure ML hands the job its run (MLFLOW_RUN_ID): metrics go to that run, no second one is made."""
     store, out = tmp_path / "mlruns", tmp_path / "out"
@@ -115,6 +117,7 @@ def test_no_tracking_without_the_variable_or_with_no_mlflow(tmp_path, monkeypatc
     assert tracking.tracking_uri(True) == (tmp_path / "mlruns").as_uri()
 
 
+@pytest.mark.launches
 def test_azure_ml_uri_without_the_plugin_fails_before_training(tmp_path):
     """.venv has no azureml-mlflow (the images do): an azureml:// URI is exactly the set-up that cannot track."""
     uri = (
@@ -155,6 +158,7 @@ def test_a_store_that_cannot_start_fails_before_training_naming_the_fix(tmp_path
         MetricsFile(tmp_path / "metrics.json", {"config": {"model": "m"}})
 
 
+@pytest.mark.launches
 def test_a_logging_failure_mid_run_warns_and_keeps_metrics_json(tmp_path, monkeypatch, caplog):
     import mlflow
 
@@ -198,6 +202,7 @@ def _pins(path: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.launches
 def test_tensorboard_events_are_written_without_importing_tensorflow(tmp_path):
     """The PyTorch payloads' writer uses tensorboard's stub, not TensorFlow, which .venv also holds (about 4 s
     at every start): the events it writes are still TensorBoard's, read back with tensorboard's own reader."""

@@ -62,6 +62,7 @@ def first_line(proc: subprocess.CompletedProcess) -> str:
     return proc.stdout.splitlines()[0] if proc.stdout else ""
 
 
+@pytest.mark.launches
 def test_the_hook_hides_horovod_and_nothing_else(no_horovod):
     """The premise: under the hook `import horovod.torch` fails as where Horovod is absent, torch imports."""
     code = (
@@ -72,6 +73,7 @@ def test_the_hook_hides_horovod_and_nothing_else(no_horovod):
     assert proc.stdout.strip() == "missing horovod", proc.stdout + proc.stderr
 
 
+@pytest.mark.launches
 def test_one_process_trains_alone_resumes_and_matches_horovod(no_horovod, tmp_path):
     """fp16 with its loss scaler and 2 backward passes per step: every Single method on the way (averaged, accumulate,
     the identities in the metrics, restore's broadcasts on resume). The same run under `horovodrun -np 1` ends
@@ -105,6 +107,7 @@ def test_one_process_trains_alone_resumes_and_matches_horovod(no_horovod, tmp_pa
     assert [e["train_loss"] for e in h["epochs"]] == [e["train_loss"] for e in m["epochs"]]
 
 
+@pytest.mark.launches
 def test_the_land_cover_payload_trains_alone(no_horovod, tmp_path):
     from datatools.landcover import prepare, synthetic
 
@@ -145,6 +148,7 @@ def test_the_land_cover_payload_trains_alone(no_horovod, tmp_path):
     assert m["epochs"][0]["val_miou"] is not None and m["summary"]["ranks_identical"] is True
 
 
+@pytest.mark.launches
 def test_several_processes_without_horovod_are_refused(no_horovod, tmp_path):
     """horovodrun's variables for rank 0 of 2 and no Horovod: each process would train its own model. Exit 2 before
     anything is written, naming the variable and the fixes."""
@@ -156,6 +160,7 @@ def test_several_processes_without_horovod_are_refused(no_horovod, tmp_path):
     assert ALONE not in proc.stdout and not (out / "metrics.json").exists()
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("flag", ["--adasum", "--fp16-allreduce"])
 def test_reduction_options_are_refused_alone(no_horovod, tmp_path, flag):
     """--adasum and --fp16-allreduce change how processes combine gradients: alone they would do nothing, so the run
@@ -167,6 +172,7 @@ def test_reduction_options_are_refused_alone(no_horovod, tmp_path, flag):
     assert f"drop {flag}" in proc.stderr and not (out / "metrics.json").exists()
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize(
     "variables, several",
     [

@@ -151,6 +151,7 @@ def test_the_cache_is_a_file_in_cache_dir_removed_with_its_loader(tmp_path):
     assert list(folder.iterdir()) == []
 
 
+@pytest.mark.launches
 def test_a_cache_left_by_a_killed_run_is_removed_and_a_live_ones_kept(tmp_path):
     import subprocess
 

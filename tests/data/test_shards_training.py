@@ -10,6 +10,8 @@ from PIL import Image
 
 from datatools import prepare
 
+pytestmark = pytest.mark.launches  # starts training processes: serial under xdist (tests/conftest.py)
+
 
 def _learnable_tree(root, classes=4, per_class=12, seed=0, sizes=(18, 30)):
     """Each class a colour, each image that colour plus noise, of varied sizes: the loss can fall."""

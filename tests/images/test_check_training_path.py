@@ -39,6 +39,7 @@ def rc1_interpreter(tmp_path) -> dict:
     return {"PYTHONPATH": str(site)}
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
 def test_the_check_passes_on_the_local_environment(framework):
     proc = run_check("--framework", framework, *LOCAL_REQUIRE)
@@ -50,6 +51,7 @@ def test_the_check_passes_on_the_local_environment(framework):
         assert "pytorch-payload-fused" in out, out
 
 
+@pytest.mark.launches
 def test_a_resume_that_seeds_the_optimizer_with_horovods_zero_step_fails_the_check(tmp_path):
     """Issue 26, items 2 and 4: the payload's step restores a checkpoint into a fresh optimizer on both ranks
     with every fused SGD call held to CUDA's layout rule. Horovod's broadcast_optimizer_state (what the
@@ -70,6 +72,7 @@ def test_a_resume_that_seeds_the_optimizer_with_horovods_zero_step_fails_the_che
     assert "CUDA's fused SGD would refuse this step" in proc.stderr, proc.stderr[-3000:]
 
 
+@pytest.mark.launches
 def test_an_rc1_interpreter_fails_the_check_naming_the_cause_where_check_build_passes(tmp_path):
     env = rc1_interpreter(tmp_path)
     # ... while every optimizer step dies: torch.optim imports torch._dynamo, which calls the missing function
@@ -97,6 +100,7 @@ def test_an_rc1_interpreter_fails_the_check_naming_the_cause_where_check_build_p
     assert "install a released CPython 3.11" in proc.stderr
 
 
+@pytest.mark.launches
 def test_a_step_without_averaged_gradients_fails_the_check(tmp_path):
     """The step compares each rank's weights with those the averaged gradient gives: a DistributedOptimizer
     that applies the rank's own gradient (no allreduce) must fail it."""
@@ -114,6 +118,7 @@ def test_a_step_without_averaged_gradients_fails_the_check(tmp_path):
     assert "PyTorch SGD step with Horovod's averaged gradient" in proc.stderr
 
 
+@pytest.mark.launches
 def test_a_missing_controller_or_op_fails_the_check():
     """This machine's Horovod has no NCCL (CPU build): requiring it, as the images do, must fail."""
     problems = check.check_build("pytorch", ["NCCL"], HOROVODRUN)

@@ -96,6 +96,7 @@ def _marked(text: str, name: str) -> bool:
     return re.search(rf"\[X\] {re.escape(name)}\b", text) is not None
 
 
+@pytest.mark.launches
 def test_horovod_is_built_with_the_expected_frameworks_controllers_and_ops(host):
     text = _check_build(host)
     assert "Horovod v0.28.1" in text
@@ -105,6 +106,7 @@ def test_horovod_is_built_with_the_expected_frameworks_controllers_and_ops(host)
         assert not _marked(text, name), f"a CPU environment claims {name}:\n{text}"
 
 
+@pytest.mark.launches
 def test_mpi_where_required(host):
     if not PROFILE["mpi"]:
         pytest.skip("no Open MPI on this machine: the local environment is Gloo-only")
@@ -112,6 +114,7 @@ def test_mpi_where_required(host):
     assert _marked(_check_build(host), "MPI")
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_allreduce_works_with_two_processes(host, controller):
     if controller == "mpi" and not PROFILE["mpi"]:

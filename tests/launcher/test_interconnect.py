@@ -181,6 +181,7 @@ ALLREDUCE = (
 )
 
 
+@pytest.mark.launches
 @needs_mpi
 @pytest.mark.skipif(not _has_ucx_pml(), reason="this Open MPI has no UCX pml")
 def test_the_old_image_setting_fails_without_infiniband():
@@ -190,6 +191,7 @@ def test_the_old_image_setting_fails_without_infiniband():
     assert "PML ucx cannot be selected" in proc.stdout + proc.stderr
 
 
+@pytest.mark.launches
 @needs_mpi
 @pytest.mark.parametrize("size", ["Standard_NC24ads_A100_v4", "Standard_NC64as_T4_v3", "Standard_ND96isr_H100_v5"])
 def test_gpu_settings_select_a_working_pml(size):
@@ -202,6 +204,7 @@ def test_gpu_settings_select_a_working_pml(size):
     assert "rank 0 of 2 sum 3.0" in proc.stdout and "rank 1 of 2 sum 3.0" in proc.stdout, proc.stdout
 
 
+@pytest.mark.launches
 @needs_mpi
 def test_cpu_cluster_environment_runs_the_health_check_under_mpirun(tmp_path):
     """The whole environment the launcher gives a cpu-smoke job (D4s_v5, 2 processes), over the old image's
@@ -223,6 +226,7 @@ def test_cpu_cluster_environment_runs_the_health_check_under_mpirun(tmp_path):
 JOBS = sorted((helpers.ROOT / "jobs").glob("*.yaml"))
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("job", JOBS, ids=[j.stem for j in JOBS])
 def test_every_job_has_a_timeout_that_azure_ml_sends(dev_outputs, job):
     """azure-ai-ml's own schema reads limits.timeout (CommandJobLimitsSchema: an integer of seconds) and the
@@ -254,6 +258,7 @@ print("allreduce returned", flush=True)
 """
 
 
+@pytest.mark.launches
 @needs_mpi
 def test_a_stalled_rank_ends_the_job_instead_of_hanging():
     """With the launcher's environment (stall times scaled down from 60 s / 600 s to 2 s / 5 s), a job whose
@@ -273,6 +278,7 @@ def test_a_stalled_rank_ends_the_job_instead_of_hanging():
 # ---- the launcher's variables reach the payloads ----------------------------------------------------------
 
 
+@pytest.mark.launches
 def test_launcher_and_payloads_name_the_same_variables():
     from payloads import healthcheck
     from payloads.common import devices
@@ -281,6 +287,7 @@ def test_launcher_and_payloads_name_the_same_variables():
     assert interconnect.MIN_BUSBW == healthcheck.MIN_BUSBW
 
 
+@pytest.mark.launches
 @needs_mpi
 def test_a_gpu_cluster_job_on_a_node_without_visible_gpus_fails_naming_the_driver(tmp_path):
     """The environment of an NC24ads_A100_v4 job (1 GPU per node) on this GPU-less machine: the health check's
@@ -308,6 +315,7 @@ def test_ddp_jobs_get_the_same_nccl_settings_and_no_mpi_ones(size):
     assert ddp["GLOO_SOCKET_IFNAME"] == "eth0"
 
 
+@pytest.mark.launches
 def test_cpu_cluster_ddp_environment_trains_two_processes_over_gloo_on_eth0(tmp_path):
     """The environment the launcher gives a DDP job on cpu-smoke (D4s_v5, 2 processes) trains 2 torchrun
     processes to bitwise-equal weights; Gloo reads GLOO_SOCKET_IFNAME (an interface that does not exist fails)."""

@@ -120,6 +120,7 @@ def test_missing_stack_outputs(tmp_path, capsys):
     assert "--target azureml needs the stack outputs" in capsys.readouterr().err
 
 
+@pytest.mark.launches
 def test_invalid_job_files(dev_outputs, tmp_path, capsys):
     good = yaml.safe_load((ROOT / "jobs/pytorch-resnet50-imagenet.yaml").read_text())
     good["code"] = str(ROOT)  # the copies live in tmp_path
@@ -159,6 +160,7 @@ def test_invalid_job_files(dev_outputs, tmp_path, capsys):
     assert "not found" in capsys.readouterr().err
 
 
+@pytest.mark.launches
 def test_local_target_needs_existing_data(tmp_path, capsys):
     job = str(ROOT / "jobs/pytorch-resnet50-imagenet.yaml")
     assert cli.main([job, "--target", "local", "--input", f"imagenet={tmp_path / 'missing'}"]) == 2
@@ -175,6 +177,7 @@ def _launch(args, timeout=300):
     )
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize(
     "job, controller, suffix",
     [
@@ -226,6 +229,7 @@ def test_local_target_runs_the_job_end_to_end(tmp_path, job, controller, suffix)
     assert f"run: {run}" in proc.stdout
 
 
+@pytest.mark.launches
 def test_controller_choice(monkeypatch):
     from launcher import local
     from launcher.errors import JobError
@@ -238,6 +242,7 @@ def test_controller_choice(monkeypatch):
         local.controller("mpi")
 
 
+@pytest.mark.launches
 def test_gloo_operations_under_mpi_are_refused_before_launch(monkeypatch, tmp_path):
     from launcher import local
     from launcher.errors import JobError
@@ -254,6 +259,7 @@ def test_gloo_operations_under_mpi_are_refused_before_launch(monkeypatch, tmp_pa
     assert "--gloo" in argv
 
 
+@pytest.mark.launches
 def test_healthcheck_job_runs_locally(tmp_path):
     proc = _launch(
         [
@@ -281,6 +287,7 @@ def test_healthcheck_job_runs_locally(tmp_path):
 DDP_JOBS = ["pytorch-resnet50-synthetic", "pytorch-landcover-unet"]
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("job", DDP_JOBS)
 @pytest.mark.parametrize("cluster", ["cpu-smoke", "gpu-ib"])
 def test_backend_ddp_renders_a_pytorch_distribution_job(dev_outputs, job, cluster):
@@ -379,6 +386,7 @@ def test_backend_misuse_is_refused_before_anything_runs(dev_outputs, capsys, arg
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.launches
 def test_local_target_runs_the_ddp_job_with_torchrun(tmp_path):
     out = tmp_path / "out"
     proc = _launch(

@@ -151,3 +151,43 @@ def cuda_fused_sgd_rule(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSED_SGD_STRIDE_CHECK", "1")
     monkeypatch.setenv("FUSED_SGD_STRIDE_LOG", str(log))
     return lambda: sorted(int(f.read_text()) for f in log.iterdir())
+
+
+@pytest.fixture
+def processes_without_rename(tmp_path, monkeypatch):
+    """Every process the test starts loads tests/no_rename/sitecustomize.py: rename under tmp_path/runs raises,
+    as on a blob mount without it (BlobFuse documents renames as a copy and a delete,
+    learn.microsoft.com/azure/storage/blobs/blobfuse2-compare-linux-file-system). Returns (runs folder, a function
+    counting the training processes of a module that ran under the hook)."""
+    import errno
+
+    from helpers import env
+
+    runs, log = tmp_path / "runs", tmp_path / "hooked"
+    runs.mkdir()
+    log.mkdir()
+    hook = pathlib.Path(__file__).with_name("no_rename")
+    monkeypatch.setenv("PYTHONPATH", str(hook) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv("NO_RENAME_UNDER", str(runs))
+    monkeypatch.setenv("NO_RENAME_LOG", str(log))
+    # The hook bites: a process under it cannot rename inside the output folder.
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; open(sys.argv[1], 'w').close(); os.replace(sys.argv[1], sys.argv[1] + '.b')",
+            str(runs / "probe"),
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert probe.returncode != 0 and f"[Errno {errno.EXDEV}]" in probe.stderr, probe.stderr
+
+    def hooked(module: str) -> int:
+        """Training processes (not the horovodrun launcher, whose command line names the module too)."""
+        lines = [p.read_text() for p in log.iterdir()]
+        return sum(f"-m {module}" in line and "horovodrun" not in line for line in lines)
+
+    return runs, hooked

@@ -77,14 +77,19 @@ def test_two_processes_average_gradients_exactly(tmp_path, monkeypatch, payload,
 
 @pytest.mark.launches
 @pytest.mark.parametrize("payload", PAYLOADS)
-def test_resume_continues_exactly_and_schedule_matches(tmp_path, payload):
+def test_resume_continues_exactly_and_schedule_matches(processes_without_rename, payload):
+    """On an output folder where rename raises (a blob mount without it), as every resume test of the suite:
+    both ranks of all three runs save, and resume, under the hook."""
+    runs, hooked = processes_without_rename
     # Warm-up over 1.5 epochs, decay at epoch 3: the LR each epoch ends with is common/schedule.py's,
     # whether Horovod's Keras callbacks or our loop set it.
     args = TINY + ["--batch-size", "8", "--base-lr", "0.02", "--warmup-epochs", "1.5", "--lr-decay-epochs", "3"]
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    straight, resumed = runs / "straight", runs / "resumed"
     train(2, args + ["--epochs", "4", "--output-dir", str(straight)], payload=payload)
     train(2, args + ["--epochs", "2", "--output-dir", str(resumed)], payload=payload)
-    train(2, args + ["--epochs", "4", "--output-dir", str(resumed)], payload=payload)
+    proc = train(2, args + ["--epochs", "4", "--output-dir", str(resumed)], payload=payload)
+    assert hooked(f"payloads.{payload}.train") == 6, "both ranks of all three runs ran under the hook"
+    assert "resuming from" in proc.stdout + proc.stderr
     m = metrics(resumed)
     assert [e["epoch"] for e in m["epochs"]] == [1, 2, 3, 4]
     diff = max_diff(weights(straight), weights(resumed))

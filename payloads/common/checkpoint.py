@@ -1,4 +1,10 @@
-"""Checkpoint files: one per epoch, written by rank 0, found again on resume; no rename anywhere.
+"""Checkpoint files: one per epoch, and mid-epoch ones (SIGTERM, --checkpoint-every-minutes), written by rank 0,
+found again on resume; no rename anywhere.
+
+Names: checkpoint-epoch-NNNN<suffix> holds the state after NNNN whole epochs; checkpoint-epoch-NNNN-step-SSSSSS<suffix>
+the state after NNNN whole epochs and SSSSSS steps of the next one (payloads/common/preemption.py). They order by
+(NNNN, SSSSSS), an epoch's end after every step inside it; NNNN is the epochs done in both, which is what
+launcher/cost.py reads from the markers (.checkpoint-epoch-NNNN...complete).
 
 Framework-neutral: the payload passes a `save(path)` function that writes its own format. Checkpoints go to the
 logs account through a blob mount, where rename is a copy and a delete at best (see durable.py), so a checkpoint
@@ -36,14 +42,24 @@ from collections.abc import Callable
 from . import durable
 from .errors import ConfigError
 
-_NAME = re.compile(r"^checkpoint-epoch-(\d{4,})(\.[A-Za-z0-9]+)$")
+_NAME = re.compile(r"^checkpoint-epoch-(\d{4,})(?:-step-(\d{6,}))?(\.[A-Za-z0-9]+)$")
 MARKER = ".complete"
 log = logging.getLogger("payloads.checkpoint")
 
 
-def path_for(directory: pathlib.Path, epoch: int, suffix: str) -> pathlib.Path:
-    """The file for the state *after* `epoch` epochs (1-based count of finished epochs)."""
-    return directory / f"checkpoint-epoch-{epoch:04d}{suffix}"
+def path_for(directory: pathlib.Path, epoch: int, suffix: str, step: int = 0) -> pathlib.Path:
+    """The file for the state *after* `epoch` epochs (1-based count of finished epochs) and, mid-epoch, `step`
+    steps of the next one."""
+    middle = f"-step-{step:06d}" if step else ""
+    return directory / f"checkpoint-epoch-{epoch:04d}{middle}{suffix}"
+
+
+def position(path: pathlib.Path) -> tuple[int, int]:
+    """(epochs done, steps done in the next epoch) of a checkpoint file's name; (n, 0) at an epoch's end."""
+    m = _NAME.match(pathlib.Path(path).name)
+    if not m:
+        raise ValueError(f"{path} is not a checkpoint name")
+    return int(m.group(1)), int(m.group(2) or 0)
 
 
 def marker_for(path: pathlib.Path) -> pathlib.Path:
@@ -67,14 +83,15 @@ def _record(path: pathlib.Path) -> dict | None:
 
 
 def _files(directory: pathlib.Path, suffix: str) -> list[tuple[int, pathlib.Path]]:
+    """(epochs done, path), ordered by position: (epochs, steps)."""
     if not directory.is_dir():
         return []
     found = []
     for entry in directory.iterdir():
         m = _NAME.match(entry.name)
-        if m and m.group(2) == suffix and entry.is_file():
-            found.append((int(m.group(1)), entry))
-    return sorted(found)
+        if m and m.group(3) == suffix and entry.is_file():
+            found.append(((int(m.group(1)), int(m.group(2) or 0)), entry))
+    return [(key[0], path) for key, path in sorted(found)]
 
 
 def list_checkpoints(directory: pathlib.Path, suffix: str) -> list[tuple[int, pathlib.Path]]:
@@ -93,7 +110,7 @@ def latest(directory: pathlib.Path, suffix: str) -> tuple[int, pathlib.Path] | N
     for epoch, path in reversed(list_checkpoints(directory, suffix)):
         record = _record(path)
         if record is not None and durable.sha256(path) == record["sha256"]:
-            newer = [p.name for e, p in unfinished if e > epoch]
+            newer = [p.name for _, p in unfinished if position(p) > position(path)]
             if newer:
                 log.warning(
                     "skipped %s: no completion marker (a write cut short); resuming from %s",
@@ -230,8 +247,8 @@ def prune(directory: pathlib.Path, suffix: str, keep: int) -> None:
         marker_for(old).unlink(missing_ok=True)
         old.unlink(missing_ok=True)
     if complete:
-        newest = complete[-1][0]
-        for epoch, leftover in incomplete(directory, suffix):
-            if epoch < newest:
+        newest = position(complete[-1][1])
+        for _, leftover in incomplete(directory, suffix):
+            if position(leftover) < newest:
                 marker_for(leftover).unlink(missing_ok=True)
                 leftover.unlink(missing_ok=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
-from . import tracking, watchdog
+from . import preemption, tracking, watchdog
 from .errors import ConfigError
 
 # Flags whose default depends on the device (a GPU switches them on, or picks their value), with the command-line
@@ -86,6 +86,8 @@ class TrainConfig:
     # "auto" = from the measured step time, with a floor of minutes and a longer bound while the first steps run.
     stall_timeout: float | str = watchdog.AUTO
     straggler_every: int = 50  # steps between the ranks' comparisons of their step's parts (watchdog.Phases)
+    # PyTorch: minutes between mid-epoch checkpoints; "auto" = from the measured checkpoint cost (preemption.py)
+    checkpoint_every_minutes: float | str = preemption.AUTO
 
     @property
     def checkpoint_dir(self) -> pathlib.Path:
@@ -267,6 +269,13 @@ def _non_negative(cfg: TrainConfig, *names: str) -> None:
 def _stall_timeout(text: str) -> float | str:
     try:
         return watchdog.parse_timeout(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _minutes(text: str) -> float | str:
+    try:
+        return preemption.parse_minutes(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -549,6 +558,16 @@ def _pytorch_classification(g, c: Declared) -> None:
         default=d.cache_dir,
         help="--cache-decoded: the folder of the decoded-image file, shared by the node's processes; a local disk "
         "(default: TMPDIR or /tmp). /dev/shm also works, but its size is the job's shm_size",
+    )
+    g.add_argument(
+        "--checkpoint-every-minutes",
+        type=_minutes,
+        default=d.checkpoint_every_minutes,
+        metavar="MINUTES",
+        help="also write a mid-epoch checkpoint when this many minutes have passed since the last one, so a node "
+        "lost without warning loses at most that (SIGTERM always writes one: docs/jobs.md#preempted-and-resumed); "
+        f"auto = the measured checkpoint time / {preemption.COST_FRACTION:g}, at least "
+        f"{preemption.FLOOR_MINUTES:g}; 0 = off",
     )
 
 

@@ -253,14 +253,17 @@ class ShardedBatchSampler(Sampler):
     ):
         self.args = (num_samples, rank, size, batch_size, seed)
         self.shuffle, self.max_steps, self.epoch, self.tag_epoch = shuffle, max_steps, 0, tag_epoch
+        self.skip = 0
         sharding.batches(*self.args, epoch=0, shuffle=shuffle)  # fail now, not mid-epoch
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        """`skip`: leave out the epoch's first steps (trained before a mid-epoch checkpoint); len() stays the
+        epoch's."""
+        self.epoch, self.skip = epoch, skip
 
     def batches(self) -> list[np.ndarray]:
         b = sharding.batches(*self.args, epoch=self.epoch, shuffle=self.shuffle)
-        return b[: self.max_steps] if self.max_steps else b
+        return (b[: self.max_steps] if self.max_steps else b)[self.skip :]
 
     def __iter__(self):
         if self.tag_epoch:

@@ -1,8 +1,9 @@
 """The training loop's one source of batches: `build(cfg, ...)` -> Inputs(train, val, num_classes).
 
-Every Batches object has `len()` steps per epoch (equal on every rank), `set_epoch(epoch)` (all
+Every Batches object has `len()` steps per epoch (equal on every rank), `set_epoch(epoch, skip=0)` (all
 shuffling and augmentation depend on (seed, epoch, rank/sample) only, so a resumed run repeats a
-straight one) and yields (images, labels, skipped): images float32 Nx3xHxW on the device, normalised
+straight one; `skip`: the steps of the epoch already trained before a mid-epoch checkpoint, which the next
+iteration leaves out, without reading or decoding them) and yields (images, labels, skipped): images float32 Nx3xHxW on the device, normalised
 there with ImageNet's mean/std (channels_last when asked), labels int64 on the device, skipped the
 undecodable images dropped from the step (--skip-corrupt-images).
 
@@ -36,7 +37,7 @@ Batch = tuple[torch.Tensor, torch.Tensor, int]
 
 class Batches(Protocol):
     def __len__(self) -> int: ...
-    def set_epoch(self, epoch: int) -> None: ...
+    def set_epoch(self, epoch: int, skip: int = 0) -> None: ...
     def __iter__(self) -> Iterator[Batch]: ...
 
 
@@ -58,8 +59,8 @@ class Prefetched:
     def __len__(self) -> int:
         return len(self.host)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.host.set_epoch(epoch)
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.host.set_epoch(epoch, skip)
 
     def _to_device(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if images.dtype != torch.uint8:
@@ -109,16 +110,16 @@ class SyntheticBatches:
         self.images, self.args, self.channels_last = images, (len(images), rank, size, batch, seed), channels_last
         steps = sharding.steps_per_epoch(len(images), size, batch)
         self.steps = min(steps, max_steps) if max_steps else steps
-        self.epoch = 0
+        self.epoch = self.skip = 0
 
     def __len__(self) -> int:
         return self.steps
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.epoch, self.skip = epoch, skip
 
     def __iter__(self) -> Iterator[Batch]:
-        parts = sharding.batches(*self.args, epoch=self.epoch)[: self.steps]
+        parts = sharding.batches(*self.args, epoch=self.epoch)[self.skip : self.steps]
         ends = np.cumsum([len(p) for p in parts]).tolist()
         flat = torch.from_numpy(np.concatenate(parts)).to(self.images.images.device)
         start = 0
@@ -151,6 +152,9 @@ class FolderLoader:
         if cfg.workers > 0:
             # forkserver: fork after Horovod's background thread and Gloo sockets exist is unsafe.
             kwargs = dict(multiprocessing_context="forkserver", persistent_workers=True, prefetch_factor=4)
+            # A SIGTERM to the whole job (the local launcher signals every process) must not end the workers
+            # before their rank has reached the agreed stop step and written its checkpoint; they end with it.
+            kwargs["worker_init_fn"] = _ignore_sigterm
         self.loader = DataLoader(
             dataset,
             batch_sampler=self.sampler,
@@ -163,11 +167,17 @@ class FolderLoader:
     def __len__(self) -> int:
         return len(self.sampler)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.sampler.set_epoch(epoch, skip)
 
     def __iter__(self):
         return iter(self.loader)
+
+
+def _ignore_sigterm(_worker: int) -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def decoder_of(cfg) -> str:

@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
+import time
+from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from ..common import checkpoint, config, devices, watchdog
+from ..common import preemption as preempt
 from ..common.errors import ConfigError
 from . import models, precision
 
@@ -102,10 +107,19 @@ def optimizer_step(optimizer, scaler, backend) -> None:
     scaler.update()
 
 
-def restore(cfg, backend, model, opt, scaler) -> int:
+class Position(NamedTuple):
+    """Where a resumed run starts: `epoch` whole epochs done and `step` steps of the next (0: an epoch's start)."""
+
+    epoch: int
+    step: int = 0
+
+
+def restore(cfg, backend, model, opt, scaler, steps_per_epoch: int | None = None) -> Position:
     """Rank 0 loads the newest checkpoint (if any); every rank ends with its weights, optimizer state and loss
-    scaler state. Returns the epochs already done, agreed by all ranks."""
-    start, state = 0, None
+    scaler state, and, from a mid-epoch checkpoint, the position inside the epoch and its own random states.
+    Returns the position, agreed by all ranks. `steps_per_epoch`: this run's; a mid-epoch checkpoint of a run
+    with another step count (another world size or batch) resumes at the start of its epoch, with a warning."""
+    start, step, state = 0, 0, None
     if backend.rank() == 0 and cfg.resume:
         found = checkpoint.latest(cfg.checkpoint_dir, SUFFIX)
         if found:
@@ -122,11 +136,25 @@ def restore(cfg, backend, model, opt, scaler) -> int:
                     e,
                 )
             else:
-                log.info("resuming from %s (%d epochs done)", path, start)
-    start = backend.broadcast_object(start, name="resume_epoch")
+                step = int(state.get("step", 0))
+                saved_steps = state.get("steps_per_epoch")
+                if step and steps_per_epoch is not None and saved_steps != steps_per_epoch:
+                    log.warning(
+                        "%s was written %d steps into an epoch of %s steps; this run's epoch has %d (another world "
+                        "size or batch): epoch %d starts again from its first step",
+                        path.name,
+                        step,
+                        saved_steps,
+                        steps_per_epoch,
+                        start + 1,
+                    )
+                    step = 0
+                where = f", {step} steps of epoch {start + 1}" if step else ""
+                log.info("resuming from %s (%d epochs done%s)", path, start, where)
+    start, step = backend.broadcast_object((start, step), name="resume_epoch")
     if start < 0:
         raise ConfigError("the newest checkpoint could not be loaded (see the message above)")
-    if start > 0:
+    if start > 0 or step > 0:
         # Rank 0's state loaded by the others, without an optimizer step (backends.load_root_optimizer_state).
         backend.broadcast_optimizer_state(opt)
         if scaler is not None:
@@ -140,9 +168,30 @@ def restore(cfg, backend, model, opt, scaler) -> int:
                 log.warning(
                     "the checkpoint holds no loss-scaler state (written without fp16): starting at the default scale"
                 )
+        rngs = backend.broadcast_object(state.get("rng") if state is not None else None, name="resume_rng")
+        if rngs and len(rngs) == backend.size():
+            set_rng_state(rngs[backend.rank()])
     backend.broadcast_parameters(model.state_dict())
     align_state_layouts(opt)
-    return start
+    return Position(start, step)
+
+
+def rng_state() -> dict:
+    """This process's random states: torch's (CPU and this process's GPU), NumPy's and Python's global ones."""
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
 
 
 def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -183,26 +232,49 @@ def align_state_layouts(opt: torch.optim.Optimizer) -> None:
                     state[key] = torch.empty_like(p, dtype=value.dtype).copy_(value)
 
 
-def save(cfg, backend, epoch_done: int, model, opt, scaler) -> None:
-    """Rank 0 writes the checkpoint. `model` is the plain module (never DDP's wrapper, whose names carry a
-    `module.` prefix), so a checkpoint resumes under either backend. Every rank calls it: a full output folder
-    ends every rank with rank 0's one line (checkpoint.on_root)."""
+def save(cfg, backend, epoch_done: int, model, opt, scaler, step: int = 0, steps_per_epoch: int | None = None) -> float:
+    """Rank 0 writes the checkpoint: after `epoch_done` epochs and, mid-epoch, `step` steps of the next one. `model`
+    is the plain module (never DDP's wrapper, whose names carry a `module.` prefix), so a checkpoint resumes under
+    either backend. Every rank calls it: every rank's random states are gathered into it (one collective), and a
+    full output folder ends every rank with rank 0's one line (checkpoint.on_root). The data order needs no state
+    of its own: it is a function of (--seed, epoch, rank), rebuilt on resume and entered at `step`. Returns the
+    seconds the job waited for it."""
+    started = time.perf_counter()
+    rngs = backend.allgather_object(rng_state(), "rng_states")
 
     def write() -> None:
         state = {
             "epoch": epoch_done,
+            "step": step,
+            "steps_per_epoch": steps_per_epoch,
+            "data_order": {"seed": cfg.seed, "epoch": epoch_done, "skip": step},
             "model": model.state_dict(),
             "optimizer": opt.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
+            "rng": rngs,
             "config": cfg.to_json(),
             "world_size": backend.size(),
             "backend": backend.name,
         }
-        path = checkpoint.path_for(cfg.checkpoint_dir, epoch_done, SUFFIX)
+        path = checkpoint.path_for(cfg.checkpoint_dir, epoch_done, SUFFIX, step)
         checkpoint.write(path, lambda p: torch.save(state, p), cfg.keep_checkpoints)
         checkpoint.prune(cfg.checkpoint_dir, SUFFIX, cfg.keep_checkpoints)
 
     checkpoint.on_root(backend.rank() == 0, write, lambda failure: backend.broadcast_object(failure, name="saved"))
+    return time.perf_counter() - started
+
+
+def preemption(cfg, backend) -> preempt.Preemption:
+    """This rank's SIGTERM flag and checkpoint clock (payloads/common/preemption.py), installed."""
+    return preempt.Preemption(backend.rank(), cfg.checkpoint_every_minutes).install()
+
+
+def agree(backend, stop: preempt.Preemption) -> str | None:
+    """The ranks' agreement (preemption.py): one sum of three host numbers over ranks, on the CPU (Gloo under DDP
+    with NCCL too): no device sync."""
+    return stop.agree(
+        lambda values: backend.allreduce_sum(torch.tensor(values, dtype=torch.float64), "preemption").tolist()
+    )
 
 
 def summary_writer(folder):

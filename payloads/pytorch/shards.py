@@ -450,13 +450,15 @@ class ShardLoader:
         self.cache_dir = pathlib.Path(cache_dir) if cache_dir is not None else pathlib.Path(tempfile.gettempdir())
         self.cache: DecodedCache | None = None
         self._filling: DecodedCache | None = None
-        self.epoch = 0
+        self.epoch = self.skip = 0
 
     def __len__(self) -> int:
         return len(self.sizes)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        """`skip`: the epoch's first steps were trained before a mid-epoch checkpoint: their samples are drawn from
+        the same stream and dropped undecoded, so the rest of the epoch gets the same samples and crops."""
+        self.epoch, self.skip = epoch, skip
 
     # -- the sample stream of this rank for the current epoch
     def _records(self) -> Iterator[Sample]:
@@ -481,13 +483,17 @@ class ShardLoader:
 
     def _produce(self, out: queue.Queue, stop: threading.Event) -> None:
         try:
-            if self.cache_wanted and self.cache is None:
+            # A part of an epoch (resumed mid-epoch) does not decode every image: the cache waits for a whole one.
+            if self.cache_wanted and self.cache is None and not self.skip:
                 self._start_cache()
             cache_name = self.cache.path if self.cache is not None else None
             stream = self._samples()
+            for n in self.sizes[: self.skip]:
+                for _ in range(n):
+                    next(stream)
             workers = pool(self.workers) if self.workers > 0 else None
             pending: collections.deque = collections.deque()
-            for n in self.sizes:
+            for n in self.sizes[self.skip :]:
                 task = Task(
                     [next(stream) for _ in range(n)],
                     self.transform,
@@ -631,8 +637,8 @@ class GpuDecoded:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.loader.set_epoch(epoch)
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.loader.set_epoch(epoch, skip)
 
     def pixels(self, items: list) -> torch.Tensor:
         """uint8 NxHxWx3 on the device from a batch's items."""

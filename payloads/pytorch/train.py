@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..common import config, schedule
+from ..common import checkpoint, config, preemption, schedule
 from ..common.errors import ConfigError
 from ..common.metrics import MetricsFile, finish
 from . import backends, inputs, models, runtime
@@ -69,21 +69,40 @@ class StepClock:
 
 
 def train_epoch(
-    cfg, backend, epoch, model, optimizer, scaler, prec, batches, device, lr_scale, progress, clock, watch, phases
+    cfg,
+    backend,
+    epoch,
+    model,
+    optimizer,
+    scaler,
+    prec,
+    batches,
+    device,
+    lr_scale,
+    progress,
+    clock,
+    watch,
+    phases,
+    stop,
+    pause,
+    skip=0,
 ):
+    """One epoch, or its rest from step `skip` (resumed mid-epoch: `batches` was set to skip as many). After each
+    optimizer step `stop` says when the ranks agree (preemption.py); on a SIGTERM or the checkpoint clock, `pause`
+    writes the mid-epoch checkpoint, and on a SIGTERM raises preemption.Stopped."""
     model.train()
     steps = len(batches)
     # Accumulated on the device and read once per epoch: no host sync inside the step.
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.int64, device=device)
     seen = skipped = 0
-    bar = progress(total=steps, desc=f"epoch {epoch + 1}/{cfg.epochs}")
+    bar = progress(total=steps, initial=skip, desc=f"epoch {epoch + 1}/{cfg.epochs}")
     clock.epoch_start()
     start = time.perf_counter()
     lr = cfg.base_lr * lr_scale
     # The watchdog's marks (attribute stores): what this rank is doing when a stall names it.
     watch.doing("input")
-    for step, (images, labels, n_skipped) in enumerate(batches):
+    for step, (images, labels, n_skipped) in enumerate(batches, start=skip):
         watch.doing("compute")
         lr = schedule.learning_rate(cfg.base_lr, lr_scale, epoch, step, steps, cfg.warmup_epochs, cfg.lr_decay_epochs)
         for group in optimizer.param_groups:
@@ -110,6 +129,8 @@ def train_epoch(
         watch.step_done()
         if phases.due():
             runtime.compare_phases(backend, phases)
+        if stop.due():
+            pause(epoch, step + 1, steps, runtime.agree(backend, stop))
         seen += n
         skipped += n_skipped
         clock.step(n)
@@ -131,8 +152,30 @@ def train_epoch(
         "epoch_seconds": seconds,
         "images_per_sec": seen / seconds,
         "lr": lr,
+        **({"resumed_at_step": skip} if skip else {}),
         **phases.epoch_record(),
     }
+
+
+def pauser(cfg, backend, model, optimizer, scaler, stop, watch):
+    """What train_epoch calls at each agreement: the verdict's mid-epoch checkpoint, and on SIGTERM the stop."""
+
+    def pause(epoch: int, done: int, steps: int, verdict: str | None) -> None:
+        if verdict is None or (verdict == "clock" and done == steps):  # the epoch's own checkpoint follows
+            return
+        watch.doing("checkpoint")
+        # After the epoch's last step the state is the epoch's end: (epoch + 1, 0), the name an epoch's checkpoint has.
+        at = (epoch + 1, 0) if done == steps else (epoch, done)
+        seconds = runtime.save(cfg, backend, at[0], model, optimizer, scaler, at[1], steps)
+        stop.saved(seconds)
+        where = checkpoint.path_for(cfg.checkpoint_dir, at[0], runtime.SUFFIX, at[1])
+        if verdict == "signal":
+            raise preemption.Stopped(stop.stop_line(str(where), seconds))
+        if backend.rank() == 0:
+            log.info("checkpoint on the clock: %s (%.1fs)", where.name, seconds)
+        watch.doing("input")
+
+    return pause
 
 
 @torch.no_grad()
@@ -189,7 +232,9 @@ def run(cfg: config.TrainConfig) -> dict:
     # `model` stays the plain module (checkpoints, digest); `trained` is what the steps run (DDP's wrapper).
     trained, optimizer = backend.wrap(model, runtime.optimizer(cfg, model, cfg.base_lr * scale, device), cfg, device)
     scaler = prec.grad_scaler(cfg.loss_scale_init)
-    start_epoch = runtime.restore(cfg, backend, model, optimizer, scaler)
+    start_epoch, start_step = runtime.restore(cfg, backend, model, optimizer, scaler, len(data.train))
+    stop = runtime.preemption(cfg, backend)  # SIGTERM and the checkpoint clock (docs/jobs.md#preempted-and-resumed)
+    pause = pauser(cfg, backend, model, optimizer, scaler, stop, watch)
     # Compiled after the weights are final: the compiled module shares them, and checkpoints keep the plain names.
     step_model = torch.compile(trained) if cfg.compile else trained
 
@@ -218,49 +263,65 @@ def run(cfg: config.TrainConfig) -> dict:
     clock = StepClock(device, cfg.startup_steps, started)
 
     total_images, total_seconds = 0, 0.0
-    for epoch in range(start_epoch, cfg.epochs):
-        data.train.set_epoch(epoch)
-        record = {"epoch": epoch + 1}
-        record.update(
-            train_epoch(
-                cfg,
-                backend,
-                epoch,
-                step_model,
-                optimizer,
-                scaler,
-                prec,
-                data.train,
-                device,
-                scale,
-                progress,
-                clock,
-                watch,
-                phases,
+    try:
+        for epoch in range(start_epoch, cfg.epochs):
+            skip = start_step if epoch == start_epoch else 0
+            data.train.set_epoch(epoch, skip)
+            record = {"epoch": epoch + 1}
+            record.update(
+                train_epoch(
+                    cfg,
+                    backend,
+                    epoch,
+                    step_model,
+                    optimizer,
+                    scaler,
+                    prec,
+                    data.train,
+                    device,
+                    scale,
+                    progress,
+                    clock,
+                    watch,
+                    phases,
+                    stop,
+                    pause,
+                    skip,
+                )
             )
-        )
-        if data.val is not None:
-            data.val.set_epoch(epoch)
-            record.update(evaluate(cfg, backend, epoch, step_model, prec, data.val, device, watch))
-        total_images += record["images"]
-        total_seconds += record["epoch_seconds"]
-        watch.doing("checkpoint")
-        runtime.save(cfg, backend, epoch + 1, model, optimizer, scaler)
-        if root:
-            metrics.add_epoch(record)
-            for key in ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "images_per_sec", "lr"):
-                if key in record:
-                    writer.add_scalar(key, record[key], epoch + 1)
-            writer.flush()
-            log.info(
-                "epoch %d/%d: loss %.4f, accuracy %.3f%s, %.1f images/sec",
-                epoch + 1,
-                cfg.epochs,
-                record["train_loss"],
-                record["train_accuracy"],
-                f", val accuracy {record['val_accuracy']:.3f}" if "val_accuracy" in record else "",
-                record["images_per_sec"],
-            )
+            if data.val is not None:
+                data.val.set_epoch(epoch)
+                record.update(evaluate(cfg, backend, epoch, step_model, prec, data.val, device, watch))
+            total_images += record["images"]
+            total_seconds += record["epoch_seconds"]
+            watch.doing("checkpoint")
+            stop.saved(runtime.save(cfg, backend, epoch + 1, model, optimizer, scaler, 0, len(data.train)))
+            if root:
+                metrics.add_epoch(record)
+                for key in ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "images_per_sec", "lr"):
+                    if key in record:
+                        writer.add_scalar(key, record[key], epoch + 1)
+                writer.flush()
+                log.info(
+                    "epoch %d/%d: loss %.4f, accuracy %.3f%s, %.1f images/sec",
+                    epoch + 1,
+                    cfg.epochs,
+                    record["train_loss"],
+                    record["train_accuracy"],
+                    f", val accuracy {record['val_accuracy']:.3f}" if "val_accuracy" in record else "",
+                    record["images_per_sec"],
+                )
+            # A SIGTERM during the epoch's end (sums, validation, checkpoint): its checkpoint is the one to resume.
+            if epoch + 1 < cfg.epochs and runtime.agree(backend, stop) == "signal":
+                where = checkpoint.path_for(cfg.checkpoint_dir, epoch + 1, runtime.SUFFIX)
+                raise preemption.Stopped(stop.stop_line(str(where), stop.write_seconds or 0.0))
+    except preemption.Stopped:
+        watch.doing("finishing")
+        backend.shutdown()  # every rank stopped at the same step: DDP's barrier passes
+        watch.stop("stopped")
+        raise
+    finally:
+        stop.uninstall()
 
     watch.doing("finishing")
     if root:
@@ -307,6 +368,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Every rank says it: a data error may be met by one rank only.
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
+    except preemption.Stopped as e:
+        print(e, file=sys.stderr, flush=True)  # every rank says it: all stopped at the same step
+        return preemption.EXIT_CODE
     return 0
 
 

@@ -331,7 +331,7 @@ def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
     # `model` stays the plain module (checkpoints, evaluation, buffers); `trained` is what the steps run.
     trained, optimizer = backend.wrap(model, runtime.optimizer(cfg, model, cfg.base_lr * lr_scale, device), cfg, device)
     scaler = prec.grad_scaler(cfg.loss_scale_init)
-    start_epoch = runtime.restore(cfg, backend, model, optimizer, scaler)
+    start_epoch, _ = runtime.restore(cfg, backend, model, optimizer, scaler)  # it writes no mid-epoch checkpoint yet
 
     metrics_file = writer = None
     if root:

@@ -1,0 +1,159 @@
+"""SIGTERM mid-epoch (issue 31, items 1-3): the ranks agree on a step, write a checkpoint of the exact position
+inside the epoch, exit 75 with a line; the run resumed from it ends bitwise equal to the same run uninterrupted,
+under Horovod and under DDP, with two real processes. Plus the checkpoint names and the agreement's arithmetic."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+from helpers import ROOT, TINY, env, final_weights, horovodrun, record_launch, torchrun, train
+
+from payloads.common import checkpoint, preemption
+
+# 600 steps per epoch (2 processes x batch 2 of 8192 samples, capped): long enough that a SIGTERM sent once the
+# heartbeats show 40 steps lands inside an epoch, short enough for seconds per run. --stall-timeout 8: heartbeats
+# every 2 s. --checkpoint-every-minutes 0: only the signal checkpoints mid-epoch.
+ARGS = TINY + [
+    "--synthetic-samples",
+    "8192",
+    "--batch-size",
+    "2",
+    "--max-steps-per-epoch",
+    "600",
+    "--epochs",
+    "2",
+    "--stall-timeout",
+    "8",
+    "--checkpoint-every-minutes",
+    "0",
+]
+
+
+def _beat(out, rank: int) -> dict | None:
+    try:
+        return json.loads((out / "progress" / f"rank{rank}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _stopped_run(out, backend: str, signalled: list[int]) -> tuple[subprocess.CompletedProcess, float]:
+    """The run, SIGTERM sent to the ranks in `signalled` (by the pids their heartbeats give) once both show 40
+    steps; returns its output and the seconds from the signal to its end."""
+    args = ARGS + ["--output-dir", str(out)]
+    cmd = horovodrun(2, args) if backend == "horovod" else torchrun(2, args)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            beats = [_beat(out, r) for r in (0, 1)]
+            if all(b and b["steps"] >= 40 for b in beats):
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, "no progress"
+            time.sleep(0.1)
+        for r in signalled:
+            os.kill(beats[r]["pid"], signal.SIGTERM)
+        sent = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=60)
+        ended = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    record_launch(2, args, "pytorch", proc.returncode)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), ended
+
+
+def _check_resume_is_exact(tmp_path, backend: str, signalled: list[int]) -> None:
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    train(2, ARGS + ["--output-dir", str(straight)], backend=backend)
+
+    proc, seconds = _stopped_run(stopped, backend, signalled)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text[-3000:]
+    # Every rank says it, with the same checkpoint, signalled or not.
+    lines = [line for line in text.splitlines() if "stopped by " in line and "run the same command again" in line]
+    assert len(lines) == 2, text[-4000:]
+    assert f"(exit {preemption.EXIT_CODE})" in lines[0]
+    assert seconds < 30, seconds  # the grace assumed for Azure ML (preemption.py)
+    found = checkpoint.latest(stopped / "checkpoints", ".pt")
+    assert found, text[-3000:]
+    epochs, step = checkpoint.position(found[1])
+    assert 0 < step < 600, found[1].name  # inside an epoch
+    assert all(found[1].name in line for line in lines), lines
+    state = torch.load(found[1], map_location="cpu", weights_only=False)
+    assert (state["epoch"], state["step"], len(state["rng"])) == (epochs, step, 2)
+    assert state["data_order"] == {"seed": 42, "epoch": epochs, "skip": step}
+
+    resumed = train(2, ARGS + ["--output-dir", str(stopped)], backend=backend)
+    assert f"({epochs} epochs done, {step} steps of epoch {epochs + 1})" in resumed.stdout + resumed.stderr
+    a, b = final_weights(straight), final_weights(stopped)
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, different
+
+
+@pytest.mark.launches
+def test_horovod_sigterm_to_one_rank_stops_both_at_one_step_and_resumes_exactly(tmp_path):
+    # Only rank 1 gets the signal: the agreement stops rank 0 at the same step.
+    _check_resume_is_exact(tmp_path, "horovod", [1])
+
+
+@pytest.mark.launches
+def test_ddp_sigterm_to_every_rank_stops_and_resumes_exactly(tmp_path):
+    _check_resume_is_exact(tmp_path, "ddp", [0, 1])
+
+
+def test_mid_epoch_names_order_between_epochs(tmp_path):
+    for epoch, step in ((1, 0), (1, 120), (2, 0), (1, 7)):
+        path = checkpoint.path_for(tmp_path, epoch, ".pt", step)
+        checkpoint.write(path, lambda p, s=f"{epoch}/{step}": p.write_text(s))
+    names = [p.name for _, p in checkpoint.list_checkpoints(tmp_path, ".pt")]
+    assert names == [
+        "checkpoint-epoch-0001.pt",
+        "checkpoint-epoch-0001-step-000007.pt",
+        "checkpoint-epoch-0001-step-000120.pt",
+        "checkpoint-epoch-0002.pt",
+    ]
+    assert checkpoint.latest(tmp_path, ".pt")[1].name == "checkpoint-epoch-0002.pt"
+    # The marker keeps the prefix launcher/cost.py reads the epochs from.
+    assert checkpoint.marker_for(tmp_path / names[2]).name == ".checkpoint-epoch-0001-step-000120.pt.complete"
+    checkpoint.prune(tmp_path, ".pt", 2)
+    assert [p.name for _, p in checkpoint.list_checkpoints(tmp_path, ".pt")] == names[2:]
+
+
+def test_the_agreement_stops_every_rank_when_one_is_signalled_and_follows_rank_0s_clock():
+    now = [0.0]
+    ranks = [preemption.Preemption(r, 1.0, clock=lambda: now[0]) for r in (0, 1)]
+
+    def agree():
+        proposals = [p.proposal() for p in ranks]
+        sums = [sum(col) for col in zip(*proposals)]
+        return [p.settle(sums) for p in ranks]
+
+    for p in ranks:
+        assert p.due()  # every step until rank 0 has measured one
+    now[0] = 0.01
+    assert agree() == [None, None]
+    assert ranks[0].every == ranks[1].every == int(preemption.AGREE_SECONDS / 0.01)  # 200: ~2 s apart
+    assert not any(p.due() for p in ranks)
+    ranks[1]._handler(signal.SIGTERM, None)
+    assert agree() == ["signal", "signal"]
+    ranks[1].signalled = None
+    now[0] = 61.0  # a minute since the last checkpoint by rank 0's clock
+    assert agree() == ["clock", "clock"]
+    ranks[0].saved(3.0)
+    assert agree() == [None, None]
+
+
+def test_auto_interval_costs_at_most_two_percent_with_a_floor():
+    assert preemption.auto_interval(None) == 600
+    assert preemption.auto_interval(6.0) == 600
+    assert preemption.auto_interval(30.0) == 1500
+    assert preemption.parse_minutes("auto") == "auto" and preemption.parse_minutes("0") == 0
+    with pytest.raises(ValueError):
+        preemption.parse_minutes("-1")

@@ -13,7 +13,7 @@ import pytest
 # Tests that start processes which train (horovodrun, torchrun, mpirun, a payload, the launcher's local
 # target) carry this marker; under pytest-xdist (scripts/test: -n auto --dist loadgroup) they all run on one
 # worker, one after another, so two multi-process runs never share the cores, while the in-process tests
-# spread over the other workers. `_launches_are_marked` below refuses such a launch from an unmarked test.
+# spread over the other workers. `_guarded_popen_init` below refuses such a launch from an unmarked test.
 LAUNCHES = "launches"
 
 
@@ -98,27 +98,37 @@ def _starts_training(args) -> bool:
     return python and (" payloads." in text or "--target local" in text or " benchmarks." in text)
 
 
-@pytest.fixture(autouse=True)
-def _launches_are_marked(request, monkeypatch):
-    """A test that starts training processes without the `launches` marker would run beside another one under
-    xdist, two multi-process runs on the same cores: refused, naming the marker."""
-    if request.node.get_closest_marker(LAUNCHES):
-        yield
-        return
-    real = subprocess.Popen.__init__
+_running: dict = {"item": None}  # the test being set up, run or torn down (fixtures of any scope included)
 
-    def guarded(self, args, *a, **kw):
-        if _starts_training(args):
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _running["item"] = item
+
+
+def _guarded_popen_init(real):
+    """subprocess.Popen.__init__ refusing training processes from a test without the `launches` marker, in
+    pytest's own process: otherwise xdist would run it beside another multi-process test, two runs on the same
+    cores. Module- and session-scoped fixtures are set up within their first test, so they count as its."""
+
+    def init(self, args, *a, **kw):
+        item = _running["item"]
+        if item is not None and not item.get_closest_marker(LAUNCHES) and _starts_training(args):
+            shown = args if isinstance(args, str) else " ".join(map(str, args))
             pytest.fail(
-                f"{request.node.nodeid} starts training processes ({args if isinstance(args, str) else ' '.join(map(str, args))[:200]}) "
-                f"without the `{LAUNCHES}` marker: add `pytestmark = pytest.mark.{LAUNCHES}` to its module "
-                "(or mark the test) so it runs serially with the other multi-process tests (tests/conftest.py)",
+                f"{item.nodeid} starts training processes ({shown[:200]}) without the `{LAUNCHES}` marker: add "
+                f"`pytestmark = pytest.mark.{LAUNCHES}` to its module (or mark the test) so it runs serially with "
+                "the other multi-process tests (tests/conftest.py)",
                 pytrace=False,
             )
         real(self, args, *a, **kw)
 
-    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
-    yield
+    init.guarded = True
+    return init
+
+
+if not getattr(subprocess.Popen.__init__, "guarded", False):
+    subprocess.Popen.__init__ = _guarded_popen_init(subprocess.Popen.__init__)
 
 
 _libc = ctypes.CDLL(None)

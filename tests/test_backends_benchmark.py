@@ -15,6 +15,8 @@ from benchmarks import _backend_common as common
 from benchmarks import backends, planner
 from tests.helpers import ROOT, env
 
+pytestmark = pytest.mark.launches  # the quick benchmark and its refusals start horovodrun and torchrun
+
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
@@ -79,7 +81,6 @@ def test_parse_flags_ranks_that_disagree_or_did_not_move():
         backends.parse("ps", line(0, "a", 1.0))
 
 
-@pytest.mark.launches
 def test_max_np_below_two_is_refused():
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.backends", "--max-np", "1"],

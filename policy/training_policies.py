@@ -20,6 +20,7 @@ COMPUTE = "azure-native:machinelearningservices:Compute"
 WORKSPACE = "azure-native:machinelearningservices:Workspace"
 PRIVATE_ENDPOINT = "azure-native:network:PrivateEndpoint"
 PRIVATE_ZONE = "azure-native:privatedns:PrivateZone"
+ZONE_GROUP = "azure-native:network:PrivateDnsZoneGroup"
 NSG = "azure-native:network:NetworkSecurityGroup"
 DEFAULT_MAX_GPUS = 64
 # The zones a workspace endpoint registers in (public cloud; Azure ML's how-to-custom-dns).
@@ -187,6 +188,15 @@ def check_workspace_endpoint(resources: Iterable[tuple[str, dict]]) -> str | Non
             "in the VNet: Azure ML refuses to create them otherwise"
         )
     zones = {p.get("privateZoneName") for t, p in resources if t == PRIVATE_ZONE}
+    # Hub mode with the hub's own zones (access.privateDnsZoneIds): the stack declares none, its zone groups name
+    # existing zones by id (.../privateDnsZones/<zone name>).
+    zones |= {
+        c["privateDnsZoneId"].rsplit("/", 1)[-1].lower()
+        for t, p in resources
+        if t == ZONE_GROUP
+        for c in p.get("privateDnsZoneConfigs") or []
+        if isinstance(c.get("privateDnsZoneId"), str) and "/privatednszones/" in c["privateDnsZoneId"].lower()
+    }
     missing = [z for z in AML_ZONES if z not in zones]
     if missing:
         return (

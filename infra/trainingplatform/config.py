@@ -89,6 +89,9 @@ class PlatformConfig:
     mount_nfs: bool = True
     # How people reach a private platform from outside its VNet (config `access`; wayin.py).
     access: AccessConfig | None = None
+    # Who may push images (AcrPush; config `imageBuilders`); None: the principal that runs `pulumi up`. Every
+    # user gets AcrPull only (program.py).
+    image_builders: tuple[Principal, ...] | None = None
     # Settings that are valid but probably not what the user wants; the program logs them (pulumi.log.warn).
     warnings: tuple[str, ...] = ()
 
@@ -124,6 +127,39 @@ SAME_REGION_NOTE = (
     "(allowedSubnetIds, a subnet with the Microsoft.Storage service endpoint) or a private endpoint"
 )
 
+# Private endpoint group id -> the private DNS zones its endpoint registers in (public Azure cloud), from
+# https://learn.microsoft.com/azure/private-link/private-endpoint-dns#azure-services-dns-zone-configuration.
+PRIVATE_DNS_ZONES: dict[str, tuple[str, ...]] = {
+    # Azure ML: the workspace API and the notebooks (studio) endpoints; both, or the studio and the
+    # compute cannot reach the workspace (how-to-custom-dns, "Azure Public regions").
+    "amlworkspace": ("privatelink.api.azureml.ms", "privatelink.notebooks.azure.net"),
+    "registry": ("privatelink.azurecr.io",),
+    "vault": ("privatelink.vaultcore.azure.net",),
+    "blob": ("privatelink.blob.core.windows.net",),
+    "file": ("privatelink.file.core.windows.net",),
+    "dfs": ("privatelink.dfs.core.windows.net",),
+    "queue": ("privatelink.queue.core.windows.net",),
+    "table": ("privatelink.table.core.windows.net",),
+}
+
+
+def required_dns_zones(
+    workspace_public: bool, registry_public: bool, key_vault_public: bool, mount_nfs: bool
+) -> dict[str, str]:
+    """{zone name: group id} of every private endpoint the platform declares for these settings (program.py,
+    workspace.py, registry.py): the data and logs blob endpoints and the workspace endpoint always; the
+    workspace storage's blob and file endpoints when the workspace is private; the NFS file endpoint with
+    mountNfs; the registry's and the vault's when they are private."""
+    groups = ["blob", "amlworkspace"]
+    if not workspace_public or mount_nfs:
+        groups.append("file")
+    if not registry_public:
+        groups.append("registry")
+    if not key_vault_public:
+        groups.append("vault")
+    return {zone: g for g in groups for zone in PRIVATE_DNS_ZONES[g]}
+
+
 # Every setting each level knows; anything else is refused (with the closest name), never ignored.
 PLATFORM_KEYS = (
     "prefix",
@@ -142,6 +178,7 @@ PLATFORM_KEYS = (
     "sshPublicKey",
     "jumpHostSshPublicKey",
     "access",
+    "imageBuilders",
 )
 NETWORK_KEYS = (
     "vnetCidr",
@@ -557,6 +594,15 @@ def load(
             "from inside the VNet, docs/private-access.md) or restrictOutbound: false",
         )
     access = _access(r, raw, network, ws_public)
+    if access is not None and access.private_dns_zones:
+        _central_zones_cover(r, access, ws_public, acr_public, kv_public, mount_nfs)
+    builders = read_principals(r, raw, "imageBuilders", "")
+    if builders is None and acr_public is False:
+        r.warnings.append(
+            "imageBuilders is not set: nobody gets AcrPush on the private registry, so only an Owner or Contributor "
+            "of it can push the training images from inside the VNet; list who builds them (a group: "
+            "imageBuilders: [{objectId: <group id>, type: Group}]; docs/private-access.md, \"Images\")"
+        )
     if r.problems:
         raise ConfigError(r.problems)
     return PlatformConfig(
@@ -578,6 +624,7 @@ def load(
         mount_nfs=mount_nfs,
         warnings=tuple(r.warnings),
         access=access,
+        image_builders=builders,
     )
 
 
@@ -651,10 +698,28 @@ def from_pulumi() -> PlatformConfig:
 
 ACCESS_MODES = ("bastion", "hub", "none")
 _ACCESS_KEYS = {
-    "bastion": {"mode", "bastionSubnetCidr", "jumpHostSubnetCidr", "jumpHostVmSize", "jumpHostAdmins"},
-    "hub": {"mode", "hubVnetId", "useHubGateway", "resolverSubnetCidr"},
+    "bastion": {
+        "mode",
+        "bastionSubnetCidr",
+        "jumpHostSubnetCidr",
+        "jumpHostVmSize",
+        "jumpHostAdmins",
+        "jumpHostShutdownTime",
+        "jumpHostShutdownTimeZone",
+    },
+    "hub": {"mode", "hubVnetId", "useHubGateway", "resolverSubnetCidr", "privateDnsZoneIds", "dnsServers"},
     "none": {"mode"},
 }
+# An existing private DNS zone's resource id (a landing zone's central zones, usually in its connectivity
+# subscription).
+_ZONE_ID = re.compile(
+    r"^/subscriptions/[0-9a-fA-F-]{36}/resourceGroups/[^/]+/providers/Microsoft\.Network/privateDnsZones/([^/]+)$",
+    re.IGNORECASE,
+)
+# The jump host's daily auto-shutdown (wayin.py): DevTest Labs' `dailyRecurrence.time`, "HHmm" on a 24-hour clock
+# (Microsoft's examples: "1900"), in a Windows time zone id (`timeZoneId`: "UTC", "W. Europe Standard Time").
+_SHUTDOWN_TIME = re.compile(r"^([01][0-9]|2[0-3])[0-5][0-9]$")
+DEFAULT_SHUTDOWN_TIME, DEFAULT_SHUTDOWN_TIME_ZONE = "1900", "UTC"
 _VNET_ID = re.compile(
     r"^/subscriptions/([0-9a-fA-F-]{36})/resourceGroups/([^/]+)/providers/Microsoft\.Network/"
     r"virtualNetworks/([^/]+)$",
@@ -677,9 +742,18 @@ class AccessConfig:
     hub_vnet_id: str | None = None
     use_hub_gateway: bool = False
     resolver_subnet_cidr: str | None = None
-    # Who among `users` signs in to the jump host with sudo ("Virtual Machine Administrator Login"; Docker builds
-    # need it); every other user gets "Virtual Machine User Login" (program.py checks they are users).
+    # Who among `users` signs in to the jump host with sudo ("Virtual Machine Administrator Login"); every other
+    # user gets "Virtual Machine User Login" (program.py checks they are users) and builds with rootless Docker.
     jump_host_admins: tuple[Principal, ...] = ()
+    # Hub mode with the hub's own private DNS zones: ((zone name, zone id), ...). Then the stack creates no zone
+    # and no zone link; every endpoint's zone group points at these, and the VNet asks `dns_servers` (the hub's
+    # DNS: a DNS private resolver's inbound endpoint or the firewall's DNS proxy), which resolve through the zones'
+    # links to the hub.
+    private_dns_zones: tuple[tuple[str, str], ...] = ()
+    dns_servers: tuple[str, ...] = ()
+    # The jump host's daily auto-shutdown: "HHmm" (24-hour) in a Windows time zone id; None: never shut down.
+    jump_host_shutdown_time: str | None = DEFAULT_SHUTDOWN_TIME
+    jump_host_shutdown_time_zone: str = DEFAULT_SHUTDOWN_TIME_ZONE
 
     @property
     def hub(self) -> tuple[str, str, str] | None:
@@ -766,7 +840,16 @@ def _access(r: Reader, raw: dict, network: Network | None, workspace_public: boo
             )
         # Same shape as `users`; a subset of them (checked by program.py once the default user is known).
         admins = read_principals(r, a, "jumpHostAdmins", p) or ()
-        return AccessConfig("bastion", bastion, jump, size or "Standard_D4s_v5", jump_host_admins=admins)
+        time, zone = _shutdown(r, a, p)
+        return AccessConfig(
+            "bastion",
+            bastion,
+            jump,
+            size or "Standard_D4s_v5",
+            jump_host_admins=admins,
+            jump_host_shutdown_time=time,
+            jump_host_shutdown_time_zone=zone,
+        )
     if mode == "hub":
         hub = r.get(
             a,
@@ -788,5 +871,159 @@ def _access(r: Reader, raw: dict, network: Network | None, workspace_public: boo
         resolver = subnet("resolverSubnetCidr", 16, "a DNS private resolver's inbound subnet is /28 to /24", False)
         if resolver is not None and ipaddress.IPv4Network(resolver).prefixlen < 24:
             r.bad(p + "resolverSubnetCidr", resolver, "a DNS private resolver's inbound subnet is /28 to /24")
-        return AccessConfig("hub", hub_vnet_id=hub, use_hub_gateway=bool(gateway), resolver_subnet_cidr=resolver)
+        zones, servers = _central_dns(r, a, p, network, resolver)
+        return AccessConfig(
+            "hub",
+            hub_vnet_id=hub,
+            use_hub_gateway=bool(gateway),
+            resolver_subnet_cidr=resolver,
+            private_dns_zones=zones,
+            dns_servers=servers,
+        )
     return AccessConfig("none")
+
+
+def _central_dns(
+    r: Reader, a: dict, p: str, network: Network | None, resolver: str | None
+) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """Hub mode's `privateDnsZoneIds` (the hub's existing privatelink zones) and `dnsServers` (the hub's DNS).
+
+    Why a hub usually needs them: "A virtual network cannot be linked to multiple zones with overlapping
+    namespaces" (Azure's BadRequest, learn.microsoft.com/troubleshoot/azure/azure-kubernetes/error-codes/
+    createorupdatevirtualnetworklinkfailed-error, "You link a private DNS zone that has the same name as the
+    original one, but that's located in a different resource group or subscription"): a hub whose central
+    zones are linked to it refuses the stack's own zones' hub links, and so does the hub of a second platform
+    stack. And a VNet with custom DNS servers does not query the zones linked to it: "if a custom DNS server is
+    defined in a VNet, then private DNS zones linked to that VNet are not automatically queried"
+    (learn.microsoft.com/azure/dns/private-dns-privatednszone, "Private DNS zone resolution")."""
+    ids = r.get(
+        a,
+        "privateDnsZoneIds",
+        p,
+        list,
+        None,
+        "a list of existing private DNS zones' resource ids (`az network private-dns zone list --query [].id`)",
+    )
+    servers_raw = r.get(a, "dnsServers", p, list, None, "the hub's DNS server addresses, e.g. [10.0.0.4]")
+    zones: dict[str, str] = {}
+    for item in ids or []:
+        m = _ZONE_ID.match(str(item).strip())
+        if not m:
+            r.bad(
+                p + "privateDnsZoneIds",
+                item,
+                "a private DNS zone's resource id /subscriptions/<id>/resourceGroups/<rg>/providers/"
+                "Microsoft.Network/privateDnsZones/<zone name> (`az network private-dns zone show -g <rg> -n "
+                "privatelink.blob.core.windows.net --query id -o tsv`)",
+            )
+            continue
+        name = m.group(1).lower()
+        if name in zones:
+            r.bad(
+                p + "privateDnsZoneIds",
+                item,
+                f"a second zone named {name} (the first: {zones[name]}); an endpoint registers in one zone of a "
+                "name: list the one the hub's DNS resolves through",
+            )
+            continue
+        zones[name] = str(item).strip()
+    servers: list[str] = []
+    for item in servers_raw or []:
+        try:
+            ip = ipaddress.IPv4Address(str(item).strip())
+        except ValueError:
+            r.bad(p + "dnsServers", item, "an IPv4 address such as 10.0.0.4 (the hub's DNS resolver or firewall)")
+            continue
+        if not ip.is_private:
+            r.bad(
+                p + "dnsServers",
+                item,
+                "a private address in the hub (its DNS private resolver's inbound endpoint "
+                "or its firewall's DNS proxy); a public resolver cannot see private DNS zones",
+            )
+            continue
+        if network is not None and ip in ipaddress.IPv4Network(network.vnet_cidr):
+            r.bad(
+                p + "dnsServers",
+                item,
+                f"lies inside this platform's network.vnetCidr {network.vnet_cidr}: the hub's DNS lives in the hub",
+            )
+            continue
+        servers.append(str(ip))
+    if ids is not None and not ids:
+        r.bad(
+            p + "privateDnsZoneIds", ids, "empty: list the hub's zones, or leave the key out to create the stack's own"
+        )
+    if zones and not servers_raw:
+        r.problems.append(
+            f"{p}dnsServers is missing while {p}privateDnsZoneIds is set: the stack then links no zone to its VNet, "
+            "so the VNet's nodes resolve the private endpoints only through the hub's DNS (the DNS private "
+            "resolver's inbound endpoint or the firewall's DNS proxy, in the hub VNet the zones are linked to): "
+            f"set {p}dnsServers: [<its private IP>]"
+        )
+    if servers_raw is not None and ids is None:
+        r.bad(
+            p + "dnsServers",
+            servers_raw,
+            "only with privateDnsZoneIds: the stack's own zones are linked to its VNet, and a VNet with custom DNS "
+            "servers does not query the zones linked to it (private-dns-privatednszone); remove dnsServers, or "
+            "list the hub's zones in privateDnsZoneIds",
+        )
+    if zones and resolver is not None:
+        r.bad(
+            p + "resolverSubnetCidr",
+            resolver,
+            "a DNS private resolver in this VNet answers from the zones linked to this VNet, and with "
+            "privateDnsZoneIds the stack links none: clients resolve through the hub's DNS; remove resolverSubnetCidr",
+        )
+    if ids is None:
+        r.warnings.append(
+            f"{p}mode hub without {p}privateDnsZoneIds: the stack creates its own privatelink zones and links them to "
+            "the hub VNet; Azure refuses those links if the hub is already linked to zones of the same names (a "
+            "landing zone's central DNS, or another platform stack on this hub: \"A virtual network cannot be "
+            "linked to multiple zones with overlapping namespaces\"), and Azure Landing Zones' Deny-Private-DNS-Zones "
+            "policy refuses the zones themselves: list the hub's zones in privateDnsZoneIds and its DNS in "
+            "dnsServers (docs/private-access.md, \"Hub mode with central DNS\")"
+        )
+    return tuple(sorted(zones.items())), tuple(servers)
+
+
+def _central_zones_cover(
+    r: Reader, access: AccessConfig, ws_public: bool, acr_public: bool, kv_public: bool, mount_nfs: bool
+) -> None:
+    """Every private endpoint the stack declares needs its zone among access.privateDnsZoneIds."""
+    given = dict(access.private_dns_zones)
+    needed = required_dns_zones(ws_public, acr_public, kv_public, mount_nfs)
+    missing = [z for z in needed if z not in given]
+    if missing:
+        r.problems.append(
+            "access.privateDnsZoneIds lacks "
+            + ", ".join(f"{z} (for the {needed[z]} endpoints)" for z in missing)
+            + ": the stack creates no zone of its own in that mode, so those endpoints would resolve to public "
+            "addresses; add the hub's zone of each name (`az network private-dns zone list --query \"[?name=='"
+            + missing[0]
+            + "'].id\"`), or ask the hub's owners to create it"
+        )
+
+
+def _shutdown(r: Reader, a: dict, p: str) -> tuple[str | None, str]:
+    """access.jumpHostShutdownTime ("HHmm", or "off") and access.jumpHostShutdownTimeZone (a Windows time zone id)."""
+    time = r.get(a, "jumpHostShutdownTime", p, str, DEFAULT_SHUTDOWN_TIME, 'quote it: "1900" (HHmm, 24-hour) or "off"')
+    zone = r.get(a, "jumpHostShutdownTimeZone", p, str, DEFAULT_SHUTDOWN_TIME_ZONE, 'e.g. "W. Europe Standard Time"')
+    if time is not None and time.lower() == "off":
+        time = None
+    elif time is not None and not _SHUTDOWN_TIME.match(time):
+        fix = time.replace(":", "") if re.match(r"^\d\d:\d\d$", time) else "1900"
+        r.bad(
+            p + "jumpHostShutdownTime",
+            time,
+            f'the time of day as Azure\'s auto-shutdown takes it, HHmm on a 24-hour clock: "{fix}" (or "off" for none)',
+        )
+    if zone is not None and ("/" in zone or not zone.strip()):
+        r.bad(
+            p + "jumpHostShutdownTimeZone",
+            zone,
+            'a Windows time zone id, as Azure\'s auto-shutdown takes it (not an IANA name such as Europe/Berlin): '
+            '"UTC", "W. Europe Standard Time", "Eastern Standard Time"',
+        )
+    return time, zone or DEFAULT_SHUTDOWN_TIME_ZONE

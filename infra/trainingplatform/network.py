@@ -128,8 +128,11 @@ class PlatformNetwork(pulumi.ComponentResource):
         tags: dict,
         opts: pulumi.ResourceOptions | None = None,
         service_endpoint_policies: Sequence[pulumi.Input[str]] = (),
+        dns_servers: Sequence[str] = (),
     ):
-        """service_endpoint_policies: ids of service endpoint policies for the compute subnet (egress.py)."""
+        """service_endpoint_policies: ids of service endpoint policies for the compute subnet (egress.py).
+        dns_servers: the VNet's custom DNS (hub mode with the hub's private DNS zones: access.dnsServers); none:
+        Azure's own DNS, which answers from the zones linked to this VNet."""
         super().__init__("trainingplatform:network:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.nsg = network.NetworkSecurityGroup(
@@ -165,6 +168,7 @@ class PlatformNetwork(pulumi.ComponentResource):
             resource_group_name=resource_group,
             location=location,
             address_space=network.AddressSpaceArgs(address_prefixes=[cfg.vnet_cidr]),
+            dhcp_options=network.DhcpOptionsArgs(dns_servers=list(dns_servers)) if dns_servers else None,
             tags=tags,
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["subnets"]),
         )

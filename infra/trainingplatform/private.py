@@ -113,10 +113,7 @@ def grants(
     ]
     admins = {a.object_id for a in cfg.access.jump_host_admins} if cfg.access else set()
     for label, principal, kind in users:
-        if not cfg.registry_public_access:
-            # Images are built and pushed from inside the VNet with the user's own token (docs/private-access.md):
-            # `docker push` needs AcrPush (learn.microsoft.com/azure/container-registry/container-registry-roles).
-            out.append(Grant(f"{label}-pushes-images", "AcrPush", principal, registry.registry.id, kind))
+        # Pushing images is the builders' alone (config imageBuilders, program.py), in every profile.
         if way_in is not None and way_in.jump_host is not None:
             # Bastion's native client (`az network bastion ssh`, learn.microsoft.com/azure/bastion/
             # connect-vm-native-client-linux, "Verify roles and ports"): "Reader role on the virtual machine.

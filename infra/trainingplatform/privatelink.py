@@ -11,29 +11,25 @@ Two pieces, so that endpoints can share zones:
   DNS zone group, which makes Azure write the endpoint's A records into the zones and keep them current.
 
 The zone names per group id are Azure's documented ones for the public cloud (`ZONES`; same page).
+
+With `existing` (hub mode's `privateDnsZoneIds`: a landing zone's central zones) `PrivateDnsZones` declares
+nothing: `zone_id()` answers the given id and the endpoints' zone groups point there. "A virtual network cannot
+be linked to multiple zones with overlapping namespaces" (Azure's BadRequest for a second zone of one name on a
+VNet), so a stack on such a hub must not bring zones of its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pulumi
 from pulumi_azure_native import network, privatedns
 
-# group id -> the private DNS zones its endpoint needs (public Azure cloud).
-# https://learn.microsoft.com/azure/private-link/private-endpoint-dns#azure-services-dns-zone-configuration
-ZONES: dict[str, tuple[str, ...]] = {
-    # Azure ML: the workspace API and the notebooks (studio) endpoints; both, or the studio and the
-    # compute cannot reach the workspace (how-to-custom-dns, "Azure Public regions").
-    "amlworkspace": ("privatelink.api.azureml.ms", "privatelink.notebooks.azure.net"),
-    "registry": ("privatelink.azurecr.io",),
-    "vault": ("privatelink.vaultcore.azure.net",),
-    "blob": ("privatelink.blob.core.windows.net",),
-    "file": ("privatelink.file.core.windows.net",),
-    "dfs": ("privatelink.dfs.core.windows.net",),
-    "queue": ("privatelink.queue.core.windows.net",),
-    "table": ("privatelink.table.core.windows.net",),
-}
+from .config import PRIVATE_DNS_ZONES
+
+# group id -> the private DNS zones its endpoint needs (public Azure cloud); config.py holds the table, since it
+# also checks hub mode's existing zones (privateDnsZoneIds) cover every endpoint before anything is declared.
+ZONES: dict[str, tuple[str, ...]] = PRIVATE_DNS_ZONES
 
 
 def zone_slug(zone_name: str) -> str:
@@ -54,16 +50,37 @@ class PrivateDnsZones(pulumi.ComponentResource):
         tags: dict,
         zone_names: Sequence[str] = (),
         opts: pulumi.ResourceOptions | None = None,
+        existing: Mapping[str, str] | None = None,
     ):
+        """existing: {zone name: resource id} of zones someone else owns (config access.privateDnsZoneIds)."""
         super().__init__("trainingplatform:privatelink:PrivateDnsZones", name, None, opts)
         self._name, self._resource_group, self._vnet_id, self._tags = name, resource_group, vnet_id, tags
+        self.existing: dict[str, str] = dict(existing or {})
         self.zones: dict[str, privatedns.PrivateZone] = {}
         self.links: dict[str, privatedns.VirtualNetworkLink] = {}
+        self.used: list[str] = []  # zone names asked for, in order (the existing ones included)
         for zone_name in zone_names:
             self.ensure(zone_name)
         self.register_outputs({})
 
+    def zone_id(self, zone_name: str) -> pulumi.Input[str]:
+        """The id of the zone of that name: the existing one given, else the stack's own (created on first use)."""
+        if zone_name not in self.used:
+            self.used.append(zone_name)
+        if self.existing:
+            if zone_name not in self.existing:
+                # config.py checks the list covers every endpoint first; this is the program's own guard.
+                raise ValueError(f"no existing private DNS zone {zone_name} given (access.privateDnsZoneIds)")
+            return self.existing[zone_name]
+        return self.ensure(zone_name).id
+
+    def link_dependencies(self, zone_name: str) -> list[pulumi.Resource]:
+        """What a zone group in that zone waits for: the zone's link to the VNet (none for an existing zone)."""
+        return [self.links[zone_name]] if zone_name in self.links else []
+
     def ensure(self, zone_name: str) -> privatedns.PrivateZone:
+        if self.existing:
+            raise ValueError("the stack uses existing private DNS zones (access.privateDnsZoneIds): it creates none")
         if zone_name not in self.zones:
             child = pulumi.ResourceOptions(parent=self)
             slug = zone_slug(zone_name)
@@ -131,7 +148,7 @@ class PrivateLink(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        zones = [dns.ensure(z) for z in zone_names]
+        zone_ids = [dns.zone_id(z) for z in zone_names]
         # Links first: a record in a zone the VNet does not see yet resolves to the public address.
         self.zone_group = network.PrivateDnsZoneGroup(
             f"{name}-zone-group",
@@ -139,10 +156,12 @@ class PrivateLink(pulumi.ComponentResource):
             resource_group_name=resource_group,
             private_dns_zone_group_name="default",
             private_dns_zone_configs=[
-                network.PrivateDnsZoneConfigArgs(name=zone_slug(z), private_dns_zone_id=zone.id)
-                for z, zone in zip(zone_names, zones)
+                network.PrivateDnsZoneConfigArgs(name=zone_slug(z), private_dns_zone_id=zone_id)
+                for z, zone_id in zip(zone_names, zone_ids)
             ],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[dns.links[z] for z in zone_names]),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[d for z in zone_names for d in dns.link_dependencies(z)]
+            ),
         )
         self.ready: list[pulumi.Resource] = [self.endpoint, self.zone_group]
         self.register_outputs({"endpoint_id": self.endpoint.id})

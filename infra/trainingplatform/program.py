@@ -49,6 +49,7 @@ def build(
         "platform", resource_group_name=naming.dashed(cfg.prefix, cfg.stack, "rg"), location=cfg.location, tags=tags
     )
     egress = private.egress_policy(cfg, client.subscription_id, group.name, suffix, data)
+    central = cfg.access.private_dns_zones if cfg.access else ()
     net = PlatformNetwork(
         "net",
         group.name,
@@ -56,9 +57,11 @@ def build(
         cfg.network,
         tags,
         service_endpoint_policies=[egress.policy.id] if egress else (),
+        dns_servers=cfg.access.dns_servers if central else (),
     )
-    # Every private endpoint registers in these zones (one per zone name, linked to the VNet).
-    dns = PrivateDnsZones("dns", group.name, net.vnet.id, tags)
+    # Every private endpoint registers in these zones: the stack's own (one per zone name, linked to the VNet), or
+    # in hub mode with access.privateDnsZoneIds the hub's existing ones (none created, none linked; privatelink.py).
+    dns = PrivateDnsZones("dns", group.name, net.vnet.id, tags, existing=dict(central) or None)
     endpoints = net.private_endpoint_subnet.id
 
     # The data accounts admit no VNet (their rules must not name a VNet that dies with this stack): compute
@@ -142,11 +145,16 @@ def build(
             ),
             Grant(f"{label}-submits-jobs", "AzureML Data Scientist", u.object_id, ws.workspace.id, u.type),
         ]
-        if cfg.registry_public_access:
-            # Reading the registry's tags (the doctor's image check) and pulling a job's image to reproduce it:
-            # AcrPull. A private registry's users get AcrPush instead (private.py), which includes pull
-            # (learn.microsoft.com/azure/container-registry/container-registry-roles).
-            grants.append(Grant(f"{label}-pulls-images", "AcrPull", u.object_id, registry.registry.id, u.type))
+        # Reading the registry's tags (the doctor's image check) and pulling a job's image to reproduce it: AcrPull,
+        # and no more. Pushing is the builders' (below): a user who could push could overwrite the image every job
+        # runs (learn.microsoft.com/azure/container-registry/container-registry-roles: AcrPush "Push artifacts to
+        # or pull artifacts from a registry"; AcrPull "Pull artifacts from a registry").
+        grants.append(Grant(f"{label}-pulls-images", "AcrPull", u.object_id, registry.registry.id, u.type))
+    # Who builds and pushes the images (config imageBuilders; absent: nobody by this grant).
+    for b in cfg.image_builders or ():
+        grants.append(
+            Grant(f"builder-{b.object_id}-pushes-images", "AcrPush", b.object_id, registry.registry.id, b.type)
+        )
     # The studio reads the datastores' accounts and the workspace storage (not the NFS share: no datastore).
     studio_links = [links[0], links[1], *(link for k, link in ws.links.items() if k.startswith("storage"))]
     grants += private.grants(

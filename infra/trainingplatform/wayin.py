@@ -26,7 +26,7 @@ import base64
 
 import pulumi
 import pulumi_azure_native as azure_native
-from pulumi_azure_native import compute, dnsresolver, network, privatedns
+from pulumi_azure_native import compute, devtestlab, dnsresolver, network, privatedns
 
 from .config import AccessConfig
 from .privatelink import PrivateDnsZones, zone_slug
@@ -38,15 +38,52 @@ BASTION_SUBNET = "AzureBastionSubnet"
 RESOLVER_DELEGATION = "Microsoft.Network/dnsResolvers"
 ADMIN_USER = "azureuser"
 
-# The jump host builds and pushes the images (docs/private-access.md): Docker and the Azure CLI, from
-# Ubuntu's archive and Microsoft's install script, at first boot.
-CLOUD_INIT = """#cloud-config
+# Rootless Docker needs a range of subordinate user and group ids per user in /etc/subuid and /etc/subgid
+# (docs.docker.com/engine/security/rootless, "Prerequisites": "/etc/subuid and /etc/subgid should contain at least
+# 65,536 subordinate UIDs/GIDs for the user"). `useradd` writes them for local accounts; Entra ID users are not
+# made by useradd (AADSSHLoginForLinux resolves them at sign-in), so this PAM session hook gives each one a range
+# of its own the first time they sign in over SSH. SUBID_DIR lets the tests run it on copies of the files.
+SUBID_HOOK = r"""#!/bin/sh
+# Give the user signing in a range of 65536 subordinate uids and gids of their own (rootless Docker), once.
+[ "${PAM_TYPE:-open_session}" = open_session ] || exit 0
+user="${PAM_USER:?}"
+[ "$user" = root ] && exit 0
+dir="${SUBID_DIR:-/etc}"
+exec 9>>"$dir/.subid.lock"
+flock 9
+for f in "$dir/subuid" "$dir/subgid"; do
+  touch "$f"
+  awk -F: -v u="$user" '$1 == u { found = 1 } END { exit !found }' "$f" && continue
+  next=$(awk -F: 'BEGIN { m = 100000 } { e = $2 + $3; if (e > m) m = e } END { print m }' "$f")
+  echo "$user:$next:65536" >> "$f"
+done
+"""
+
+# The jump host builds and pushes the images (docs/private-access.md): Docker and the Azure CLI, from Ubuntu's
+# archive and Microsoft's install script, at first boot. Docker without root for every user: the system daemon's
+# socket stays root:docker and nobody is added to the docker group ("The docker group grants root-level
+# privileges to the user", docs.docker.com/engine/install/linux-postinstall); each user runs their own rootless
+# daemon instead (docs.docker.com/engine/security/rootless), whose prerequisites are the packages below:
+# uidmap (newuidmap/newgidmap), dbus-user-session (systemd --user), slirp4netns (its network) and rootlesskit;
+# Ubuntu's docker.io ships dockerd-rootless-setuptool.sh under /usr/share/docker.io/contrib, linked onto PATH.
+CLOUD_INIT = (
+    """#cloud-config
 package_update: true
-packages: [docker.io, git, ca-certificates, curl]
-runcmd:
+packages: [docker.io, git, ca-certificates, curl, uidmap, dbus-user-session, slirp4netns, rootlesskit]
+write_files:
+  - path: /usr/local/sbin/subid-for-user
+    permissions: "0755"
+    content: |
+"""
+    + "".join(f"      {line}\n" if line else "\n" for line in SUBID_HOOK.splitlines())
+    + """runcmd:
   - [sh, -c, "curl -sL https://aka.ms/InstallAzureCLIDeb | bash"]
   - [systemctl, enable, --now, docker]
+  - [ln, -sf, /usr/share/docker.io/contrib/dockerd-rootless-setuptool.sh, /usr/local/bin/dockerd-rootless-setuptool.sh]
+  - [ln, -sf, /usr/share/docker.io/contrib/dockerd-rootless.sh, /usr/local/bin/dockerd-rootless.sh]
+  - [sh, -c, "echo 'session optional pam_exec.so /usr/local/sbin/subid-for-user' >> /etc/pam.d/sshd"]
 """
+)
 
 
 # Azure cannot change a VM's OS settings after creation: a PUT with another SSH key or custom data fails with
@@ -57,6 +94,8 @@ runcmd:
 # its NIC belongs to one VM at a time (a second VM on it is refused with NicInUse), and the replacement gets a new
 # auto-name. What was on the old VM's disk (Docker layers, clones) goes with it.
 JUMP_HOST_REPLACE_ON_CHANGES = ("osProfile",)
+# Azure's auto-shutdown of one VM (Microsoft.DevTestLab/schedules; wayin.py's _bastion).
+SHUTDOWN_PREFIX, SHUTDOWN_TASK = "shutdown-computevm-", "ComputeVmShutdownTask"
 
 
 class WayIn(pulumi.ComponentResource):
@@ -229,6 +268,28 @@ class WayIn(pulumi.ComponentResource):
             tags=self._tags,
             opts=child,
         )
+        self.shutdown: devtestlab.GlobalSchedule | None = None
+        if cfg.jump_host_shutdown_time is not None:
+            # The VM's auto-shutdown, as Azure declares it: a Microsoft.DevTestLab/schedules resource named
+            # "shutdown-computevm-<VM name>" in the VM's resource group, taskType ComputeVmShutdownTask, a daily
+            # recurrence and a Windows time zone id, pointing at the VM (targetResourceId). Azure refuses another
+            # name (400 Bad Request). It deallocates the VM at that time each day; start it again with
+            # `az vm start` (docs/private-access.md, "What it costs").
+            self.shutdown = devtestlab.GlobalSchedule(
+                f"{self._name}-jumphost-shutdown",
+                name=self.jump_host.name.apply(lambda n: f"{SHUTDOWN_PREFIX}{n}"),
+                resource_group_name=self._rg,
+                location=self._location,
+                status="Enabled",
+                task_type=SHUTDOWN_TASK,
+                daily_recurrence=devtestlab.DayDetailsArgs(time=cfg.jump_host_shutdown_time),
+                time_zone_id=cfg.jump_host_shutdown_time_zone,
+                target_resource_id=self.jump_host.id,
+                notification_settings=devtestlab.NotificationSettingsArgs(status="Disabled"),
+                tags=self._tags,
+                # A new VM (any osProfile change replaces it) gets a new auto-name, so a new schedule name.
+                opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
+            )
 
     def _hub(self, dns: PrivateDnsZones) -> None:
         cfg, child = self.cfg, pulumi.ResourceOptions(parent=self)
@@ -263,7 +324,10 @@ class WayIn(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[from_hub]),
         )
         self.peerings = [from_hub, to_hub]
-        # Clients in the hub resolve the private endpoints only through zones linked to the hub VNet.
+        # Clients in the hub resolve the private endpoints only through zones linked to the hub VNet. With the hub's
+        # own zones (access.privateDnsZoneIds) `dns` holds none of the stack's: those are linked to the hub already,
+        # and a second link of one name would be refused ("A virtual network cannot be linked to multiple zones with
+        # overlapping namespaces").
         for zone_name, zone in dns.zones.items():
             self.zone_links[zone_name] = privatedns.VirtualNetworkLink(
                 f"{self._name}-{zone_slug(zone_name)}-hub-link",
@@ -307,8 +371,14 @@ class WayIn(pulumi.ComponentResource):
         out: dict = {"mode": self.cfg.mode}
         if self.bastion is not None:
             out.update(bastion=self.bastion.name, jump_host=self.jump_host.name, jump_host_id=self.jump_host.id)
+            if self.cfg.jump_host_shutdown_time is not None:
+                out["jump_host_shutdown"] = (
+                    f"{self.cfg.jump_host_shutdown_time} {self.cfg.jump_host_shutdown_time_zone}"
+                )
         if self.cfg.mode == "hub":
             out["hub_vnet_id"] = self.cfg.hub_vnet_id
+            if self.cfg.private_dns_zones:
+                out["dns_servers"] = list(self.cfg.dns_servers)
         if self.resolver_endpoint is not None:
             out["dns_resolver_inbound_ip"] = self.resolver_endpoint.ip_configurations.apply(
                 lambda c: c[0].private_ip_address if c else None

@@ -289,12 +289,31 @@ def test_the_way_in_is_part_of_every_life_of_the_stack(prod_raw, prod_data_out):
 # ---- item 3: images are pushed from inside the VNet ----
 
 
-def test_users_can_push_images_to_the_private_registry_from_the_jump_host(prod, dev):
+def test_only_image_builders_can_push_and_every_user_pulls(prod, prod_raw, prod_data_out, dev):
+    # Issue 28, item 18. ACR's built-in roles (learn.microsoft.com/azure/container-registry/container-registry-roles):
+    # AcrPush "Push artifacts to or pull artifacts from a registry", AcrPull "Pull artifacts from a registry". A user
+    # with AcrPush can overwrite any tag every job runs, so only config imageBuilders get it, in every profile.
     mocks, _ = prod
     acr = one(mocks, "Registry", "registry-acr")
     assert acr.inputs["publicNetworkAccess"] == "Disabled"
-    # `docker push` needs AcrPush (https://learn.microsoft.com/azure/container-registry/container-registry-roles).
-    assert (access.ROLES["AcrPush"], acr.id) in _roles_of(mocks, mocked.DEPLOYER)
+    push, pull = access.ROLES["AcrPush"], access.ROLES["AcrPull"]
+    assert (pull, acr.id) in _roles_of(mocks, mocked.DEPLOYER)
+    for m in (mocks, dev[0]):
+        assert not [r for r in m.of_type("RoleAssignment") if r.inputs["roleDefinitionId"].endswith(push)]
+    listed = _run(
+        prod_raw,
+        prod_data_out,
+        users=[{"objectId": ALICE, "type": "User"}, {"objectId": BOB, "type": "User"}],
+        imageBuilders=[{"objectId": TEAM, "type": "Group"}],
+    )[0]
+    pushers = {
+        (r.inputs["principalId"], r.inputs["principalType"], r.inputs["scope"])
+        for r in listed.of_type("RoleAssignment")
+        if r.inputs["roleDefinitionId"].endswith(push)
+    }
+    assert pushers == {(TEAM, "Group", acr.id)}
+    for user in (ALICE, BOB):
+        assert {role for role, scope in _roles_of(listed, user) if scope == acr.id} == {pull}, user
     # The jump host resolves the registry privately: its VNet is the one the registry's zone is linked to.
     zone = next(r for r in mocks.of_type("PrivateZone") if r.inputs["privateZoneName"] == "privatelink.azurecr.io")
     links = [
@@ -308,9 +327,15 @@ def test_users_can_push_images_to_the_private_registry_from_the_jump_host(prod, 
     # manage-network-bypass-policy-for-tasks), which azure-native 3.29.0's Registry (API 2023-01-01-preview)
     # cannot set; the program declares no task, agent pool or bypass for them.
     assert not mocks.of_type("containerregistry:Task") and not mocks.of_type("containerregistry:AgentPool")
-    # The public profile's registry takes pushes from anywhere its users are: no extra grant there.
-    dev_mocks, _ = dev
-    assert access.ROLES["AcrPush"] not in {role for role, _ in _roles_of(dev_mocks, mocked.DEPLOYER)}
+
+
+def test_a_private_registry_without_builders_is_warned_about(prod_raw):
+    cfg = _load(copy.deepcopy(prod_raw[0]))
+    assert any(w.startswith("imageBuilders is not set: nobody gets AcrPush") for w in cfg.warnings)
+    raw = dict(copy.deepcopy(prod_raw[0]), imageBuilders=[{"objectId": TEAM, "type": "Group"}])
+    assert not any("imageBuilders" in w for w in _load(raw).warnings)
+    bad = dict(copy.deepcopy(prod_raw[0]), imageBuilders=[{"objectId": "builders", "type": "Group"}])
+    assert "imageBuilders[0].objectId = 'builders': an Entra object id (a GUID)" in _problems(bad)
 
 
 # ---- item 12: the studio's data preview ----
@@ -616,3 +641,103 @@ def test_restricted_outbound_with_a_public_registry_is_refused(prod_raw, dev_raw
     # Each alone is fine: the private profile (private registry), the public profile (open outbound).
     assert _load(copy.deepcopy(prod_raw[0])).network.restrict_outbound is True
     assert _load(copy.deepcopy(dev_raw[0])).registry_public_access is True
+
+
+# ---- issue 28, item 15: the jump host shuts down every evening ----
+
+
+def test_the_jump_host_shuts_down_daily_as_azure_declares_it(prod):
+    # A VM's auto-shutdown is a Microsoft.DevTestLab/schedules resource (REST "Global Schedules - Create Or Update",
+    # API 2018-09-15, azure-native devtestlab.GlobalSchedule) named "shutdown-computevm-<vmName>" in the VM's
+    # resource group, with taskType "ComputeVmShutdownTask", dailyRecurrence.time "HHmm" and a Windows timeZoneId,
+    # and targetResourceId the VM's id (Microsoft's quickstart templates and the portal's auto-shutdown blade
+    # write exactly this; Azure answers 400 Bad Request for another name, as the azurerm provider's
+    # azurerm_dev_test_global_vm_shutdown_schedule found, hashicorp/terraform-provider-azurerm#5536).
+    mocks, outputs = prod
+    vm = one(mocks, "compute:VirtualMachine", "wayin-jumphost")
+    schedule = one(mocks, "devtestlab:GlobalSchedule", "wayin-jumphost-shutdown").inputs
+    vm_name = vm.inputs.get("vmName", vm.name)  # auto-named: the mocks answer the logical name
+    assert schedule["name"] == f"shutdown-computevm-{vm_name}"
+    assert schedule["resourceGroupName"] == vm.inputs["resourceGroupName"]
+    assert schedule["targetResourceId"] == vm.id
+    assert (schedule["taskType"], schedule["status"]) == ("ComputeVmShutdownTask", "Enabled")
+    assert schedule["dailyRecurrence"] == {"time": "1900"} and schedule["timeZoneId"] == "UTC"
+    assert outputs["way_in"]["jump_host_shutdown"] == "1900 UTC"
+    # A replaced VM (any osProfile change) has a new name: the schedule goes first and comes back under it.
+    assert mocks.options["wayin-jumphost-shutdown"].delete_before_replace is True
+
+
+def test_the_shutdown_time_and_zone_are_settings(prod_raw, prod_data_out):
+    way_in = dict(
+        prod_raw[0]["access"], jumpHostShutdownTime="0730", jumpHostShutdownTimeZone="W. Europe Standard Time"
+    )
+    mocks, _ = _run(prod_raw, prod_data_out, access=way_in)
+    schedule = one(mocks, "devtestlab:GlobalSchedule", "wayin-jumphost-shutdown").inputs
+    assert (schedule["dailyRecurrence"]["time"], schedule["timeZoneId"]) == ("0730", "W. Europe Standard Time")
+    off, _ = _run(prod_raw, prod_data_out, access=dict(prod_raw[0]["access"], jumpHostShutdownTime="off"))
+    assert not off.of_type("devtestlab:GlobalSchedule")
+
+
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        (
+            {"jumpHostShutdownTime": "19:00"},
+            "access.jumpHostShutdownTime = '19:00': the time of day as Azure's auto-shutdown takes it, HHmm on a 24-hour clock: \"1900\"",
+        ),
+        ({"jumpHostShutdownTime": "2460"}, "access.jumpHostShutdownTime = '2460'"),
+        ({"jumpHostShutdownTime": 1900}, "access.jumpHostShutdownTime = 1900: expected str; quote it"),
+        (
+            {"jumpHostShutdownTimeZone": "Europe/Berlin"},
+            "access.jumpHostShutdownTimeZone = 'Europe/Berlin': a Windows time zone id",
+        ),
+    ],
+)
+def test_bad_shutdown_settings_are_refused_naming_the_fix(prod_raw, settings, message):
+    raw = dict(copy.deepcopy(prod_raw[0]))
+    raw["access"] = dict(raw["access"], **settings)
+    assert message in _problems(raw)
+
+
+# ---- issue 28, item 16: Docker without root for the jump host's users ----
+
+
+def test_users_get_docker_without_root_and_nobody_joins_the_docker_group():
+    # "The docker group grants root-level privileges to the user" (docs.docker.com/engine/install/linux-postinstall):
+    # nobody is put in it. Rootless mode's prerequisites (docs.docker.com/engine/security/rootless): newuidmap and
+    # newgidmap (Ubuntu's uidmap), /etc/subuid and /etc/subgid with "at least 65,536 subordinate UIDs/GIDs for the
+    # user", and systemd --user (dbus-user-session); slirp4netns for its network.
+    import yaml
+
+    init = yaml.safe_load(wayin.CLOUD_INIT)
+    assert {"docker.io", "uidmap", "dbus-user-session", "slirp4netns", "rootlesskit"} <= set(init["packages"])
+    text = wayin.CLOUD_INIT
+    assert "usermod" not in text and "groups" not in init and "users" not in init and "docker.sock" not in text
+    hook = next(f for f in init["write_files"] if f["path"] == "/usr/local/sbin/subid-for-user")
+    assert hook["content"] == wayin.SUBID_HOOK and hook["permissions"] == "0755"
+    commands = [" ".join(c) if isinstance(c, list) else c for c in init["runcmd"]]
+    assert any("pam_exec.so /usr/local/sbin/subid-for-user" in c and "/etc/pam.d/sshd" in c for c in commands)
+    assert any("dockerd-rootless-setuptool.sh /usr/local/bin/" in c for c in commands)
+
+
+def test_the_sign_in_hook_gives_each_user_a_range_of_their_own_once(tmp_path):
+    import subprocess
+
+    hook = tmp_path / "hook"
+    hook.write_text(wayin.SUBID_HOOK)
+    (tmp_path / "subuid").write_text("azureuser:100000:65536\n")
+
+    def sign_in(user):
+        env = {"PATH": "/usr/bin:/bin", "PAM_USER": user, "PAM_TYPE": "open_session", "SUBID_DIR": str(tmp_path)}
+        subprocess.run(["sh", str(hook)], env=env, check=True)
+
+    for user in ("alice@contoso.com", "bob@contoso.com", "alice@contoso.com", "root"):
+        sign_in(user)
+    for name in ("subuid", "subgid"):
+        rows = [line.split(":") for line in (tmp_path / name).read_text().splitlines()]
+        users = [r[0] for r in rows]
+        assert sorted(users) == sorted({*users}) and "root" not in users, "one range per user, once"
+        assert {"alice@contoso.com", "bob@contoso.com"} <= set(users)
+        ranges = sorted((int(r[1]), int(r[1]) + int(r[2])) for r in rows)
+        assert all(end - start >= 65536 for start, end in ranges)
+        assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(ranges, ranges[1:])), "disjoint"

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _outputs(args) -> stack.StackOutputs | None:
     if args.stack_outputs:
-        return stack.load_file(args.stack_outputs)
+        return stack.load_file(args.stack_outputs, rendered_ok=args.dry_run)
     if args.stack:
         return stack.load_from_pulumi(args.stack)
     return None
@@ -161,6 +161,8 @@ def run(args, extra: list[str]) -> int:
         job = jobspec.resume(job, args.resume_from, args.job)
     sdk_job = jobspec.validate(job, args.job)
     if args.dry_run:
+        if outputs.rendered:
+            print(f"# stack outputs rendered under mocks ({outputs.values[stack.RENDERED]})")
         print(yaml.safe_dump(job, sort_keys=False), end="")
         cluster = outputs.cluster(args.cluster)
         cost, how = prices.hourly(

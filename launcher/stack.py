@@ -12,9 +12,18 @@ from .errors import JobError
 REQUIRED = ("subscription_id", "resource_group", "workspace_name", "registry_login_server", "clusters", "datastores")
 
 
+# Outputs rendered under mocks by scripts/review-infra (infra/trainingplatform/review.py, RENDERED) carry this key:
+# good for filling and printing a job (--dry-run), never for Azure.
+RENDERED = "rendered_under_mocks"
+
+
 @dataclass(frozen=True)
 class StackOutputs:
     values: dict
+
+    @property
+    def rendered(self) -> bool:
+        return RENDERED in self.values
 
     def __getitem__(self, key: str):
         return self.values[key]
@@ -51,7 +60,20 @@ def parse(values: object, source: str) -> StackOutputs:
     return StackOutputs(values)
 
 
-def load_file(path: pathlib.Path) -> StackOutputs:
+def load_file(path: pathlib.Path, rendered_ok: bool = False) -> StackOutputs:
+    """`rendered_ok`: outputs rendered under mocks are accepted (the launcher's --dry-run); anything that would
+    reach Azure with them is refused here, naming the file and the real way to get outputs."""
+    outputs = _load_file(path)
+    if outputs.rendered and not rendered_ok:
+        raise JobError(
+            f"{path} holds outputs rendered under mocks by scripts/review-infra, not a deployed stack's: use it "
+            "with --dry-run, or write a deployed stack's outputs with "
+            f"`pulumi stack output --json --stack <stack> > outputs.<stack>.json`"
+        )
+    return outputs
+
+
+def _load_file(path: pathlib.Path) -> StackOutputs:
     if not path.is_file():
         raise JobError(
             f"stack outputs file {path} not found: write it with `pulumi stack output --json --stack <stack> > {path}`"

@@ -2,6 +2,7 @@
 
     python -m trainingplatform.review Pulumi.dev.yaml > infra/review/dev.txt
     python -m trainingplatform.review data-stack/Pulumi.dev.yaml > infra/review/data-dev.txt
+    python -m trainingplatform.review Pulumi.dev.yaml --outputs > infra/review/dev-outputs.json
 
 A stack file in infra/data-stack/ is the data stack's (project azure-horovod-training-data); any other is
 the platform's, rendered over the data stack of the same name. The program runs under mocks; every
@@ -83,6 +84,26 @@ def _render(stack_file: pathlib.Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The key that marks outputs rendered under mocks (launcher/stack.py reads the same name): the launcher fills and
+# prints jobs from them (--dry-run) and refuses to submit, check or cost anything with them.
+RENDERED = "rendered_under_mocks"
+
+
+def rendered_outputs(stack_file: pathlib.Path) -> dict:
+    """The platform stack's outputs as the mocked program produces them, shaped like `pulumi stack output --json`,
+    marked as rendered: what a newcomer without Azure passes to `python -m launcher ... --dry-run`."""
+    if is_data_stack(stack_file):
+        raise config.ConfigError(f"{stack_file}: the data stack's outputs feed the platform, not the launcher")
+    with _as_a_person():
+        raw, location = mocked.read_stack_file(stack_file)
+        _, outputs = mocked.run(raw, stack_file.name.removeprefix("Pulumi.").removesuffix(".yaml"), location)
+    return {
+        RENDERED: f"by trainingplatform.review from {stack_file.name} under mocks: ids are placeholders, no stack "
+        "is deployed (for --dry-run only)",
+        **outputs,
+    }
+
+
 def is_data_stack(stack_file: pathlib.Path) -> bool:
     return stack_file.resolve().parent == mocked.DATA_DIR
 
@@ -90,8 +111,16 @@ def is_data_stack(stack_file: pathlib.Path) -> bool:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainingplatform.review", description=__doc__.splitlines()[0])
     ap.add_argument("stack_file", type=pathlib.Path, help="Pulumi.<stack>.yaml")
+    ap.add_argument(
+        "--outputs",
+        action="store_true",
+        help="print the platform stack's rendered outputs as JSON (for python -m launcher ... --dry-run) instead",
+    )
     args = ap.parse_args(argv)
     try:
+        if args.outputs:
+            sys.stdout.write(json.dumps(rendered_outputs(args.stack_file), indent=2, sort_keys=True) + "\n")
+            return 0
         sys.stdout.write(render(args.stack_file))
     except (config.ConfigError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

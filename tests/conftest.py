@@ -44,7 +44,9 @@ def _whole_suite(session) -> bool:
     return all(a == tests for a in args) and not narrowed
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    # tryfirst: before xdist's own hook, which reads the xdist_group markers to make the groups.
     for item in items:
         if item.get_closest_marker(LAUNCHES):
             item.add_marker(pytest.mark.xdist_group(LAUNCHES))

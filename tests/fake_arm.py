@@ -9,6 +9,7 @@ import io
 import json
 import re
 import time
+import uuid
 
 import requests
 import urllib3
@@ -168,3 +169,110 @@ def log_analytics(columns: list[tuple[str, str]], rows: list[list]) -> tuple[int
         {"tables": [{"name": "PrimaryResult", "columns": [{"name": n, "type": t} for n, t in columns], "rows": rows}]},
         {},
     )
+
+
+# ---- documented shapes of the ARM reads preflight makes on permissions, role assignments and a hub VNet --------
+
+
+def permissions(actions, not_actions=()) -> dict:
+    """Permissions - List For Resource Group / List For Resource (Microsoft.Authorization 2022-04-01): a list of
+    Permission, each "actions", "notActions", "dataActions", "notDataActions" and nothing else (no condition)."""
+    return {
+        "value": [{"actions": list(actions), "notActions": list(not_actions), "dataActions": [], "notDataActions": []}]
+    }
+
+
+def role_assignment(scope: str, role_guid: str, principal_id: str, condition: str | None = None) -> dict:
+    """One item of Role Assignments - List For Scope (2022-04-01; its example's fields), with the documented
+    `condition` and `conditionVersion` ("Currently the only accepted value is '2.0'") when it has one."""
+    name = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{scope}|{role_guid}|{principal_id}"))
+    sub = scope.split("/")[2]
+    props = {
+        "roleDefinitionId": f"/subscriptions/{sub}/providers/Microsoft.Authorization/roleDefinitions/{role_guid}",
+        "principalId": principal_id,
+        "principalType": "User",
+        "scope": scope,
+    }
+    if condition:
+        props |= {"condition": condition, "conditionVersion": "2.0"}
+    return {
+        "properties": props,
+        "id": f"{scope}/providers/Microsoft.Authorization/roleAssignments/{name}",
+        "type": "Microsoft.Authorization/roleAssignments",
+        "name": name,
+    }
+
+
+def role_definition(subscription: str, role_guid: str, role_name: str, actions, not_actions=()) -> dict:
+    """Role Definitions - Get By Id (2022-04-01): properties.roleName, properties.permissions (Permission list)."""
+    return {
+        "id": f"/subscriptions/{subscription}/providers/Microsoft.Authorization/roleDefinitions/{role_guid}",
+        "name": role_guid,
+        "type": "Microsoft.Authorization/roleDefinitions",
+        "properties": {
+            "roleName": role_name,
+            "type": "BuiltInRole",
+            "permissions": permissions(actions, not_actions)["value"],
+            "assignableScopes": ["/"],
+        },
+    }
+
+
+def vnet_peering(vnet_id: str, name: str, remote_id: str, remote_prefixes, state: str = "Connected") -> dict:
+    """A VirtualNetworkPeering as Virtual Network Peerings - Get/List (Microsoft.Network 2024-05-01) show it, and
+    as Virtual Networks - Get embeds it in properties.virtualNetworkPeerings."""
+    return {
+        "name": name,
+        "id": f"{vnet_id}/virtualNetworkPeerings/{name}",
+        "properties": {
+            "allowVirtualNetworkAccess": True,
+            "allowForwardedTraffic": True,
+            "allowGatewayTransit": False,
+            "useRemoteGateways": False,
+            "remoteVirtualNetwork": {"id": remote_id},
+            "remoteAddressSpace": {"addressPrefixes": list(remote_prefixes)},
+            "remoteVirtualNetworkAddressSpace": {"addressPrefixes": list(remote_prefixes)},
+            "peeringState": state,
+            "peeringSyncLevel": "FullyInSync",
+            "provisioningState": "Succeeded",
+        },
+    }
+
+
+def virtual_network(vnet_id: str, prefixes, peerings=()) -> dict:
+    """Virtual Networks - Get (Microsoft.Network 2024-05-01): properties.addressSpace.addressPrefixes and
+    properties.virtualNetworkPeerings."""
+    return {
+        "name": vnet_id.rsplit("/", 1)[-1],
+        "id": vnet_id,
+        "type": "Microsoft.Network/virtualNetworks",
+        "location": "westeurope",
+        "properties": {
+            "provisioningState": "Succeeded",
+            "addressSpace": {"addressPrefixes": list(prefixes)},
+            "subnets": [],
+            "virtualNetworkPeerings": list(peerings),
+            "enableDdosProtection": False,
+        },
+    }
+
+
+def private_zone(zone_id: str) -> dict:
+    """Private Zones - Get (Microsoft.Network privateDnsZones, 2020-06-01)."""
+    return {
+        "id": zone_id,
+        "name": zone_id.rsplit("/", 1)[-1],
+        "type": "Microsoft.Network/privateDnsZones",
+        "etag": "00000000-0000-0000-0000-000000000000",
+        "location": "global",
+        "tags": {},
+        "properties": {
+            "maxNumberOfRecordSets": 25000,
+            "maxNumberOfVirtualNetworkLinks": 1000,
+            "maxNumberOfVirtualNetworkLinksWithRegistration": 100,
+            "numberOfRecordSets": 1,
+            "numberOfVirtualNetworkLinks": 1,
+            "numberOfVirtualNetworkLinksWithRegistration": 0,
+            "provisioningState": "Succeeded",
+        },
+    }

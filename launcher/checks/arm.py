@@ -1,7 +1,7 @@
 """Azure Resource Manager reads, and Azure's errors as one readable line.
 
-The ARM calls here are single documented GETs (usages, VM sizes, providers, permissions, subscription,
-workspace, datastores). They go through azure-mgmt-core's ARMPipelineClient, the pipeline every generated
+The ARM calls here are single documented GETs (usages, VM sizes, providers, permissions, role assignments and
+definitions, subscription, workspace, datastores, the hub VNet and its private DNS zones). They go through azure-mgmt-core's ARMPipelineClient, the pipeline every generated
 management SDK uses (bearer token for management.azure.com, retries, ARM error format), and raise
 azure-core's exceptions as those SDKs do; this spares .venv three more management SDKs
 (azure-mgmt-resource, -authorization, -machinelearningservices) for seven GETs.
@@ -33,7 +33,9 @@ SCOPE = ENDPOINT + "/.default"
 ML_API = "2024-04-01"  # Microsoft.MachineLearningServices: usages, vmSizes, workspaces, datastores
 PROVIDERS_API = "2021-04-01"  # Microsoft.Resources: providers
 SUBSCRIPTIONS_API = "2022-12-01"  # Microsoft.Resources: subscriptions
-PERMISSIONS_API = "2022-04-01"  # Microsoft.Authorization: permissions
+PERMISSIONS_API = "2022-04-01"  # Microsoft.Authorization: permissions, role assignments, role definitions
+NETWORK_API = "2024-05-01"  # Microsoft.Network: virtualNetworks (the hub VNet and its peerings)
+PRIVATE_DNS_API = "2020-06-01"  # Microsoft.Network: privateDnsZones (the hub's central zones)
 _ERRORS = {401: ClientAuthenticationError, 404: ResourceNotFoundError, 409: ResourceExistsError}
 
 
@@ -55,18 +57,18 @@ class Arm:
             ],
         )
 
-    def get(self, path: str, api_version: str) -> dict[str, Any]:
+    def get(self, path: str, api_version: str, params: dict[str, str] | None = None) -> dict[str, Any]:
         request = HttpRequest(
             "GET",
             self._client.format_url(path),
-            params={"api-version": api_version},
+            params={"api-version": api_version, **(params or {})},
             headers={"Accept": "application/json"},
         )
         return self._send(request)
 
-    def list(self, path: str, api_version: str) -> Iterator[dict[str, Any]]:
+    def list(self, path: str, api_version: str, params: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
         """The `value` items of a list response, following `nextLink` pages."""
-        page = self.get(path, api_version)
+        page = self.get(path, api_version, params)
         while True:
             yield from page.get("value") or []
             link = page.get("nextLink")

@@ -1,4 +1,4 @@
-"""`python -m launcher preflight --stack dev` and `python -m launcher doctor --stack dev`."""
+"""`python -m launcher preflight --stack dev [--data-stack dev]` and `python -m launcher doctor --stack dev`."""
 
 from __future__ import annotations
 
@@ -15,14 +15,19 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m launcher",
         description=(
-            "preflight: before `pulumi up`, check the subscription, resource providers, your permissions and every "
-            "cluster's quota against Pulumi.<stack>.yaml. doctor: after it, check that you can use the deployed "
+            "preflight: before `pulumi up`, check the subscription, resource providers, your permissions, the hub "
+            "VNet (hub mode) and every cluster's quota against Pulumi.<stack>.yaml, and with --data-stack your "
+            "rights for infra/data-stack/Pulumi.<stack>.yaml. doctor: after it, check that you can use the deployed "
             "platform from here (workspace DNS, datastores, code upload, images, quota)."
         ),
     )
     sub = p.add_subparsers(dest="command", required=True)
     pre = sub.add_parser("preflight", help="before pulumi up: reads Pulumi.<stack>.yaml")
-    pre.add_argument("--stack", required=True, help="the platform stack, e.g. dev (reads Pulumi.<stack>.yaml)")
+    pre.add_argument("--stack", help="the platform stack, e.g. dev (reads Pulumi.<stack>.yaml)")
+    pre.add_argument(
+        "--data-stack",
+        help="the data stack, e.g. dev (reads infra/data-stack/Pulumi.<stack>.yaml); with --stack, both are checked",
+    )
     doc = sub.add_parser("doctor", help="after pulumi up: reads the stack outputs")
     src = doc.add_mutually_exclusive_group(required=True)
     src.add_argument("--stack-outputs", type=pathlib.Path, help="JSON from `pulumi stack output --json`")
@@ -31,13 +36,18 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.command == "preflight" and not (args.stack or args.data_stack):
+        p.error("preflight needs --stack, --data-stack or both")
     # azure-identity logs every credential it tried as a WARNING; each finding already says what failed
     logging.getLogger("azure").setLevel(logging.ERROR)
     if args.command == "preflight":
         from . import preflight, stackfile
 
-        return preflight.run(stackfile.read(args.stack))
+        platform = stackfile.read(args.stack) if args.stack else None
+        data = stackfile.read_data(args.data_stack) if args.data_stack else None
+        return preflight.run(platform, data=data)
     from . import doctor
 
     outputs = (

@@ -24,8 +24,9 @@ def exit_code(findings: list[Finding]) -> int:
     return 1 if any(f.status == FAIL for f in findings) else 0
 
 
-def report(findings: list[Finding], out) -> int:
-    for f in findings:
+def report(findings: list[Finding], out, printed: bool = False) -> int:
+    """printed: the findings are on `out` already (under their stacks' headings); only the summary follows."""
+    for f in findings if not printed else ():
         print(f.render(), file=out)
     fails = sum(f.status == FAIL for f in findings)
     warns = sum(f.status == WARN for f in findings)

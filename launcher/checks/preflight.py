@@ -1,5 +1,6 @@
-"""Before `pulumi up`: the subscription, its resource providers, the deployer's permissions and kind, and
-every cluster's quota, each with its fix. Exit status 1 when anything fails."""
+"""Before `pulumi up`: the subscription, its resource providers, the deployer's permissions and kind, the hub
+VNet in hub mode, and every cluster's quota, each with its fix; with a data stack, its subscription and the
+deployer's rights there too. Exit status 1 when anything fails."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from azure.core.exceptions import AzureError, ClientAuthenticationError
 
 from trainingplatform import naming
 
-from . import providers, quota, roles, subscription
+from . import hub, providers, quota, roles, subscription
 from .arm import SIGN_IN, Arm, describe
 from .findings import FAIL, WARN, Finding, report
-from .stackfile import StackFile
+from .stackfile import DataStackFile, StackFile
 
 
 def quota_findings(
@@ -64,23 +65,80 @@ def findings(stack: StackFile, credential, transport=None, current=None) -> list
         if any(f.status == FAIL for f in found):
             return found  # every other answer would be about the wrong (or no) subscription
         sub = stack.subscription
+        token_claims = roles.claims(credential)
+        object_id, _ = roles.principal(token_claims)
         found += providers.check(arm, sub)
-        found += roles.check_permissions(arm, sub, naming.dashed(cfg.prefix, cfg.stack, "rg"))
-        found += roles.check_principal(roles.claims(credential), cfg.users)
+        found += roles.check_permissions(arm, sub, naming.dashed(cfg.prefix, cfg.stack, "rg"), object_id)
+        found += roles.check_principal(token_claims, cfg.users)
+        found += hub.check(arm, cfg)
         needs = [quota.Need(c.name, c.vm_size, c.max_nodes, c.low_priority) for c in cfg.clusters]
         return found + quota_findings(arm, sub, cfg.location, needs)
     except ClientAuthenticationError as e:
         return [Finding(FAIL, "sign-in", describe(e, "asking Azure"), SIGN_IN)]
 
 
-def run(stack: StackFile, credential=None, transport=None, current=None, out=sys.stdout) -> int:
+def data_findings(
+    data: DataStackFile, credential, transport=None, current=None, platform: StackFile | None = None
+) -> list[Finding]:
+    """The data stack (infra/data-stack): its subscription (unless the platform's, checked already), the
+    providers (unless checked for the platform: one list covers both programs), and the deployer's rights on the
+    data resource group, where it creates role assignments too."""
+    cfg = data.settings
+    arm = Arm(credential, transport)
+    current = current if current is not None else subscription.in_use()
+    same = platform is not None and (platform.subscription or "").lower() == (data.subscription or "").lower()
+    try:
+        found = [] if same else [_data(f) for f in subscription.check(arm, data.subscription, current)]
+        if any(f.status == FAIL for f in found):
+            return found
+        sub = data.subscription
+        token_claims = roles.claims(credential)
+        object_id, _ = roles.principal(token_claims)
+        if platform is None:
+            found += providers.check(arm, sub)
+        group = cfg.resource_group_name or naming.dashed(cfg.prefix, cfg.stack, "data-rg")
+        found += roles.check_permissions(
+            arm, sub, group, object_id, roles.DATA_NEEDED, "data permissions", roles.DATA_ROLES
+        )
+        return found + [_data(f) for f in roles.check_principal(token_claims, cfg.users)]
+    except ClientAuthenticationError as e:
+        return [Finding(FAIL, "sign-in", describe(e, "asking Azure"), SIGN_IN)]
+
+
+def _data(f: Finding) -> Finding:
+    return Finding(f.status, f"data {f.check}", f.message, f.fix)
+
+
+def run(
+    stack: StackFile | None,
+    credential=None,
+    transport=None,
+    current=None,
+    out=sys.stdout,
+    data: DataStackFile | None = None,
+) -> int:
     if credential is None:
         from ..credential import azure_credential
 
         credential = azure_credential()  # the person's sign-in, not this machine's identity
-    print(
-        f"preflight for stack {stack.settings.stack}: subscription {stack.subscription or '(not pinned)'}, "
-        f"region {stack.settings.location}",
-        file=out,
-    )
-    return report(findings(stack, credential, transport, current), out)
+    found: list[Finding] = []
+    if stack is not None:
+        print(
+            f"preflight for stack {stack.settings.stack}: subscription {stack.subscription or '(not pinned)'}, "
+            f"region {stack.settings.location}",
+            file=out,
+        )
+        found = findings(stack, credential, transport, current)
+        for f in found:
+            print(f.render(), file=out)
+    if data is not None and not any(f.status == FAIL and f.check == "subscription" for f in found):
+        print(
+            f"preflight for data stack {data.settings.stack} (infra/data-stack): subscription "
+            f"{data.subscription or '(not pinned)'}, region {data.settings.location}",
+            file=out,
+        )
+        more = data_findings(data, credential, transport, current, stack)
+        for f in more:
+            print(f.render(), file=out)
+        found += more
+    return report(found, out, printed=True)

@@ -25,6 +25,7 @@ NAMESPACES = {
     "operationalinsights": "Microsoft.OperationalInsights",
     "managedidentity": "Microsoft.ManagedIdentity",
     "compute": "Microsoft.Compute",  # the jump host of access.mode bastion (wayin.py)
+    "devtestlab": "Microsoft.DevTestLab",  # the jump host's daily auto-shutdown schedule (wayin.py)
     # Registered in every subscription (learn.microsoft.com/azure/azure-resource-manager/management/
     # resource-providers-and-types, "registered by default"): nothing to check.
     "resources": None,

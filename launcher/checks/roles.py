@@ -4,7 +4,9 @@ user roles to the right kind of principal.
 - Permissions: Microsoft.Authorization's Permissions - List (REST, 2022-04-01) answers the caller's
   effective actions at a scope, through groups included. The program creates role assignments (access.py)
   and its resource group, so the deployer needs Microsoft.Authorization/roleAssignments/write (Owner, User
-  Access Administrator, Role Based Access Control Administrator) besides Contributor's writes.
+  Access Administrator, Role Based Access Control Administrator) besides Contributor's writes; so does the data
+  stack (its users' Storage Blob Data roles). Permissions show no ABAC conditions: a role-assignment right that
+  comes only with one is looked up in the caller's role assignments and warned about.
 - Principal kind: without `users`, program.py assigns the user roles to the deployer as principalType
   User; a service principal (CI, a managed identity) deploying that way is refused by Azure
   (UnmatchedPrincipalType). The kind comes from the deployer's own ARM access token: `idtyp` is "app" for
@@ -30,6 +32,29 @@ NEEDED = {
     "Access Control Administrator",
     "Microsoft.Resources/subscriptions/resourceGroups/write": "the stack creates its resource group: Contributor",
 }
+# The data stack (infra/data-stack, datastack.py) creates its resource group, the accounts, and its users' role
+# assignments on the containers: Contributor alone leaves it half built (every resource protected).
+DATA_NEEDED = {
+    "Microsoft.Authorization/roleAssignments/write": "the data stack assigns its users Storage Blob Data "
+    "Contributor and Storage Blob Data Reader on the containers: Owner, User Access Administrator or Role Based "
+    "Access Control Administrator",
+    "Microsoft.Resources/subscriptions/resourceGroups/write": "the data stack creates its resource group: Contributor",
+}
+ROLE_ASSIGNMENT_WRITE = "Microsoft.Authorization/roleAssignments/write"
+# The roles each program assigns (access.ROLES, which imports Pulumi; a test holds these to it), named in the
+# warning about a conditional role-assignment right.
+PLATFORM_ROLES = (
+    "AzureML Data Scientist",
+    "AcrPull",
+    "AcrPush",
+    "Reader",
+    "Storage Blob Data Contributor",
+    "Storage Blob Data Reader",
+    "Storage File Data Privileged Contributor",
+    "Virtual Machine Administrator Login",
+    "Virtual Machine User Login",
+)
+DATA_ROLES = ("Storage Blob Data Contributor", "Storage Blob Data Reader")
 
 
 def claims(credential) -> dict:
@@ -50,6 +75,17 @@ def principal(token_claims: dict) -> tuple[str | None, str | None]:
     return token_claims.get("oid"), kind
 
 
+def read_permissions(arm: Arm, scope: str) -> list[dict]:
+    """Permissions - List For Resource Group / List For Resource (`{scope}/providers/Microsoft.Authorization/
+    permissions`): the caller's effective `actions`, `notActions`, `dataActions`, `notDataActions` per role, through
+    groups included; no conditions (the 2022-04-01 Permission has those four lists only)."""
+    return list(arm.list(f"{scope}/providers/Microsoft.Authorization/permissions", PERMISSIONS_API))
+
+
+def allowed(action: str, permissions: list[dict]) -> bool:
+    return _allowed(action, permissions)
+
+
 def _allowed(action: str, permissions: list[dict]) -> bool:
     """Azure's rule: some role's actions match and that role's notActions do not (wildcards, any case)."""
     a = action.lower()
@@ -60,34 +96,133 @@ def _allowed(action: str, permissions: list[dict]) -> bool:
     return any(hit(p.get("actions")) and not hit(p.get("notActions")) for p in permissions)
 
 
-def check_permissions(arm: Arm, subscription: str, resource_group: str) -> list[Finding]:
+def _covers(assignment_scope: str, scope: str) -> bool:
+    """An assignment at `assignment_scope` applies at `scope` (the same scope or one above it)."""
+    a, s = assignment_scope.rstrip("/").lower(), scope.rstrip("/").lower()
+    return s == a or s.startswith(a + "/")
+
+
+def conditional_role_assignment_rights(arm: Arm, scope: str, object_id: str) -> list[dict]:
+    """The caller's role assignments applying at `scope` whose ABAC condition constrains
+    Microsoft.Authorization/roleAssignments/write, when no unconditioned assignment grants that action; else [].
+
+    The Permissions API shows a role's actions but not the condition on its assignment, so a Role Based Access
+    Control Administrator delegated "Constrain roles" (learn.microsoft.com/azure/role-based-access-control/
+    delegate-role-assignments-portal) reads as allowed, and Azure refuses the assignments outside the condition.
+    Such a delegation condition names the action it constrains: `!(ActionMatches{'Microsoft.Authorization/
+    roleAssignments/write'})` (delegate-role-assignments-examples). Role Assignments - List For Scope with
+    `$filter=assignedTo('{objectId}')` lists the caller's assignments, through groups too, each with its
+    `properties.condition`; an unconditioned one whose role (Role Definitions - Get: `properties.permissions`)
+    allows the action makes any condition moot."""
+    assignments = [
+        a
+        for a in arm.list(
+            f"{scope}/providers/Microsoft.Authorization/roleAssignments",
+            PERMISSIONS_API,
+            {"$filter": f"assignedTo('{object_id}')"},
+        )
+        if _covers(str((a.get("properties") or {}).get("scope") or ""), scope)
+    ]
+
+    def constrains(a: dict) -> bool:
+        return ROLE_ASSIGNMENT_WRITE.lower() in str((a.get("properties") or {}).get("condition") or "").lower()
+
+    conditional = [a for a in assignments if constrains(a)]
+    if not conditional:
+        return []
+    definitions = {
+        str(a["properties"].get("roleDefinitionId"))
+        for a in assignments
+        if not (a.get("properties") or {}).get("condition") and (a.get("properties") or {}).get("roleDefinitionId")
+    }
+    for definition in sorted(definitions):
+        role = arm.get(definition, PERMISSIONS_API)
+        if _allowed(ROLE_ASSIGNMENT_WRITE, (role.get("properties") or {}).get("permissions") or []):
+            return []
+    return conditional
+
+
+def _condition_findings(
+    arm: Arm, scope: str, object_id: str | None, check: str, assigns: tuple[str, ...]
+) -> list[Finding]:
+    roles = ", ".join(assigns)
+    if not object_id:
+        return []
+    try:
+        conditional = conditional_role_assignment_rights(arm, scope, object_id)
+    except ClientAuthenticationError:
+        raise
+    except AzureError as e:
+        return [
+            Finding(
+                WARN,
+                check,
+                describe(e, f"reading your role assignments on {scope} for conditions")
+                + f"; if your {ROLE_ASSIGNMENT_WRITE} comes with a condition (Role Based Access Control "
+                "Administrator delegated with constraints), Azure may still refuse the stack's role assignments",
+                f"make sure any condition on your role assignments allows the roles the stack assigns: {roles}",
+            )
+        ]
+    if not conditional:
+        return []
+    first = conditional[0]["properties"]
+    condition = " ".join(str(first.get("condition")).split())
+    condition = condition if len(condition) <= 200 else condition[:197] + "..."
+    return [
+        Finding(
+            WARN,
+            check,
+            f"your {ROLE_ASSIGNMENT_WRITE} on {scope} comes only with a condition (role assignment "
+            f"{conditional[0].get('name') or conditional[0].get('id')}: {condition}); the Permissions API does not "
+            "show conditions, so this check cannot tell whether Azure accepts the stack's role assignments: "
+            f"{roles} (to User, Group and ServicePrincipal principals)",
+            "have the condition allow those roles and principal types (the owner who delegated it: Azure portal, "
+            "Access control (IAM), your Role Based Access Control Administrator assignment, Conditions), or get "
+            "User Access Administrator without a condition, or let someone who has it run pulumi up",
+        )
+    ]
+
+
+def check_permissions(
+    arm: Arm,
+    subscription: str,
+    resource_group: str,
+    object_id: str | None = None,
+    needed: dict[str, str] = NEEDED,
+    check: str = "permissions",
+    assigns: tuple[str, ...] = PLATFORM_ROLES,
+) -> list[Finding]:
+    """`needed` at the stack's resource group (once it exists, else the subscription); with `object_id` (the
+    deployer's, from its token) also whether the role-assignment right comes only with an ABAC condition."""
     scope = f"/subscriptions/{subscription}/resourceGroups/{resource_group}"
     try:
         try:
-            permissions = list(arm.list(f"{scope}/providers/Microsoft.Authorization/permissions", PERMISSIONS_API))
+            permissions = read_permissions(arm, scope)
         except ResourceNotFoundError:  # the resource group comes with the first `pulumi up`
             scope = f"/subscriptions/{subscription}"
-            permissions = list(arm.list(f"{scope}/providers/Microsoft.Authorization/permissions", PERMISSIONS_API))
+            permissions = read_permissions(arm, scope)
     except ClientAuthenticationError:
         raise
     except AzureError as e:
         return [
             Finding(
                 FAIL,
-                "permissions",
+                check,
                 describe(e, f"reading your permissions on {scope}"),
                 "ask the subscription's owner for Contributor and User Access Administrator on it",
             )
         ]
     findings = []
-    for action, why in NEEDED.items():
+    for action, why in needed.items():
         if _allowed(action, permissions):
-            findings.append(Finding(OK, "permissions", f"{action} allowed on {scope}"))
+            findings.append(Finding(OK, check, f"{action} allowed on {scope}"))
+            if action == ROLE_ASSIGNMENT_WRITE:
+                findings += _condition_findings(arm, scope, object_id, check, assigns)
         else:
             findings.append(
                 Finding(
                     FAIL,
-                    "permissions",
+                    check,
                     f"you may not {action} on {scope}; {why}",
                     f"az role assignment create --assignee <you> --role \"User Access Administrator\" "
                     f"--scope /subscriptions/{subscription} (by an Owner), or let someone who has it "

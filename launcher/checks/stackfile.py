@@ -1,5 +1,6 @@
 """A platform stack's settings from Pulumi.<stack>.yaml, validated by the program's own config.load, plus the
-subscription it pins; read without the Pulumi CLI (preflight runs before there is anything to ask it)."""
+subscription it pins; the data stack's from infra/data-stack/Pulumi.<stack>.yaml, validated by dataconfig.load;
+read without the Pulumi CLI (preflight runs before there is anything to ask it)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from trainingplatform import config
+from trainingplatform import config, dataconfig
 
 from ..errors import JobError
 
@@ -21,10 +22,14 @@ class StackFile:
     subscription: str | None  # azure-native:subscriptionId
 
 
-def read(stack: str, root: pathlib.Path | None = None) -> StackFile:
-    path = (root or ROOT) / f"Pulumi.{stack}.yaml"
-    if not path.is_file():
-        raise JobError(f"{path} not found: copy Pulumi.dev.yaml to it and edit it (docs/deploying.md#deploy)")
+@dataclass(frozen=True)
+class DataStackFile:
+    settings: dataconfig.DataConfig
+    subscription: str | None  # azure-native:subscriptionId
+
+
+def _settings(path: pathlib.Path, project: str) -> tuple[dict, dict]:
+    """(the project's plain settings, azure-native's) of a Pulumi.<stack>.yaml."""
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
@@ -32,15 +37,43 @@ def read(stack: str, root: pathlib.Path | None = None) -> StackFile:
     raw, native = {}, {}
     for key, value in (data.get("config") or {}).items():
         namespace, _, name = str(key).partition(":")
-        if namespace == config.PROJECT and not (isinstance(value, dict) and "secure" in value):
+        if namespace == project and not (isinstance(value, dict) and "secure" in value):
             raw[name] = value
         elif namespace == "azure-native":
             native[name] = value
+    return raw, native
+
+
+def _subscription(native: dict) -> str | None:
     subscription = native.get("subscriptionId")
-    subscription = str(subscription).strip() if subscription else None
+    return str(subscription).strip() if subscription else None
+
+
+def read(stack: str, root: pathlib.Path | None = None) -> StackFile:
+    path = (root or ROOT) / f"Pulumi.{stack}.yaml"
+    if not path.is_file():
+        raise JobError(f"{path} not found: copy Pulumi.dev.yaml to it and edit it (docs/deploying.md#deploy)")
+    raw, native = _settings(path, config.PROJECT)
+    subscription = _subscription(native)
     try:
         # The program refuses a stack that pins no subscription (its names hash it), with the fix.
         settings = config.load(raw, stack, native.get("location"), subscription)
     except config.ConfigError as e:
         raise JobError(f"{path}: {e}") from None
     return StackFile(settings, subscription)
+
+
+def read_data(stack: str, root: pathlib.Path | None = None) -> DataStackFile:
+    """infra/data-stack/Pulumi.<stack>.yaml (project azure-horovod-training-data), as the data program reads it."""
+    path = (root or ROOT) / "infra" / "data-stack" / f"Pulumi.{stack}.yaml"
+    if not path.is_file():
+        raise JobError(
+            f"{path} not found: copy infra/data-stack/Pulumi.dev.yaml to it and edit it (docs/deploying.md#deploy)"
+        )
+    raw, native = _settings(path, dataconfig.PROJECT)
+    subscription = _subscription(native)
+    try:
+        settings = dataconfig.load(raw, stack, native.get("location"), subscription)
+    except config.ConfigError as e:
+        raise JobError(f"{path}: {e}") from None
+    return DataStackFile(settings, subscription)

@@ -77,6 +77,7 @@ SIZES = {
         size("Standard_ND96asr_v4", "standardNDASv4_A100Family", 96, 8),
     ]
 }
+OWNER_ROLE = "8e3af657-a8ff-443c-a75c-2fe8c4bcb635"  # the built-in Owner role's id
 OWNER = {"value": [{"actions": ["*"], "notActions": [], "dataActions": [], "notDataActions": []}]}
 CONTRIBUTOR = {
     "value": [
@@ -94,6 +95,11 @@ CONTRIBUTOR = {
 
 @pytest.fixture
 def azure(monkeypatch):
+    return working_azure(monkeypatch)
+
+
+def working_azure(monkeypatch) -> fake_arm.FakeAzure:
+    """A subscription where preflight passes for the dev stack (test_preflight_hub.py builds on it too)."""
     fake = fake_arm.install(monkeypatch)
     fake.on(
         "GET",
@@ -115,6 +121,13 @@ def azure(monkeypatch):
         fake_arm.arm_error(404, "ResourceGroupNotFound", "Resource group 'hvd-dev-rg' could not be found."),
     )
     fake.on("GET", rf"{ARM}/subscriptions/{SUB}/providers/Microsoft\.Authorization/permissions", (200, OWNER, {}))
+    # Role Assignments - List For Scope ($filter=assignedTo): the deployer's, an Owner without a condition
+    owner = fake_arm.role_assignment(f"/subscriptions/{SUB}", OWNER_ROLE, fake_arm.USER["oid"])
+    fake.on(
+        "GET",
+        rf"{ARM}/subscriptions/{SUB}(/resourceGroups/[^/]+)?/providers/Microsoft\.Authorization/roleAssignments",
+        (200, {"value": [owner]}, {}),
+    )
     fake.on("GET", rf"{ML}/usages", (200, usages(), {}))
     fake.on("GET", rf"{ML}/vmSizes", (200, SIZES, {}))
     fake.on("GET", rf"{ML}/quotas", (200, {"value": []}, {}))

@@ -1,0 +1,214 @@
+"""Hub mode (config `access: {mode: hub}`, wayin.py): what `pulumi up` does on the hub VNet, checked before it.
+
+The stack peers its VNet with the hub both ways and, without `access.privateDnsZoneIds`, links its own private
+DNS zones to the hub VNet; with them, every private endpoint's zone group registers in the hub's zones. All of
+that comes at the end of `up`, after everything else exists, so preflight reads the hub first:
+
+- Address space. "The address spaces of the virtual networks can't overlap" (virtual-network-manage-peering,
+  requirements and constraints), and a hub's peerings route to their networks too: network.vnetCidr is compared
+  with the hub's `properties.addressSpace.addressPrefixes` and with every existing peering's
+  `properties.remoteAddressSpace.addressPrefixes` (Virtual Networks - Get, Microsoft.Network 2024-05-01: the VNet
+  carries its `virtualNetworkPeerings`). This stack's own peering (its remote VNet in the stack's resource
+  group: preflight run again after `up`) is left out.
+- Rights on the hub VNet (Permissions - List For Resource): `virtualNetworkPeerings/write` for the hub's side of
+  the peering, `peer/action` for this VNet's side, which names the hub as its remote network (the peering
+  how-to's permissions table), and without central zones `virtualNetworks/join/action` to link the stack's zones
+  to the hub (a virtual network link joins the VNet).
+- Central zones (`access.privateDnsZoneIds`): each one exists (Private Zones - Get) and the deployer may
+  `Microsoft.Network/privateDnsZones/join/action` on it, which a private endpoint's zone group needs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from azure.core.exceptions import AzureError, ClientAuthenticationError, ResourceNotFoundError
+
+from trainingplatform import config, naming
+
+from .arm import NETWORK_API, PRIVATE_DNS_API, Arm, describe
+from .findings import FAIL, OK, Finding
+from .roles import allowed, read_permissions
+
+PEERING_WRITE = "Microsoft.Network/virtualNetworks/virtualNetworkPeerings/write"
+PEER = "Microsoft.Network/virtualNetworks/peer/action"
+VNET_JOIN = "Microsoft.Network/virtualNetworks/join/action"
+ZONE_JOIN = "Microsoft.Network/privateDnsZones/join/action"
+_GROUP = re.compile(r"^/subscriptions/([^/]+)/resourceGroups/([^/]+)/", re.IGNORECASE)
+
+
+def _name(resource_id: str) -> str:
+    return resource_id.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _network(text) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    try:
+        return ipaddress.ip_network(str(text), strict=False)
+    except ValueError:
+        return None
+
+
+def _ours(remote_id: str, subscription: str, group: str) -> bool:
+    m = _GROUP.match(remote_id or "")
+    return bool(m) and m.group(1).lower() == subscription.lower() and m.group(2).lower() == group.lower()
+
+
+def address_ranges(vnet: dict, subscription: str, own_group: str) -> list[tuple[str, str]]:
+    """(where, prefix) for the hub's own address space and each of its peerings' remote address space
+    (Virtual Networks - Get), without this stack's own peering."""
+    props = vnet.get("properties") or {}
+    ranges = [("the hub's address space", p) for p in (props.get("addressSpace") or {}).get("addressPrefixes") or []]
+    for peering in props.get("virtualNetworkPeerings") or []:
+        pp = peering.get("properties") or {}
+        remote = str((pp.get("remoteVirtualNetwork") or {}).get("id") or "")
+        if _ours(remote, subscription, own_group):
+            continue
+        where = f"peering {peering.get('name') or '?'} (to {_name(remote) if remote else 'an unnamed network'})"
+        ranges += [(where, p) for p in (pp.get("remoteAddressSpace") or {}).get("addressPrefixes") or []]
+    return ranges
+
+
+def _free_range(own: ipaddress.IPv4Network, taken: list) -> ipaddress.IPv4Network | None:
+    """A range of vnetCidr's size in 10.0.0.0/8 clear of `taken` and of Docker's bridge, to suggest."""
+    if own.version != 4 or own.prefixlen < 8:
+        return None
+    avoid = [n for n in taken if n.version == 4] + [config.DOCKER_BRIDGE]
+    for i, candidate in enumerate(ipaddress.IPv4Network("10.0.0.0/8").subnets(new_prefix=own.prefixlen)):
+        if i >= 4096:
+            return None
+        if not any(candidate.overlaps(n) for n in avoid):
+            return candidate
+    return None
+
+
+def check_overlap(vnet: dict, cfg: config.PlatformConfig) -> list[Finding]:
+    own = ipaddress.ip_network(cfg.network.vnet_cidr)
+    group = naming.dashed(cfg.prefix, cfg.stack, "rg")
+    ranges = [(where, text, _network(text)) for where, text in address_ranges(vnet, cfg.subscription_id, group)]
+    clashes = [
+        (where, net) for where, _, net in ranges if net is not None and net.version == own.version and net.overlaps(own)
+    ]
+    listed = ", ".join(text for _, text, _ in ranges) or "none"
+    if not clashes:
+        return [
+            Finding(
+                OK,
+                "hub network",
+                f"network.vnetCidr {own} overlaps neither the hub's address space nor its peerings' ({listed})",
+            )
+        ]
+    free = _free_range(own, [net for _, _, net in ranges if net is not None])
+    return [
+        Finding(
+            FAIL,
+            "hub network",
+            f"network.vnetCidr {own} overlaps {where} {net}: Azure refuses a peering between overlapping address "
+            "spaces, and `pulumi up` would reach the peering last, after creating everything else",
+            f"choose a network.vnetCidr clear of every range the hub reaches ({listed})"
+            + (f", e.g. {free}," if free else "")
+            + " and move computeSubnetCidr, privateEndpointSubnetCidr and the access subnets into it",
+        )
+        for where, net in clashes
+    ]
+
+
+def _rights(permissions: list[dict], needed: dict[str, str], scope: str, what: str, fix: str) -> list[Finding]:
+    missing = [(action, why) for action, why in needed.items() if not allowed(action, permissions)]
+    if not missing:
+        return [Finding(OK, what, f"{', '.join(needed)} allowed on {scope}")]
+    return [Finding(FAIL, what, f"you may not {action} on {scope}: {why}", fix) for action, why in missing]
+
+
+def check(arm: Arm, cfg: config.PlatformConfig) -> list[Finding]:
+    access = cfg.access
+    if access is None or access.mode != "hub" or not access.hub_vnet_id:
+        return []
+    hub = access.hub_vnet_id
+    try:
+        vnet = arm.get(hub, NETWORK_API)
+    except ClientAuthenticationError:
+        raise
+    except ResourceNotFoundError as e:
+        return [
+            Finding(
+                FAIL,
+                "hub network",
+                describe(e, f"reading the hub VNet {hub} (access.hubVnetId)"),
+                "set access.hubVnetId to the hub's id (`az network vnet show -g <group> -n <name> --query id -o "
+                "tsv`, signed in to a tenant and subscription that see it)",
+            )
+        ]
+    except AzureError as e:
+        return [
+            Finding(
+                FAIL,
+                "hub network",
+                describe(e, f"reading the hub VNet {hub} (access.hubVnetId)"),
+                f"ask the hub's owners for Network Contributor on {hub} (the stack peers with it; Reader at least "
+                "lets preflight compare address spaces)",
+            )
+        ]
+    found = check_overlap(vnet, cfg)
+    needed = {
+        PEERING_WRITE: "the stack creates the hub's side of the peering",
+        PEER: "this VNet's side of the peering names the hub as its remote network",
+    }
+    if not access.private_dns_zones:
+        needed[VNET_JOIN] = "without access.privateDnsZoneIds the stack links its own private DNS zones to the hub VNet"
+    fix = (
+        f'ask the hub\'s owners for Network Contributor on it: az role assignment create --assignee <you> --role '
+        f'"Network Contributor" --scope {hub} (or a custom role with {", ".join(needed)})'
+    )
+    found += _read_rights(arm, hub, needed, "hub rights", fix)
+    for zone_name, zone_id in access.private_dns_zones:
+        found += check_zone(arm, zone_name, zone_id)
+    return found
+
+
+def _read_rights(arm: Arm, scope: str, needed: dict[str, str], what: str, fix: str) -> list[Finding]:
+    try:
+        permissions = read_permissions(arm, scope)
+    except ClientAuthenticationError:
+        raise
+    except AzureError as e:
+        return [Finding(FAIL, what, describe(e, f"reading your permissions on {scope}"), fix)]
+    return _rights(permissions, needed, scope, what, fix)
+
+
+def check_zone(arm: Arm, zone_name: str, zone_id: str) -> list[Finding]:
+    what = f"hub zone {zone_name}"
+    try:
+        arm.get(zone_id, PRIVATE_DNS_API)
+    except ClientAuthenticationError:
+        raise
+    except ResourceNotFoundError as e:
+        return [
+            Finding(
+                FAIL,
+                what,
+                describe(e, f"reading {zone_id} (access.privateDnsZoneIds)") + ": no such zone",
+                f"list the hub's zone of that name in access.privateDnsZoneIds (`az network private-dns zone list "
+                f"--query \"[?name=='{zone_name}'].id\" -o tsv` in the hub's subscription), or ask the hub's owners "
+                "to create it",
+            )
+        ]
+    except AzureError as e:
+        return [
+            Finding(
+                FAIL,
+                what,
+                describe(e, f"reading {zone_id} (access.privateDnsZoneIds)"),
+                f"ask the zone's owners for Private DNS Zone Contributor on {zone_id}, or a custom role with "
+                f"{ZONE_JOIN} and read",
+            )
+        ]
+    return _read_rights(
+        arm,
+        zone_id,
+        {ZONE_JOIN: "every private endpoint's zone group registers its address in this zone"},
+        what,
+        f"ask the zone's owners for {ZONE_JOIN} on it: Private DNS Zone Contributor (az role assignment create "
+        f'--assignee <you> --role "Private DNS Zone Contributor" --scope {zone_id}) or a custom role with that '
+        "action only",
+    )

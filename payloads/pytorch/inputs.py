@@ -155,6 +155,7 @@ class FolderLoader:
             # A SIGTERM to the whole job (the local launcher signals every process) must not end the workers
             # before their rank has reached the agreed stop step and written its checkpoint; they end with it.
             kwargs["worker_init_fn"] = _ignore_sigterm
+            _end_workers_at_exit()
         self.loader = DataLoader(
             dataset,
             batch_sampler=self.sampler,
@@ -178,6 +179,22 @@ def _ignore_sigterm(_worker: int) -> None:
     import signal
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+_ENDING_WORKERS: list[bool] = []
+
+
+def _end_workers_at_exit() -> None:
+    """Workers that ignore SIGTERM outlive multiprocessing's own exit handler, which terminates daemonic children
+    (SIGTERM) and then joins them without a timeout: a rank leaving on an error would hang there for good. Registered
+    after multiprocessing's handler, this runs first (atexit is last in, first out) and kills them."""
+    if _ENDING_WORKERS:
+        return
+    import atexit
+    import multiprocessing
+
+    atexit.register(lambda: [p.kill() for p in multiprocessing.active_children()])
+    _ENDING_WORKERS.append(True)
 
 
 def decoder_of(cfg) -> str:

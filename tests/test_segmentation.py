@@ -13,6 +13,8 @@ from datatools.landcover import prepare, synthetic
 from payloads.segmentation import data, labels, models, tiling
 from payloads.segmentation.train import pixel_loss
 
+pytestmark = pytest.mark.launches  # the module's `straight` run and the land-cover launches: serial under xdist
+
 PATCH, BATCH = 32, 8
 # Small enough for seconds per epoch on 2 cores; GroupNorm so that a 2-process step equals a 1-process one.
 SEG = [
@@ -69,7 +71,6 @@ def straight(tiles, tmp_path_factory) -> tuple[pathlib.Path, list[str]]:
     return out, args
 
 
-@pytest.mark.launches
 def test_two_processes_learn_and_average_exactly(straight, tiles, tmp_path):
     out, _ = straight
     m = metrics(out)
@@ -96,7 +97,6 @@ def test_two_processes_learn_and_average_exactly(straight, tiles, tmp_path):
     assert control > 100 * max(diff, 1e-7), (control, diff)
 
 
-@pytest.mark.launches
 def test_resume_equals_a_straight_run(straight, tmp_path):
     out, args = straight
     seg(2, args + ["--epochs", "2", "--output-dir", str(tmp_path)])
@@ -108,7 +108,6 @@ def test_resume_equals_a_straight_run(straight, tmp_path):
     assert metrics(tmp_path)["epochs"][-1]["val_confusion_matrix"] == metrics(out)["epochs"][-1]["val_confusion_matrix"]
 
 
-@pytest.mark.launches
 def test_ddp_backend_ranks_agree_and_equal_the_horovod_run(straight, tmp_path):
     """--backend ddp under torchrun: the same shards, the same averaged step. The first epoch equals the Horovod
     run's within the 1-vs-2-process tolerance above, whose unaveraged control lies 100 times beyond it."""
@@ -298,7 +297,6 @@ def test_bad_input_stops_before_anything_is_written(case, tmp_path, capsys):
     assert "already exists" in capsys.readouterr().err and (out / "keep.txt").read_text() == "mine"
 
 
-@pytest.mark.launches
 def test_a_damaged_block_stops_every_rank_before_training(tiles, tmp_path):
     damaged = tmp_path / "prepared"
     shutil.copytree(tiles, damaged)

@@ -36,3 +36,16 @@ def prod():
     raw, location = mocked.read_stack_file(PROD_FILE)
     data_raw, data_location = mocked.read_stack_file(DATA_PROD_FILE, dataconfig.PROJECT)
     return mocked.run(raw, "prod", location, data_outputs=mocked.run_data(data_raw, "prod", data_location)[1])
+
+
+@pytest.fixture(scope="session")
+def prod_raw():
+    """Pulumi.prod.yaml as read, for tests that change its settings (copy it first)."""
+    return mocked.read_stack_file(PROD_FILE)
+
+
+@pytest.fixture(scope="session")
+def prod_data_out():
+    """The prod data stack's outputs under mocks, for tests that render variants of the prod platform."""
+    raw, location = mocked.read_stack_file(DATA_PROD_FILE, dataconfig.PROJECT)
+    return mocked.run_data(raw, "prod", location)[1]

@@ -15,25 +15,13 @@ import copy
 
 import pytest
 import training_policies
-from infra_helpers import DATA_PROD_FILE, PROD_FILE
 
-from trainingplatform import config, dataconfig, mocked, privatelink
+from trainingplatform import config, mocked, privatelink
 
 HUB = "/subscriptions/33333333-3333-3333-3333-333333333333/resourceGroups/hub-rg/providers/Microsoft.Network/virtualNetworks/hub-vnet"
 DNS_RG = "/subscriptions/33333333-3333-3333-3333-333333333333/resourceGroups/dns-rg/providers/Microsoft.Network/privateDnsZones/"
 ALL_ZONES = sorted({z for zones in config.PRIVATE_DNS_ZONES.values() for z in zones})
 HUB_DNS = "10.0.0.4"
-
-
-@pytest.fixture(scope="module")
-def prod_raw():
-    return mocked.read_stack_file(PROD_FILE)
-
-
-@pytest.fixture(scope="module")
-def prod_data_out():
-    raw, location = mocked.read_stack_file(DATA_PROD_FILE, dataconfig.PROJECT)
-    return mocked.run_data(raw, "prod", location)[1]
 
 
 def _hub(zones=ALL_ZONES, servers=(HUB_DNS,), **extra):

@@ -5,22 +5,11 @@ and storage egress. Each test encodes a documented Azure constraint (cited) that
 import copy
 
 import pytest
-from infra_helpers import DATA_PROD_FILE, PROD_FILE, one
+from infra_helpers import one
 
-from trainingplatform import access, config, dataconfig, egress, mocked, wayin
+from trainingplatform import access, config, egress, mocked, wayin
 
 HUB = "/subscriptions/33333333-3333-3333-3333-333333333333/resourceGroups/hub-rg/providers/Microsoft.Network/virtualNetworks/hub-vnet"
-
-
-@pytest.fixture(scope="module")
-def prod_raw():
-    return mocked.read_stack_file(PROD_FILE)
-
-
-@pytest.fixture(scope="module")
-def prod_data_out():
-    raw, location = mocked.read_stack_file(DATA_PROD_FILE, dataconfig.PROJECT)
-    return mocked.run_data(raw, "prod", location)[1]
 
 
 def _run(prod_raw, prod_data_out, random_result="x7k2q", **changes):

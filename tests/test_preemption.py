@@ -157,3 +157,23 @@ def test_auto_interval_costs_at_most_two_percent_with_a_floor():
     assert preemption.parse_minutes("auto") == "auto" and preemption.parse_minutes("0") == 0
     with pytest.raises(ValueError):
         preemption.parse_minutes("-1")
+
+
+def test_a_rank_line_reaches_the_shared_pipe_in_one_write(monkeypatch):
+    """Every rank writes its stop line (and its error line) to one shared pipe. print() writes the text and the
+    newline in two writes, so two ranks' lines ran together on one line (seen in CI: one line holding both
+    ranks' 'stopped by SIGTERM'); a pipe keeps a single write of up to PIPE_BUF bytes whole."""
+    from payloads.common.errors import say
+
+    read, write = os.pipe()
+    writes: list[bytes] = []
+    real = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: writes.append(bytes(data)) or real(fd, data))
+    line = "stopped by SIGTERM: wrote " + "x" * 300 + " (exit 75)"
+    with os.fdopen(write, "w") as stream:
+        say(line, stream)
+        say("error: ünïcode", stream)
+    with os.fdopen(read, "rb") as got:
+        text = got.read().decode()
+    assert writes == [(line + "\n").encode(), "error: ünïcode\n".encode()]
+    assert text.splitlines() == [line, "error: ünïcode"]

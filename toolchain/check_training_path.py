@@ -322,7 +322,7 @@ def worker_pytorch_payload() -> list[str]:
     step(model, opt)
     runtime.save(cfg, backend, 1, model, opt, None)
     fresh, fresh_opt = build()
-    if runtime.restore(cfg, backend, fresh, fresh_opt, None) != 1:
+    if runtime.restore(cfg, backend, fresh, fresh_opt, None) != (1, 0):  # (epochs done, step in the next)
         raise AssertionError("the checkpoint was not restored")
     step(fresh, fresh_opt)
     digests = backend.allgather_object(models.parameters_digest(fresh), "digests")  # also: both ranks are done

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..common import checkpoint, config, preemption, schedule
-from ..common.errors import ConfigError
+from ..common.errors import ConfigError, say
 from ..common.metrics import MetricsFile, finish
 from . import backends, inputs, models, runtime
 
@@ -366,10 +366,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         run(cfg)
     except ConfigError as e:
         # Every rank says it: a data error may be met by one rank only.
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        say(f"error: {e}")
         return 2
     except preemption.Stopped as e:
-        print(e, file=sys.stderr, flush=True)  # every rank says it: all stopped at the same step
+        say(str(e))  # every rank says it: all stopped at the same step
         return preemption.EXIT_CODE
     return 0
 

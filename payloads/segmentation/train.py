@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..common import config, schedule
-from ..common.errors import ConfigError
+from ..common.errors import ConfigError, say
 from ..common.metrics import MetricsFile, finish
 from ..pytorch import backends, runtime
 from ..pytorch.models import parameters_digest
@@ -438,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg, seg = parse(argv)
         run(cfg, seg)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        say(f"error: {e}")
         return 2
     return 0
 

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from ..common import config, devices
-from ..common.errors import ConfigError
+from ..common.errors import ConfigError, say
 
 # Static (payloads/tensorflow/models.py builds them) so that parsing needs no TensorFlow import.
 MODEL_NAMES = ("resnet50", "resnet101", "resnet152", "mobilenet_v2", "tiny_cnn", "mlp")
@@ -61,6 +61,6 @@ def main(
         xla_on_cpu(cfg)
         runner(cfg)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)  # every rank says it: one rank may meet it alone
+        say(f"error: {e}")  # every rank says it: one rank may meet it alone
         return 2
     return 0

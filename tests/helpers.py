@@ -133,3 +133,87 @@ def uncovered_device_values(launches: list[dict], device_dependent: dict) -> lis
         for value in values
         if value and not any(r["np"] >= 2 and r["rc"] == 0 and passes(r["args"], value) for r in launches)
     ]
+
+
+def _beat(out: pathlib.Path, rank: int) -> dict | None:
+    try:
+        return json.loads((out / "progress" / f"rank{rank}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def stopped_run(
+    out: pathlib.Path, args: list[str], backend: str, signalled: list[int], payload: str = "pytorch", after: int = 40
+) -> tuple[subprocess.CompletedProcess, float]:
+    """A two-process run, SIGTERM sent to the ranks in `signalled` (by the pids their heartbeats give) once both
+    show `after` steps; returns its output and the seconds from the signal to its end."""
+    import signal
+    import time
+
+    args = args + ["--output-dir", str(out)]
+    cmd = horovodrun(2, args, payload) if backend == "horovod" else torchrun(2, args, payload)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            beats = [_beat(out, r) for r in (0, 1)]
+            if all(b and b["steps"] >= after for b in beats):
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, "no progress"
+            time.sleep(0.1)
+        for r in signalled:
+            os.kill(beats[r]["pid"], signal.SIGTERM)
+        sent = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=60)
+        ended = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    record_launch(2, args, payload, proc.returncode)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), ended
+
+
+def check_resume_is_exact(
+    tmp_path: pathlib.Path,
+    args: list[str],
+    backend: str,
+    signalled: list[int],
+    payload: str = "pytorch",
+    steps_per_epoch: int = 600,
+) -> dict:
+    """Issue 31's exactness procedure, one for every payload: the run uninterrupted; the same run stopped by
+    SIGTERM mid-epoch (every rank says so, exit 75, within the 30 s grace, a mid-epoch checkpoint holding the
+    position, data order and every rank's random states); resumed from it, it ends bitwise equal to the
+    uninterrupted run. Returns the stopped checkpoint's state."""
+    import torch
+
+    from payloads.common import checkpoint, preemption
+
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    train(2, args + ["--output-dir", str(straight)], backend=backend, payload=payload)
+
+    proc, seconds = stopped_run(stopped, args, backend, signalled, payload)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text[-3000:]
+    # Every rank says it, with the same checkpoint, signalled or not, each on its own line.
+    lines = [line for line in text.splitlines() if "stopped by " in line and "run the same command again" in line]
+    assert len(lines) == 2, text[-4000:]
+    assert f"(exit {preemption.EXIT_CODE})" in lines[0]
+    assert seconds < 30, seconds  # the grace assumed for Azure ML (preemption.py)
+    found = checkpoint.latest(stopped / "checkpoints", ".pt")
+    assert found, text[-3000:]
+    epochs, step = checkpoint.position(found[1])
+    assert 0 < step < steps_per_epoch, found[1].name  # inside an epoch
+    assert all(found[1].name in line for line in lines), lines
+    state = torch.load(found[1], map_location="cpu", weights_only=False)
+    assert (state["epoch"], state["step"], len(state["rng"]), len(state["rank_buffers"])) == (epochs, step, 2, 2)
+    assert state["steps_per_epoch"] == steps_per_epoch
+    assert state["data_order"] == {"seed": 42, "epoch": epochs, "skip": step}
+
+    resumed = train(2, args + ["--output-dir", str(stopped)], backend=backend, payload=payload)
+    assert f"({epochs} epochs done, {step} steps of epoch {epochs + 1})" in resumed.stdout + resumed.stderr
+    a, b = final_weights(straight), final_weights(stopped)
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, different
+    return state

@@ -4,15 +4,11 @@ under Horovod and under DDP, with two real processes. Plus the checkpoint names 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import time
 
 import pytest
-import torch
-from helpers import ROOT, TINY, env, final_weights, horovodrun, record_launch, torchrun, train
+from helpers import TINY, check_resume_is_exact
 
 from payloads.common import checkpoint, preemption
 
@@ -35,77 +31,15 @@ ARGS = TINY + [
 ]
 
 
-def _beat(out, rank: int) -> dict | None:
-    try:
-        return json.loads((out / "progress" / f"rank{rank}.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _stopped_run(out, backend: str, signalled: list[int]) -> tuple[subprocess.CompletedProcess, float]:
-    """The run, SIGTERM sent to the ranks in `signalled` (by the pids their heartbeats give) once both show 40
-    steps; returns its output and the seconds from the signal to its end."""
-    args = ARGS + ["--output-dir", str(out)]
-    cmd = horovodrun(2, args) if backend == "horovod" else torchrun(2, args)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            beats = [_beat(out, r) for r in (0, 1)]
-            if all(b and b["steps"] >= 40 for b in beats):
-                break
-            assert proc.poll() is None and time.monotonic() < deadline, "no progress"
-            time.sleep(0.1)
-        for r in signalled:
-            os.kill(beats[r]["pid"], signal.SIGTERM)
-        sent = time.monotonic()
-        stdout, stderr = proc.communicate(timeout=60)
-        ended = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    record_launch(2, args, "pytorch", proc.returncode)
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), ended
-
-
-def _check_resume_is_exact(tmp_path, backend: str, signalled: list[int]) -> None:
-    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    train(2, ARGS + ["--output-dir", str(straight)], backend=backend)
-
-    proc, seconds = _stopped_run(stopped, backend, signalled)
-    text = proc.stdout + proc.stderr
-    assert proc.returncode != 0, text[-3000:]
-    # Every rank says it, with the same checkpoint, signalled or not.
-    lines = [line for line in text.splitlines() if "stopped by " in line and "run the same command again" in line]
-    assert len(lines) == 2, text[-4000:]
-    assert f"(exit {preemption.EXIT_CODE})" in lines[0]
-    assert seconds < 30, seconds  # the grace assumed for Azure ML (preemption.py)
-    found = checkpoint.latest(stopped / "checkpoints", ".pt")
-    assert found, text[-3000:]
-    epochs, step = checkpoint.position(found[1])
-    assert 0 < step < 600, found[1].name  # inside an epoch
-    assert all(found[1].name in line for line in lines), lines
-    state = torch.load(found[1], map_location="cpu", weights_only=False)
-    assert (state["epoch"], state["step"], len(state["rng"])) == (epochs, step, 2)
-    assert state["data_order"] == {"seed": 42, "epoch": epochs, "skip": step}
-
-    resumed = train(2, ARGS + ["--output-dir", str(stopped)], backend=backend)
-    assert f"({epochs} epochs done, {step} steps of epoch {epochs + 1})" in resumed.stdout + resumed.stderr
-    a, b = final_weights(straight), final_weights(stopped)
-    assert a.keys() == b.keys()
-    different = [k for k in a if not torch.equal(a[k], b[k])]
-    assert not different, different
-
-
 @pytest.mark.launches
 def test_horovod_sigterm_to_one_rank_stops_both_at_one_step_and_resumes_exactly(tmp_path):
     # Only rank 1 gets the signal: the agreement stops rank 0 at the same step.
-    _check_resume_is_exact(tmp_path, "horovod", [1])
+    check_resume_is_exact(tmp_path, ARGS, "horovod", [1])
 
 
 @pytest.mark.launches
 def test_ddp_sigterm_to_every_rank_stops_and_resumes_exactly(tmp_path):
-    _check_resume_is_exact(tmp_path, "ddp", [0, 1])
+    check_resume_is_exact(tmp_path, ARGS, "ddp", [0, 1])
 
 
 def test_mid_epoch_names_order_between_epochs(tmp_path):

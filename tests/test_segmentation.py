@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from helpers import final_weights, metrics, train
+from helpers import check_resume_is_exact, final_weights, metrics, train
 
 from datatools.landcover import prepare, synthetic
 from payloads.segmentation import data, labels, models, tiling
@@ -32,6 +32,14 @@ SEG = [
     "--warmup-epochs",
     "0",
 ]
+
+
+def _with(args: list[str], values: dict[str, str]) -> list[str]:
+    """`args` with the values of some of its options replaced."""
+    out = list(args)
+    for flag, value in values.items():
+        out[out.index(flag) + 1] = value
+    return out
 
 
 def seg(np_: int, args: list[str], check: bool = True):
@@ -314,3 +322,18 @@ def test_a_damaged_block_stops_every_rank_before_training(tiles, tmp_path):
         -3000:
     ]
     assert not (out / "checkpoints").exists() and not (out / "metrics.json").exists()
+
+
+def test_sigterm_mid_epoch_stops_and_resumes_exactly_with_batch_norm(tiles, tmp_path):
+    """Issue 31 item 3 for land cover: a SIGTERM to one rank mid-epoch stops both ranks at one step with a
+    checkpoint; resumed, the run ends bitwise equal to the uninterrupted one. BatchNorm (the default norm) on
+    purpose: its running statistics are per rank until the epoch's end averages them, so the checkpoint must
+    give each rank its own back (runtime.rank_buffers), or the final weights differ."""
+    args = _with(SEG, {"--norm": "batch", "--patches-per-epoch": "4800"})  # 300 steps of 2 x 8 patches
+    args += ["--data-dir", str(tiles), "--batch-size", str(BATCH), "--epochs", "2"]
+    args += ["--stall-timeout", "4", "--checkpoint-every-minutes", "0"]
+    state = check_resume_is_exact(tmp_path, args, "horovod", [1], payload="segmentation", steps_per_epoch=300)
+    assert any("running_var" in name for name in state["rank_buffers"][1])
+    # The ranks' statistics differ mid-epoch (their patches differ): restoring rank 0's on both would not be exact.
+    names = [n for n in state["rank_buffers"][0] if "running_mean" in n]
+    assert any(not torch.equal(state["rank_buffers"][0][n], state["rank_buffers"][1][n]) for n in names)

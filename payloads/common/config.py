@@ -507,6 +507,16 @@ def _pytorch(g, c: Declared) -> None:
         help="horovod (horovodrun, mpirun) or ddp (DistributedDataParallel: torchrun, Azure ML's "
         "pytorch distribution); docs/pytorch-ddp.md",
     )
+    g.add_argument(
+        "--checkpoint-every-minutes",
+        type=_minutes,
+        default=d.checkpoint_every_minutes,
+        metavar="MINUTES",
+        help="also write a mid-epoch checkpoint when this many minutes have passed since the last one, so a node "
+        "lost without warning loses at most that (SIGTERM always writes one: docs/jobs.md#preempted-and-resumed); "
+        f"auto = the measured checkpoint time / {preemption.COST_FRACTION:g}, at least "
+        f"{preemption.FLOOR_MINUTES:g}; 0 = off",
+    )
 
 
 def _pytorch_classification(g, c: Declared) -> None:
@@ -558,16 +568,6 @@ def _pytorch_classification(g, c: Declared) -> None:
         default=d.cache_dir,
         help="--cache-decoded: the folder of the decoded-image file, shared by the node's processes; a local disk "
         "(default: TMPDIR or /tmp). /dev/shm also works, but its size is the job's shm_size",
-    )
-    g.add_argument(
-        "--checkpoint-every-minutes",
-        type=_minutes,
-        default=d.checkpoint_every_minutes,
-        metavar="MINUTES",
-        help="also write a mid-epoch checkpoint when this many minutes have passed since the last one, so a node "
-        "lost without warning loses at most that (SIGTERM always writes one: docs/jobs.md#preempted-and-resumed); "
-        f"auto = the measured checkpoint time / {preemption.COST_FRACTION:g}, at least "
-        f"{preemption.FLOOR_MINUTES:g}; 0 = off",
     )
 
 

@@ -172,8 +172,25 @@ def restore(cfg, backend, model, opt, scaler, steps_per_epoch: int | None = None
         if rngs and len(rngs) == backend.size():
             set_rng_state(rngs[backend.rank()])
     backend.broadcast_parameters(model.state_dict())
+    if start > 0 or step > 0:
+        own = backend.broadcast_object(state.get("rank_buffers") if state is not None else None, name="resume_buffers")
+        if own and len(own) == backend.size():
+            set_rank_buffers(model, own[backend.rank()])
     align_state_layouts(opt)
     return Position(start, step)
+
+
+def rank_buffers(model: torch.nn.Module) -> dict:
+    """This rank's floating-point buffers (running statistics), on the CPU."""
+    return {name: b.detach().cpu() for name, b in model.named_buffers() if b.is_floating_point()}
+
+
+def set_rank_buffers(model: torch.nn.Module, saved: dict) -> None:
+    buffers = dict(model.named_buffers())
+    with torch.no_grad():
+        for name, value in saved.items():
+            if name in buffers and buffers[name].shape == value.shape:
+                buffers[name].copy_(value)
 
 
 def rng_state() -> dict:
@@ -241,6 +258,9 @@ def save(cfg, backend, epoch_done: int, model, opt, scaler, step: int = 0, steps
     seconds the job waited for it."""
     started = time.perf_counter()
     rngs = backend.allgather_object(rng_state(), "rng_states")
+    # Each rank's own floating buffers (BatchNorm's running statistics are per rank under both backends): a resume
+    # gives every rank its own back, so that a run stopped and resumed ends where the uninterrupted run does.
+    buffers = backend.allgather_object(rank_buffers(model), "rank_buffers")
 
     def write() -> None:
         state = {
@@ -252,6 +272,7 @@ def save(cfg, backend, epoch_done: int, model, opt, scaler, step: int = 0, steps
             "optimizer": opt.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": rngs,
+            "rank_buffers": buffers,
             "config": cfg.to_json(),
             "world_size": backend.size(),
             "backend": backend.name,
@@ -262,6 +283,31 @@ def save(cfg, backend, epoch_done: int, model, opt, scaler, step: int = 0, steps
 
     checkpoint.on_root(backend.rank() == 0, write, lambda failure: backend.broadcast_object(failure, name="saved"))
     return time.perf_counter() - started
+
+
+def pauser(cfg, backend, model, optimizer, scaler, stop, watch):
+    """What a training loop calls at each agreement: the verdict's mid-epoch checkpoint, and on SIGTERM the stop."""
+
+    def pause(epoch: int, done: int, steps: int, verdict: str | None) -> None:
+        if verdict is None or (verdict == "clock" and done == steps):  # the epoch's own checkpoint follows
+            return
+        watch.doing("checkpoint")
+        # After the epoch's last step the state is the epoch's end: (epoch + 1, 0), the name an epoch's checkpoint has.
+        at = (epoch + 1, 0) if done == steps else (epoch, done)
+        seconds = save(cfg, backend, at[0], model, optimizer, scaler, at[1], steps)
+        stop.saved(seconds)
+        where = checkpoint_path(cfg, *at)
+        if verdict == "signal":
+            raise preempt.Stopped(stop.stop_line(str(where), seconds))
+        if backend.rank() == 0:
+            log.info("checkpoint on the clock: %s (%.1fs)", where.name, seconds)
+        watch.doing("input")
+
+    return pause
+
+
+def checkpoint_path(cfg, epoch_done: int, step: int = 0):
+    return checkpoint.path_for(cfg.checkpoint_dir, epoch_done, SUFFIX, step)
 
 
 def preemption(cfg, backend) -> preempt.Preemption:

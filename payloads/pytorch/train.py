@@ -157,27 +157,6 @@ def train_epoch(
     }
 
 
-def pauser(cfg, backend, model, optimizer, scaler, stop, watch):
-    """What train_epoch calls at each agreement: the verdict's mid-epoch checkpoint, and on SIGTERM the stop."""
-
-    def pause(epoch: int, done: int, steps: int, verdict: str | None) -> None:
-        if verdict is None or (verdict == "clock" and done == steps):  # the epoch's own checkpoint follows
-            return
-        watch.doing("checkpoint")
-        # After the epoch's last step the state is the epoch's end: (epoch + 1, 0), the name an epoch's checkpoint has.
-        at = (epoch + 1, 0) if done == steps else (epoch, done)
-        seconds = runtime.save(cfg, backend, at[0], model, optimizer, scaler, at[1], steps)
-        stop.saved(seconds)
-        where = checkpoint.path_for(cfg.checkpoint_dir, at[0], runtime.SUFFIX, at[1])
-        if verdict == "signal":
-            raise preemption.Stopped(stop.stop_line(str(where), seconds))
-        if backend.rank() == 0:
-            log.info("checkpoint on the clock: %s (%.1fs)", where.name, seconds)
-        watch.doing("input")
-
-    return pause
-
-
 @torch.no_grad()
 def evaluate(cfg, backend, epoch, model, prec, batches, device, watch):
     model.eval()
@@ -234,7 +213,7 @@ def run(cfg: config.TrainConfig) -> dict:
     scaler = prec.grad_scaler(cfg.loss_scale_init)
     start_epoch, start_step = runtime.restore(cfg, backend, model, optimizer, scaler, len(data.train))
     stop = runtime.preemption(cfg, backend)  # SIGTERM and the checkpoint clock (docs/jobs.md#preempted-and-resumed)
-    pause = pauser(cfg, backend, model, optimizer, scaler, stop, watch)
+    pause = runtime.pauser(cfg, backend, model, optimizer, scaler, stop, watch)
     # Compiled after the weights are final: the compiled module shares them, and checkpoints keep the plain names.
     step_model = torch.compile(trained) if cfg.compile else trained
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..common import config, schedule
+from ..common import config, preemption, schedule
 from ..common.errors import ConfigError, say
 from ..common.metrics import MetricsFile, finish
 from ..pytorch import backends, runtime
@@ -153,7 +153,13 @@ def train_epoch(
     progress,
     watch,
     phases,
+    stop,
+    pause,
+    skip=0,
 ):
+    """One epoch, or its rest from step `skip` (resumed mid-epoch: the epoch's patches are a function of
+    (--seed, epoch), so its steps are rebuilt and entered at `skip`). After each optimizer step `stop` says when
+    the ranks agree; `pause` writes the mid-epoch checkpoint, and on a SIGTERM raises preemption.Stopped."""
     model.train()
     classes = len(manifest.class_names)
     steps = sampler.epoch(epoch)
@@ -161,13 +167,13 @@ def train_epoch(
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     valid_sum = seen = 0
     mean, std = _band_stats(manifest, device)
-    bar = progress(total=len(steps), desc=f"epoch {epoch + 1}/{cfg.epochs}")
+    bar = progress(total=len(steps), initial=skip, desc=f"epoch {epoch + 1}/{cfg.epochs}")
     # A thread cuts the next batch while this one trains: the training thread waits for the GPU at every
     # step's allreduce, so cutting there would not overlap with the GPU's work.
     start = time.perf_counter()
     with ThreadPoolExecutor(1, thread_name_prefix="patches") as pool:
-        upcoming = pool.submit(data.batch, store, steps[0], cfg.image_size)
-        for step, patches in enumerate(steps):
+        upcoming = pool.submit(data.batch, store, steps[skip], cfg.image_size)
+        for step, patches in enumerate(steps[skip:], start=skip):
             # The watchdog's marks (attribute stores): what this rank is doing when a stall names it.
             watch.doing("input")
             images, labels = upcoming.result()
@@ -198,6 +204,10 @@ def train_epoch(
             watch.step_done()
             if phases.due():
                 runtime.compare_phases(backend, phases)
+            # Not after the epoch's last step: its buffers are averaged and it is validated first (run()).
+            if stop.due() and step + 1 < len(steps):
+                pause(epoch, step + 1, len(steps), runtime.agree(backend, stop))
+                watch.doing("compute")
             loss_sum += ce
             conf += metrics.confusion(out.detach().argmax(1), target, classes)
             valid_sum += valid
@@ -224,6 +234,7 @@ def train_epoch(
         "images_per_sec": seen / seconds,
         "patches_per_sec": seen / seconds,
         "lr": lr,
+        **({"resumed_at_step": skip} if skip else {}),
         **phases.epoch_record(),
     }
 
@@ -331,7 +342,9 @@ def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
     # `model` stays the plain module (checkpoints, evaluation, buffers); `trained` is what the steps run.
     trained, optimizer = backend.wrap(model, runtime.optimizer(cfg, model, cfg.base_lr * lr_scale, device), cfg, device)
     scaler = prec.grad_scaler(cfg.loss_scale_init)
-    start_epoch, _ = runtime.restore(cfg, backend, model, optimizer, scaler)  # it writes no mid-epoch checkpoint yet
+    start_epoch, start_step = runtime.restore(cfg, backend, model, optimizer, scaler, sampler.steps)
+    stop = runtime.preemption(cfg, backend)  # SIGTERM and the checkpoint clock (docs/jobs.md#preempted-and-resumed)
+    pause = runtime.pauser(cfg, backend, model, optimizer, scaler, stop, watch)
 
     metrics_file = writer = None
     if root:
@@ -364,64 +377,79 @@ def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
     progress = partial(tqdm, disable=not (root and cfg.progress))
 
     patches, seconds = 0, 0.0
-    for epoch in range(start_epoch, cfg.epochs):
-        record = {"epoch": epoch + 1}
-        record.update(
-            train_epoch(
-                cfg,
-                backend,
-                epoch,
-                trained,
-                optimizer,
-                scaler,
-                prec,
-                train_store,
-                sampler,
-                manifest,
-                device,
-                lr_scale,
-                progress,
-                watch,
-                phases,
+    try:
+        for epoch in range(start_epoch, cfg.epochs):
+            record = {"epoch": epoch + 1}
+            record.update(
+                train_epoch(
+                    cfg,
+                    backend,
+                    epoch,
+                    trained,
+                    optimizer,
+                    scaler,
+                    prec,
+                    train_store,
+                    sampler,
+                    manifest,
+                    device,
+                    lr_scale,
+                    progress,
+                    watch,
+                    phases,
+                    stop,
+                    pause,
+                    start_step if epoch == start_epoch else 0,
+                )
             )
-        )
-        # blocks read from storage so far, per rank: with the cache and an exact share, each rank's share once
-        record["train_blocks_read_per_rank"] = backend.allgather_object(train_store.reads, f"reads_{epoch}")
-        average_buffers(backend, model)
-        if val_store is not None:
-            record.update(evaluate(cfg, backend, epoch, model, prec, val_store, manifest, batch, device, watch))
-        patches += record["patches"]
-        seconds += record["epoch_seconds"]
-        watch.doing("checkpoint")
-        runtime.save(cfg, backend, epoch + 1, model, optimizer, scaler)
-        if root:
-            metrics_file.add_epoch(record)
-            for key in (
-                "train_loss",
-                "train_pixel_accuracy",
-                "train_miou",
-                "val_loss",
-                "val_pixel_accuracy",
-                "val_miou",
-                "patches_per_sec",
-                "lr",
-            ):
-                if key in record:
-                    writer.add_scalar(key, record[key], epoch + 1)
-            for name, iou in (record.get("val_iou") or {}).items():
-                if iou is not None:
-                    writer.add_scalar(f"val_iou/{name}", iou, epoch + 1)
-            writer.flush()
-            log.info(
-                "epoch %d/%d: loss %.4f, pixel accuracy %.3f, mIoU %.3f%s, %.1f patches/sec",
-                epoch + 1,
-                cfg.epochs,
-                record["train_loss"],
-                record["train_pixel_accuracy"],
-                record["train_miou"],
-                f", val mIoU {record['val_miou']:.3f}" if "val_miou" in record else "",
-                record["patches_per_sec"],
-            )
+            # blocks read from storage so far, per rank: with the cache and an exact share, each rank's share once
+            record["train_blocks_read_per_rank"] = backend.allgather_object(train_store.reads, f"reads_{epoch}")
+            average_buffers(backend, model)
+            if val_store is not None:
+                record.update(evaluate(cfg, backend, epoch, model, prec, val_store, manifest, batch, device, watch))
+            patches += record["patches"]
+            seconds += record["epoch_seconds"]
+            watch.doing("checkpoint")
+            stop.saved(runtime.save(cfg, backend, epoch + 1, model, optimizer, scaler, 0, sampler.steps))
+            if root:
+                metrics_file.add_epoch(record)
+                for key in (
+                    "train_loss",
+                    "train_pixel_accuracy",
+                    "train_miou",
+                    "val_loss",
+                    "val_pixel_accuracy",
+                    "val_miou",
+                    "patches_per_sec",
+                    "lr",
+                ):
+                    if key in record:
+                        writer.add_scalar(key, record[key], epoch + 1)
+                for name, iou in (record.get("val_iou") or {}).items():
+                    if iou is not None:
+                        writer.add_scalar(f"val_iou/{name}", iou, epoch + 1)
+                writer.flush()
+                log.info(
+                    "epoch %d/%d: loss %.4f, pixel accuracy %.3f, mIoU %.3f%s, %.1f patches/sec",
+                    epoch + 1,
+                    cfg.epochs,
+                    record["train_loss"],
+                    record["train_pixel_accuracy"],
+                    record["train_miou"],
+                    f", val mIoU {record['val_miou']:.3f}" if "val_miou" in record else "",
+                    record["patches_per_sec"],
+                )
+            # A SIGTERM during the epoch's end (sums, validation, checkpoint): its checkpoint is the one to resume.
+            if epoch + 1 < cfg.epochs and runtime.agree(backend, stop) == "signal":
+                where = runtime.checkpoint_path(cfg, epoch + 1)
+                raise preemption.Stopped(stop.stop_line(str(where), stop.write_seconds or 0.0))
+    except preemption.Stopped:
+        watch.doing("finishing")
+        backend.shutdown()  # every rank stopped at the same step: DDP's barrier passes
+        watch.stop("stopped")
+        raise
+    finally:
+        stop.uninstall()
     watch.doing("finishing")
     if root:
         writer.close()
@@ -440,6 +468,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         say(f"error: {e}")
         return 2
+    except preemption.Stopped as e:
+        say(str(e))  # every rank says it: all stopped at the same step
+        return preemption.EXIT_CODE
     return 0
 
 

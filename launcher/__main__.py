@@ -75,6 +75,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--input", action="append", default=[], metavar="NAME=PATH", help="local: a job input's local path")
     p.add_argument("--output-dir", type=pathlib.Path, default=None, help="local: where the job's outputs go")
     p.add_argument(
+        "--drill",
+        choices=("term", "kill"),
+        default=None,
+        help="local: a preemption drill: the job uninterrupted, then again with SIGTERM (term) or SIGKILL (kill) "
+        "sent to a random rank at a random step, then resumed; reports the steps lost and whether the result "
+        "equals the uninterrupted run (docs/jobs.md#a-preemption-drill)",
+    )
+    p.add_argument("--drill-seed", type=int, default=None, help="local, --drill: repeat a drill's rank and step")
+    p.add_argument(
         "--controller",
         choices=local.CONTROLLERS,
         default="auto",
@@ -122,6 +131,11 @@ def _outputs(args) -> stack.StackOutputs | None:
 def run(args, extra: list[str]) -> int:
     template = jobspec.with_backend(jobspec.read_template(args.job), args.backend, args.job, extra)
     outputs = _outputs(args)
+    if args.drill and args.target != "local":
+        raise JobError(
+            "--drill is for --target local; on a cluster, cancel the running job (a SIGTERM to every rank) and "
+            "submit it again with --resume-from: docs/jobs.md#a-preemption-drill"
+        )
     if args.target == "local":
         if args.input_mode:
             raise JobError("--input-mode is for Azure ML jobs; here inputs are local folders (--input NAME=PATH)")
@@ -142,11 +156,28 @@ def run(args, extra: list[str]) -> int:
             inputs[name] = path
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         out_root = args.output_dir or jobspec.ROOT / "runs" / f"{template.get('display_name', args.job.stem)}-{stamp}"
+        overrides = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "120"}
+        if args.drill:
+            if args.dry_run:
+                raise JobError("--drill runs the job three times; --dry-run prints one command: drop one of them")
+            from . import drill
+
+            def plan_for(folder):
+                return local.plan(template, args.job, inputs, folder, args.np, extra, args.controller)
+
+            return drill.drill(
+                plan_for,
+                lambda a, o: local.run(a, o, overrides),
+                out_root.resolve(),
+                args.drill,
+                args.drill_seed,
+                args.np,
+            )
         argv, out = local.plan(template, args.job, inputs, out_root.resolve(), args.np, extra, args.controller)
         if args.dry_run:
             print(shlex.join(argv))
             return 0
-        return local.run(argv, out, {"HOROVOD_GLOO_TIMEOUT_SECONDS": "120"})
+        return local.run(argv, out, overrides)
 
     if outputs is None:
         raise JobError(

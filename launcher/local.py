@@ -4,6 +4,7 @@ job's own command, so the local run is the cloud run, smaller."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import shlex
@@ -151,6 +152,10 @@ def run(argv: list[str], outputs: dict[str, pathlib.Path], env_overrides: dict[s
     start = time.time()
     code = _supervise(argv, env)
     wall = time.time() - start
+    if code == 1 and "run" in outputs and stopped_for_resume(outputs["run"], start):
+        # horovodrun and torchrun end 1 when a rank ends non-zero; every rank stopped with a checkpoint (75).
+        print(f"local job: every rank stopped with a checkpoint: exit {STOPPED}; run the same command again to resume")
+        code = STOPPED
     print(f"local job exited {code} after {wall:.0f}s; outputs:", flush=True)
     for name, folder in outputs.items():
         print(f"  {name}: {folder}", flush=True)
@@ -160,6 +165,23 @@ def run(argv: list[str], outputs: dict[str, pathlib.Path], env_overrides: dict[s
 
         print(render_local(local_split(outputs["run"] / "metrics.json", wall)), flush=True)
     return code
+
+
+STOPPED = 75  # payloads/common/preemption.py EXIT_CODE: stopped with a checkpoint, run again to resume
+
+
+def stopped_for_resume(run: pathlib.Path, since: float) -> bool:
+    """Whether every rank of the run that ended after `since` (wall clock) stopped with a checkpoint, by their
+    last heartbeats (payloads/common/watchdog.py: <output>/progress/rankN.json, doing "stopped")."""
+    beats = []
+    for path in sorted((run / "progress").glob("rank*.json")):
+        try:
+            beats.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            return False
+    if not beats or len(beats) != beats[0].get("size"):
+        return False
+    return all(b.get("doing") == "stopped" and b.get("written_at", 0) >= since for b in beats)
 
 
 # How long the ranks get to end after the forwarded signal before they are killed. Azure ML's own grace is the

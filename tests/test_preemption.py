@@ -1,6 +1,6 @@
 """SIGTERM mid-epoch (issue 31, items 1-3): the ranks agree on a step, write a checkpoint of the exact position
 inside the epoch, exit 75 with a line; the run resumed from it ends bitwise equal to the same run uninterrupted,
-under Horovod and under DDP, with two real processes. Plus the checkpoint names and the agreement's arithmetic."""
+under DDP here and under Horovod in tests/launcher/test_drill.py, with two real processes. Plus the checkpoint names and the agreement's arithmetic."""
 
 from __future__ import annotations
 
@@ -31,12 +31,7 @@ ARGS = TINY + [
 ]
 
 
-@pytest.mark.launches
-def test_horovod_sigterm_to_one_rank_stops_both_at_one_step_and_resumes_exactly(tmp_path):
-    # Only rank 1 gets the signal: the agreement stops rank 0 at the same step.
-    check_resume_is_exact(tmp_path, ARGS, "horovod", [1])
-
-
+# Under Horovod with only rank 1 signalled, through the local launcher: tests/launcher/test_drill.py.
 @pytest.mark.launches
 def test_ddp_sigterm_to_every_rank_stops_and_resumes_exactly(tmp_path):
     check_resume_is_exact(tmp_path, ARGS, "ddp", [0, 1])

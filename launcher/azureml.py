@@ -215,8 +215,10 @@ def follow_earlier_outputs(job, found, earlier: str) -> list[str]:
 
 def check_quota(outputs: StackOutputs, cluster: str, nodes: int, credential=None, transport=None) -> None:
     """Before submitting: can the cluster's quota ever hold `nodes` nodes? Refuses (JobError) a job that would
-    wait in the queue for good; prints warnings (quota below maxNodes, busy now, quota unreadable: users with
-    workspace roles only may not read subscription usages, and that must not stop them). launcher/checks/."""
+    wait in the queue for good; prints warnings (quota below maxNodes, busy now). Always says where its numbers came
+    from: read live from Azure ML just now, or nowhere (the read was refused: then it warns, says what grants the read
+    and submits anyway). The platform's users read the subscription's quota through the stack's quota reader role
+    (config quotaReaderRole, stack output `quota_reader_role`); workspace roles alone cannot. launcher/checks/."""
     from .checks import arm, quota
     from .checks import findings as f
 
@@ -229,13 +231,14 @@ def check_quota(outputs: StackOutputs, cluster: str, nodes: int, credential=None
     from .checks import workspace
 
     sub = outputs["subscription_id"]
+    source = f"read live from Azure ML (usages, VM sizes, quotas in {location}) just now"
     try:
         client = arm.Arm(credential, transport)
         region = quota.read_region(client, sub, location)
     except Exception as e:  # noqa: BLE001  advisory: sign-in and any other failure to read is the submission's to name
         print(
-            f"warning: quota not checked ({arm.describe(e, f'reading Azure ML quotas in {location}')}); "
-            "submitting anyway",
+            f"warning: quota not checked (source: none; {arm.describe(e, f'reading Azure ML quotas in {location}')})"
+            f"{_quota_read_hint(e, outputs)}; submitting anyway",
             file=sys.stderr,
             flush=True,
         )
@@ -245,6 +248,7 @@ def check_quota(outputs: StackOutputs, cluster: str, nodes: int, credential=None
             client, region, sub, workspace.resource_id(sub, outputs["resource_group"], outputs["workspace_name"])
         )
     except Exception as e:  # noqa: BLE001  the subscription's quota still applies
+        source += ", without the workspace's own quotas"
         print(
             f"warning: {arm.describe(e, 'reading the workspace quotas')}; checking the subscription's only",
             file=sys.stderr,
@@ -258,8 +262,29 @@ def check_quota(outputs: StackOutputs, cluster: str, nodes: int, credential=None
     if failed:
         raise JobError(
             " ".join(x.message + (f"; fix: {x.fix}" if x.fix else "") for x in failed)
-            + " (--skip-quota-check submits anyway)"
+            + f" (quota {source}; --skip-quota-check submits anyway)"
         )
+    fits = "; ".join(x.message for x in found if x.status == f.OK) or "fits, with the warnings above"
+    print(f"quota {source}: {cluster}: {fits}", file=sys.stderr, flush=True)
+
+
+def _quota_read_hint(error: BaseException, outputs: StackOutputs) -> str:
+    """What gives a refused quota read: the stack's quota reader role, which its `users` hold at the subscription."""
+    http = _http(error)
+    if http is None or http.status_code != 403:
+        return ""
+    role = outputs.values.get("quota_reader_role")
+    if role:
+        return (
+            f": the stack gives its users this read through the role '{role}' on subscription "
+            f"{outputs['subscription_id']}: ask the deployer to list you (or your group) in `users` and run pulumi up; "
+            "a new role assignment can take some minutes to apply"
+        )
+    return (
+        ": this stack grants its users no quota read (quotaReaderRole: false, or a stack deployed before it): the "
+        "deployer sets quotaReaderRole: true and runs pulumi up (docs/deploying.md#who-can-use-it), or gives you "
+        "Reader on the subscription"
+    )
 
 
 def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None, resume_from: str | None = None) -> int:

@@ -181,3 +181,77 @@ class AccessGrants(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
             )
         self.register_outputs({})
+
+
+# ---- The quota reader role (config `quotaReaderRole`): the submission's quota check for the platform's users ----
+
+# What the quota check reads (launcher/checks/quota.py): Usages - List, Virtual Machine Sizes - List and Quotas - List,
+# GETs under /subscriptions/{id}/providers/Microsoft.MachineLearningServices/locations/{location}/. Workspace roles
+# (AzureML Data Scientist) cannot read them: they live at the subscription. Azure's permission for each, as "Azure
+# permissions for AI + machine learning" lists them (learn.microsoft.com/azure/role-based-access-control/permissions/
+# ai-machine-learning, Microsoft.MachineLearningServices), and nothing more: no write, no other provider.
+QUOTA_READ_ACTIONS = (
+    "Microsoft.MachineLearningServices/locations/usages/read",  # "Usage report for aml compute resources in a subscription"
+    "Microsoft.MachineLearningServices/locations/vmsizes/read",  # "Get supported vm sizes"
+    "Microsoft.MachineLearningServices/locations/quotas/read",  # "Gets the currently assigned Workspace Quotas based on VMFamily."
+)
+
+
+def quota_reader_role_name(prefix: str, stack: str, subscription_id: str) -> str:
+    """A custom role's name is unique in the tenant (Azure refuses a second role of one name in a directory): one per
+    stack and subscription."""
+    return f"Azure ML quota reader ({prefix}-{stack}, subscription {subscription_id.lower()})"
+
+
+def quota_reader_role_id(prefix: str, stack: str, subscription_id: str) -> str:
+    """The role definition's name, a GUID as Azure requires: the same for a stack on every `up`, another per stack."""
+    return str(uuid.uuid5(_NAMESPACE, "|".join(("quota-reader", subscription_id.lower(), prefix, stack))))
+
+
+class QuotaReaders(pulumi.ComponentResource):
+    """A custom role holding QUOTA_READ_ACTIONS at the subscription, assigned there to each of the platform's users.
+
+    Declaring it needs Microsoft.Authorization/roleDefinitions/write on the subscription (Owner, User Access
+    Administrator: not Role Based Access Control Administrator, which writes assignments only); preflight checks it
+    (launcher/checks/roles.py). Each stack defines its own role, so destroying one stack never takes another's away.
+    `role_name` goes to the stack outputs, where the quota check names it."""
+
+    def __init__(
+        self,
+        name: str,
+        subscription_id: str,
+        prefix: str,
+        stack: str,
+        users: tuple[Principal, ...],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("trainingplatform:access:QuotaReaders", name, None, opts)
+        scope = f"/subscriptions/{subscription_id.lower()}"
+        guid = quota_reader_role_id(prefix, stack, subscription_id)
+        definition_id = f"{scope}/providers/Microsoft.Authorization/roleDefinitions/{guid}"
+        self.role_name = quota_reader_role_name(prefix, stack, subscription_id)
+        self.definition = authorization.RoleDefinition(
+            f"{name}-role",
+            role_definition_id=guid,
+            scope=scope,
+            role_name=self.role_name,
+            description="Reads Azure ML's compute quota, usage and VM sizes in this subscription, and nothing else "
+            f"(the submission's quota check; azure-horovod-training stack {stack})",
+            role_type="CustomRole",
+            permissions=[authorization.PermissionArgs(actions=list(QUOTA_READ_ACTIONS))],
+            assignable_scopes=[scope],
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.assignments: dict[str, authorization.RoleAssignment] = {}
+        for u in users:
+            self.assignments[u.object_id] = authorization.RoleAssignment(
+                f"{name}-user-{u.object_id}",
+                role_assignment_name=assignment_name(scope, u.object_id, definition_id, stack),
+                principal_id=u.object_id,
+                principal_type=u.type,
+                scope=scope,
+                role_definition_id=definition_id,
+                description=f"Azure ML quota reader: user-{u.object_id}",
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.definition], delete_before_replace=True),
+            )
+        self.register_outputs({})

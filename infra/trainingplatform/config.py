@@ -92,6 +92,10 @@ class PlatformConfig:
     # Who may push images (AcrPush; config `imageBuilders`); None: the principal that runs `pulumi up`. Every
     # user gets AcrPull only (program.py).
     image_builders: tuple[Principal, ...] | None = None
+    # A custom role that reads Azure ML's quota at the subscription (usages, VM sizes, quotas), given to `users`, so
+    # that the submission's quota check works for them (config `quotaReaderRole`; access.QuotaReaders). The deployer
+    # then needs Microsoft.Authorization/roleDefinitions/write on the subscription (Owner, User Access Administrator).
+    quota_reader_role: bool = True
     # Settings that are valid but probably not what the user wants; the program logs them (pulumi.log.warn).
     warnings: tuple[str, ...] = ()
 
@@ -179,6 +183,7 @@ PLATFORM_KEYS = (
     "jumpHostSshPublicKey",
     "access",
     "imageBuilders",
+    "quotaReaderRole",
 )
 NETWORK_KEYS = (
     "vnetCidr",
@@ -596,6 +601,7 @@ def load(
     access = _access(r, raw, network, ws_public)
     if access is not None and access.private_dns_zones:
         _central_zones_cover(r, access, ws_public, acr_public, kv_public, mount_nfs)
+    quota_reader_role = r.get(raw, "quotaReaderRole", "", bool, True)
     builders = read_principals(r, raw, "imageBuilders", "")
     if builders is None and acr_public is False:
         r.warnings.append(
@@ -625,6 +631,7 @@ def load(
         warnings=tuple(r.warnings),
         access=access,
         image_builders=builders,
+        quota_reader_role=quota_reader_role,
     )
 
 

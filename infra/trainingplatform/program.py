@@ -12,7 +12,7 @@ import pulumi_random as random
 from pulumi_azure_native import authorization, resources
 
 from . import naming, private
-from .access import AccessGrants, Grant, container_scope, deployer_users
+from .access import AccessGrants, Grant, QuotaReaders, container_scope, deployer_users
 from .compute import ComputeClusters, compute_identity, describe
 from .config import PROJECT, ConfigError, PlatformConfig
 from .datastack import DataStackReference, default_reference
@@ -166,6 +166,8 @@ def build(
         studio_links,
     )
     access = AccessGrants("access", cfg.subscription_id, cfg.stack, grants)
+    # The users' read of Azure ML's quota at the subscription, for the submission's quota check (access.py).
+    quota = QuotaReaders("quota", cfg.subscription_id, cfg.prefix, cfg.stack, users) if cfg.quota_reader_role else None
     # Clusters come last: no-public-IP nodes need the workspace endpoint, and the first job's image pull the grant.
     compute = ComputeClusters(
         "compute",
@@ -217,4 +219,5 @@ def build(
         "nfs": nfs,
         "nat_public_ip": net.nat_ip.ip_address,
         "way_in": way_in.describe() if way_in else {"mode": "none"},
+        "quota_reader_role": quota.role_name if quota else None,
     }

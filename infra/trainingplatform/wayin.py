@@ -59,41 +59,118 @@ for f in "$dir/subuid" "$dir/subgid"; do
 done
 """
 
-# The jump host builds and pushes the images (docs/private-access.md): Docker and the Azure CLI, from Ubuntu's
-# archive and Microsoft's install script, at first boot. Docker without root for every user: the system daemon's
-# socket stays root:docker and nobody is added to the docker group ("The docker group grants root-level
-# privileges to the user", docs.docker.com/engine/install/linux-postinstall); each user runs their own rootless
-# daemon instead (docs.docker.com/engine/security/rootless), whose prerequisites are the packages below:
-# uidmap (newuidmap/newgidmap), dbus-user-session (systemd --user), slirp4netns (its network) and rootlesskit;
-# Ubuntu's docker.io ships dockerd-rootless-setuptool.sh under /usr/share/docker.io/contrib, linked onto PATH.
+# Docker Engine from Docker's own apt repository, as docs.docker.com/engine/install/ubuntu installs it, with the rootless
+# extras. Ubuntu's docker.io has no rootless mode: its 29.1.3 in jammy-updates (29.1.3-0ubuntu3~22.04.2) and in
+# noble-updates (29.1.3-0ubuntu3~24.04.2) ship only check-config.sh and nuke-graph-directory.sh under
+# /usr/share/docker.io/contrib (dpkg -c of both, 2026-11-26), no dockerd-rootless*.sh. Docker's docker-ce-rootless-extras
+# puts dockerd-rootless-setuptool.sh, dockerd-rootless.sh and rootlesskit in /usr/bin (docker-ce-packaging,
+# deb/common/rules; it conflicts with Ubuntu's rootlesskit package, and docker-ce with docker.io), where rootless mode's
+# docs expect them ("If you installed Docker 20.10 or later with RPM/DEB packages, you should have
+# dockerd-rootless-setuptool.sh in /usr/bin", docs.docker.com/engine/security/rootless). The repository's key is
+# accepted only with Docker's published fingerprint ("Verify that you now have the key with the fingerprint 9DC8 5822
+# 9FC7 DD38 854A E2D8 8D81 803C 0EBF CD88", the same install page's earlier edition): one primary key, that one.
+# `install-docker verify FILE` runs the check alone (tests/infra/test_wayin.py runs it on keys of its own).
+DOCKER_KEY_FINGERPRINT = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
+DOCKER_PACKAGES = ("docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-ce-rootless-extras")
+DOCKER_INSTALL = (
+    r"""#!/bin/sh
+# Docker Engine and its rootless extras from Docker's apt repository (docs.docker.com/engine/install/ubuntu).
+set -eu
+fingerprint="${DOCKER_KEY_FINGERPRINT:-"""
+    + DOCKER_KEY_FINGERPRINT
+    + r"""}"
+keyring=/etc/apt/keyrings/docker.asc
+verify_key() {  # FILE holds exactly one primary key, and its fingerprint is $fingerprint
+  GNUPGHOME=$(mktemp -d) gpg --batch --show-keys --with-colons "$1" 2>/dev/null | awk -F: -v want="$fingerprint" '
+    $1 == "pub" || $1 == "sub" { kind = $1; if ($1 == "pub") keys++ }
+    $1 == "fpr" && kind == "pub" && $10 == want { found = 1 }
+    END { exit !(found && keys == 1) }'
+}
+if [ "${1:-}" = verify ]; then
+  verify_key "$2"
+  exit
+fi
+install -m 0755 -d /etc/apt/keyrings
+curl -fsSL https://download.docker.com/linux/ubuntu/gpg -o "$keyring.new"
+if ! verify_key "$keyring.new"; then
+  echo "install-docker: $keyring.new is not Docker's release key $fingerprint; Docker not installed" >&2
+  exit 1
+fi
+mv "$keyring.new" "$keyring"
+chmod a+r "$keyring"
+. /etc/os-release
+echo "deb [arch=$(dpkg --print-architecture) signed-by=$keyring] https://download.docker.com/linux/ubuntu ${UBUNTU_CODENAME:-$VERSION_CODENAME} stable" >/etc/apt/sources.list.d/docker.list
+apt-get update
+DEBIAN_FRONTEND=noninteractive apt-get install -y """
+    + " ".join(DOCKER_PACKAGES)
+    + "\n"
+)
+
+# The jump host builds and pushes the images (docs/private-access.md) and runs the submission-only install of the
+# launcher, doctor and datatools.transfer (requirements-submit.txt: `python3 -m venv`, then pip; no compiler, every
+# package a wheel): git and python3-venv from Ubuntu, Docker from Docker's repository (above), the Azure CLI from
+# Microsoft's install script, at first boot. Docker without root for every user: the system daemon's socket stays
+# root:docker and nobody is added to the docker group ("The docker group grants root-level privileges to the user",
+# docs.docker.com/engine/install/linux-postinstall); each user runs their own rootless daemon instead
+# (docs.docker.com/engine/security/rootless), whose prerequisites are uidmap (newuidmap/newgidmap), dbus-user-session
+# (systemd --user) and slirp4netns (its network), besides the rootless extras' rootlesskit. Ubuntu 24.04 restricts
+# unprivileged user namespaces to programs with an AppArmor profile that allows them
+# (kernel.apparmor_restrict_unprivileged_userns); its apparmor package ships one for /usr/bin/rootlesskit
+# (/etc/apparmor.d/rootlesskit, "profile rootlesskit /usr/bin/rootlesskit flags=(unconfined) { userns, ...",
+# apparmor 4.0.1really4.0.1-0ubuntu0.24.04.9), the path docker-ce-rootless-extras installs it to.
+JUMP_HOST_PACKAGES = (
+    "git",
+    "ca-certificates",
+    "curl",
+    "gnupg",
+    "python3-venv",
+    "uidmap",
+    "dbus-user-session",
+    "slirp4netns",
+)
+
+
+def _file(path: str, content: str) -> str:
+    return f"  - path: {path}\n    permissions: \"0755\"\n    content: |\n" + "".join(
+        f"      {line}\n" if line else "\n" for line in content.splitlines()
+    )
+
+
 CLOUD_INIT = (
-    """#cloud-config
-package_update: true
-packages: [docker.io, git, ca-certificates, curl, uidmap, dbus-user-session, slirp4netns, rootlesskit]
-write_files:
-  - path: /usr/local/sbin/subid-for-user
-    permissions: "0755"
-    content: |
-"""
-    + "".join(f"      {line}\n" if line else "\n" for line in SUBID_HOOK.splitlines())
+    "#cloud-config\n"
+    "package_update: true\n"
+    f"packages: [{', '.join(JUMP_HOST_PACKAGES)}]\n"
+    "write_files:\n"
+    + _file("/usr/local/sbin/subid-for-user", SUBID_HOOK)
+    + _file("/usr/local/sbin/install-docker", DOCKER_INSTALL)
     + """runcmd:
   - [sh, -c, "curl -sL https://aka.ms/InstallAzureCLIDeb | bash"]
+  - [/usr/local/sbin/install-docker]
   - [systemctl, enable, --now, docker]
-  - [ln, -sf, /usr/share/docker.io/contrib/dockerd-rootless-setuptool.sh, /usr/local/bin/dockerd-rootless-setuptool.sh]
-  - [ln, -sf, /usr/share/docker.io/contrib/dockerd-rootless.sh, /usr/local/bin/dockerd-rootless.sh]
   - [sh, -c, "echo 'session optional pam_exec.so /usr/local/sbin/subid-for-user' >> /etc/pam.d/sshd"]
 """
 )
+
+# The jump host's image: Ubuntu 24.04 LTS (Canonical's "ubuntu-24_04-lts" offer, "server" = its Gen2 SKU). Its
+# python3 is 3.12 (3.12.3-0ubuntu2.1, with python3-venv, noble-updates, 2026-11-26), which the launcher supports
+# (trainingplatform requires-python >= 3.11; every package of requirements-submit.txt has a cp312, abi3 or pure wheel:
+# `pip download --only-binary=:all: --python-version 3.12`). Ubuntu 22.04 has Python 3.10, and its python3.11 and
+# python3.11-venv are a release candidate (3.11.0~rc1-1~22.04.1, jammy-updates universe). Entra ID SSH sign-in
+# supports "Ubuntu 16.04 to Ubuntu 24.04" (learn.microsoft.com/entra/identity/devices/howto-vm-sign-in-azure-ad-linux,
+# "Supported Linux distributions"). The image is part of the VM's storage profile, which Azure cannot change in
+# place either: moving an existing stack's jump host from 22.04 replaces it (JUMP_HOST_REPLACE_ON_CHANGES).
+JUMP_HOST_IMAGE = {"publisher": "Canonical", "offer": "ubuntu-24_04-lts", "sku": "server", "version": "latest"}
 
 
 # Azure cannot change a VM's OS settings after creation: a PUT with another SSH key or custom data fails with
 # PropertyChangeNotAllowed ("Changing property 'linuxConfiguration.ssh.publicKeys' is not allowed",
 # "Changing property 'customData' is not allowed"; azure-native's compute.OSProfileArgs, from the REST spec,
 # on customData and adminUsername: "This property cannot be updated after the VM is created"). So any change
-# under osProfile (the key setting `jumpHostSshPublicKey`, CLOUD_INIT) replaces the jump host. Deleted first:
-# its NIC belongs to one VM at a time (a second VM on it is refused with NicInUse), and the replacement gets a new
-# auto-name. What was on the old VM's disk (Docker layers, clones) goes with it.
-JUMP_HOST_REPLACE_ON_CHANGES = ("osProfile",)
+# under osProfile (the key setting `jumpHostSshPublicKey`, CLOUD_INIT) replaces the jump host, and so does another
+# image (JUMP_HOST_IMAGE): a VM's OS disk is made from its image once ("Changing property 'imageReference' is not
+# allowed"). Deleted first: its NIC belongs to one VM at a time (a second VM on it is refused with NicInUse), and the
+# replacement gets a new auto-name. What was on the old VM's disk (Docker layers, clones) goes with it.
+JUMP_HOST_REPLACE_ON_CHANGES = ("osProfile", "storageProfile.imageReference")
 # Azure's auto-shutdown of one VM (Microsoft.DevTestLab/schedules; wayin.py's _bastion).
 SHUTDOWN_PREFIX, SHUTDOWN_TASK = "shutdown-computevm-", "ComputeVmShutdownTask"
 
@@ -235,9 +312,7 @@ class WayIn(pulumi.ComponentResource):
                 custom_data=base64.b64encode(CLOUD_INIT.encode()).decode(),
             ),
             storage_profile=compute.StorageProfileArgs(
-                image_reference=compute.ImageReferenceArgs(
-                    publisher="Canonical", offer="0001-com-ubuntu-server-jammy", sku="22_04-lts-gen2", version="latest"
-                ),
+                image_reference=compute.ImageReferenceArgs(**JUMP_HOST_IMAGE),
                 # Room for the Docker layers of both CUDA images and their build stages (docs/images.md, "Size").
                 os_disk=compute.OSDiskArgs(
                     create_option="FromImage",

@@ -35,7 +35,8 @@ def quota_findings(
                 FAIL,
                 "quota",
                 describe(e, f"reading Azure ML quotas and VM sizes in {location}"),
-                "needs Reader on the subscription; is Microsoft.MachineLearningServices registered?",
+                "needs Reader on the subscription, or the stack's quota reader role (quotaReaderRole, given to "
+                "`users`: docs/deploying.md#who-can-use-it); is Microsoft.MachineLearningServices registered?",
             )
         ]
     found = []
@@ -70,6 +71,8 @@ def findings(stack: StackFile, credential, transport=None, current=None) -> list
         found += providers.check(arm, sub)
         found += roles.check_permissions(arm, sub, naming.dashed(cfg.prefix, cfg.stack, "rg"), object_id)
         found += roles.check_principal(token_claims, cfg.users)
+        if cfg.quota_reader_role:
+            found += roles.check_quota_reader_role(arm, sub)
         found += hub.check(arm, cfg)
         needs = [quota.Need(c.name, c.vm_size, c.max_nodes, c.low_priority) for c in cfg.clusters]
         return found + quota_findings(arm, sub, cfg.location, needs)

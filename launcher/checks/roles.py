@@ -7,6 +7,9 @@ user roles to the right kind of principal.
   Access Administrator, Role Based Access Control Administrator) besides Contributor's writes; so does the data
   stack (its users' Storage Blob Data roles). Permissions show no ABAC conditions: a role-assignment right that
   comes only with one is looked up in the caller's role assignments and warned about.
+- The quota reader role (config quotaReaderRole, access.QuotaReaders): the platform defines a custom role on the
+  subscription and assigns it there, so the deployer needs Microsoft.Authorization/roleDefinitions/write and
+  roleAssignments/write on the subscription itself (Owner, User Access Administrator).
 - Principal kind: without `users`, program.py assigns the user roles to the deployer as principalType
   User; a service principal (CI, a managed identity) deploying that way is refused by Azure
   (UnmatchedPrincipalType). The kind comes from the deployer's own ARM access token: `idtyp` is "app" for
@@ -55,6 +58,16 @@ PLATFORM_ROLES = (
     "Virtual Machine User Login",
 )
 DATA_ROLES = ("Storage Blob Data Contributor", "Storage Blob Data Reader")
+# With quotaReaderRole (the default) the platform defines a custom role at the subscription and assigns it there to its
+# users (access.QuotaReaders): both rights are needed on the subscription itself, not only on the resource group.
+# Role Based Access Control Administrator has roleAssignments/write but not roleDefinitions/write.
+QUOTA_ROLE_NEEDED = {
+    "Microsoft.Authorization/roleDefinitions/write": "quotaReaderRole: the stack defines a custom role that reads "
+    "Azure ML's quota (usages, VM sizes, quotas) in the subscription: Owner or User Access Administrator on it",
+    ROLE_ASSIGNMENT_WRITE: "quotaReaderRole: the stack assigns that role to its users on the subscription: Owner or "
+    "User Access Administrator on it",
+}
+QUOTA_ROLE_CHECK = "quota reader role"
 
 
 def claims(credential) -> dict:
@@ -275,3 +288,37 @@ def check_principal(token_claims: dict, users) -> list[Finding]:
             "pulumi up): list everyone in `users` when several people deploy",
         )
     ]
+
+
+def check_quota_reader_role(arm: Arm, subscription: str) -> list[Finding]:
+    """With quotaReaderRole: may the deployer define a role and assign it on the subscription (QUOTA_ROLE_NEEDED)?"""
+    scope = f"/subscriptions/{subscription}"
+    off = "or set quotaReaderRole: false in Pulumi.<stack>.yaml (the users' quota check then only warns)"
+    try:
+        permissions = read_permissions(arm, scope)
+    except ClientAuthenticationError:
+        raise
+    except AzureError as e:
+        return [
+            Finding(
+                FAIL,
+                QUOTA_ROLE_CHECK,
+                describe(e, f"reading your permissions on {scope}"),
+                f"ask the subscription's owner for User Access Administrator on it, {off}",
+            )
+        ]
+    findings = []
+    for action, why in QUOTA_ROLE_NEEDED.items():
+        if _allowed(action, permissions):
+            findings.append(Finding(OK, QUOTA_ROLE_CHECK, f"{action} allowed on {scope}"))
+        else:
+            findings.append(
+                Finding(
+                    FAIL,
+                    QUOTA_ROLE_CHECK,
+                    f"you may not {action} on {scope}; {why}",
+                    f'az role assignment create --assignee <you> --role "User Access Administrator" --scope {scope} '
+                    f"(by an Owner), {off}",
+                )
+            )
+    return findings

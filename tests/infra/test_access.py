@@ -50,13 +50,19 @@ def _run(dev_raw, dev_data, users=None):
 def _expected(mocks):
     """A user's roles on the platform's own resources (the dev profile: a public registry)."""
     ws_storage = one(mocks, "StorageAccount", "ml-storage").id
+    quota_role = one(mocks, "RoleDefinition", "quota-role").inputs
     return {
         (BUILT_IN_ROLES["Storage Blob Data Contributor"], ws_storage),
         (BUILT_IN_ROLES["Storage File Data Privileged Contributor"], ws_storage),
         (BUILT_IN_ROLES["AzureML Data Scientist"], one(mocks, "machinelearningservices:Workspace", "ml-workspace").id),
         # the doctor's image check lists the registry's tags: AcrPull
         (BUILT_IN_ROLES["AcrPull"], one(mocks, "Registry", "registry-acr").id),
+        # the submission's quota check reads the subscription's Azure ML quota: the stack's own narrow role, there
+        (quota_role["roleDefinitionId"], quota_role["scope"]),
     }
+
+
+USER_ROLES = 5  # the four above and the quota reader
 
 
 def _expected_data(data_mocks):
@@ -80,7 +86,7 @@ def _grants_of(mocks, principal):
 def test_the_deployer_gets_the_user_roles_by_default(dev, dev_data):
     mocks, _ = dev
     grants = _grants_of(mocks, mocked.DEPLOYER)  # getClientConfig's objectId: whoever runs `pulumi up`
-    assert _roles(grants) == _expected(mocks) and len(grants) == 4
+    assert _roles(grants) == _expected(mocks) and len(grants) == USER_ROLES
     data_grants = _grants_of(dev_data[0], mocked.DEPLOYER)
     assert _roles(data_grants) == _expected_data(dev_data[0]) and len(data_grants) == 2
     grants += data_grants
@@ -100,7 +106,7 @@ def test_a_deployer_who_lists_themselves_keeps_the_same_assignments(dev, dev_raw
     assert {
         (r.name, r.inputs["principalId"], r.inputs["principalType"]) for r in _grants_of(listed, mocked.DEPLOYER)
     } == default
-    assert len(default) == 4
+    assert len(default) == USER_ROLES
 
 
 def test_listed_users_and_groups_get_exactly_the_user_roles_with_their_principal_type(dev_raw, dev_data):
@@ -109,7 +115,7 @@ def test_listed_users_and_groups_get_exactly_the_user_roles_with_their_principal
     for principal, kind in ((ALICE, "User"), (TEAM, "Group")):
         grants = _grants_of(mocks, principal)
         assert _roles(grants) == expected
-        assert len(grants) == 4 and {r.inputs["principalType"] for r in grants} == {kind}
+        assert len(grants) == USER_ROLES and {r.inputs["principalType"] for r in grants} == {kind}
     assert _grants_of(mocks, mocked.DEPLOYER) == [], "a listed set replaces the default"
     identities = {"principal-compute-identity", "principal-ml-workspace", ALICE, TEAM}
     assert {r.inputs["principalId"] for r in mocks.of_type("RoleAssignment")} == identities, "nobody else"
@@ -136,7 +142,7 @@ def test_assignment_names_change_with_the_principal_and_stay_put_otherwise(dev_r
 
     assert names(first, ALICE) == names(again, ALICE), "the same grant keeps its name (no churn on every up)"
     alice, bob = names(first, ALICE), names(swapped, BOB)
-    assert alice.keys() == bob.keys() and len(alice) == 4
+    assert alice.keys() == bob.keys() and len(alice) == USER_ROLES
     for key in alice:  # same scope and role, another principal: another assignment, never an update
         assert alice[key] != bob[key], key
     every = [r.inputs["roleAssignmentName"] for r in first.of_type("RoleAssignment")]
@@ -281,3 +287,61 @@ def test_bad_users_fail_before_anything_is_declared(dev_raw, users, message):
         mocked.run(raw, "dev", dev_raw[1], mocks=mocks)
     assert message in str(e.value) and mocks.resources == []
     assert re.search(r"az ad (user|group) show|objectId|User, Group", str(e.value))
+
+
+# ---- issue 28, item 9: the platform's users read the subscription's Azure ML quota ----
+
+
+def test_users_read_azure_mls_quota_through_a_narrow_role_of_the_stacks_own(dev, dev_raw, dev_data):
+    # The submission's quota check reads Usages - List, Virtual Machine Sizes - List and Quotas - List at the
+    # subscription, which workspace roles cannot. Azure's permissions for them ("Azure permissions for AI + machine
+    # learning", Microsoft.MachineLearningServices): locations/usages/read "Usage report for aml compute resources in a
+    # subscription", locations/vmsizes/read "Get supported vm sizes", locations/quotas/read "Gets the currently assigned
+    # Workspace Quotas based on VMFamily". tests/launcher/test_quota_reader.py holds them to the calls the check makes.
+    mocks, outputs = dev
+    subscription = f"/subscriptions/{mocked.SUBSCRIPTION}"
+    role = one(mocks, "RoleDefinition", "quota-role").inputs
+    assert role["permissions"] == [
+        {
+            "actions": [
+                "Microsoft.MachineLearningServices/locations/usages/read",
+                "Microsoft.MachineLearningServices/locations/vmsizes/read",
+                "Microsoft.MachineLearningServices/locations/quotas/read",
+            ]
+        }
+    ], "reads only: no write, no other provider, no data actions"
+    assert role["scope"] == subscription and role["assignableScopes"] == [subscription]
+    assert role["roleType"] == "CustomRole" and str(uuid.UUID(role["roleDefinitionId"])) == role["roleDefinitionId"]
+    # Custom role names are unique in the tenant: the stack and the subscription are in it.
+    assert role["roleName"] == f"Azure ML quota reader (hvd-dev, subscription {mocked.SUBSCRIPTION})"
+    assert outputs["quota_reader_role"] == role["roleName"], "the quota check names it"
+    # Each user holds it at the subscription, with the assignment waiting for the role to exist.
+    grant = one(mocks, "RoleAssignment", f"quota-user-{mocked.DEPLOYER}")
+    assert grant.inputs["scope"] == subscription and grant.inputs["principalType"] == "User"
+    assert grant.inputs["roleDefinitionId"] == (
+        f"{subscription}/providers/Microsoft.Authorization/roleDefinitions/{role['roleDefinitionId']}"
+    )
+    assert "quota-role" in mocks.depends_on(grant.name)
+    assert mocks.options[grant.name].delete_before_replace is True
+    # The same on every `up`; another stack has a role of its own (destroying one never takes the other's away).
+    again = _run(dev_raw, dev_data)
+    assert one(again, "RoleDefinition", "quota-role").inputs == role
+    other = mocked.run(copy.deepcopy(dev_raw[0]), "team-b", dev_raw[1], data_outputs=dev_data[1])[0]
+    theirs = one(other, "RoleDefinition", "quota-role").inputs
+    assert theirs["roleDefinitionId"] != role["roleDefinitionId"] and theirs["roleName"] != role["roleName"]
+    assert access.quota_reader_role_id("hvd", "dev", mocked.SUBSCRIPTION) != access.quota_reader_role_id(
+        "hvd", "dev", "11111111-1111-1111-1111-111111111111"
+    ), "another subscription, another role"
+
+
+def test_the_quota_reader_role_can_be_left_out(dev_raw, dev_data):
+    # Defining a role needs Microsoft.Authorization/roleDefinitions/write on the subscription, which Role Based Access
+    # Control Administrator lacks: quotaReaderRole: false deploys without it (the quota check then only warns).
+    raw = dict(copy.deepcopy(dev_raw[0]), quotaReaderRole=False)
+    mocks, outputs = mocked.run(raw, "dev", dev_raw[1], data_outputs=dev_data[1])
+    assert mocks.of_type("RoleDefinition") == [] and outputs["quota_reader_role"] is None
+    assert not [
+        r for r in mocks.of_type("RoleAssignment") if r.inputs["scope"] == f"/subscriptions/{mocked.SUBSCRIPTION}"
+    ]
+    with pytest.raises(config.ConfigError, match=r"quotaReaderRole = 'yes': expected bool"):
+        config.load(dict(copy.deepcopy(dev_raw[0]), quotaReaderRole="yes"), "dev", "westeurope", mocked.SUBSCRIPTION)

@@ -2,9 +2,14 @@
 and storage egress. Each test encodes a documented Azure constraint (cited) that the program must meet.
 """
 
+import base64
 import copy
+import os
+import shutil
+import subprocess
 
 import pytest
+import yaml
 from infra_helpers import one
 
 from trainingplatform import access, config, egress, mocked, wayin
@@ -691,22 +696,117 @@ def test_bad_shutdown_settings_are_refused_naming_the_fix(prod_raw, settings, me
 # ---- issue 28, item 16: Docker without root for the jump host's users ----
 
 
-def test_users_get_docker_without_root_and_nobody_joins_the_docker_group():
+def _cloud_init(mocks) -> dict:
+    """The jump host's cloud-init as the program hands it to Azure: the VM's custom data, base64."""
+    vm = one(mocks, "compute:VirtualMachine", "wayin-jumphost")
+    return yaml.safe_load(base64.b64decode(vm.inputs["osProfile"]["customData"]))
+
+
+def test_users_get_docker_without_root_and_nobody_joins_the_docker_group(prod):
     # "The docker group grants root-level privileges to the user" (docs.docker.com/engine/install/linux-postinstall):
     # nobody is put in it. Rootless mode's prerequisites (docs.docker.com/engine/security/rootless): newuidmap and
     # newgidmap (Ubuntu's uidmap), /etc/subuid and /etc/subgid with "at least 65,536 subordinate UIDs/GIDs for the
     # user", and systemd --user (dbus-user-session); slirp4netns for its network.
-    import yaml
-
-    init = yaml.safe_load(wayin.CLOUD_INIT)
-    assert {"docker.io", "uidmap", "dbus-user-session", "slirp4netns", "rootlesskit"} <= set(init["packages"])
+    init = _cloud_init(prod[0])
+    assert init == yaml.safe_load(wayin.CLOUD_INIT)
+    assert {"uidmap", "dbus-user-session", "slirp4netns"} <= set(init["packages"])
     text = wayin.CLOUD_INIT
     assert "usermod" not in text and "groups" not in init and "users" not in init and "docker.sock" not in text
     hook = next(f for f in init["write_files"] if f["path"] == "/usr/local/sbin/subid-for-user")
     assert hook["content"] == wayin.SUBID_HOOK and hook["permissions"] == "0755"
     commands = [" ".join(c) if isinstance(c, list) else c for c in init["runcmd"]]
     assert any("pam_exec.so /usr/local/sbin/subid-for-user" in c and "/etc/pam.d/sshd" in c for c in commands)
-    assert any("dockerd-rootless-setuptool.sh /usr/local/bin/" in c for c in commands)
+
+
+# ---- issue 28, item 7: the tools on the jump host ----
+
+
+def test_the_jump_host_runs_ubuntu_24_04_whose_python_runs_the_submission_install(prod):
+    # The launcher needs Python 3.11 or later (infra/pyproject.toml: requires-python >= 3.11). Ubuntu 22.04's python3
+    # is 3.10 and its python3.11 a release candidate (3.11.0~rc1-1~22.04.1, jammy-updates); Ubuntu 24.04's is 3.12
+    # (3.12.3, noble), with python3-venv. Entra ID sign-in supports "Ubuntu 16.04 to Ubuntu 24.04"
+    # (learn.microsoft.com/entra/identity/devices/howto-vm-sign-in-azure-ad-linux).
+    mocks, _ = prod
+    vm = one(mocks, "compute:VirtualMachine", "wayin-jumphost")
+    assert vm.inputs["storageProfile"]["imageReference"] == {
+        "publisher": "Canonical",
+        "offer": "ubuntu-24_04-lts",
+        "sku": "server",
+        "version": "latest",
+    }
+    # The submission-only install: `python3 -m venv`, then pip from requirements-submit.txt (wheels only) and git to
+    # clone the repository (docs/private-access.md#tools-on-the-jump-host).
+    assert {"python3-venv", "git", "ca-certificates"} <= set(_cloud_init(mocks)["packages"])
+    # A VM's image is fixed at creation ("Changing property 'imageReference' is not allowed"): a new one replaces the
+    # VM, deleted first (its NIC serves one VM at a time), like an osProfile change.
+    opts = mocks.options["wayin-jumphost"]
+    assert {"osProfile", "storageProfile.imageReference"} <= set(opts.replace_on_changes)
+    assert opts.delete_before_replace is True
+
+
+def test_docker_comes_from_dockers_repository_with_the_rootless_extras(prod):
+    # Ubuntu's docker.io ships no rootless scripts: 29.1.3-0ubuntu3~22.04.2 and ~24.04.2 hold only check-config.sh and
+    # nuke-graph-directory.sh under /usr/share/docker.io/contrib (dpkg -c, 2026-11-26). Docker's packages do: "If you
+    # installed Docker 20.10 or later with RPM/DEB packages, you should have dockerd-rootless-setuptool.sh in /usr/bin
+    # ... you may need to install the docker-ce-rootless-extras package" (docs.docker.com/engine/security/rootless).
+    # docker-ce conflicts with docker.io and docker-ce-rootless-extras with Ubuntu's rootlesskit
+    # (docker-ce-packaging, deb/common/control): neither is installed beside them.
+    init = _cloud_init(prod[0])
+    assert not {"docker.io", "rootlesskit", "docker-compose"} & set(init["packages"])
+    assert "/usr/share/docker.io/contrib" not in wayin.CLOUD_INIT
+    script = next(f for f in init["write_files"] if f["path"] == "/usr/local/sbin/install-docker")
+    assert script["content"] == wayin.DOCKER_INSTALL and script["permissions"] == "0755"
+    install = [line for line in wayin.DOCKER_INSTALL.splitlines() if line.startswith("DEBIAN_FRONTEND=")]
+    assert install and install[0].split("install -y ")[1].split() == list(wayin.DOCKER_PACKAGES)
+    assert "docker-ce-rootless-extras" in wayin.DOCKER_PACKAGES
+    assert "https://download.docker.com/linux/ubuntu" in wayin.DOCKER_INSTALL
+    assert "signed-by=$keyring" in wayin.DOCKER_INSTALL and "set -eu" in wayin.DOCKER_INSTALL
+    # Docker is installed before its daemon is enabled, after the packages (cloud-init's packages run before runcmd).
+    commands = [" ".join(c) for c in init["runcmd"]]
+    assert commands.index("/usr/local/sbin/install-docker") < commands.index("systemctl enable --now docker")
+
+
+@pytest.mark.skipif(shutil.which("gpg") is None, reason="needs gpg")
+def test_the_docker_repository_key_is_taken_only_with_dockers_fingerprint(tmp_path):
+    # The apt source trusts every key in its keyring file (signed-by): the file must hold Docker's release key, "the
+    # key with the fingerprint 9DC8 5822 9FC7 DD38 854A E2D8 8D81 803C 0EBF CD88" (docs.docker.com/engine/install/
+    # ubuntu, earlier edition), alone. Checked here with keys of our own, by the script's own check.
+    assert wayin.DOCKER_KEY_FINGERPRINT == "9DC8 5822 9FC7 DD38 854A E2D8 8D81 803C 0EBF CD88".replace(" ", "")
+    script = tmp_path / "install-docker"
+    script.write_text(wayin.DOCKER_INSTALL)
+    home = tmp_path / "gnupg"
+    home.mkdir(mode=0o700)
+    env = {"PATH": os.environ["PATH"], "GNUPGHOME": str(home)}
+    keys = {}
+    for who in ("docker", "other"):
+        subprocess.run(
+            ["gpg", "--batch", "--pinentry-mode", "loopback", "--passphrase", "", "--quick-gen-key", f"{who} <{who}@test>",
+             "ed25519", "default", "never"],
+            env=env, check=True, capture_output=True,
+        )  # fmt: skip
+        armored = subprocess.run(
+            ["gpg", "--armor", "--export", f"{who}@test"], env=env, check=True, capture_output=True
+        )
+        (tmp_path / f"{who}.asc").write_bytes(armored.stdout)
+        listing = subprocess.run(
+            ["gpg", "--show-keys", "--with-colons", str(tmp_path / f"{who}.asc")],
+            env=env,
+            capture_output=True,
+            text=True,
+        ).stdout
+        keys[who] = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
+    (tmp_path / "both.asc").write_bytes((tmp_path / "docker.asc").read_bytes() + (tmp_path / "other.asc").read_bytes())
+    (tmp_path / "junk.asc").write_text("<html>not a key</html>")
+
+    def verify(name: str) -> int:
+        run_env = {"PATH": os.environ["PATH"], "DOCKER_KEY_FINGERPRINT": keys["docker"]}
+        return subprocess.run(["sh", str(script), "verify", str(tmp_path / name)], env=run_env).returncode
+
+    assert verify("docker.asc") == 0
+    assert verify("other.asc") != 0, "another key"
+    assert verify("both.asc") != 0, "Docker's key plus another: apt would trust both"
+    assert verify("junk.asc") != 0, "a page that is no key"
+    assert subprocess.run(["sh", "-n", str(script)]).returncode == 0
 
 
 def test_the_sign_in_hook_gives_each_user_a_range_of_their_own_once(tmp_path):

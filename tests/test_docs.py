@@ -245,3 +245,40 @@ def test_every_docs_page_is_reachable_from_the_readme():
                 todo.append((page.parent / path).resolve())
     orphans = [str(p.relative_to(ROOT)) for p in PAGES if p.resolve() not in seen]
     assert not orphans, f"pages no link leads to from the README: {orphans}"
+
+
+def _declared_options() -> dict[str, set[str]]:
+    """Every option each group of payloads/common/config.py declares, by the group's table name."""
+    import argparse
+
+    from payloads.common import config
+
+    found: dict[str, set[str]] = {}
+    for group in config.ALL_GROUPS:
+        parser = argparse.ArgumentParser(add_help=False)
+        group.add(parser, config.Declared(config.TrainConfig(), ["resnet50"], ["synthetic"]))
+        options = {s for action in parser._actions for s in action.option_strings if s.startswith("--")}
+        found.setdefault(group.title, set()).update(options)
+    return found
+
+
+def test_the_payload_contracts_options_table_lists_every_declared_option():
+    """docs/payload-contract.md's table of options by group is what users read; two releases added options to
+    config.py without a row naming them. Every declared option appears in the table (as --x or --x/--no-x)."""
+    text = (ROOT / "docs" / "payload-contract.md").read_text()
+    table = "\n".join(line for line in text.splitlines() if line.startswith("| "))
+    named = set(re.findall(r"`(--[a-z0-9-]+)", table)) | set(re.findall(r"/(--[a-z0-9-]+)`", table))
+    missing = sorted(o for options in _declared_options().values() for o in options if o not in named)
+    assert not missing, f"docs/payload-contract.md's options table does not name: {', '.join(missing)}"
+
+
+def test_the_platform_docs_name_every_stack_output():
+    """docs/platform.md's "Stack outputs: the contract" is what job submission relies on: every output the dev
+    stack renders (infra/review/dev-outputs.json, written by the program under mocks) is named there."""
+    import json
+
+    outputs = json.loads((ROOT / "infra" / "review" / "dev-outputs.json").read_text())
+    text = (ROOT / "docs" / "platform.md").read_text()
+    section = text.split("## Stack outputs: the contract", 1)[1].split("\n## ", 1)[0]
+    missing = sorted(k for k in outputs if k != "rendered_under_mocks" and f"`{k}`" not in section)
+    assert not missing, f"docs/platform.md#stack-outputs-the-contract does not name: {', '.join(missing)}"

@@ -1,10 +1,11 @@
 """TensorFlow (DistributedGradientTape) and Keras (model.fit + DistributedOptimizer) payloads, run as two
 real Horovod processes: gradients averaged (the Keras 3 failure mode would fail here), ranks agree,
-resume is exact, the LR schedule is the PyTorch payload's, TFRecord input is sharded and checked."""
+resume is exact, the LR schedule is the PyTorch payload's, TFRecord input is sharded and checked, and a SIGTERM
+mid-epoch stops every rank at one step with a checkpoint the run resumes from at that step (issue 31)."""
 
 import numpy as np
 import pytest
-from helpers import TINY, metrics, train
+from helpers import TINY, metrics, stopped_run, train
 
 from payloads.common import schedule
 
@@ -549,3 +550,203 @@ def test_two_process_run_records_the_threads_it_got(tmp_path, payload, threads):
     }
     assert world["threads_per_process"] == want.intra_op
     assert world["synthetic"]["distinct_images"] == 128 and world["synthetic"]["device"].endswith("CPU:0")
+
+
+# SIGTERM mid-epoch (issue 31; payloads/common/preemption.py). 800 steps an epoch (2 processes x batch 2): the
+# agreement comes within about 2 s of the signal, at most preemption.MAX_EVERY (500) steps, and the stopped run's
+# heartbeat (--stall-timeout 4: one a second) within 1 s, so a signal sent once both ranks show 3 steps lands
+# inside the first epoch even at 5 ms a step. The resumed run needs no fast heartbeat, and a 4 s limit would end
+# it when the machine is loaded (measured: the end of Keras' fit() took over 4 s under a load of 7 on 2 cores).
+# --checkpoint-every-minutes 0: only the signal checkpoints mid-epoch.
+STOP_STEPS = 800
+PREEMPTED = TINY + [
+    "--synthetic-samples",
+    "8192",
+    "--batch-size",
+    "2",
+    "--max-steps-per-epoch",
+    str(STOP_STEPS),
+    "--epochs",
+    "2",
+    "--checkpoint-every-minutes",
+    "0",
+]
+
+
+@pytest.mark.launches
+@pytest.mark.parametrize("payload", PAYLOADS)
+def test_sigterm_mid_epoch_stops_both_ranks_at_one_step_and_the_run_resumes_there(tmp_path, payload):
+    from payloads.common import checkpoint, preemption
+    from payloads.tensorflow import runtime
+
+    out = tmp_path / "out"
+    # Only rank 1 gets the signal: the agreement stops rank 0 at the same step.
+    args = PREEMPTED + ["--stall-timeout", "4"]
+    proc, seconds = stopped_run(out, args, backend="horovod", signalled=[1], payload=payload, after=3)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text[-3000:]
+    # Every rank says it, each on its own line: the signalled one by name, the other as stopped by the agreement.
+    lines = [line for line in text.splitlines() if "stopped by " in line and "run the same command again" in line]
+    assert len(lines) == 2, text[-4000:]
+    assert all(line.count("stopped by") == 1 and line.endswith(f"(exit {preemption.EXIT_CODE})") for line in lines)
+    assert sorted("stopped by SIGTERM" in line for line in lines) == [False, True], lines
+    assert seconds < 30, seconds  # the grace assumed for Azure ML (preemption.py)
+    found = checkpoint.latest(out / "checkpoints", ".npz")
+    assert found, text[-3000:]
+    path = found[1]
+    epochs, step = checkpoint.position(path)
+    assert epochs == 0 and 0 < step < STOP_STEPS, path.name  # inside the first epoch
+    assert all(path.name in line for line in lines), lines
+    meta = runtime.read_meta(path)
+    assert (meta["epoch"], meta["step"], meta["steps_per_epoch"]) == (0, step, STOP_STEPS)
+    assert meta["data_order"] == {"seed": 42, "epoch": 0, "skip": step}
+
+    resumed = train(2, PREEMPTED + ["--stall-timeout", "60", "--output-dir", str(out)], payload=payload)
+    said = resumed.stdout + resumed.stderr
+    assert f"resuming from {path} (0 epochs done, {step} steps of epoch 1)" in said, said[-3000:]
+    m = metrics(out)
+    assert [e["epoch"] for e in m["epochs"]] == [1, 2]
+    first, second = m["epochs"]
+    assert first["resumed_at_step"] == step and "resumed_at_step" not in second
+    # The resumed epoch trained its remaining steps only, the next one all of its steps.
+    assert (first["images"], second["images"]) == ((STOP_STEPS - step) * 2 * 2, STOP_STEPS * 2 * 2)
+    assert m["summary"]["ranks_identical"] is True
+    assert checkpoint.latest(out / "checkpoints", ".npz")[1].name == "checkpoint-epoch-0002.npz"
+
+
+def test_a_resumed_epoch_is_entered_at_its_step_only_with_the_step_count_it_was_written_in(caplog):
+    from payloads.common import sharding
+    from payloads.tensorflow import data
+
+    assert data.entry_step(0, None, 10) == 0  # an epoch's end
+    assert data.entry_step(4, 10, 10) == 4
+    with caplog.at_level("WARNING", logger="payloads.tensorflow"):
+        assert data.entry_step(4, 12, 10, rank=1) == 0  # another world size or batch: the epoch starts again
+        assert not caplog.records  # rank 0 says it, once for the job
+        assert data.entry_step(4, 12, 10) == 0
+    assert "the epoch starts again from its first step" in caplog.text
+    # The synthetic order is a function of (seed, epoch, rank): the resumed stream is the rest of the epoch's.
+    got = list(data.synthetic_batches(128, 1, 2, 8, 42, start_epoch=1, epochs=3, steps=7, skip=3))
+    assert [len(a) for a in got] == [4, 7]
+    assert np.array_equal(got[0], np.stack(sharding.batches(128, 1, 2, 8, 42, 1)[3:7]))
+    assert np.array_equal(got[1], np.stack(sharding.batches(128, 1, 2, 8, 42, 2)[:7]))
+
+
+def _stream(inputs, n) -> list[np.ndarray]:
+    batches = iter(inputs.train)
+    return [np.asarray(next(batches)[1]) for _ in range(n)]
+
+
+def test_resumed_input_starts_at_the_step_for_synthetic_data_and_tfrecords(tmp_path):
+    """data.build(skip=S): the stream starts at step S of the first epoch, S batches of the stream that starts
+    at that epoch's first step later (labels compared: TFRecord crops and flips are drawn anew)."""
+    import types
+
+    from payloads.tensorflow import data
+
+    cfg = types.SimpleNamespace(
+        synthetic_samples=128, num_classes=4, image_size=16, seed=42, epochs=2, max_steps_per_epoch=0, data="synthetic"
+    )
+    whole = data.build(cfg, rank=1, size=2, batch=8, start_epoch=0, threads=1)
+    resumed = data.build(cfg, rank=1, size=2, batch=8, start_epoch=0, threads=1, skip=3, written_steps=8)
+    assert (whole.skip, resumed.skip, resumed.steps) == (0, 3, 8)
+    x_whole = [x for x, _ in whole.train.as_numpy_iterator()]
+    x_resumed = [x for x, _ in resumed.train.as_numpy_iterator()]
+    assert len(x_resumed) == len(x_whole) - 3 and all(np.array_equal(a, b) for a, b in zip(x_whole[3:], x_resumed))
+    other = data.build(cfg, rank=1, size=2, batch=8, start_epoch=0, threads=1, skip=3, written_steps=16)
+    assert other.skip == 0 and len(list(other.train)) == 16  # written in an epoch of another step count
+
+    shards = _write_shards(_images(tmp_path / "images"), tmp_path / "shards", shards=1)
+    cfg = types.SimpleNamespace(
+        data="tfrecord",
+        data_dir=shards,
+        image_size=8,
+        num_classes=3,
+        seed=42,
+        epochs=3,
+        max_steps_per_epoch=0,
+        workers=1,
+        skip_corrupt_images=False,
+    )
+    for corrupt in (False, True):  # records skipped before the decode; or decoded and counted, after the filter
+        cfg.skip_corrupt_images = corrupt
+        whole = _stream(data.build(cfg, rank=0, size=1, batch=4, start_epoch=1, threads=1), 9)
+        inputs = data.build(cfg, rank=0, size=1, batch=4, start_epoch=1, threads=1, skip=2, written_steps=6)
+        assert (inputs.steps, inputs.skip) == (6, 2)
+        resumed = _stream(inputs, 7)
+        assert all(np.array_equal(a, b) for a, b in zip(whole[2:], resumed)), (whole, resumed)
+        assert not all(np.array_equal(a, b) for a, b in zip(whole, resumed))
+
+
+def test_keras_fit_enters_the_resumed_epoch_at_its_step():
+    """keras.train.EnterAt on the installed Keras: fit() runs the first epoch from the step on, numbering its
+    batches from there (what Horovod's LR callback and the preemption agreement read), takes as many batches from
+    the stream, and runs every later epoch whole."""
+    import tensorflow as tf
+
+    from payloads.keras.train import EnterAt
+
+    trained, seen = [], []
+
+    class Recording(tf.keras.Model):
+        def train_step(self, data):  # eager (run_eagerly): which batch of the stream this step trains on
+            trained.append(int(data[0].numpy()[0, 0]))
+            return {"loss": 0.0}
+
+    class Batches(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            seen.append((epoch, []))
+
+        def on_train_batch_begin(self, batch, logs=None):
+            seen[-1][1].append(batch)
+
+    inputs = tf.keras.layers.Input((1,))
+    model = Recording(inputs, tf.keras.layers.Dense(1)(inputs))
+    model.compile(optimizer="sgd", loss="mse", run_eagerly=True)
+    stream = tf.data.Dataset.range(100).map(lambda i: (tf.fill([1, 1], tf.cast(i, tf.float32)), tf.zeros([1, 1])))
+    with EnterAt(1, 3).entering(model):
+        model.fit(stream, steps_per_epoch=5, epochs=3, initial_epoch=1, callbacks=[Batches()], verbose=0)
+    assert model._training_state is None
+    assert seen == [(1, [3, 4]), (2, [0, 1, 2, 3, 4])]
+    assert trained == list(range(7))  # 2 batches of the stream for the resumed epoch, then 5: one stream
+    with EnterAt(1, 0).entering(model):  # an epoch's start: nothing is set
+        assert model._training_state is None
+
+
+def test_pause_writes_the_position_on_the_clock_and_stops_on_a_signal(tmp_path):
+    """runtime.pauser, in one process (a stand-in for Horovod's rank 0 of 1): the clock's verdict writes the
+    mid-epoch checkpoint and goes on, a signal's writes it and raises the stop line naming it, an epoch's last
+    step leaves it to the epoch's own checkpoint; load() returns the position written."""
+    import signal
+    import types
+
+    import tensorflow as tf
+
+    from payloads.common import checkpoint, preemption, watchdog
+    from payloads.tensorflow import models, runtime
+
+    hvd = types.SimpleNamespace(rank=lambda: 0, size=lambda: 1, broadcast_object=lambda obj, root_rank, name: obj)
+    cfg = types.SimpleNamespace(
+        checkpoint_dir=tmp_path / "checkpoints", keep_checkpoints=0, seed=42, to_json=lambda: {"seed": 42}
+    )
+    model = models.build("tiny_cnn", 4, 16)
+    optimizer = tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)
+    runtime.build_optimizer_state(optimizer, model)
+    stop = preemption.Preemption(0, 0)
+    watch = watchdog.Watchdog(tmp_path, 0, 1, "run", timeout=0)
+    pause = runtime.pauser(cfg, hvd, model, optimizer, stop, watch)
+
+    pause(1, 5, 10, None)
+    pause(1, 10, 10, "signal")  # the epoch's last step: its own checkpoint and agreement follow
+    assert not cfg.checkpoint_dir.exists()
+    pause(1, 5, 10, "clock")
+    assert [p.name for _, p in checkpoint.list_checkpoints(cfg.checkpoint_dir, ".npz")] == [
+        "checkpoint-epoch-0001-step-000005.npz"
+    ]
+    assert stop.write_seconds is not None
+    stop._handler(signal.SIGTERM, None)
+    with pytest.raises(preemption.Stopped, match=r"stopped by SIGTERM: wrote .*checkpoint-epoch-0001-step-000007\.npz"):
+        pause(1, 7, 10, "signal")
+    path = checkpoint.latest(cfg.checkpoint_dir, ".npz")[1]
+    assert runtime.load(path, model, optimizer) == runtime.Position(1, 7, 10)
+    assert runtime.read_meta(path)["data_order"] == {"seed": 42, "epoch": 1, "skip": 7}

@@ -457,6 +457,16 @@ def _runtime(g, c: Declared) -> None:
         "in the gradient exchange (one small collective), and a rank whose input or compute stays an outlier for "
         f"{watchdog.STRAGGLER_WINDOWS} comparisons is named in the log with its host; 0 = off",
     )
+    g.add_argument(
+        "--checkpoint-every-minutes",
+        type=_minutes,
+        default=d.checkpoint_every_minutes,
+        metavar="MINUTES",
+        help="also write a mid-epoch checkpoint when this many minutes have passed since the last one, so a node "
+        "lost without warning loses at most that (SIGTERM always writes one: docs/jobs.md#preempted-and-resumed); "
+        f"auto = the measured checkpoint time / {preemption.COST_FRACTION:g}, at least "
+        f"{preemption.FLOOR_MINUTES:g}; 0 = off",
+    )
 
 
 def _horovod(g, c: Declared) -> None:
@@ -506,16 +516,6 @@ def _pytorch(g, c: Declared) -> None:
         choices=BACKENDS,
         help="horovod (horovodrun, mpirun) or ddp (DistributedDataParallel: torchrun, Azure ML's "
         "pytorch distribution); docs/pytorch-ddp.md",
-    )
-    g.add_argument(
-        "--checkpoint-every-minutes",
-        type=_minutes,
-        default=d.checkpoint_every_minutes,
-        metavar="MINUTES",
-        help="also write a mid-epoch checkpoint when this many minutes have passed since the last one, so a node "
-        "lost without warning loses at most that (SIGTERM always writes one: docs/jobs.md#preempted-and-resumed); "
-        f"auto = the measured checkpoint time / {preemption.COST_FRACTION:g}, at least "
-        f"{preemption.FLOOR_MINUTES:g}; 0 = off",
     )
 
 

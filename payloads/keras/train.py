@@ -7,16 +7,22 @@ gradients, Horovod's callbacks broadcast the initial state, average the epoch me
 (warm-up, then steps down at --lr-decay-epochs). Models, data, checkpoints and metrics are the TensorFlow payload's.
 Needs Keras 2 (TensorFlow 2.15): on Keras 3 Horovod's optimizer hooks are never called and gradients are
 silently not averaged; the tests compare a 2-process run with a 1-process run to catch exactly that.
+
+SIGTERM and --checkpoint-every-minutes (payloads/common/preemption.py): after a step the ranks agree in a
+callback; the mid-epoch checkpoint is the TensorFlow payload's, and on SIGTERM the callback raises out of fit()
+on every rank (exit 75). Resumed from it, fit() enters the epoch at that step (EnterAt) and the data stream starts
+there (payloads/tensorflow/data.py), so the LR callback and the records see the true step numbers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
 from collections.abc import Sequence
 
-from ..common import config, schedule
+from ..common import config, preemption, schedule
 from ..common.errors import ConfigError
 from ..common.metrics import MetricsFile, finish
 from ..tensorflow import launch
@@ -68,8 +74,14 @@ def run(cfg: config.TrainConfig) -> dict:
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
     if cfg.weight_decay:
         model.add_loss(lambda: runtime.weight_decay_loss(cfg, model))
-    start_epoch = runtime.restore(cfg, hvd_tf, model, optimizer)
-    inputs = data.build(cfg, hvd.rank(), hvd.size(), batch, start_epoch, threads.data)
+    position = runtime.restore(cfg, hvd_tf, model, optimizer)
+    start_epoch = position.epoch
+    inputs = data.build(
+        cfg, hvd.rank(), hvd.size(), batch, start_epoch, threads.data, position.step, position.steps_per_epoch
+    )
+    start_step = inputs.skip  # the checkpoint's step, or 0 where this run's epoch has another step count
+    stop = runtime.preemption(cfg, hvd_tf)  # SIGTERM and the checkpoint clock (docs/jobs.md#preempted-and-resumed)
+    pause = runtime.pauser(cfg, hvd_tf, model, optimizer, stop, watch)
     # fit() trains `trained`: the model itself, or (synthetic data) the model behind the step that gathers
     # each batch's images on the device; both hold the same variables, which the checkpoints save.
     trained = model if inputs.prepare is data.identity else with_input(model, inputs.prepare)
@@ -84,9 +96,9 @@ def run(cfg: config.TrainConfig) -> dict:
         ],
     )
 
-    recorder = Recorder(cfg, hvd_tf, model, optimizer, batch, inputs, watch, phases)
+    recorder = Recorder(cfg, hvd_tf, model, optimizer, batch, inputs, watch, phases, stop, start_epoch, start_step)
     callbacks = [
-        watching(watch, phases, hvd_tf),
+        watching(watch, phases, hvd_tf, stop, pause, inputs.steps),
         # Also broadcast by runtime.restore before the first step; kept as Horovod's documented safety net.
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
         # Before our recorder: it sees the averaged epoch metrics.
@@ -112,17 +124,24 @@ def run(cfg: config.TrainConfig) -> dict:
         )
     try:
         if start_epoch < cfg.epochs:
-            trained.fit(
-                inputs.train,
-                steps_per_epoch=inputs.steps,
-                epochs=cfg.epochs,
-                initial_epoch=start_epoch,
-                validation_data=inputs.validation,
-                callbacks=callbacks,
-                verbose=(1 if cfg.progress else 2) if root else 0,
-            )
+            with EnterAt(start_epoch, start_step).entering(trained):
+                trained.fit(
+                    inputs.train,
+                    steps_per_epoch=inputs.steps,
+                    epochs=cfg.epochs,
+                    initial_epoch=start_epoch,
+                    validation_data=inputs.validation,
+                    callbacks=callbacks,
+                    verbose=(1 if cfg.progress else 2) if root else 0,
+                )
     except tf.errors.InvalidArgumentError as e:
         raise ConfigError(data.input_error(e)) from None
+    except preemption.Stopped:  # raised out of fit() by the callbacks, on every rank after the same step
+        watch.doing("finishing")
+        watch.stop("stopped")
+        raise
+    finally:
+        stop.uninstall()
     watch.doing("finishing")
     summary = finish(
         cfg,
@@ -137,11 +156,44 @@ def run(cfg: config.TrainConfig) -> dict:
     return summary
 
 
-def watching(watch, phases, hvd_tf):
+class EnterAt:
+    """fit() entering its first epoch at step `step`: Keras 2's own mid-epoch resume, the one BackupAndRestore
+    (save_freq=N) uses. fit() asks model._training_state for (initial epoch, initial step)
+    (Model._maybe_load_initial_counters_from_ckpt, keras/src/engine/training.py), and its DataHandler then runs
+    that epoch's steps from `step` on, passing the callbacks the true step numbers (data_adapter.py, steps()).
+    Only the answer is Keras' part: the checkpoint is ours. tests/test_tensorflow.py checks the hook on the
+    installed Keras."""
+
+    def __init__(self, epoch: int, step: int):
+        self.epoch, self.step = epoch, step
+
+    def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch, mode=None):
+        if self.step and initial_epoch == self.epoch and self.step < steps_per_epoch:
+            step, self.step = self.step, 0  # once: a later fit() starts its epochs at their first step
+            return initial_epoch, step
+        return initial_epoch, 0
+
+    @contextlib.contextmanager
+    def entering(self, model):
+        """Around fit(): the model asks this object; nothing is set when the run starts at an epoch's start."""
+        if not self.step:
+            yield
+            return
+        if not hasattr(model, "_training_state"):
+            raise RuntimeError("this Keras has no Model._training_state: a mid-epoch resume needs Keras 2.15")
+        model._training_state = self
+        try:
+            yield
+        finally:
+            model._training_state = None
+
+
+def watching(watch, phases, hvd_tf, stop, pause, steps: int):
     """The watchdog's marks from fit(): a step (input, compute and Horovod's allreduce in one call: all of it is
-    "compute" to the straggler comparison), validation batches, the epoch's end; and the ranks' comparison every
-    --straggler-every steps. Attribute stores only; _supports_tf_logs keeps Keras from reading the step's logs
-    to the host for it (a sync per step)."""
+    "compute" to the straggler comparison), validation batches, the epoch's end; the ranks' comparison every
+    --straggler-every steps; and the preemption agreement (`stop`, `pause`: runtime.pauser) inside each epoch of
+    `steps` steps. Attribute stores only between those; _supports_tf_logs keeps Keras from reading the step's
+    logs to the host for it (a sync per step)."""
     import tensorflow as tf
 
     from ..tensorflow import runtime
@@ -150,6 +202,10 @@ def watching(watch, phases, hvd_tf):
         def __init__(self):
             super().__init__()
             self._supports_tf_logs = True
+            self.epoch = 0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
 
         def on_train_batch_begin(self, batch, logs=None):
             watch.doing("step")
@@ -158,6 +214,10 @@ def watching(watch, phases, hvd_tf):
             watch.step_done()
             if phases.due():  # every rank calls its callbacks at the same batch: a collective is safe here
                 runtime.compare_phases(hvd_tf, phases)
+            # `batch`: the step's number in its epoch (from the entry step in a resumed one). Not after the
+            # epoch's last step: the epoch's checkpoint and agreement follow it (Recorder).
+            if stop.due() and batch + 1 < steps:
+                pause(self.epoch, batch + 1, steps, runtime.agree(hvd_tf, stop))
 
         def on_test_begin(self, logs=None):
             watch.doing("validation")
@@ -187,8 +247,9 @@ def with_input(model, prepare):
     return WithInput()
 
 
-def Recorder(cfg, hvd_tf, model, optimizer, batch: int, inputs, watch, phases):
-    """Times each epoch, writes the metrics record and the rank-0 checkpoint (our atomic .npz)."""
+def Recorder(cfg, hvd_tf, model, optimizer, batch: int, inputs, watch, phases, stop, start_epoch: int, start_step: int):
+    """Times each epoch, writes the metrics record and the rank-0 checkpoint (our .npz), then the ranks agree
+    whether a SIGTERM came during the epoch's end (`stop`). The run's first epoch starts at `start_step`."""
     import tensorflow as tf
 
     from ..tensorflow import runtime
@@ -196,14 +257,15 @@ def Recorder(cfg, hvd_tf, model, optimizer, batch: int, inputs, watch, phases):
     class _Recorder(tf.keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
-            self.metrics, self.images, self.seconds, self._start = None, 0, 0.0, 0.0
+            self.metrics, self.images, self.seconds, self._start, self._skip = None, 0, 0.0, 0.0, 0
 
         def on_epoch_begin(self, epoch, logs=None):
             self._start = time.perf_counter()
+            self._skip = start_step if epoch == start_epoch else 0
 
         def on_epoch_end(self, epoch, logs=None):
             seconds = time.perf_counter() - self._start  # before the checkpoint write, as in the other payloads
-            images = inputs.steps * batch * hvd_tf.size()
+            images = (inputs.steps - self._skip) * batch * hvd_tf.size()
             logs = dict(logs or {})
             validated = "val_loss" in logs
             # Every rank runs this callback, so a collective is safe here.
@@ -221,9 +283,13 @@ def Recorder(cfg, hvd_tf, model, optimizer, batch: int, inputs, watch, phases):
             self.images += images
             self.seconds += seconds
             watch.doing("checkpoint")
-            runtime.save(cfg, hvd_tf, epoch + 1, model, optimizer)
-            if self.metrics is None:
-                return
+            stop.saved(runtime.save(cfg, hvd_tf, epoch + 1, model, optimizer, 0, inputs.steps))
+            if self.metrics is not None:
+                self.record(epoch, logs, images, seconds, skipped, val_skipped, parts)
+            runtime.stop_at_epoch_end(cfg, hvd_tf, stop, epoch + 1)
+
+        def record(self, epoch, logs, images, seconds, skipped, val_skipped, parts):
+            validated = "val_loss" in logs
             record = {
                 "epoch": epoch + 1,
                 "train_loss": float(logs["ce"]),
@@ -233,6 +299,7 @@ def Recorder(cfg, hvd_tf, model, optimizer, batch: int, inputs, watch, phases):
                 "epoch_seconds": seconds,
                 "images_per_sec": images / seconds,
                 "lr": float(tf.keras.backend.get_value(optimizer.learning_rate)),
+                **({"resumed_at_step": self._skip} if self._skip else {}),
                 **parts,
             }
             if validated:

@@ -4,6 +4,16 @@ Both give one stream of batches (x, labels) that runs through every remaining ep
 take `steps` batches per epoch from it), with the same step count on every rank. x is decoded images for
 TFRecords; for synthetic data it is positions in a pool of images on the device, which Input.prepare turns
 into images inside the training step.
+
+Resumed inside an epoch (a mid-epoch checkpoint, `skip` steps of the first epoch done), the stream starts at that
+epoch's step `skip` (Input.skip), so its first epoch has steps - skip batches:
+- synthetic: the order is a function of (seed, epoch, rank) (common/sharding.py), so the rest of the epoch is the
+  batches the stopped run would have trained on, the same samples in the same order;
+- TFRecords: the shuffle is seeded from (seed, the epoch the run starts at, rank), so the run resumed at step S of
+  epoch E reads what a run started at epoch E would read from its S x batch-th record on, skipped unread (no
+  decode). That is the stopped run's own order only when the stopped run had itself started at epoch E (a run
+  started at epoch 0 and stopped in it, say); otherwise, as for a resume at an epoch's end, the records of the
+  rest of the epoch come from another shuffle. The random crops and flips are drawn anew either way.
 """
 
 from __future__ import annotations
@@ -88,6 +98,25 @@ def identity(x):
     return x
 
 
+def entry_step(step: int, written_steps: int | None, steps: int, rank: int = 0) -> int:
+    """The step a run resumed from a checkpoint written `step` steps into an epoch of `written_steps` steps
+    enters that epoch at, when this run's epoch has `steps`: the same step, or 0 (the epoch starts again, with a
+    warning) when the step counts differ (another world size, batch or --max-steps-per-epoch)."""
+    if step <= 0:
+        return 0
+    if written_steps == steps and step < steps:
+        return step
+    if rank == 0:
+        log.warning(
+            "the checkpoint was written %d steps into an epoch of %s steps; this run's epoch has %d (another world "
+            "size, batch or --max-steps-per-epoch): the epoch starts again from its first step",
+            step,
+            written_steps,
+            steps,
+        )
+    return 0
+
+
 @dataclass
 class Input:
     train: tf.data.Dataset  # batches (x, labels int32) for every remaining epoch
@@ -99,6 +128,7 @@ class Input:
     # x -> images NHWC float32, run inside the training step on its device: synthetic x are pool positions
     prepare: Callable[[tf.Tensor], tf.Tensor] = identity
     description: dict = field(default_factory=dict)  # for metrics.json's world record
+    skip: int = 0  # steps of the first epoch done before (a mid-epoch resume): `train` starts after them
 
     def private_threads(self) -> int:
         """tf.data's private threadpool size, as the training dataset carries it (0: TensorFlow's default)."""
@@ -168,7 +198,17 @@ class SyntheticImages:
         return self.take(self.slots(indices)), self.labels(indices)
 
 
-def synthetic(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
+def synthetic_batches(
+    samples: int, rank: int, size: int, batch: int, seed: int, start_epoch: int, epochs: int, steps: int, skip: int = 0
+):
+    """This rank's sample indices, one array per epoch from `start_epoch` to `epochs`, `steps` batches each but the
+    first, which starts at step `skip`: the order is a function of (seed, epoch, rank) alone."""
+    for epoch in range(start_epoch, epochs):
+        indices = np.stack(sharding.batches(samples, rank, size, batch, seed, epoch)[:steps])
+        yield indices[skip:] if epoch == start_epoch else indices
+
+
+def synthetic(cfg, rank: int, size: int, batch: int, start_epoch: int, skip: int = 0, written_steps=None) -> Input:
     """Batches of (pool positions, labels): a few bytes per sample through tf.data; the training step
     turns positions into images on the device (Input.prepare)."""
     data = SyntheticImages(cfg.synthetic_samples, cfg.num_classes, cfg.image_size, cfg.seed)
@@ -179,10 +219,10 @@ def synthetic(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
     steps = sharding.steps_per_epoch(len(data), size, batch)
     if cfg.max_steps_per_epoch:
         steps = min(steps, cfg.max_steps_per_epoch)
+    skip = entry_step(skip, written_steps, steps, rank)
 
     def epochs():
-        for epoch in range(start_epoch, cfg.epochs):
-            indices = np.stack(sharding.batches(len(data), rank, size, batch, cfg.seed, epoch)[:steps])
+        for indices in synthetic_batches(len(data), rank, size, batch, cfg.seed, start_epoch, cfg.epochs, steps, skip):
             yield data.slots(indices), data.labels(indices)
 
     ds = tf.data.Dataset.from_generator(
@@ -194,6 +234,7 @@ def synthetic(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
         cfg.num_classes,
         prepare=data.take,
         description={"distinct_images": data.distinct, "device": data.images.device},
+        skip=skip,
     )
 
 
@@ -268,7 +309,7 @@ def _records(files, record_shard: bool, rank: int, size: int, parallel) -> tf.da
     return ds.shard(size, rank) if record_shard else ds
 
 
-def tfrecord(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
+def tfrecord(cfg, rank: int, size: int, batch: int, start_epoch: int, skip: int = 0, written_steps=None) -> Input:
     train_files, val_files = tfrecords.find(pathlib.Path(cfg.data_dir))
     counts = [tfrecords.count_records(f) for f in train_files]
     p = tfrecords.plan(train_files, counts, rank, size, batch)
@@ -282,6 +323,7 @@ def tfrecord(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
             size,
         )
     steps = min(p.steps, cfg.max_steps_per_epoch) if cfg.max_steps_per_epoch else p.steps
+    skip = entry_step(skip, written_steps, steps, rank)
     parallel = cfg.workers if cfg.workers > 0 else None  # None: one decode at a time (reproducible order)
     ds = _records(p.files, p.record_shard, rank, size, parallel)
     if cfg.skip_corrupt_images:
@@ -305,7 +347,11 @@ def tfrecord(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
         ds = ds.filter(lambda image, label, ok: ok).map(
             lambda image, label, ok: (image, _checked(label, cfg.num_classes))
         )
+        # After the filter: the first epoch's skipped steps are its first good records (decoded, to be counted).
+        ds = ds.skip(skip * batch)
     else:
+        # Before the decode: every record makes a sample, so the skipped steps are records never decoded.
+        ds = ds.skip(skip * batch)
         ds = ds.map(lambda r: _decode(r, cfg.image_size, cfg.num_classes, True), num_parallel_calls=parallel)
     ds = ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
     val = val_skips = None
@@ -318,13 +364,18 @@ def tfrecord(cfg, rank: int, size: int, batch: int, start_epoch: int) -> Input:
             val_skips = ValidationSkips(v.samples)
             val = val.ignore_errors(log_warning=True).map(val_skips.keep)
         val = val.batch(batch).prefetch(tf.data.AUTOTUNE)
-    return Input(ds, steps, cfg.num_classes, val, skips, val_skips)
+    return Input(ds, steps, cfg.num_classes, val, skips, val_skips, skip=skip)
 
 
-def build(cfg, rank: int, size: int, batch: int, start_epoch: int, threads: int) -> Input:
+def build(
+    cfg, rank: int, size: int, batch: int, start_epoch: int, threads: int, skip: int = 0, written_steps=None
+) -> Input:
     """Every input problem is raised here, before a step is trained. `threads`: the private threadpool
-    tf.data runs this process's input functions on (else they share TensorFlow's inter-op pool)."""
-    inputs = (synthetic if cfg.data == "synthetic" else tfrecord)(cfg, rank, size, batch, start_epoch)
+    tf.data runs this process's input functions on (else they share TensorFlow's inter-op pool). `skip`,
+    `written_steps`: a mid-epoch checkpoint's step and its epoch's step count (runtime.Position); the stream
+    starts at that step of `start_epoch` when this run's epoch has as many steps (Input.skip: entry_step)."""
+    source = synthetic if cfg.data == "synthetic" else tfrecord
+    inputs = source(cfg, rank, size, batch, start_epoch, skip, written_steps)
     options = tf.data.Options()
     options.threading.private_threadpool_size = threads
     inputs.train = inputs.train.with_options(options)

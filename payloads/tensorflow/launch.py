@@ -1,7 +1,8 @@
 """What the TensorFlow and Keras payloads do before TensorFlow is imported: declare their options (so that
 --help and configuration errors need no TensorFlow), set XLA's CPU flag, and turn a configuration error into
-exit code 2. Each payload's entry point (payloads/tensorflow/train.py, payloads/keras/train.py) calls main()
-with its option groups and its training function."""
+exit code 2 and a SIGTERM's stop (payloads/common/preemption.py) into its line and exit code 75. Each payload's
+entry point (payloads/tensorflow/train.py, payloads/keras/train.py) calls main() with its option groups and its
+training function."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from ..common import config, devices
+from ..common import config, devices, preemption
 from ..common.errors import ConfigError, say
 
 # Static (payloads/tensorflow/models.py builds them) so that parsing needs no TensorFlow import.
@@ -63,4 +64,7 @@ def main(
     except ConfigError as e:
         say(f"error: {e}")  # every rank says it: one rank may meet it alone
         return 2
+    except preemption.Stopped as e:
+        say(str(e))  # every rank says it: all stopped at the same step
+        return preemption.EXIT_CODE
     return 0

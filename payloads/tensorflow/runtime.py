@@ -1,5 +1,6 @@
 """What the TensorFlow and Keras payloads share around the model: devices and threads, precision and XLA,
-the LR scale, rank-0 checkpoints (one .npz per epoch, written atomically) and the run's world record."""
+the LR scale, rank-0 checkpoints (one .npz per epoch, and mid-epoch ones on SIGTERM and on the checkpoint clock:
+payloads/common/preemption.py), resume, and the run's world record."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import json
 import logging
 import os
 import pathlib
+import time
 from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
 from ..common import checkpoint, config, devices, watchdog
+from ..common import preemption as preempt
 from ..common.errors import ConfigError
 
 SUFFIX = ".npz"
@@ -137,22 +140,46 @@ def build_optimizer_state(optimizer, model) -> None:
     inner.build(model.trainable_variables)
 
 
-def save(cfg, hvd, epochs_done: int, model, optimizer) -> None:
-    """Rank 0 writes the checkpoint; every rank calls it, so that a full output folder ends every rank with rank
-    0's one line (checkpoint.on_root)."""
+class Position(NamedTuple):
+    """Where a resumed run starts: `epoch` whole epochs done and `step` steps of the next (0: an epoch's start);
+    `steps_per_epoch`: the step count of the epoch the checkpoint was written in (None: an epoch's end)."""
+
+    epoch: int
+    step: int = 0
+    steps_per_epoch: int | None = None
+
+
+def save(cfg, hvd, epochs_done: int, model, optimizer, step: int = 0, steps_per_epoch: int | None = None) -> float:
+    """Rank 0 writes the checkpoint: after `epochs_done` epochs and, mid-epoch, `step` steps of the next one. Every
+    rank calls it, so that a full output folder ends every rank with rank 0's one line (checkpoint.on_root).
+    Returns the seconds the job waited for it (the checkpoint clock's cost: preemption.py)."""
+    started = time.perf_counter()
     checkpoint.on_root(
         hvd.rank() == 0,
-        lambda: _write(cfg, hvd, epochs_done, model, optimizer),
+        lambda: _write(cfg, hvd, epochs_done, model, optimizer, step, steps_per_epoch),
         lambda failure: hvd.broadcast_object(failure, root_rank=0, name="saved"),
     )
+    return time.perf_counter() - started
 
 
-def _write(cfg, hvd, epochs_done: int, model, optimizer) -> None:
+def checkpoint_path(cfg, epochs_done: int, step: int = 0) -> pathlib.Path:
+    return checkpoint.path_for(cfg.checkpoint_dir, epochs_done, SUFFIX, step)
+
+
+def _write(cfg, hvd, epochs_done: int, model, optimizer, step: int = 0, steps_per_epoch: int | None = None) -> None:
     arrays = {f"model/{i:05d}": w for i, w in enumerate(model.get_weights())}
     arrays.update({f"optimizer/{i:05d}": v.numpy() for i, v in enumerate(optimizer.variables)})
-    arrays["meta"] = np.frombuffer(
-        json.dumps({"epoch": epochs_done, "config": cfg.to_json(), "world_size": hvd.size()}).encode(), dtype=np.uint8
-    )
+    meta = {
+        "epoch": epochs_done,
+        "step": step,
+        "steps_per_epoch": steps_per_epoch,
+        # The input is rebuilt from these on resume, not stored (data.py: the synthetic order is a function of
+        # seed, epoch and rank; TFRecords are reshuffled from the epoch the run starts at).
+        "data_order": {"seed": cfg.seed, "epoch": epochs_done, "skip": step},
+        "config": cfg.to_json(),
+        "world_size": hvd.size(),
+    }
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
 
     def write(path):
         buf = io.BytesIO()
@@ -160,12 +187,17 @@ def _write(cfg, hvd, epochs_done: int, model, optimizer) -> None:
         path.write_bytes(buf.getvalue())
 
     # A local file copied to the logs mount, then a completion marker: no rename (see common/checkpoint.py).
-    checkpoint.write(checkpoint.path_for(cfg.checkpoint_dir, epochs_done, SUFFIX), write, cfg.keep_checkpoints)
+    checkpoint.write(checkpoint_path(cfg, epochs_done, step), write, cfg.keep_checkpoints)
     checkpoint.prune(cfg.checkpoint_dir, SUFFIX, cfg.keep_checkpoints)
 
 
-def load(path, model, optimizer) -> int:
-    """Load a checkpoint into the model (and optimizer, when given); returns the epochs it holds."""
+def read_meta(path) -> dict:
+    with np.load(path) as z:
+        return json.loads(z["meta"].tobytes())
+
+
+def load(path, model, optimizer) -> Position:
+    """Load a checkpoint into the model (and optimizer, when given); returns the position it holds."""
     with np.load(path) as z:
         meta = json.loads(z["meta"].tobytes())
         weights = [z[k] for k in sorted(k for k in z.files if k.startswith("model/"))]
@@ -177,35 +209,79 @@ def load(path, model, optimizer) -> int:
             raise ValueError(f"optimizer has {len(variables)} variables, the checkpoint {len(slots)}")
         for v, value in zip(variables, slots):
             v.assign(value)
-    return int(meta["epoch"])
+    step = int(meta.get("step", 0))  # checkpoints written before mid-epoch ones hold no step: an epoch's end
+    return Position(int(meta["epoch"]), step, meta.get("steps_per_epoch") if step else None)
 
 
-def restore(cfg, hvd_tf, model, optimizer) -> int:
+def restore(cfg, hvd_tf, model, optimizer) -> Position:
     """Rank 0 loads the newest checkpoint; then every weight and optimizer slot is broadcast from rank 0,
     before the first step (Horovod's broadcast callback waits until after it, which would train the
-    first step of a resumed run on mismatched weights). Returns the epochs done, agreed by all ranks."""
+    first step of a resumed run on mismatched weights). Returns the position, agreed by all ranks: the input
+    (data.build) enters the epoch at its step when this run's epoch has the step count it was written in."""
     build_optimizer_state(optimizer, model)
-    start = 0
+    position = Position(0)
     if hvd_tf.rank() == 0 and cfg.resume:
         found = checkpoint.latest(cfg.checkpoint_dir, SUFFIX)
         if found:
-            start, path = found
+            _, path = found
             try:
-                start = load(path, model, optimizer)
+                position = load(path, model, optimizer)
             except Exception as e:  # noqa: BLE001 - any unreadable checkpoint gets the same advice
-                start = -1
+                position = Position(-1)
                 log.error(
                     "cannot resume from %s: %s: move it away, or pass --no-resume to start over in a new --output-dir",
                     path,
                     e,
                 )
             else:
-                log.info("resuming from %s (%d epochs done)", path, start)
-    start = hvd_tf.broadcast_object(start, root_rank=0, name="resume_epoch")
-    if start < 0:
+                where = f", {position.step} steps of epoch {position.epoch + 1}" if position.step else ""
+                log.info("resuming from %s (%d epochs done%s)", path, position.epoch, where)
+    position = Position(*hvd_tf.broadcast_object(tuple(position), root_rank=0, name="resume_epoch"))
+    if position.epoch < 0:
         raise ConfigError("the newest checkpoint could not be loaded (see the message above)")
     hvd_tf.broadcast_variables(list(model.variables) + list(optimizer.variables), root_rank=0)
-    return start
+    return position
+
+
+def preemption(cfg, hvd) -> preempt.Preemption:
+    """This rank's SIGTERM flag and checkpoint clock (payloads/common/preemption.py), installed."""
+    return preempt.Preemption(hvd.rank(), cfg.checkpoint_every_minutes).install()
+
+
+def agree(hvd, stop: preempt.Preemption) -> str | None:
+    """The ranks' agreement (preemption.py): one allreduce of three host numbers; every rank calls it after the
+    same step."""
+    return stop.agree(
+        lambda values: hvd.allreduce(tf.constant(values, tf.float64), op=hvd.Sum, name="preemption").numpy().tolist()
+    )
+
+
+def pauser(cfg, hvd, model, optimizer, stop: preempt.Preemption, watch: watchdog.Watchdog):
+    """What a training loop calls at an agreement inside an epoch (`done` of `steps` steps trained): the
+    verdict's mid-epoch checkpoint, and on SIGTERM the stop (preemption.Stopped, raised on every rank). Not
+    after an epoch's last step: the epoch's own checkpoint and agreement follow it."""
+
+    def pause(epoch: int, done: int, steps: int, verdict: str | None) -> None:
+        if verdict is None or not 0 < done < steps:
+            return
+        watch.doing("checkpoint")
+        seconds = save(cfg, hvd, epoch, model, optimizer, done, steps)
+        stop.saved(seconds)
+        where = checkpoint_path(cfg, epoch, done)
+        if verdict == "signal":
+            raise preempt.Stopped(stop.stop_line(str(where), seconds))
+        if hvd.rank() == 0:
+            log.info("checkpoint on the clock: %s (%.1fs)", where.name, seconds)
+
+    return pause
+
+
+def stop_at_epoch_end(cfg, hvd, stop: preempt.Preemption, epochs_done: int) -> None:
+    """After an epoch's checkpoint (not the last epoch's): a SIGTERM met during the epoch's end (sums,
+    validation, checkpoint) stops every rank here, and that checkpoint is the one to resume from."""
+    if epochs_done < cfg.epochs and agree(hvd, stop) == "signal":
+        where = checkpoint_path(cfg, epochs_done)
+        raise preempt.Stopped(stop.stop_line(str(where), stop.write_seconds or 0.0))
 
 
 def watch(cfg, hvd) -> tuple[watchdog.Watchdog, watchdog.Phases]:

@@ -51,6 +51,20 @@ ROLES = {
     # Entra ID sign-in to the jump host: "login as administrator" (sudo) or "login as a regular user".
     "Virtual Machine Administrator Login": "1c0163c0-47e6-4577-8991-ea5c82e286e4",
     "Virtual Machine User Login": "fb879df8-f326-4884-b1cf-06f3ad86be52",
+    # Starting the jump host after its evening auto-shutdown (private.py assigns it on the VM alone). Of the built-in
+    # roles holding Microsoft.Compute/virtualMachines/start/action, the one whose Compute actions are only that and
+    # reads ("Azure built-in roles for Compute", Desktop Virtualization Power On Contributor, ms.date 2025-01-10):
+    #   "Microsoft.Compute/virtualMachines/start/action", "Microsoft.Compute/virtualMachines/read",
+    #   "Microsoft.Compute/virtualMachines/instanceView/read"
+    # No write, restart, deallocate, run command or extension rights on the VM. Its other actions
+    # ("Microsoft.Insights/alertRules/*", "Microsoft.Resources/deployments/*", resource group read, Azure Arc /
+    # Azure Stack HCI machines) act on resources that are not under a VM, so at the VM's scope they reach nothing.
+    # Its description names its usual holder ("Provide permission to the Azure Virtual Desktop Resource Provider to
+    # start virtual machines"); Azure RBAC does not tie a built-in role to one kind of principal. Rejected:
+    # DevTest Labs User (also virtualMachines/restart/action and deallocate/action: any user could stop the shared
+    # jump host under everyone else) and Virtual Machine Contributor (virtualMachines/*: run command, extensions,
+    # reset access, so root on the VM).
+    "Desktop Virtualization Power On Contributor": "489581de-a3bd-480d-9518-53dea7416b33",
 }
 
 # Fixed namespace for the assignment-name GUIDs: the same inputs give the same name on every machine.

@@ -129,4 +129,16 @@ def grants(
             # sudo"); Administrator Login, with sudo (Docker), for access.jumpHostAdmins only.
             login = "Virtual Machine Administrator Login" if principal in admins else "Virtual Machine User Login"
             out.append(Grant(f"{label}-jumphost-login", login, principal, way_in.jump_host.id, kind))
+            # The auto-shutdown (wayin.py) deallocates the jump host every evening; the first user of the day starts
+            # it again (`az vm start`, Microsoft.Compute/virtualMachines/start/action). The narrowest built-in role
+            # holding that action, on the VM alone (access.ROLES explains the choice).
+            out.append(
+                Grant(
+                    f"{label}-starts-jumphost",
+                    "Desktop Virtualization Power On Contributor",
+                    principal,
+                    way_in.jump_host.id,
+                    kind,
+                )
+            )
     return out

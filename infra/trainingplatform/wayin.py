@@ -348,8 +348,9 @@ class WayIn(pulumi.ComponentResource):
             # The VM's auto-shutdown, as Azure declares it: a Microsoft.DevTestLab/schedules resource named
             # "shutdown-computevm-<VM name>" in the VM's resource group, taskType ComputeVmShutdownTask, a daily
             # recurrence and a Windows time zone id, pointing at the VM (targetResourceId). Azure refuses another
-            # name (400 Bad Request). It deallocates the VM at that time each day; start it again with
-            # `az vm start` (docs/private-access.md, "What it costs").
+            # name (400 Bad Request). It deallocates the VM at that time each day; any of the platform's users
+            # starts it again with `az vm start` (private.py grants them that on the VM alone;
+            # docs/private-access.md, "What it costs").
             self.shutdown = devtestlab.GlobalSchedule(
                 f"{self._name}-jumphost-shutdown",
                 name=self.jump_host.name.apply(lambda n: f"{SHUTDOWN_PREFIX}{n}"),

@@ -50,6 +50,7 @@ PLATFORM_ROLES = (
     "AzureML Data Scientist",
     "AcrPull",
     "AcrPush",
+    "Desktop Virtualization Power On Contributor",
     "Reader",
     "Storage Blob Data Contributor",
     "Storage Blob Data Reader",

@@ -453,6 +453,9 @@ def test_the_entry_point_reads_the_access_setting(prod_raw):
 #    the portal and login as a regular user. | fb879df8-f326-4884-b1cf-06f3ad86be52 |"
 #   "| [Reader](built-in-roles/general#reader) | View all resources, but does not allow you to make any changes. |
 #    acdd72a7-3385-48ef-bd42-f606fba81ae7 |"
+# and "Azure built-in roles for Compute" (learn.microsoft.com/azure/role-based-access-control/built-in-roles/compute,
+# "Desktop Virtualization Power On Contributor"):
+#   "id": "/providers/Microsoft.Authorization/roleDefinitions/489581de-a3bd-480d-9518-53dea7416b33"
 # A role definition id Azure does not know fails the assignment in the middle of `pulumi up`.
 BUILT_IN_ROLES = {
     "Reader": "acdd72a7-3385-48ef-bd42-f606fba81ae7",
@@ -464,6 +467,7 @@ BUILT_IN_ROLES = {
     "AzureML Data Scientist": "f6c7c914-8db3-469d-8ca1-694a8f32e121",
     "AcrPull": "7f951dda-4ed3-4680-a7ca-43fe172d538d",
     "AcrPush": "8311e382-0749-4cb8-b61a-304f252e45ec",
+    "Desktop Virtualization Power On Contributor": "489581de-a3bd-480d-9518-53dea7416b33",
 }
 ALICE = "a11ce000-0000-4000-8000-000000000001"
 BOB = "b0b00000-0000-4000-8000-000000000002"
@@ -691,6 +695,68 @@ def test_bad_shutdown_settings_are_refused_naming_the_fix(prod_raw, settings, me
     raw = dict(copy.deepcopy(prod_raw[0]))
     raw["access"] = dict(raw["access"], **settings)
     assert message in _problems(raw)
+
+
+# ---- issue 28: a user starts the jump host after its evening auto-shutdown ----
+
+# The auto-shutdown deallocates the jump host every evening (wayin.py); `az vm start` needs
+# Microsoft.Compute/virtualMachines/start/action ("Starts the virtual machine"), which Reader and the login roles lack.
+# Microsoft's role, "Azure built-in roles for Compute" (learn.microsoft.com/azure/role-based-access-control/
+# built-in-roles/compute, ms.date 2025-01-10), "Desktop Virtualization Power On Contributor", its Compute actions:
+#   "Microsoft.Compute/virtualMachines/start/action", "Microsoft.Compute/virtualMachines/read",
+#   "Microsoft.Compute/virtualMachines/instanceView/read"
+# and no virtualMachines/write, runCommand, extensions/write, restart or deallocate (which DevTest Labs User,
+# 76283e04-6283-4c54-8f91-bcf1374a3c64, adds: "Microsoft.Compute/virtualMachines/deallocate/action", "Microsoft.Compute/
+# virtualMachines/restart/action"; "Azure built-in roles for DevOps"). Its other actions are not under a VM: at the
+# VM's scope they reach nothing, so it is assigned there and nowhere else.
+POWER_ON = "489581de-a3bd-480d-9518-53dea7416b33"
+
+
+def _starters(mocks):
+    return [r for r in mocks.of_type("RoleAssignment") if r.inputs["roleDefinitionId"].rsplit("/", 1)[1] == POWER_ON]
+
+
+def test_every_user_may_start_the_jump_host_and_nothing_else_gets_that_role(prod_raw, prod_data_out):
+    users = [
+        {"objectId": ALICE, "type": "User"},
+        {"objectId": TEAM, "type": "Group"},
+        {"objectId": BOB, "type": "User"},
+    ]
+    way_in = dict(prod_raw[0]["access"], jumpHostAdmins=[{"objectId": BOB, "type": "User"}])
+    mocks, _ = _run(prod_raw, prod_data_out, users=users, access=way_in)
+    vm = one(mocks, "compute:VirtualMachine", "wayin-jumphost").id
+    assert access.ROLES["Desktop Virtualization Power On Contributor"] == POWER_ON
+    starters = _starters(mocks)
+    # One per user, admins included, as that user's principal type, on the VM alone (not its resource group).
+    assert sorted((r.inputs["principalId"], r.inputs["principalType"]) for r in starters) == sorted(
+        [(ALICE, "User"), (TEAM, "Group"), (BOB, "User")]
+    )
+    assert {r.inputs["scope"] for r in starters} == {vm}
+    # Named like every other assignment: guid(scope, principal, role, stack), replaced by deleting first.
+    for r in starters:
+        assert r.inputs["roleAssignmentName"] == access.assignment_name(
+            vm, r.inputs["principalId"], r.inputs["roleDefinitionId"], "prod"
+        )
+        assert (
+            r.inputs["description"]
+            == f"Desktop Virtualization Power On Contributor: user-{r.inputs['principalId']}-starts-jumphost"
+        )
+    assert mocks.options[f"access-user-{ALICE}-starts-jumphost"].delete_before_replace is True
+    assert mocks.of_type("GlobalSchedule"), "the shutdown it answers"
+
+
+def test_the_default_user_may_start_the_jump_host(prod):
+    mocks, _ = prod  # no `users`: the deployer is the one user
+    vm = one(mocks, "compute:VirtualMachine", "wayin-jumphost").id
+    assert (POWER_ON, vm) in _roles_of(mocks, mocked.DEPLOYER)
+    assert len(_starters(mocks)) == 1
+
+
+def test_no_start_right_without_a_jump_host(dev, hub):
+    # The public profile has no way in, hub mode no VM: nothing to start, no assignment.
+    for mocks, _ in (dev, hub):
+        assert not mocks.of_type("compute:VirtualMachine")
+        assert _starters(mocks) == []
 
 
 # ---- issue 28, item 16: Docker without root for the jump host's users ----

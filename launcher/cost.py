@@ -16,9 +16,11 @@ the person's sign-in:
   effectiveStartTimeUtc ("compute duration of an active run is now() - EffectiveStartTimeUtc"),
   lastStartTimeUtc, currentAttemptId, and compute.vmSize/priority/instanceCount, what the run ran on;
 - the status log, where the workspace sends its AmlRunStatusChangedEvent diagnostic log to Log Analytics
-  (--status-log WORKSPACE_ID, the Log Analytics workspace's id): every status change with its time, which tells
-  queue, preparation and each requeue after a preemption apart. Without it run history gives totals only: the
-  wait before the first start, the time nodes were held, how many times the run started;
+  (--status-log WORKSPACE_ID, the Log Analytics workspace's id; without it, the stack output status_log_workspace_id:
+  the platform stack declares that diagnostic setting and grants its users Log Analytics Reader there): every status
+  change with its time, which tells queue, preparation and each requeue after a preemption apart. Without it run
+  history gives totals only: the wait before the first start, the time nodes were held, how many times the run
+  started;
 - the payload's metrics.json (epochs, images, startup_seconds, the --epochs it aims at) and the times of the
   checkpoints' completion markers, every version the logs container keeps, in the job's output folder.
 
@@ -58,6 +60,8 @@ TERMINAL = ("Completed", "Failed", "Canceled", "NotResponding")
 
 LOGS_ENDPOINT = "https://api.loganalytics.io"
 LOGS_SCOPE = LOGS_ENDPOINT + "/.default"
+# The stack output naming the Log Analytics workspace (its customerId) that receives the status log (program.py).
+STATUS_LOG_OUTPUT = "status_log_workspace_id"
 GUID = re.compile(r"^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
 JOB_NAME = re.compile(r"^[a-zA-Z0-9][\w-]{0,255}$")  # jobspec.JOB_NAME: safe inside a KQL string
 MARKER = re.compile(r"(?:^|/)\.checkpoint-epoch-(\d+)[^/]*\.complete$")  # payloads/common/checkpoint.py
@@ -771,9 +775,11 @@ def gather(
     gpu_images_per_sec: float | None = None,
     price_per_node_hour: float | None = None,
     now: dt.datetime | None = None,
+    status_log_from: str = "--status-log",
 ) -> Facts:
     """Read the job, its cluster, run history, the status log and its output folder; JobError when the job, its
-    size or its price cannot be found (naming the fix). What is merely unreadable becomes a note."""
+    size or its price cannot be found (naming the fix). What is merely unreadable becomes a note. `status_log_from`:
+    where the status log's workspace id came from, said in the ledger's sources."""
     from azure.core.exceptions import AzureError, ResourceNotFoundError
 
     ws, rg = outputs["workspace_name"], outputs["resource_group"]
@@ -784,7 +790,7 @@ def gather(
         )
     if status_log is not None and not GUID.match(status_log):
         raise JobError(
-            f"--status-log {status_log!r}: expected the Log Analytics workspace's id (a GUID): `az monitor "
+            f"{status_log_from} {status_log!r}: expected the Log Analytics workspace's id (a GUID): `az monitor "
             "log-analytics workspace show -g <group> -n <name> --query customerId -o tsv`"
         )
     if credential is None:
@@ -880,7 +886,8 @@ def gather(
         try:
             facts.transitions = read_status_log(credential, status_log, name, created) or None
             sources["status log"] = (
-                f"Log Analytics workspace {status_log}: {len(facts.transitions or [])} status change(s)"
+                f"Log Analytics workspace {status_log} ({status_log_from}): {len(facts.transitions or [])} status "
+                "change(s)"
             )
             if not facts.transitions:
                 notes.append(
@@ -889,7 +896,7 @@ def gather(
                 )
         except AzureError as e:
             notes.append(
-                _describe(e, f"status log not read from Log Analytics workspace {status_log}")
+                _describe(e, f"status log not read from Log Analytics workspace {status_log} ({status_log_from})")
                 + " (the Azure ML workspace needs a diagnostic setting that sends AmlRunStatusChangedEvent there, "
                 "and you need Log Analytics Reader on it)"
             )
@@ -965,7 +972,8 @@ def parser() -> argparse.ArgumentParser:
         "--status-log",
         metavar="WORKSPACE_ID",
         help="the Log Analytics workspace (its id, a GUID) that receives the Azure ML workspace's "
-        "AmlRunStatusChangedEvent log: splits queue from preparation and places each requeue",
+        f"AmlRunStatusChangedEvent log: splits queue from preparation and places each requeue (default: the stack "
+        f"output {STATUS_LOG_OUTPUT})",
     )
     p.add_argument("--metrics", type=pathlib.Path, help="a metrics.json to use instead of the output folder's")
     p.add_argument(
@@ -977,22 +985,40 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def default_status_log(given: str | None, outputs: StackOutputs) -> tuple[str | None, str]:
+    """(the Log Analytics workspace id to read the status log from, where it came from): --status-log, else the
+    stack output (the platform stack's own Log Analytics workspace, which its diagnostic setting feeds), else none."""
+    if given is not None:
+        return given, "--status-log"
+    found = outputs.values.get(STATUS_LOG_OUTPUT)
+    if found:
+        return str(found), f"the stack output {STATUS_LOG_OUTPUT}"
+    return None, "none"
+
+
 def main(argv: list[str]) -> int:
     from . import stack
 
     args = parser().parse_args(argv)
     try:
         outputs = stack.load_file(args.stack_outputs) if args.stack_outputs else stack.load_from_pulumi(args.stack)
-        book = ledger(
-            gather(
-                args.job,
-                outputs,
-                status_log=args.status_log,
-                metrics_file=args.metrics,
-                gpu_images_per_sec=args.gpu_images_per_sec,
-                price_per_node_hour=args.price_per_node_hour,
-            )
+        status_log, status_log_from = default_status_log(args.status_log, outputs)
+        facts = gather(
+            args.job,
+            outputs,
+            status_log=status_log,
+            metrics_file=args.metrics,
+            gpu_images_per_sec=args.gpu_images_per_sec,
+            price_per_node_hour=args.price_per_node_hour,
+            status_log_from=status_log_from,
         )
+        if status_log is None:
+            facts.notes.append(
+                f"no status log: the stack outputs have no {STATUS_LOG_OUTPUT} (a stack deployed before the "
+                "workspace's diagnostic setting: run pulumi up and write the outputs again), and no --status-log "
+                "WORKSPACE_ID was given"
+            )
+        book = ledger(facts)
     except JobError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

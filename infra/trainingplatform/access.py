@@ -7,7 +7,8 @@
   job's code snapshot with the submitting user's own token, so the user needs data-plane roles on the
   workspace storage (learn.microsoft.com/azure/machine-learning/how-to-disable-local-auth-storage:
   "Storage Blob Data Contributor" and "Storage File Data Privileged Contributor"); Azure subscription
-  Owner grants no data-plane access.
+  Owner grants no data-plane access. They also query the stack's Log Analytics workspace (Log Analytics
+  Reader there alone), where the cost ledger reads each job's status log.
 
 Assignment names are GUIDs derived from (scope, principal, role definition, stack), like Azure's own
 templates (`guid(scope, principalId, roleDefinitionId)`): Azure refuses to change the principal of an
@@ -48,6 +49,11 @@ ROLES = {
     "AcrPull": "7f951dda-4ed3-4680-a7ca-43fe172d538d",
     "AcrPush": "8311e382-0749-4cb8-b61a-304f252e45ec",
     "Reader": "acdd72a7-3385-48ef-bd42-f606fba81ae7",
+    # Querying the stack's Log Analytics workspace (the cost ledger's status log, program.py assigns it there alone):
+    # "Log Analytics Reader can view and search all monitoring data as well as and view monitoring settings"
+    # ("Azure built-in roles for Monitor"): */read, workspaces/analytics/query/action, workspaces/search/action,
+    # Microsoft.Support/*; notActions workspaces/sharedKeys/read (the agents' keys); no data actions.
+    "Log Analytics Reader": "73c42c96-874c-492b-b04d-ab87d138a893",
     # Entra ID sign-in to the jump host: "login as administrator" (sudo) or "login as a regular user".
     "Virtual Machine Administrator Login": "1c0163c0-47e6-4577-8991-ea5c82e286e4",
     "Virtual Machine User Login": "fb879df8-f326-4884-b1cf-06f3ad86be52",

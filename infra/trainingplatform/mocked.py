@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +85,8 @@ class RecordingMocks(Mocks):
             state["loginServer"] = f"{provider_name}.azurecr.io"
         elif typ == "azure-native:network:PublicIPAddress":
             state["ipAddress"] = "20.0.0.1"
+        elif typ == "azure-native:operationalinsights:Workspace":
+            state["customerId"] = log_analytics_customer_id(rid)
         self.resources.append(Resource(typ, name, inputs, rid))
         return rid, state
 
@@ -109,6 +112,12 @@ class RecordingMocks(Mocks):
             for d in (deps if isinstance(deps, list) else [deps])
             if isinstance(d, pulumi.Resource)
         }
+
+
+def log_analytics_customer_id(resource_id: str) -> str:
+    """The customerId the mocks give a Log Analytics workspace: a GUID, as Azure's (the query API's workspace id), one
+    per workspace and the same on every run."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, resource_id))
 
 
 # Which input holds the Azure name of each resource type (others fall back to the logical name).

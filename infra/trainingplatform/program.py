@@ -144,6 +144,9 @@ def build(
                 u.type,
             ),
             Grant(f"{label}-submits-jobs", "AzureML Data Scientist", u.object_id, ws.workspace.id, u.type),
+            # The cost ledger's status log: AmlRunStatusChangedEvent, which the workspace's diagnostic setting sends
+            # to the stack's Log Analytics workspace (workspace.py). Querying it, on that workspace alone.
+            Grant(f"{label}-reads-status-log", "Log Analytics Reader", u.object_id, ws.logs.id, u.type),
         ]
         # Reading the registry's tags (the doctor's image check) and pulling a job's image to reproduce it: AcrPull,
         # and no more. Pushing is the builders' (below): a user who could push could overwrite the image every job
@@ -220,4 +223,8 @@ def build(
         "nat_public_ip": net.nat_ip.ip_address,
         "way_in": way_in.describe() if way_in else {"mode": "none"},
         "quota_reader_role": quota.role_name if quota else None,
+        # The Log Analytics workspace that receives the run status log: its customerId, the workspace id the query
+        # API takes (POST /v1/workspaces/{workspaceId}/query: "This is Workspace ID from the Properties blade in the
+        # Azure portal"), not its ARM id. `python -m launcher cost` reads it when --status-log is not given.
+        "status_log_workspace_id": ws.logs.customer_id,
     }

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pulumi
-from pulumi_azure_native import applicationinsights, keyvault, operationalinsights
+from pulumi_azure_native import applicationinsights, keyvault, monitor, operationalinsights
 from pulumi_azure_native import machinelearningservices as ml
 
 from . import naming
@@ -36,6 +36,20 @@ from .storage import network_rules, secure_account
 # The workspace inputs Azure ML cannot update (see the module docstring).
 REPLACE_ON_CHANGES = ("storageAccount", "keyVault")
 
+# The cost ledger's status log (launcher/cost.py, `--status-log`): every status change of every run, which it reads
+# from the table of this name. Microsoft's "Supported logs for Microsoft.MachineLearningServices/workspaces" (the
+# resource logs of "Azure Machine Learning monitoring data reference") lists the category `AmlRunStatusChangedEvent`,
+# display name AmlRunStatusChangedEvent, log table AmlRunStatusChangedEvent: "Azure Machine Learning services run
+# status event logs" (learn.microsoft.com/azure/azure-monitor/reference/tables/amlrunstatuschangedevent; columns
+# RunId "The unique run identifier", Status "The updated run status", TimeGenerated).
+STATUS_LOG_CATEGORY = "AmlRunStatusChangedEvent"
+# Resource-specific mode: "Data is written to individual tables for each category of the resource", where "Azure
+# diagnostics: All data is written to the AzureDiagnostics table" (learn.microsoft.com/azure/azure-monitor/essentials/
+# resource-logs, "Collection mode"). Diagnostic Settings - Create Or Update: logAnalyticsDestinationType "Dedicated",
+# "a destination type constructed as follows: <normalized service identity>_<normalized category name>", instead of
+# null, "the default destination type, i.e. AzureDiagnostics". The ledger queries the table AmlRunStatusChangedEvent.
+STATUS_LOG_DESTINATION_TYPE = "Dedicated"
+
 
 def image_build_compute(cfg, compute_subnet_id, workspace_name) -> pulumi.Input[str] | None:
     """The Azure ML name of the `imageBuildCluster` (config.py checks it is a declared CPU cluster), made by
@@ -45,7 +59,8 @@ def image_build_compute(cfg, compute_subnet_id, workspace_name) -> pulumi.Input[
 
 
 class Workspace(pulumi.ComponentResource):
-    """Outputs: workspace_name, datastores {data, logs}."""
+    """Outputs: workspace_name, datastores {data, logs}; `logs` is the Log Analytics workspace (Application Insights'
+    and the status log's), `status_log` the diagnostic setting that sends run status changes to it."""
 
     def __init__(
         self,
@@ -186,6 +201,18 @@ class Workspace(pulumi.ComponentResource):
         )
         # Always: no-public-IP clusters need it (module docstring). Clusters depend on `self.endpoint.ready`.
         self.endpoint = link("workspace", self.workspace.id, "amlworkspace")
+        # Every run status change, to this stack's Log Analytics workspace (kept for its retention_in_days): the cost
+        # ledger's status log, read with Log Analytics Reader (program.py grants it to `users`). Only that category:
+        # the others (compute, data, model events) would be ingested and billed for nothing here reads them.
+        self.status_log = monitor.DiagnosticSetting(
+            f"{name}-status-log",
+            name="run-status-to-log-analytics",
+            resource_uri=self.workspace.id,
+            workspace_id=self.logs.id,
+            log_analytics_destination_type=STATUS_LOG_DESTINATION_TYPE,
+            logs=[monitor.DiagnosticsLogSettingsArgs(category=STATUS_LOG_CATEGORY, enabled=True)],
+            opts=child,
+        )
         self.datastores = {
             "data": self._datastore(
                 "training_data",

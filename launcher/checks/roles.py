@@ -51,6 +51,7 @@ PLATFORM_ROLES = (
     "AcrPull",
     "AcrPush",
     "Desktop Virtualization Power On Contributor",
+    "Log Analytics Reader",
     "Reader",
     "Storage Blob Data Contributor",
     "Storage Blob Data Reader",

@@ -34,6 +34,11 @@ BUILT_IN_ROLES = {
     "Storage File Data Privileged Contributor": "69566ab7-960f-475b-8e7c-b3118f30c6bd",
     "AzureML Data Scientist": "f6c7c914-8db3-469d-8ca1-694a8f32e121",
     "AcrPull": "7f951dda-4ed3-4680-a7ca-43fe172d538d",
+    # "Azure built-in roles for Monitor", Log Analytics Reader: "id":
+    # "/providers/Microsoft.Authorization/roleDefinitions/73c42c96-874c-492b-b04d-ab87d138a893", "roleName":
+    # "Log Analytics Reader", "description": "Log Analytics Reader can view and search all monitoring data as well as
+    # and view monitoring settings, including viewing the configuration of Azure diagnostics on all Azure resources."
+    "Log Analytics Reader": "73c42c96-874c-492b-b04d-ab87d138a893",
 }
 ALICE = "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
 TEAM = "7c9e6679-7425-40de-944b-e07fc1f90ae7"
@@ -57,12 +62,14 @@ def _expected(mocks):
         (BUILT_IN_ROLES["AzureML Data Scientist"], one(mocks, "machinelearningservices:Workspace", "ml-workspace").id),
         # the doctor's image check lists the registry's tags: AcrPull
         (BUILT_IN_ROLES["AcrPull"], one(mocks, "Registry", "registry-acr").id),
+        # the cost ledger queries the status log in the stack's Log Analytics workspace, and nothing else there
+        (BUILT_IN_ROLES["Log Analytics Reader"], one(mocks, "operationalinsights:Workspace", "ml-log-analytics").id),
         # the submission's quota check reads the subscription's Azure ML quota: the stack's own narrow role, there
         (quota_role["roleDefinitionId"], quota_role["scope"]),
     }
 
 
-USER_ROLES = 5  # the four above and the quota reader
+USER_ROLES = 6  # the five above and the quota reader
 
 
 def _expected_data(data_mocks):
@@ -173,8 +180,19 @@ def _triples(mocks, stack):
     def principal(p):
         return f"{stack}/{p}" if p.startswith("principal-") else p.lower()
 
+    # Likewise a resource's id: Azure's names its resource group, the mocks' does not (only the type and name). A
+    # resource that Pulumi names itself (the Log Analytics workspace) has the same mock id in every platform stack,
+    # though in Azure each is in its own stack's resource group: a scope at or under a resource in the platform's own
+    # group is told apart by that group here. The data stack's resources are not in it: their ids stay as they are.
+    group = next((r.inputs["resourceGroupName"] for r in mocks.of_type("ResourceGroup") if r.name == "platform"), None)
+    own = [r.id.lower() for r in mocks.resources if group and r.inputs.get("resourceGroupName") == group]
+
+    def scope(s):
+        s = s.lower()
+        return f"{group}:{s}" if any(s == i or s.startswith(i + "/") for i in own) else s
+
     return [
-        (r.inputs["scope"].lower(), principal(r.inputs["principalId"]), r.inputs["roleDefinitionId"].lower())
+        (scope(r.inputs["scope"]), principal(r.inputs["principalId"]), r.inputs["roleDefinitionId"].lower())
         for r in mocks.of_type("RoleAssignment")
     ]
 
@@ -345,3 +363,29 @@ def test_the_quota_reader_role_can_be_left_out(dev_raw, dev_data):
     ]
     with pytest.raises(config.ConfigError, match=r"quotaReaderRole = 'yes': expected bool"):
         config.load(dict(copy.deepcopy(dev_raw[0]), quotaReaderRole="yes"), "dev", "westeurope", mocked.SUBSCRIPTION)
+
+
+# ---- the cost ledger's status log: users query the stack's Log Analytics workspace ----
+
+
+def test_each_user_reads_the_status_log_on_the_log_analytics_workspace_alone(dev_raw, dev_data):
+    # launcher/cost.py queries AmlRunStatusChangedEvent through the Log Analytics query API with the person's sign-in:
+    # Log Analytics Reader ("view and search all monitoring data"; workspaces/analytics/query/action and
+    # workspaces/search/action), assigned on that workspace and nowhere else.
+    mocks = _run(dev_raw, dev_data, [{"objectId": ALICE, "type": "User"}, {"objectId": TEAM, "type": "Group"}])
+    logs = one(mocks, "operationalinsights:Workspace", "ml-log-analytics")
+    reader = BUILT_IN_ROLES["Log Analytics Reader"]
+    grants = [r for r in mocks.of_type("RoleAssignment") if r.inputs["roleDefinitionId"].endswith("/" + reader)]
+    assert sorted((r.inputs["principalId"], r.inputs["principalType"]) for r in grants) == sorted(
+        [(ALICE, "User"), (TEAM, "Group")]
+    ), "one per user, and nobody else (no identity needs it)"
+    for r in grants:
+        assert r.inputs["scope"] == logs.id
+        assert r.inputs["roleDefinitionId"] == (
+            f"/subscriptions/{mocked.SUBSCRIPTION}/providers/Microsoft.Authorization/roleDefinitions/{reader}"
+        )
+        assert r.inputs["roleAssignmentName"] == access.assignment_name(
+            logs.id, r.inputs["principalId"], r.inputs["roleDefinitionId"], "dev"
+        )
+        assert r.name == f"access-user-{r.inputs['principalId']}-reads-status-log"
+    assert access.ROLES["Log Analytics Reader"] == reader

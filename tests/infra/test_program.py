@@ -2,6 +2,7 @@
 
 import copy
 import ipaddress
+import uuid
 
 import pytest
 from infra_helpers import one
@@ -37,6 +38,7 @@ def test_declares_every_part_of_the_platform(dev, dev_data):
         "keyvault:Vault",
         "operationalinsights:Workspace",
         "applicationinsights:Component",
+        "monitor:DiagnosticSetting",
         "machinelearningservices:Workspace",
         "machinelearningservices:Datastore",
         "machinelearningservices:Compute",
@@ -232,6 +234,32 @@ def test_registry_and_workspace(dev, dev_data):
     assert stores["training_logs"]["accountName"] == outputs["datastores"]["logs"]["account"]
 
 
+def test_the_workspace_sends_its_run_status_log_to_the_stacks_log_analytics_workspace(dev):
+    # The cost ledger (launcher/cost.py) reads every status change of a job from the table AmlRunStatusChangedEvent.
+    # Microsoft's supported logs for Microsoft.MachineLearningServices/workspaces: category `AmlRunStatusChangedEvent`,
+    # log table AmlRunStatusChangedEvent ("Azure Machine Learning services run status event logs"). That table, not
+    # AzureDiagnostics, is resource-specific mode: Diagnostic Settings' logAnalyticsDestinationType "Dedicated" (null:
+    # "the default destination type, i.e. AzureDiagnostics").
+    mocks, outputs = dev
+    (setting,) = mocks.of_type("monitor:DiagnosticSetting")
+    logs = one(mocks, "operationalinsights:Workspace", "ml-log-analytics")
+    assert setting.inputs["resourceUri"] == one(mocks, "machinelearningservices:Workspace", "ml-workspace").id
+    assert setting.inputs["workspaceId"] == logs.id
+    assert setting.inputs["logAnalyticsDestinationType"] == "Dedicated"
+    assert setting.inputs["logs"] == [{"category": "AmlRunStatusChangedEvent", "enabled": True}], "that category only"
+    assert not setting.inputs.get("metrics"), "no metrics: nothing reads them"
+    assert not {"storageAccountId", "eventHubAuthorizationRuleId", "eventHubName"} & setting.inputs.keys()
+    assert setting.inputs["name"] == "run-status-to-log-analytics"
+    # Declared in the workspace component (it goes with the workspace), with no replacement options of its own.
+    opts = mocks.options[setting.name]
+    assert opts.parent is not None and opts.parent.pulumi_resource_name == "ml"
+    assert not opts.replace_on_changes and not opts.delete_before_replace and not opts.protect
+    # The ledger finds the workspace through the stack outputs: its customerId, the id the Log Analytics query API
+    # takes (POST /v1/workspaces/{workspaceId}/query: "Workspace ID from the Properties blade"), not its ARM id.
+    assert outputs["status_log_workspace_id"] == mocked.log_analytics_customer_id(logs.id)
+    assert str(uuid.UUID(outputs["status_log_workspace_id"])) == outputs["status_log_workspace_id"]
+
+
 def test_clusters(dev):
     mocks, outputs = dev
     identity = one(mocks, "UserAssignedIdentity", "compute-identity")
@@ -292,6 +320,7 @@ def test_outputs_are_complete_and_hold_no_secrets(dev):
         "nfs",
         "compute_identity_client_id",
         "location",
+        "status_log_workspace_id",
     ):
         assert outputs.get(key), key
     text = repr(outputs).lower()

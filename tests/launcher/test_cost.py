@@ -221,8 +221,9 @@ class Workspace:
             (200, body, {}),
         )
 
-    def status_log(self, name: str, changes: list[tuple[str, str]]):
-        """AmlRunStatusChangedEvent rows for run `name`, answered only to a query for that RunId."""
+    def status_log(self, name: str, changes: list[tuple[str, str]], workspace_id: str = LOG_WS):
+        """AmlRunStatusChangedEvent rows for run `name` in Log Analytics workspace `workspace_id` (its customerId),
+        answered only to a query for that RunId."""
 
         def answer(request, match):
             query = json.loads(request.body)["query"]
@@ -230,7 +231,13 @@ class Workspace:
             rows = [[iso(at(t)), s] for t, s in changes] if f'RunId == "{name}"' in query else []
             return fake_arm.log_analytics([("TimeGenerated", "datetime"), ("Status", "string")], rows)
 
-        self.fake.on("POST", rf"api\.loganalytics\.io/v1/workspaces/{LOG_WS}/query", answer)
+        self.fake.on("POST", rf"api\.loganalytics\.io/v1/workspaces/{workspace_id}/query", answer)
+
+    def log_queries(self) -> list[str]:
+        """The Log Analytics workspaces the ledger queried, in order."""
+        return [
+            r.url.split("/workspaces/", 1)[1].split("/", 1)[0] for r in self.fake.requests if "loganalytics" in r.url
+        ]
 
     def outputs_folder(self, name: str, metrics: dict | None, markers: list[tuple[int, str, bool]], folder=None):
         """The run folder in the logs container: metrics.json, and each checkpoint's data file and completion
@@ -262,6 +269,16 @@ class Workspace:
             return 200, xml, {"Content-Type": "application/xml"}
 
         self.fake.on("GET", host.rstrip("/"), listing)
+
+
+@pytest.fixture
+def older_outputs(dev_outputs, tmp_path):
+    """The outputs of a dev stack deployed before its diagnostic setting: no status_log_workspace_id."""
+    values = json.loads(dev_outputs.read_text())
+    del values["status_log_workspace_id"]
+    path = tmp_path / "outputs.older.json"
+    path.write_text(json.dumps(values))
+    return path
 
 
 @pytest.fixture
@@ -337,9 +354,9 @@ def test_a_completed_job_splits_its_time_and_prices_the_held_nodes(workspace, de
     assert workspace.status_queries and f'RunId == "{NAME}"' in workspace.status_queries[0]
 
 
-def test_without_the_status_log_run_history_gives_the_totals(workspace, dev_outputs, tmp_path, capsys):
+def test_without_the_status_log_run_history_gives_the_totals(workspace, older_outputs, tmp_path, capsys):
     record_plain(workspace, status_log=False)
-    code, out, book, _ = ledger_of(dev_outputs, tmp_path, capsys)
+    code, out, book, _ = ledger_of(older_outputs, tmp_path, capsys)
     region, dedicated, low, _ = price_row(GPU_SIZE, "westeurope")
     held = seconds("09:09", "10:40")  # computeDuration
     created = at("09:00") + dt.timedelta(microseconds=123456)  # createdTimeUtc as recorded, 7 digits
@@ -349,6 +366,45 @@ def test_without_the_status_log_run_history_gives_the_totals(workspace, dev_outp
     assert "includes preparation" in book["phases"]["queue"]["note"]
     assert book["total"]["usd"] == pytest.approx(held * gpu_rate(low, dedicated))
     assert "run history only" in out
+    assert workspace.log_queries() == [] and "status log" not in book["sources"]
+    assert any("no status_log_workspace_id" in n and "--status-log" in n for n in book["notes"])
+
+
+# ---- where the status log is read: --status-log, else the stack output ------------------------------------------
+
+
+def test_without_the_option_the_ledger_reads_the_status_log_the_stack_declares(
+    workspace, dev_outputs, tmp_path, capsys
+):
+    # The platform stack sends AmlRunStatusChangedEvent to its own Log Analytics workspace and names that workspace's
+    # customerId in the output status_log_workspace_id (tests/infra/test_program.py): `cost` reads it from there.
+    stack_ws = workspace.outputs["status_log_workspace_id"]
+    assert stack_ws != LOG_WS
+    record_plain(workspace, status_log=False)
+    workspace.status_log(NAME, PLAIN, workspace_id=stack_ws)
+    code, out, book, _ = ledger_of(dev_outputs, tmp_path, capsys)
+    assert code == 0 and workspace.log_queries() == [stack_ws]
+    assert book["phases"]["preparation"]["seconds"] == seconds("09:00:05", "09:01"), "split by the status log"
+    assert book["history"].startswith("status log")
+    said = f"Log Analytics workspace {stack_ws} (the stack output status_log_workspace_id): 7 status change(s)"
+    assert book["sources"]["status log"] == said and f"status log: {said}" in out
+    # --status-log still wins, and says so.
+    workspace.status_log(NAME, PLAIN)
+    code, out, book, _ = ledger_of(dev_outputs, tmp_path, capsys, "--status-log", LOG_WS)
+    assert code == 0 and workspace.log_queries() == [stack_ws, LOG_WS]
+    assert book["sources"]["status log"] == f"Log Analytics workspace {LOG_WS} (--status-log): 7 status change(s)"
+
+
+def test_a_status_log_the_user_may_not_read_is_a_note_naming_the_role(workspace, dev_outputs, tmp_path, capsys):
+    stack_ws = workspace.outputs["status_log_workspace_id"]
+    record_plain(workspace, status_log=False)
+    denied = {"error": {"code": "InsufficientAccessError", "message": "The provided credentials have insufficient "
+              "access to perform the requested operation"}}  # fmt: skip
+    workspace.fake.on("POST", rf"api\.loganalytics\.io/v1/workspaces/{stack_ws}/query", (403, denied, {}))
+    code, out, book, _ = ledger_of(dev_outputs, tmp_path, capsys)
+    assert code == 0 and "run history only" in out, "the ledger goes on with run history"
+    (note,) = [n for n in book["notes"] if "status log not read" in n]
+    assert f"{stack_ws} (the stack output status_log_workspace_id)" in note and "Log Analytics Reader" in note
 
 
 # ---- a job preempted twice ----------------------------------------------------------------------------------------
@@ -443,9 +499,9 @@ def test_without_checkpoint_times_a_requeue_loses_the_whole_stretch(workspace, d
     assert any("403 AuthorizationPermissionMismatch" in n and "checkpoint times unknown" in n for n in book["notes"])
 
 
-def test_without_the_status_log_the_requeues_are_counted_not_placed(workspace, dev_outputs, tmp_path, capsys):
+def test_without_the_status_log_the_requeues_are_counted_not_placed(workspace, older_outputs, tmp_path, capsys):
     record_preempted(workspace)
-    code, out, book, _ = ledger_of(dev_outputs, tmp_path, capsys)
+    code, out, book, _ = ledger_of(older_outputs, tmp_path, capsys)
     held = seconds("09:09", "09:55") + seconds("10:05", "11:20") + seconds("11:40", "12:51")
     assert code == 0
     assert book["requeues"] == 2  # currentAttemptId 3

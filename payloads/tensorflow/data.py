@@ -252,28 +252,73 @@ def _decode_image(record, image_size: int, train: bool):
     """(image, label) of one record; raises on a record that does not parse or an image that does not decode."""
     ex = tf.io.parse_single_example(record, tfrecords.feature_spec())
     label = tf.cast(ex["image/class/label"], tf.int32)
-    image = tf.io.decode_image(ex["image/encoded"], channels=3, expand_animations=False)
     if train:
         # Inception-style random resized crop and flip, as torchvision's RandomResizedCrop.
-        begin, extent, _ = tf.image.sample_distorted_bounding_box(
-            tf.shape(image),
-            tf.zeros([0, 0, 4]),
-            min_object_covered=0.0,
-            aspect_ratio_range=(3 / 4, 4 / 3),
-            area_range=(0.08, 1.0),
-            max_attempts=10,
-            use_image_if_no_bounding_boxes=True,
-        )
-        image = tf.slice(image, begin, extent)
+        image = _random_crop(ex["image/encoded"])
         image = tf.image.resize(image, (image_size, image_size))
         image = tf.image.random_flip_left_right(image)
     else:
+        image = tf.io.decode_image(ex["image/encoded"], channels=3, expand_animations=False)
         shorter = tf.cast(tf.reduce_min(tf.shape(image)[:2]), tf.float32)
         scale = image_size * 256 / 224 / shorter
         hw = tf.cast(tf.round(tf.cast(tf.shape(image)[:2], tf.float32) * scale), tf.int32)
         image = tf.image.resize_with_crop_or_pad(tf.image.resize(image, hw), image_size, image_size)
     image = (tf.cast(image, tf.float32) - MEAN) / STD
     return image, label
+
+
+def _crop_window(shape, seed: int = 0):
+    """(begin, extent) of a random resized crop of an image of `shape` [height, width, 3], for tf.slice: 8-100% of
+    its area, aspect ratio 3/4-4/3, the whole image after 10 misses. seed 0 (training's): a fresh draw every run."""
+    begin, extent, _ = tf.image.sample_distorted_bounding_box(
+        shape,
+        tf.zeros([0, 0, 4]),
+        seed=seed,
+        min_object_covered=0.0,
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        area_range=(0.08, 1.0),
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
+    return begin, extent
+
+
+def _whole_jpeg(contents):
+    """A JPEG (the bytes decode_image takes for one) that ends in its end-of-image marker. A crop decode reads only
+    as far as the window's last row, so it would accept a JPEG cut off below the window; one without the marker
+    at its end (cut off, or with bytes after it) is decoded whole instead, and fails or decodes as it always has."""
+    end = tf.strings.substr(contents, tf.maximum(tf.strings.length(contents) - 2, 0), 2)
+    return tf.logical_and(tf.io.is_jpeg(contents), tf.equal(end, b"\xff\xd9"))
+
+
+def _jpeg_window(contents, begin, extent, width):
+    """The window (begin, extent: tf.slice's) of a JPEG `width` pixels wide, uint8 [h, w, 3], decoded alone
+    with decode_and_crop_jpeg, plus one column either side (dropped after) where the image goes on: libjpeg-turbo
+    upsamples the chroma of a decoded region's edge columns as if they were the image's, so without the margin the
+    crop of a JPEG with subsampled chroma (4:2:0, 4:2:2, 4:1:1) differs from the whole decode's in its first or
+    last column. With it, the crop is the whole decode's, bit for bit."""
+    y, x, h, w = begin[0], begin[1], extent[0], extent[1]
+    left, right = tf.cast(x > 0, tf.int32), tf.cast(x + w < width, tf.int32)
+    wider = tf.image.decode_and_crop_jpeg(contents, tf.stack([y, x - left, h, w + left + right]), channels=3)
+    return wider[:, left : left + w]
+
+
+def _random_crop(contents):
+    """The training crop of an encoded image, uint8 [h, w, 3]. A JPEG decodes only the window, drawn from the
+    shape in its header (_jpeg_window); other images (PNG, GIF, BMP, a JPEG cut off) are decoded whole and
+    sliced, as before. The window is drawn by the same op from the same shape either way."""
+    jpeg = _whole_jpeg(contents)
+
+    def header():
+        return tf.zeros([0, 0, 3], tf.uint8), tf.io.extract_jpeg_shape(contents)[:2]
+
+    def decoded():
+        image = tf.io.decode_image(contents, channels=3, expand_animations=False)
+        return image, tf.shape(image)[:2]
+
+    whole, hw = tf.cond(jpeg, header, decoded)
+    begin, extent = _crop_window(tf.concat([hw, [3]], 0))
+    return tf.cond(jpeg, lambda: _jpeg_window(contents, begin, extent, hw[1]), lambda: tf.slice(whole, begin, extent))
 
 
 def _decoded_or_flagged(image_size: int):

@@ -54,8 +54,10 @@ def test_a_full_output_folder_ends_every_rank_in_one_line_and_keeps_the_checkpoi
     assert not re.search(r"^\[\d\]<std(err|out)>:Traceback", text, re.M), text[-4000:]
     assert "HorovodInternalError" not in text and "No space left on device" not in text, text[-4000:]
     statuses = dict(re.findall(r"^Process (\d) exit with status code (-?\d+)", text, re.M))
-    assert statuses.get("0") == "2", text[-3000:]  # rank 0 ends on its own, with the line; rank 1 may be stopped
-    assert statuses.get("1", "2") != "0"  # by horovodrun first, never with success
+    # The first rank to end does so on its own, with the line (exit 2); horovodrun then stops the other, which has
+    # printed the same line already (seen both ways round: rank 0 or rank 1 first). Never a success.
+    assert "2" in statuses.values(), text[-3000:]
+    assert set(statuses.values()) <= {"2", "143", "-15"}, statuses
 
     kept = copy / "out" / "checkpoints"
     done = [epoch for epoch, _ in checkpoint.list_checkpoints(kept, SUFFIX)]

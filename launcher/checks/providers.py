@@ -22,6 +22,7 @@ NAMESPACES = {
     "network": "Microsoft.Network",
     "privatedns": "Microsoft.Network",
     "applicationinsights": "Microsoft.Insights",
+    "monitor": "Microsoft.Insights",  # the workspace's diagnostic setting (Microsoft.Insights/diagnosticSettings)
     "operationalinsights": "Microsoft.OperationalInsights",
     "managedidentity": "Microsoft.ManagedIdentity",
     "compute": "Microsoft.Compute",  # the jump host of access.mode bastion (wayin.py)

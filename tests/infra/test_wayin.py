@@ -468,6 +468,9 @@ BUILT_IN_ROLES = {
     "AcrPull": "7f951dda-4ed3-4680-a7ca-43fe172d538d",
     "AcrPush": "8311e382-0749-4cb8-b61a-304f252e45ec",
     "Desktop Virtualization Power On Contributor": "489581de-a3bd-480d-9518-53dea7416b33",
+    # learn.microsoft.com/azure/role-based-access-control/built-in-roles/monitor, Log Analytics Reader:
+    # "id": "/providers/Microsoft.Authorization/roleDefinitions/73c42c96-874c-492b-b04d-ab87d138a893"
+    "Log Analytics Reader": "73c42c96-874c-492b-b04d-ab87d138a893",
 }
 ALICE = "a11ce000-0000-4000-8000-000000000001"
 BOB = "b0b00000-0000-4000-8000-000000000002"

@@ -5,6 +5,7 @@ calls for all."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -321,6 +322,29 @@ def agree(backend, stop: preempt.Preemption) -> str | None:
     return stop.agree(
         lambda values: backend.allreduce_sum(torch.tensor(values, dtype=torch.float64), "preemption").tolist()
     )
+
+
+def stop_at_epoch_end(cfg, backend, stop: preempt.Preemption, epochs_done: int) -> None:
+    """A SIGTERM during an epoch's end (sums, validation, checkpoint): the ranks agree once more, and the epoch's
+    checkpoint is the one to resume from. Not after the last epoch: the run ends anyway."""
+    if epochs_done < cfg.epochs and agree(backend, stop) == "signal":
+        where = checkpoint_path(cfg, epochs_done)
+        raise preempt.Stopped(stop.stop_line(str(where), stop.write_seconds or 0.0))
+
+
+@contextlib.contextmanager
+def stopping(backend, stop: preempt.Preemption, watch):
+    """Around a payload's epochs: on preempt.Stopped every rank shuts the backend down (all stopped at the same
+    step, so DDP's barrier passes) and marks its heartbeat "stopped"; the SIGTERM handler goes either way."""
+    try:
+        yield
+    except preempt.Stopped:
+        watch.doing("finishing")
+        backend.shutdown()
+        watch.stop("stopped")
+        raise
+    finally:
+        stop.uninstall()
 
 
 def summary_writer(folder):

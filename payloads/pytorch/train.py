@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..common import checkpoint, config, preemption, schedule
+from ..common import config, preemption, schedule
 from ..common.errors import ConfigError, say
 from ..common.metrics import MetricsFile, finish
 from . import backends, inputs, models, runtime
@@ -242,7 +242,7 @@ def run(cfg: config.TrainConfig) -> dict:
     clock = StepClock(device, cfg.startup_steps, started)
 
     total_images, total_seconds = 0, 0.0
-    try:
+    with runtime.stopping(backend, stop, watch):
         for epoch in range(start_epoch, cfg.epochs):
             skip = start_step if epoch == start_epoch else 0
             data.train.set_epoch(epoch, skip)
@@ -290,17 +290,7 @@ def run(cfg: config.TrainConfig) -> dict:
                     f", val accuracy {record['val_accuracy']:.3f}" if "val_accuracy" in record else "",
                     record["images_per_sec"],
                 )
-            # A SIGTERM during the epoch's end (sums, validation, checkpoint): its checkpoint is the one to resume.
-            if epoch + 1 < cfg.epochs and runtime.agree(backend, stop) == "signal":
-                where = checkpoint.path_for(cfg.checkpoint_dir, epoch + 1, runtime.SUFFIX)
-                raise preemption.Stopped(stop.stop_line(str(where), stop.write_seconds or 0.0))
-    except preemption.Stopped:
-        watch.doing("finishing")
-        backend.shutdown()  # every rank stopped at the same step: DDP's barrier passes
-        watch.stop("stopped")
-        raise
-    finally:
-        stop.uninstall()
+            runtime.stop_at_epoch_end(cfg, backend, stop, epoch + 1)
 
     watch.doing("finishing")
     if root:

@@ -377,7 +377,7 @@ def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
     progress = partial(tqdm, disable=not (root and cfg.progress))
 
     patches, seconds = 0, 0.0
-    try:
+    with runtime.stopping(backend, stop, watch):
         for epoch in range(start_epoch, cfg.epochs):
             record = {"epoch": epoch + 1}
             record.update(
@@ -439,17 +439,7 @@ def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
                     f", val mIoU {record['val_miou']:.3f}" if "val_miou" in record else "",
                     record["patches_per_sec"],
                 )
-            # A SIGTERM during the epoch's end (sums, validation, checkpoint): its checkpoint is the one to resume.
-            if epoch + 1 < cfg.epochs and runtime.agree(backend, stop) == "signal":
-                where = runtime.checkpoint_path(cfg, epoch + 1)
-                raise preemption.Stopped(stop.stop_line(str(where), stop.write_seconds or 0.0))
-    except preemption.Stopped:
-        watch.doing("finishing")
-        backend.shutdown()  # every rank stopped at the same step: DDP's barrier passes
-        watch.stop("stopped")
-        raise
-    finally:
-        stop.uninstall()
+            runtime.stop_at_epoch_end(cfg, backend, stop, epoch + 1)
     watch.doing("finishing")
     if root:
         writer.close()

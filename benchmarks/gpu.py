@@ -343,10 +343,16 @@ def main(argv=None) -> int:
     }
     started = time.perf_counter()
 
+    def save() -> None:
+        if args.json:  # after every row: a run stopped at a time limit keeps what it measured
+            facts["seconds"] = round(time.perf_counter() - started, 1)
+            args.json.write_text(json.dumps({"machine": facts, "rows": rows}, indent=2) + "\n")
+
     def add(row: dict, since: float) -> None:
         row["seconds"] = round(time.perf_counter() - since, 1)  # what the row cost, set-up included
         rows.append(row)
         print(table(rows[-1:]).splitlines()[-1], flush=True)
+        save()
 
     for batch, dtype, compiled in ceiling_cases(args.quick, args.compiled):
         since = time.perf_counter()
@@ -415,6 +421,7 @@ def main(argv=None) -> int:
             since,
         )
 
+    save()
     facts["seconds"] = time.perf_counter() - started
     print()
     print(
@@ -422,8 +429,6 @@ def main(argv=None) -> int:
         f"payload backend {facts['payload_backend']}, {facts['seconds']:.0f} s"
     )
     print(table(rows))
-    if args.json:
-        args.json.write_text(json.dumps({"machine": facts, "rows": rows}, indent=2) + "\n")
     return 0
 
 

@@ -162,7 +162,7 @@ def parse(argv=None) -> argparse.Namespace:
         "--amp-dtype",
         default="auto",
         choices=("auto", "bf16", "fp16"),
-        help="auto: bf16 on compute capability 8.0+ GPUs and CPUs, fp16 with a loss scaler on older GPUs",
+        help="auto: fp16 with a loss scaler on GPUs, bf16 on CPUs (the training payload's choice)",
     )
     t.add_argument(
         "--channels-last",

@@ -12,11 +12,12 @@ Needs Python 3.11 or 3.12 with torch and torchvision, and benchmarks/requirement
    compilation) are not timed. --compiled adds each case torch.compile'd (inductor compiles every batch and dtype
    anew: minutes each, beyond the 10 minutes).
 2. The payload: `payloads.pytorch.train` on synthetic data, one process, its defaults for the GPU, batch 256;
-   its steady-state "Total images/sec" (start-up excluded, see --startup-steps).
+   its steady-state "Total images/sec" (start-up excluded, see --startup-steps); then the same with the other
+   mixed-precision dtype (bf16: the default follows these two rows, tests/test_precision.py).
 3. The input pipeline alone: images/sec of the shard reader per decoder, from JPEG shards pre-resized to 256 px
    (shorter side) as the shards job's are (datatools.prepare --resize 256), with `--workers` decode processes
-   (12 = the vCPUs per GPU of ND H100 v5).
-4. Real data: the payload on those shards with `--workers`, and its ratio to (2).
+   (12 = the vCPUs per GPU of ND H100 v5), after each epoch's first batch, and the seconds to that first batch.
+4. Real data: the payload on those shards with `--workers`, its ratio to (2) and each epoch's images/sec.
 The payload runs in one process: under `horovodrun -np 1 --gloo` where Horovod is installed, else as a plain
 `python -m payloads.pytorch.train`, which trains alone (backends.Single); the checkout goes first on its
 PYTHONPATH (extended, never replaced).
@@ -42,6 +43,7 @@ from dataclasses import asdict, dataclass
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
 SHARD_SIDE = 256  # the shards job's --resize (jobs/pytorch-resnet50-imagenet-shards.yaml, docs/data.md)
+OTHER_DTYPE = "bf16"  # the payload's default on a GPU is fp16 (payloads/pytorch/precision.py); its row runs this too
 
 
 @dataclass(frozen=True)
@@ -157,13 +159,18 @@ def plan(sizes: Sizes, device: str, workers: int, compiled: bool | None, quick: 
     big = sizes.batches[-1]
     samples = str(big * (sizes.warmup + sizes.steps))
     synthetic = payload_args(sizes, device, ["--data", "synthetic", "--synthetic-samples", samples])
+    other = synthetic + ["--amp-dtype", OTHER_DTYPE]
     shard_args = ["--data", "shards", "--data-dir", "SHARDS", "--workers", str(workers)]
     real = payload_args(sizes, device, shard_args, sizes.real_epochs)
     return {
         "sizes": asdict(sizes),
         "ceiling": [{"batch": b, "dtype": d, "compiled": c} for b, d, c in ceiling_cases(quick, compiled)],
         "horovod_installed": horovod_installed(),
-        "payload": {"synthetic": payload_command(synthetic, "OUT"), "real": payload_command(real, "OUT")},
+        "payload": {
+            "synthetic": payload_command(synthetic, "OUT"),
+            **({} if quick else {f"synthetic {OTHER_DTYPE}": payload_command(other, "OUT")}),
+            "real": payload_command(real, "OUT"),
+        },
         "shards": f"datatools.prepare --resize {sizes.shard_side}, {sizes.images} generated photos",
         "pythonpath": payload_env()["PYTHONPATH"],
     }
@@ -215,7 +222,8 @@ def ceiling(
 
 
 def payload(args: list[str], env_extra: dict | None = None) -> dict:
-    """One process of the PyTorch payload (payload_command); returns its metrics.json summary and world."""
+    """One process of the PyTorch payload (payload_command); returns its metrics.json summary, world and each
+    epoch's images/sec."""
     with tempfile.TemporaryDirectory() as out:
         cmd = payload_command(args, out)
         env = payload_env(extra=env_extra)
@@ -225,7 +233,8 @@ def payload(args: list[str], env_extra: dict | None = None) -> dict:
                 f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
             )
         metrics = json.loads((pathlib.Path(out) / "metrics.json").read_text())
-        return {**metrics["summary"], "world": metrics["run"]["world"]}
+        epochs = [round(e["images_per_sec"], 1) for e in metrics["epochs"]]
+        return {**metrics["summary"], "world": metrics["run"]["world"], "epoch_images_per_sec": epochs}
 
 
 def _photos_part(root: str, images: int, classes: int, seed: int) -> str:
@@ -283,11 +292,16 @@ def shards(work: pathlib.Path, images: int, size: int) -> pathlib.Path:
     return out / "webdataset"
 
 
-def pipeline(shard_dir: pathlib.Path, image_size: int, batch: int, workers: int, decoder: str, epochs: int) -> float:
-    """Images/sec of the shard reader alone (decode, augment, batch as uint8), best epoch after the first."""
-    from benchmarks.input_pipeline import shard_rate
+def pipeline(
+    shard_dir: pathlib.Path, image_size: int, batch: int, workers: int, decoder: str, epochs: int
+) -> tuple[float, float]:
+    """The shard reader alone (decode, augment, batch as uint8) over `epochs` epochs, the first left out: the best
+    images/sec after an epoch's first batch, and the longest wait for an epoch's first batch (the refill a
+    training epoch pays at its start)."""
+    from benchmarks.input_pipeline import shard_epochs
 
-    return shard_rate(shard_dir, image_size, batch, workers, decoder, epochs)
+    later = shard_epochs(shard_dir, image_size, batch, workers, decoder, epochs)[1:]
+    return max(rate for rate, _ in later), max(first for _, first in later)
 
 
 def table(rows: list[dict]) -> str:
@@ -378,7 +392,7 @@ def main(argv=None) -> int:
     facts["payload_backend"] = synthetic["world"]["backend"]
     add(
         {
-            "what": f"payload synthetic batch {big}",
+            "what": f"payload synthetic batch {big} {synthetic['world']['precision']}",
             "images_per_sec": synthetic["total_images_per_sec"],
             "kind": "payload",
             "startup_seconds": synthetic.get("startup_seconds"),
@@ -387,6 +401,24 @@ def main(argv=None) -> int:
         },
         since,
     )
+    if not args.quick:  # the same code with one flag more: the smoke check runs it once
+        since = time.perf_counter()
+        samples = str(big * (warmup + steps))
+        other = payload(
+            payload_args(sizes, device, ["--data", "synthetic", "--synthetic-samples", samples])
+            + ["--amp-dtype", OTHER_DTYPE]
+        )
+        add(
+            {
+                "what": f"payload synthetic batch {big} {other['world']['precision']}",
+                "images_per_sec": other["total_images_per_sec"],
+                "kind": "payload",
+                "startup_seconds": other.get("startup_seconds"),
+                "precision": other["world"]["precision"],
+                "backend": other["world"]["backend"],
+            },
+            since,
+        )
 
     with tempfile.TemporaryDirectory() as work:
         since = time.perf_counter()
@@ -396,13 +428,15 @@ def main(argv=None) -> int:
 
         for decoder in available():
             since = time.perf_counter()
-            rate = pipeline(shard_dir, size, big, args.workers, decoder, epochs=2)
+            rate, first = pipeline(shard_dir, size, big, args.workers, decoder, epochs=3)
             add(
                 {
                     "what": f"input pipeline {decoder}, {args.workers} workers, {sizes.shard_side} px shards",
                     "images_per_sec": rate,
                     "kind": "pipeline",
                     "decoder": decoder,
+                    "first_batch_seconds": round(first, 3),
+                    "note": f"first batch of an epoch after {first:.2f} s",
                 },
                 since,
             )
@@ -415,8 +449,9 @@ def main(argv=None) -> int:
                 "what": f"payload real data ({sizes.shard_side} px shards, {args.workers} workers)",
                 "images_per_sec": real["total_images_per_sec"],
                 "kind": "real",
-                "note": f"{ratio:.0%} of synthetic",
+                "note": f"{ratio:.0%} of synthetic; epochs {', '.join(f'{r:.0f}' for r in real['epoch_images_per_sec'])}",
                 "ratio_to_synthetic": ratio,
+                "epoch_images_per_sec": real["epoch_images_per_sec"],
             },
             since,
         )

@@ -124,15 +124,18 @@ def shard_loader(
     )
 
 
-def shard_rate(shard_dir: pathlib.Path, image_size: int, batch: int, workers: int, decoder: str, epochs: int) -> float:
-    """Images/sec of the shard reader alone (decode, crop, uint8 batches), the best epoch after the first."""
+def shard_epochs(
+    shard_dir: pathlib.Path, image_size: int, batch: int, workers: int, decoder: str, epochs: int
+) -> list[tuple[float, float]]:
+    """The shard reader alone (decode, crop, uint8 batches), per epoch: (images/sec after the epoch's first batch,
+    seconds to that first batch)."""
     loader = shard_loader(shard_dir, image_size, batch, workers, cache=False, decoder=decoder)
-    rates = []
+    out = []
     for epoch in range(epochs):
         loader.set_epoch(epoch)
-        images, seconds, _ = _rate(loader)
-        rates.append(images / seconds)
-    return max(rates[1:] or rates)
+        images, seconds, first = _rate(loader)
+        out.append((images / seconds, first))
+    return out
 
 
 def decoder_table(args, tree_dir: pathlib.Path) -> list[tuple[str, str, float, float]]:

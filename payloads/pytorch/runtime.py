@@ -19,7 +19,7 @@ import torch
 from ..common import checkpoint, config, devices, watchdog
 from ..common import preemption as preempt
 from ..common.errors import ConfigError
-from . import models, precision
+from . import affinity, models, precision
 
 SUFFIX = ".pt"
 log = logging.getLogger("payloads.pytorch")
@@ -49,6 +49,12 @@ def setup(cfg: config.TrainConfig, backend) -> tuple[torch.device, precision.Pre
     torch.set_num_threads(threads)
     if torch.cuda.is_available():
         torch.cuda.set_device(backend.local_rank())
+        # Before any loader or decode worker exists, so that they start on the GPU's CPUs (affinity.py).
+        bound = affinity.bind_to_gpu(backend.local_rank())
+        log.info("CPU affinity %s: %s", bound["cpus"] or "unchanged", bound["why"])
+        if bound["cpus"] and threads > len(os.sched_getaffinity(0)):
+            # --threads or the node's CPUs per process may be more: no more intra-op threads than CPUs allowed.
+            torch.set_num_threads(len(os.sched_getaffinity(0)))
         torch.backends.cudnn.benchmark = True
         device = torch.device("cuda", backend.local_rank())
     else:

@@ -10,7 +10,9 @@ import logging
 import os
 import random
 import re
+import threading
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -127,6 +129,7 @@ def restore(cfg, backend, model, opt, scaler, steps_per_epoch: int | None = None
     Returns the position, agreed by all ranks. `steps_per_epoch`: this run's; a mid-epoch checkpoint of a run
     with another step count (another world size or batch) resumes at the start of its epoch, with a warning."""
     start, step, state = 0, 0, None
+    _writer.settle()  # a checkpoint this process is still writing (rank 0) is complete before one is looked for
     if backend.rank() == 0 and cfg.resume:
         found = checkpoint.latest(cfg.checkpoint_dir, SUFFIX)
         if found:
@@ -256,13 +259,105 @@ def align_state_layouts(opt: torch.optim.Optimizer) -> None:
                     state[key] = torch.empty_like(p, dtype=value.dtype).copy_(value)
 
 
-def save(cfg, backend, epoch_done: int, model, opt, scaler, step: int = 0, steps_per_epoch: int | None = None) -> float:
+class _Writer:
+    """Rank 0's checkpoint writes, off the step path: one background thread, at most one write in flight. A write's
+    exception is kept and raised by the next finish() (the next save, or the end of training), where every rank
+    waits for it together (checkpoint.on_root). Not a daemon thread: an interpreter that exits waits for the write."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start(self, job: Callable[[], None]) -> None:
+        self.finish()
+
+        def run() -> None:
+            try:
+                job()
+            except BaseException as e:  # noqa: BLE001 - raised again by the next finish(), on the training thread
+                self._error = e
+
+        self._thread = threading.Thread(target=run, name="checkpoint-writer")
+        self._thread.start()
+
+    def wait(self) -> BaseException | None:
+        """Until the write in flight (if any) has ended; its exception, handed out once."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        return error
+
+    def finish(self) -> None:
+        """Wait, and raise the write's exception (an OutputFull is shared with every rank by on_root)."""
+        error = self.wait()
+        if error is not None:
+            raise error
+
+    def settle(self) -> None:
+        """Wait where no rank can be told (an exit on an exception): the write ends complete or not at all; a
+        failure is logged."""
+        error = self.wait()
+        if error is not None:
+            log.error("the last checkpoint write failed: %s", error)
+
+
+_writer = _Writer()
+
+
+def snapshot(state):
+    """A copy of `state` that training cannot change while it is written: every tensor copied to CPU memory (from a
+    GPU, the copy torch.save makes anyway; on the CPU a clone, because model.state_dict(), optimizer.state_dict() and
+    Single's gathers hand out the live tensors that the next step updates in place), dicts, lists and tuples
+    rebuilt, other values (numbers, strings, NumPy's fresh RNG arrays) kept. Tensors that were one stay one."""
+    copies: dict[int, torch.Tensor] = {}
+
+    def freeze(value):
+        if torch.is_tensor(value):
+            if id(value) not in copies:
+                copies[id(value)] = value.detach().to("cpu", copy=True)
+            return copies[id(value)]
+        if isinstance(value, dict):
+            out = value.copy()  # its own type (a module's state_dict is an OrderedDict)
+            for key, item in value.items():
+                out[key] = freeze(item)
+            if hasattr(value, "_metadata"):  # a module's state_dict: the versions load_state_dict reads
+                out._metadata = value._metadata
+            return out
+        if type(value) in (list, tuple):
+            return type(value)(freeze(v) for v in value)
+        return value
+
+    return freeze(state)
+
+
+def _write(path, state: dict, keep: int) -> None:
+    checkpoint.write(path, lambda p: torch.save(state, p), keep)
+    checkpoint.prune(path.parent, SUFFIX, keep)
+
+
+def save(
+    cfg,
+    backend,
+    epoch_done: int,
+    model,
+    opt,
+    scaler,
+    step: int = 0,
+    steps_per_epoch: int | None = None,
+    wait: bool = False,
+) -> float:
     """Rank 0 writes the checkpoint: after `epoch_done` epochs and, mid-epoch, `step` steps of the next one. `model`
     is the plain module (never DDP's wrapper, whose names carry a `module.` prefix), so a checkpoint resumes under
     either backend. Every rank calls it: every rank's random states are gathered into it (one collective), and a
     full output folder ends every rank with rank 0's one line (checkpoint.on_root). The data order needs no state
-    of its own: it is a function of (--seed, epoch, rank), rebuilt on resume and entered at `step`. Returns the
-    seconds the job waited for it."""
+    of its own: it is a function of (--seed, epoch, rank), rebuilt on resume and entered at `step`.
+
+    Rank 0 takes a snapshot (CPU copies) and a background thread writes it (checkpoint.write, then prune), so the
+    next steps run during the copy to the output folder; `wait`: written before it returns (the stop checkpoint).
+    Each save first waits for the write before it: that write's failure is raised here on every rank (the one
+    broadcast every save makes), and the end of training does the same for the last (finish_checkpoints). Returns
+    the seconds the job waited: the snapshot, any wait for the previous write, and with `wait` the write."""
     started = time.perf_counter()
     rngs = backend.allgather_object(rng_state(), "rng_states")
     # Each rank's own floating buffers (BatchNorm's running statistics are per rank under both backends): a resume
@@ -270,6 +365,7 @@ def save(cfg, backend, epoch_done: int, model, opt, scaler, step: int = 0, steps
     buffers = backend.allgather_object(rank_buffers(model), "rank_buffers")
 
     def write() -> None:
+        _writer.finish()  # the previous write: its failure ends the job here, before anything newer is written
         state = {
             "epoch": epoch_done,
             "step": step,
@@ -285,10 +381,23 @@ def save(cfg, backend, epoch_done: int, model, opt, scaler, step: int = 0, steps
             "backend": backend.name,
         }
         path = checkpoint.path_for(cfg.checkpoint_dir, epoch_done, SUFFIX, step)
-        checkpoint.write(path, lambda p: torch.save(state, p), cfg.keep_checkpoints)
-        checkpoint.prune(cfg.checkpoint_dir, SUFFIX, cfg.keep_checkpoints)
+        frozen = snapshot(state)
+        _writer.start(lambda: _write(path, frozen, cfg.keep_checkpoints))
+        if wait:
+            _writer.finish()
 
     checkpoint.on_root(backend.rank() == 0, write, lambda failure: backend.broadcast_object(failure, name="saved"))
+    return time.perf_counter() - started
+
+
+def finish_checkpoints(backend) -> float:
+    """Every rank, at one place (the end of the epochs, a stop at an epoch's end): rank 0 waits for its checkpoint
+    write in flight, and a failure of it ends every rank with rank 0's one line, as in save. Returns the seconds
+    waited."""
+    started = time.perf_counter()
+    checkpoint.on_root(
+        backend.rank() == 0, _writer.finish, lambda failure: backend.broadcast_object(failure, name="written")
+    )
     return time.perf_counter() - started
 
 
@@ -301,7 +410,8 @@ def pauser(cfg, backend, model, optimizer, scaler, stop, watch):
         watch.doing("checkpoint")
         # After the epoch's last step the state is the epoch's end: (epoch + 1, 0), the name an epoch's checkpoint has.
         at = (epoch + 1, 0) if done == steps else (epoch, done)
-        seconds = save(cfg, backend, at[0], model, optimizer, scaler, at[1], steps)
+        # A stop's checkpoint is complete before the process exits; the clock's is written while training goes on.
+        seconds = save(cfg, backend, at[0], model, optimizer, scaler, at[1], steps, wait=verdict == "signal")
         stop.saved(seconds)
         where = checkpoint_path(cfg, *at)
         if verdict == "signal":
@@ -332,18 +442,24 @@ def agree(backend, stop: preempt.Preemption) -> str | None:
 
 def stop_at_epoch_end(cfg, backend, stop: preempt.Preemption, epochs_done: int) -> None:
     """A SIGTERM during an epoch's end (sums, validation, checkpoint): the ranks agree once more, and the epoch's
-    checkpoint is the one to resume from. Not after the last epoch: the run ends anyway."""
+    checkpoint is the one to resume from, complete on disk before the exit. Not after the last epoch: the run ends
+    anyway (and stopping() waits for that checkpoint)."""
     if epochs_done < cfg.epochs and agree(backend, stop) == "signal":
         where = checkpoint_path(cfg, epochs_done)
-        raise preempt.Stopped(stop.stop_line(str(where), stop.write_seconds or 0.0))
+        seconds = (stop.write_seconds or 0.0) + finish_checkpoints(backend)
+        raise preempt.Stopped(stop.stop_line(str(where), seconds))
 
 
 @contextlib.contextmanager
 def stopping(backend, stop: preempt.Preemption, watch):
-    """Around a payload's epochs: on preempt.Stopped every rank shuts the backend down (all stopped at the same
-    step, so DDP's barrier passes) and marks its heartbeat "stopped"; the SIGTERM handler goes either way."""
+    """Around a payload's epochs: after the last one every rank waits for rank 0's last checkpoint write
+    (finish_checkpoints: its failure ends every rank with one line); on preempt.Stopped every rank shuts the backend
+    down (all stopped at the same step, so DDP's barrier passes) and marks its heartbeat "stopped"; the SIGTERM
+    handler goes either way, and on any other exit rank 0 still lets its write in flight end."""
     try:
         yield
+        watch.doing("checkpoint")
+        finish_checkpoints(backend)
     except preempt.Stopped:
         watch.doing("finishing")
         backend.shutdown()
@@ -351,6 +467,7 @@ def stopping(backend, stop: preempt.Preemption, watch):
         raise
     finally:
         stop.uninstall()
+        _writer.settle()
 
 
 def summary_writer(folder):

@@ -242,3 +242,36 @@ def test_truncated_shard_and_unfinished_set_fail_with_the_fix(tree, tmp_path):
 def test_too_few_samples_for_the_ranks_is_refused_before_training():
     with pytest.raises(ConfigError, match="fewer than the .* steps"):
         shards.plan([3], 0, 4, 8)
+
+
+def test_the_index_gives_read_shards_samples_in_its_order_with_the_same_bytes(tmp_path):
+    """The loader streams references from index_shard where it streamed read_shard's bytes: the same keys, labels
+    and bytes in the same order, so the shuffle, the batches and the per-sample crops are those of before."""
+    root = write_tree(tmp_path / "img", classes=["a", "b", "c"], per_class=3)  # JPEGs, a grayscale one, a PNG
+    prepare.run(root, tmp_path / "out", shards=2, formats=["webdataset"], progress=False)
+    train, _, _ = shards.open_set(tmp_path / "out" / "webdataset")
+    for f in train.files:
+        streamed = [(s.key, s.label, s.data) for s in shards.read_shard(f)]
+        index = shards.index_shard(str(f))
+        refs = [shards.Ref(str(f), offset, size) for _, _, offset, size in index]
+        assert [(k, label) for k, label, _, _ in index] == [(k, label) for k, label, _ in streamed]
+        assert shards.read_bytes(refs) == [data for _, _, data in streamed]
+
+
+def test_the_training_process_reads_no_image_bytes(tmp_path, monkeypatch):
+    """Issue 29 item 4: the decode workers index the shards and read the images; the training process only orders
+    references. Reading refused in this process (the workers import their own, unpatched module): the loader with
+    workers still delivers every sample, and the same loader decoding inline (workers=0) hits the refusal, so the
+    refusal would catch a read here."""
+    train = _eight_images(tmp_path)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("image bytes read in the training process")
+
+    for name in ("read_bytes", "read_shard"):
+        monkeypatch.setattr(shards, name, refuse)
+    in_workers = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=shards.Transform(8, train=True), workers=2)
+    assert sorted(y for batch in _labels(in_workers) for y in batch) == list(range(8))
+    inline = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=label_only, workers=0)
+    with pytest.raises(AssertionError, match="in the training process"):
+        _labels(inline)

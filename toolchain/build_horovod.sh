@@ -7,6 +7,12 @@
 # built here"); patch_horovod.py holds the fixes. The same script builds the GPU images: set
 # HOROVOD_GPU_OPERATIONS=NCCL there. Frameworks are taken from what $PYTHON can import, MPI from
 # whether mpicxx is on PATH; all of that is part of the cache key, so a change rebuilds.
+#
+# Offline (a GPU machine without internet): HOROVOD_SDIST=path/to/horovod-0.28.1.tar.gz, downloaded elsewhere with
+#   python3 -m pip download --no-deps --no-binary :all: horovod==0.28.1 -d wheels
+# then, on the GPU machine (CUDA's nvcc and CMake there; NCCL from torch's nvidia-nccl wheel):
+#   HOROVOD_SDIST=wheels/horovod-0.28.1.tar.gz HOROVOD_GPU_OPERATIONS=NCCL PYTHON=python3 toolchain/build_horovod.sh
+# HOROVOD_CUDA_HOME defaults to /usr/local/cuda, else the folder above the bin/ of the nvcc on PATH.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
@@ -47,6 +53,15 @@ TF=none; has tensorflow && TF=$(ver tensorflow)
 [ "$TORCH" != none ] || [ "$TF" != none ] || { log "neither torch nor tensorflow imports in $PYTHON: install requirements first"; exit 2; }
 MPI=none; command -v mpicxx >/dev/null 2>&1 && MPI=$(mpirun --version 2>/dev/null | head -1 | tr ' ' _)
 GPU_OPS=${HOROVOD_GPU_OPERATIONS:-}
+SDIST=${HOROVOD_SDIST:-}
+if [ -n "$SDIST" ] && [ ! -f "$SDIST" ]; then
+    log "HOROVOD_SDIST=$SDIST: no such file. Download it where there is internet: python3 -m pip download --no-deps --no-binary :all: horovod==$HOROVOD_VERSION -d wheels"
+    exit 2
+fi
+if [ -n "$SDIST" ] && [ "$(basename "$SDIST")" != "horovod-$HOROVOD_VERSION.tar.gz" ]; then
+    log "HOROVOD_SDIST=$SDIST: expected horovod-$HOROVOD_VERSION.tar.gz (the version patch_horovod.py patches)"
+    exit 2
+fi
 # torch >= 2.14 headers need C++20, older 2.x C++17; TensorFlow's part keeps its own C++17.
 CXX=17
 if [ "$TORCH" != none ] && "$PYTHON" - "$TORCH" <<'PY'
@@ -69,7 +84,12 @@ JOBS=${HOROVOD_BUILD_JOBS:-$(build_jobs)}
 log "building Horovod $HOROVOD_VERSION for torch=$TORCH tf=$TF mpi=$MPI gpu=${GPU_OPS:-off}, C++$CXX, $JOBS parallel jobs (about 3-5 minutes)"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-"$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$WORK" 2>&1 | { grep -v "is neither a file nor a directory" || true; } >&2
+if [ -n "$SDIST" ]; then
+    log "from $SDIST (no download)"
+    cp "$SDIST" "$WORK/"
+else
+    "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$WORK" 2>&1 | { grep -v "is neither a file nor a directory" || true; } >&2
+fi
 tar -xzf "$WORK/horovod-$HOROVOD_VERSION.tar.gz" -C "$WORK"
 SRC="$WORK/horovod-$HOROVOD_VERSION"
 CPU_ONLY=()
@@ -83,6 +103,12 @@ BUILD_ENV=(
     CMAKE_POLICY_VERSION_MINIMUM=3.5                # CMake 4 refuses the bundled third_party's old minimums
     MAKEFLAGS="-j$JOBS"
 )
+if [ -n "$GPU_OPS" ] && [ -z "${HOROVOD_CUDA_HOME:-}" ]; then
+    if [ -d /usr/local/cuda ]; then HOROVOD_CUDA_HOME=/usr/local/cuda
+    elif command -v nvcc >/dev/null 2>&1; then HOROVOD_CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")")
+    else log "HOROVOD_GPU_OPERATIONS=$GPU_OPS needs CUDA's toolkit (nvcc): none at /usr/local/cuda or on PATH; set HOROVOD_CUDA_HOME"; exit 2
+    fi
+fi
 if [ -n "$GPU_OPS" ]; then
     # CUDA_HOME too: torch otherwise guesses it from `which nvcc` and hands Horovod a path without cudart.
     BUILD_ENV+=(HOROVOD_GPU_OPERATIONS="$GPU_OPS" HOROVOD_CUDA_HOME="${HOROVOD_CUDA_HOME:-/usr/local/cuda}"

@@ -69,3 +69,74 @@ def test_an_explicit_job_count_still_wins_and_the_images_leave_it_unset():
         assert "HOROVOD_BUILD_JOBS" not in (ROOT / "images" / image / "Dockerfile").read_text(), (
             f"{image}: a fixed job count overrides the bound by the build machine's cores and memory"
         )
+
+
+def _offline_build(tmp_path, sdist, **extra):
+    """build_horovod.sh with PYTHON a shim: `-m pip` and patch_horovod.py recorded (a `pip wheel` leaves a fake
+    wheel; a `pip download` fails as it would offline), the framework probes answered, the rest the real Python."""
+    calls = tmp_path / "calls.log"
+    shim = tmp_path / "python"
+    shim.write_text(
+        "#!/usr/bin/env bash\n"
+        f'if [ "$1 $2" = "-m pip" ]; then echo "pip $3 $(env | grep -E \'^(HOROVOD|CUDA_HOME)\' | sort | tr \'\\n\' \' \')"'
+        f' >> {calls}\n'
+        '  [ "$3" = download ] && exit 1\n'
+        '  if [ "$3" = wheel ]; then for a in "$@"; do [ "$prev" = -w ] && mkdir -p "$a" && '
+        'touch "$a/horovod-0.28.1-cp311-cp311-linux_x86_64.whl"; prev=$a; done; fi\n'
+        "  exit 0\nfi\n"
+        f'case "$1" in *patch_horovod.py) echo "patch $*" >> {calls}; exit 0;; esac\n'
+        # The framework probes answered here (torch 2.14.1, no TensorFlow): importing them takes seconds each.
+        'if [ "$1" = -c ]; then case "$2" in *tensorflow*) exit 1;; *torch.__version__*) echo 2.14.1; exit 0;;\n'
+        '  "import torch") exit 0;; esac; fi\n'
+        f'exec {ROOT}/.venv/bin/python "$@"\n'
+    )
+    shim.chmod(0o755)
+    cuda = tmp_path / "cuda-13.0"
+    (cuda / "bin").mkdir(parents=True, exist_ok=True)
+    (cuda / "bin/nvcc").write_text("#!/bin/sh\n")
+    (cuda / "bin/nvcc").chmod(0o755)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")},
+        "PATH": f"{cuda / 'bin'}:{os.environ['PATH']}",
+        "PYTHON": str(shim),
+        "HOROVOD_WHEEL_CACHE": str(tmp_path / "cache"),
+        "HOROVOD_SDIST": str(sdist),
+        "HOROVOD_BUILD_JOBS": "1",
+        **extra,
+    }
+    proc = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
+    return proc, (calls.read_text() if calls.exists() else ""), cuda
+
+
+def test_an_offline_nccl_build_takes_the_given_sdist_and_finds_cuda_from_nvcc(tmp_path):
+    """Issue 29 item 3: on a GPU machine without internet, HOROVOD_SDIST replaces the download; the project's patch
+    is applied to it and the wheel built with NCCL, CUDA found from the nvcc on PATH where /usr/local/cuda is not."""
+    import tarfile
+
+    src = tmp_path / "src/horovod-0.28.1"
+    src.mkdir(parents=True)
+    (src / "setup.py").write_text("# stand-in\n")
+    sdist = tmp_path / "horovod-0.28.1.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(src, arcname="horovod-0.28.1")
+    proc, calls, cuda = _offline_build(
+        tmp_path, sdist, HOROVOD_GPU_OPERATIONS="NCCL", HOROVOD_NCCL_INCLUDE="/nccl/include", HOROVOD_NCCL_LIB="/x"
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "pip download" not in calls and f"from {sdist} (no download)" in proc.stderr
+    assert "patch " in calls and "horovod-0.28.1 --cxx-standard" in calls and "--cpu-only" not in calls
+    wheel = next(line for line in calls.splitlines() if line.startswith("pip wheel"))
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in wheel
+    if not pathlib.Path("/usr/local/cuda").is_dir():
+        assert f"HOROVOD_CUDA_HOME={cuda} " in wheel and f"CUDA_HOME={cuda} " in wheel
+    assert proc.stdout.strip().splitlines()[-1].endswith(".whl")
+
+
+def test_a_missing_or_wrong_sdist_is_refused_before_anything_is_built(tmp_path):
+    proc, calls, _ = _offline_build(tmp_path, tmp_path / "nowhere/horovod-0.28.1.tar.gz")
+    assert proc.returncode == 2 and "no such file" in proc.stderr and "pip download --no-deps" in proc.stderr
+    other = tmp_path / "horovod-0.28.0.tar.gz"
+    other.write_bytes(b"")
+    proc, calls, _ = _offline_build(tmp_path, other)
+    assert proc.returncode == 2 and "expected horovod-0.28.1.tar.gz" in proc.stderr
+    assert calls == ""

@@ -13,7 +13,8 @@ Needs Python 3.11 or 3.12 with torch and torchvision, and benchmarks/requirement
    anew: minutes each, beyond the 10 minutes).
 2. The payload: `payloads.pytorch.train` on synthetic data, one process, its defaults for the GPU, batch 256;
    its steady-state "Total images/sec" (start-up excluded, see --startup-steps); then the same with the other
-   mixed-precision dtype (bf16: the default follows these two rows, tests/test_precision.py).
+   mixed-precision dtype (bf16: the default follows these two rows, tests/test_precision.py), and where Horovod is
+   installed once more with HOROVOD_ENABLE_ASYNC_COMPLETION=1.
 3. The input pipeline alone: images/sec of the shard reader per decoder, from JPEG shards pre-resized to 256 px
    (shorter side) as the shards job's are (datatools.prepare --resize 256), with `--workers` decode processes
    (12 = the vCPUs per GPU of ND H100 v5), after each epoch's first batch, and the seconds to that first batch.
@@ -43,7 +44,12 @@ from dataclasses import asdict, dataclass
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
 SHARD_SIDE = 256  # the shards job's --resize (jobs/pytorch-resnet50-imagenet-shards.yaml, docs/data.md)
-OTHER_DTYPE = "bf16"  # the payload's default on a GPU is fp16 (payloads/pytorch/precision.py); its row runs this too
+
+
+def other_dtype(device: str) -> str:
+    """The mixed-precision dtype the payload does not default to on `device` (payloads/pytorch/precision.py: fp16 on
+    a GPU, bf16 with --amp on a CPU): the second payload row runs it."""
+    return "bf16" if device == "cuda" else "fp16"
 
 
 @dataclass(frozen=True)
@@ -159,7 +165,7 @@ def plan(sizes: Sizes, device: str, workers: int, compiled: bool | None, quick: 
     big = sizes.batches[-1]
     samples = str(big * (sizes.warmup + sizes.steps))
     synthetic = payload_args(sizes, device, ["--data", "synthetic", "--synthetic-samples", samples])
-    other = synthetic + ["--amp-dtype", OTHER_DTYPE]
+    other = synthetic + ["--amp-dtype", other_dtype(device)]
     shard_args = ["--data", "shards", "--data-dir", "SHARDS", "--workers", str(workers)]
     real = payload_args(sizes, device, shard_args, sizes.real_epochs)
     return {
@@ -168,7 +174,7 @@ def plan(sizes: Sizes, device: str, workers: int, compiled: bool | None, quick: 
         "horovod_installed": horovod_installed(),
         "payload": {
             "synthetic": payload_command(synthetic, "OUT"),
-            **({} if quick else {f"synthetic {OTHER_DTYPE}": payload_command(other, "OUT")}),
+            **({} if quick else {f"synthetic {other_dtype(device)}": payload_command(other, "OUT")}),
             "real": payload_command(real, "OUT"),
         },
         "shards": f"datatools.prepare --resize {sizes.shard_side}, {sizes.images} generated photos",
@@ -406,7 +412,7 @@ def main(argv=None) -> int:
         samples = str(big * (warmup + steps))
         other = payload(
             payload_args(sizes, device, ["--data", "synthetic", "--synthetic-samples", samples])
-            + ["--amp-dtype", OTHER_DTYPE]
+            + ["--amp-dtype", other_dtype(device)]
         )
         add(
             {
@@ -416,6 +422,27 @@ def main(argv=None) -> int:
                 "startup_seconds": other.get("startup_seconds"),
                 "precision": other["world"]["precision"],
                 "backend": other["world"]["backend"],
+            },
+            since,
+        )
+
+    if not args.quick and horovod_installed():
+        # Horovod's completion of GPU work by a callback instead of a blocking event synchronize (issue 29 item 7);
+        # with one process it shows the cost of the path, the gain needs several GPUs.
+        since = time.perf_counter()
+        samples = str(big * (warmup + steps))
+        done = payload(
+            payload_args(sizes, device, ["--data", "synthetic", "--synthetic-samples", samples]),
+            env_extra={"HOROVOD_ENABLE_ASYNC_COMPLETION": "1"},
+        )
+        add(
+            {
+                "what": f"payload synthetic batch {big} {done['world']['precision']}, HOROVOD_ENABLE_ASYNC_COMPLETION=1",
+                "images_per_sec": done["total_images_per_sec"],
+                "kind": "payload",
+                "precision": done["world"]["precision"],
+                "backend": done["world"]["backend"],
+                "async_completion": True,
             },
             since,
         )

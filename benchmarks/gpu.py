@@ -18,7 +18,8 @@ Needs Python 3.11 or 3.12 with torch and torchvision, and benchmarks/requirement
 3. The input pipeline alone: images/sec of the shard reader per decoder, from JPEG shards pre-resized to 256 px
    (shorter side) as the shards job's are (datatools.prepare --resize 256), with `--workers` decode processes
    (12 = the vCPUs per GPU of ND H100 v5), after each epoch's first batch, and the seconds to that first batch.
-4. Real data: the payload on those shards with `--workers`, its ratio to (2) and each epoch's images/sec.
+4. Real data: the payload on those shards with `--workers`, its ratio to (2) and each epoch's images/sec; then
+   again with --cache-decoded, as the shards job runs.
 The payload runs in one process: under `horovodrun -np 1 --gloo` where Horovod is installed, else as a plain
 `python -m payloads.pytorch.train`, which trains alone (backends.Single); the checkout goes first on its
 PYTHONPATH (extended, never replaced).
@@ -467,21 +468,28 @@ def main(argv=None) -> int:
                 },
                 since,
             )
-        since = time.perf_counter()
         shard_args = ["--data", "shards", "--data-dir", str(shard_dir), "--workers", str(args.workers)]
-        real = payload(payload_args(sizes, device, shard_args, sizes.real_epochs))
-        ratio = real["total_images_per_sec"] / synthetic["total_images_per_sec"]
-        add(
-            {
-                "what": f"payload real data ({sizes.shard_side} px shards, {args.workers} workers)",
-                "images_per_sec": real["total_images_per_sec"],
-                "kind": "real",
-                "note": f"{ratio:.0%} of synthetic; epochs {', '.join(f'{r:.0f}' for r in real['epoch_images_per_sec'])}",
-                "ratio_to_synthetic": ratio,
-                "epoch_images_per_sec": real["epoch_images_per_sec"],
-            },
-            since,
-        )
+        # Decoding every epoch, then as the shards job runs (--cache-decoded: epoch 1 decodes, later epochs crop the
+        # decoded images from a file in --cache-dir, here the machine's temporary folder).
+        for cached in (False, True) if not args.quick else (False,):
+            since = time.perf_counter()
+            extra = ["--cache-decoded", "--cache-dir", work] if cached else []
+            real = payload(payload_args(sizes, device, shard_args + extra, sizes.real_epochs))
+            ratio = real["total_images_per_sec"] / synthetic["total_images_per_sec"]
+            epochs = ", ".join(f"{r:.0f}" for r in real["epoch_images_per_sec"])
+            add(
+                {
+                    "what": f"payload real data ({sizes.shard_side} px shards, {args.workers} workers"
+                    + (", --cache-decoded)" if cached else ")"),
+                    "images_per_sec": real["total_images_per_sec"],
+                    "kind": "real",
+                    "cache_decoded": cached,
+                    "note": f"{ratio:.0%} of synthetic; epochs {epochs}",
+                    "ratio_to_synthetic": ratio,
+                    "epoch_images_per_sec": real["epoch_images_per_sec"],
+                },
+                since,
+            )
 
     save()
     facts["seconds"] = time.perf_counter() - started

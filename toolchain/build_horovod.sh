@@ -12,7 +12,7 @@
 #   python3 -m pip download --no-deps --no-binary :all: horovod==0.28.1 -d wheels
 # then, on the GPU machine (CUDA's nvcc and CMake there; NCCL from torch's nvidia-nccl wheel):
 #   HOROVOD_SDIST=wheels/horovod-0.28.1.tar.gz HOROVOD_GPU_OPERATIONS=NCCL PYTHON=python3 toolchain/build_horovod.sh
-# HOROVOD_CUDA_HOME defaults to /usr/local/cuda, else the folder above the bin/ of the nvcc on PATH.
+# HOROVOD_CUDA_HOME defaults to /usr/local/cuda where it has nvcc, else the toolkit of the nvcc on PATH.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
@@ -104,8 +104,10 @@ BUILD_ENV=(
     MAKEFLAGS="-j$JOBS"
 )
 if [ -n "$GPU_OPS" ] && [ -z "${HOROVOD_CUDA_HOME:-}" ]; then
-    if [ -d /usr/local/cuda ]; then HOROVOD_CUDA_HOME=/usr/local/cuda
-    elif command -v nvcc >/dev/null 2>&1; then HOROVOD_CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")")
+    # A CUDA runtime image has /usr/local/cuda without the compiler; /usr/bin/nvcc is often a link into the toolkit.
+    CUDA_DEFAULT=${HOROVOD_CUDA_DEFAULT:-/usr/local/cuda}   # replaced by the tests
+    if [ -x "$CUDA_DEFAULT/bin/nvcc" ]; then HOROVOD_CUDA_HOME=$CUDA_DEFAULT
+    elif command -v nvcc >/dev/null 2>&1; then HOROVOD_CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
     else log "HOROVOD_GPU_OPERATIONS=$GPU_OPS needs CUDA's toolkit (nvcc): none at /usr/local/cuda or on PATH; set HOROVOD_CUDA_HOME"; exit 2
     fi
 fi

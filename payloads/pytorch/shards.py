@@ -72,6 +72,7 @@ class Ref:
     path: str
     offset: int
     size: int
+    stamp: tuple[int, int] = (0, 0)  # the file's (size, mtime_ns) when indexed; (0, 0): not checked
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,8 @@ def index_shard(path: str) -> list[tuple[str, int, int, int]]:
         def flush() -> None:
             if key is None:
                 return
-            image = next((members[x] for x in IMAGE_SUFFIXES if x in members), None)
+            # An empty image member is skipped for the next suffix, as read_shard's `or` chain does.
+            image = next((members[x] for x in IMAGE_SUFFIXES if x in members and members[x][1] > 0), None)
             if image is None or "cls" not in members:
                 raise ConfigError(
                     f"{path}: sample {key} lacks an image or a .cls label: prepare the shards with python -m "
@@ -222,10 +224,20 @@ def read_bytes(refs: Sequence[Ref]) -> list[bytes]:
             f = files.get(r.path)
             if f is None:
                 f = files[r.path] = _open_shard(r.path)
-            data = os.pread(f.fileno(), r.size, r.offset)
-            if len(data) != r.size:
-                raise _damaged(r.path, f"{r.size} bytes at {r.offset}, {len(data)} read: truncated")
-            out.append(data)
+                st = os.fstat(f.fileno())
+                if r.stamp != (0, 0) and (st.st_size, st.st_mtime_ns) != r.stamp:
+                    raise ConfigError(
+                        f"shard {r.path} changed under a running job (size or time differs from when it was "
+                        "indexed): keep a job's data input unchanged while it runs, and run again"
+                    )
+            parts, got = [], 0
+            while got < r.size:  # pread may return less than asked (a FUSE mount, a signal): read on
+                part = os.pread(f.fileno(), r.size - got, r.offset + got)
+                if not part:
+                    raise _damaged(r.path, f"{r.size} bytes at {r.offset}, {got} read: truncated")
+                parts.append(part)
+                got += len(part)
+            out.append(parts[0] if len(parts) == 1 else b"".join(parts))
     finally:
         for f in files.values():
             f.close()
@@ -547,7 +559,7 @@ class ShardLoader:
         self.cache_dir = pathlib.Path(cache_dir) if cache_dir is not None else pathlib.Path(tempfile.gettempdir())
         self.cache: DecodedCache | None = None
         self._filling: DecodedCache | None = None
-        self._index: dict[int, list] | None = None
+        self._index: dict[int, list[Sample]] = {}
         self.epoch = self.skip = 0
 
     def __len__(self) -> int:
@@ -559,13 +571,32 @@ class ShardLoader:
         self.epoch, self.skip = epoch, skip
 
     # -- the sample stream of this rank for the current epoch
-    def _indexed(self) -> dict[int, list]:
-        """Every file of this rank's plan indexed once per run (index_shard), by the decode workers in parallel."""
-        if self._index is None:
-            paths = [str(self.split.files[f]) for f in self.plan.files]
-            lists = pool(self.workers).map(index_shard, paths) if self.workers > 0 else [index_shard(p) for p in paths]
-            self._index = dict(zip(self.plan.files, lists))
-        return self._index
+    def _indexed(self, files: list[int]) -> Iterator[tuple[int, list[Sample]]]:
+        """(file, this rank's samples in it) in `files`' order. Each file is indexed once per run (index_shard), by
+        the decode workers in parallel and in order, so the first batch waits for the first file only. Kept: this
+        rank's samples only (a stride split keeps every size-th of the stream), as references."""
+        missing = [f for f in files if f not in self._index]
+        paths = [str(self.split.files[f]) for f in missing]
+        if self.workers > 0:
+            fresh = pool(self.workers).imap(index_shard, paths)
+        else:
+            fresh = map(index_shard, paths)
+        fresh = zip(missing, paths, fresh)
+        starts = np.concatenate([[0], np.cumsum(self.split.counts)])
+        for f in files:
+            if f not in self._index:
+                g, path, entries = next(fresh)  # missing is in files' order: g is f
+                if len(entries) != self.split.counts[f]:
+                    raise _damaged(path, f"{len(entries)} samples, its manifest says {self.split.counts[f]}")
+                st = os.stat(path)
+                stamp = (st.st_size, st.st_mtime_ns)
+                first = int(starts[f])
+                self._index[f] = [
+                    Sample(key, label, Ref(path, offset, size, stamp))
+                    for i, (key, label, offset, size) in enumerate(entries)
+                    if not self.plan.stride or (first + i) % self.size == self.rank
+                ]
+            yield f, self._index[f]
 
     def _records(self) -> Iterator[Sample]:
         """The epoch's sample stream, as references: the decode workers read the bytes (read_bytes), so the
@@ -575,14 +606,8 @@ class ShardLoader:
             files = [
                 files[i] for i in np.random.default_rng([self.seed, self.epoch, self.rank]).permutation(len(files))
             ]
-        index = self._indexed()
-        position = 0
-        for f in files:
-            path = str(self.split.files[f])
-            for key, label, offset, size in index[f]:
-                if not self.plan.stride or position % self.size == self.rank:
-                    yield Sample(key, label, Ref(path, offset, size))
-                position += 1
+        for _, samples in self._indexed(files):
+            yield from samples
 
     def _samples(self) -> Iterator[Sample]:
         rng = np.random.default_rng([self.seed, self.epoch, self.rank, 1])

@@ -1,5 +1,7 @@
 """The PyTorch shard reader: images -> shards -> tensors, rank split, shuffling, in-memory cache."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -275,3 +277,49 @@ def test_the_training_process_reads_no_image_bytes(tmp_path, monkeypatch):
     inline = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=label_only, workers=0)
     with pytest.raises(AssertionError, match="in the training process"):
         _labels(inline)
+
+
+def _tar(path, members: list[tuple[str, bytes]]):
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_an_empty_image_member_gives_way_to_the_next_suffix_as_in_the_stream(tmp_path):
+    png = _png_bytes()
+    shard = _tar(tmp_path / "s.tar", [("a.jpg", b""), ("a.png", png), ("a.cls", b"2"), ("b.png", png), ("b.cls", b"1")])
+    streamed = [(s.key, s.label, s.data) for s in shards.read_shard(shard)]
+    index = shards.index_shard(str(shard))
+    assert [(k, label) for k, label, _, _ in index] == [(k, label) for k, label, _ in streamed] == [("a", 2), ("b", 1)]
+    assert shards.read_bytes([shards.Ref(str(shard), o, n) for _, _, o, n in index]) == [png, png]
+
+
+def test_short_reads_are_read_on_and_a_changed_shard_is_named(tmp_path, monkeypatch):
+    """pread may return less than asked (a FUSE mount, a signal): read_bytes reads on. A shard rewritten after it
+    was indexed would be read at stale offsets: the file's size and time, kept in each reference, catch it."""
+    train = _eight_images(tmp_path)
+    loader = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=label_only, workers=0)
+    whole = [s.data for s in shards.read_shard(train.files[0])]
+    refs = [s.data for s in next(samples for f, samples in loader._indexed([0]))]
+    real = os.pread
+    monkeypatch.setattr(shards.os, "pread", lambda fd, n, offset: real(fd, min(n, 7), offset))
+    assert shards.read_bytes(refs) == whole
+    monkeypatch.undo()
+    st = os.stat(train.files[0])
+    os.utime(train.files[0], ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    with pytest.raises(ConfigError, match="changed under a running job"):
+        shards.read_bytes(refs)
+
+
+def _png_bytes() -> bytes:
+    import io
+
+    out = io.BytesIO()
+    Image.new("RGB", (5, 4), (1, 2, 3)).save(out, "PNG")
+    return out.getvalue()

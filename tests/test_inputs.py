@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -290,3 +292,20 @@ def _png(pixels: np.ndarray) -> bytes:
     out = io.BytesIO()
     Image.fromarray(pixels).save(out, "PNG")
     return out.getvalue()
+
+
+@pytest.mark.launches
+def test_a_process_that_ran_both_loaders_exits():
+    """The uint8 test above, alone in a process of its own (no xdist worker, which skips atexit): it ran a DataLoader's
+    forkserver workers and the shard pool, and the pool's terminate() at exit hung on its task queue's lock. The
+    shard pool's exit hook kills its workers instead (shards._close_pools)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", __file__, "-k", "uint8"],
+        cwd=pathlib.Path(__file__).resolve().parents[1],
+        env={k: v for k, v in os.environ.items() if k != "TEST_LAUNCH_LOG"},  # the inner session keeps its own
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "2 passed" in proc.stdout and "Traceback" not in proc.stderr, proc.stderr[-2000:]

@@ -391,8 +391,18 @@ def pool(workers: int):
 
 @atexit.register
 def _close_pools() -> None:
+    """At exit the workers are killed and the pool's own finalizer dropped: Pool.terminate() first takes the task
+    queue's read lock, which an idle worker holds while it waits for a task, and hung there at the exit of a process
+    that had also run a DataLoader's forkserver workers (tests/test_inputs.py's uint8 test, alone). Nothing a
+    worker holds needs a clean exit: results travel through shared memory that the parent maps."""
     for p in _pools.values():
-        p.terminate()
+        p._worker_handler._state = multiprocessing.pool.TERMINATE  # no replacement for the workers killed below
+        p._change_notifier.put(None)
+        for worker in p._pool:
+            worker.kill()
+        for worker in p._pool:
+            worker.join(timeout=5)
+        p._terminate.cancel()  # the Finalize that would run terminate() at interpreter exit
     _pools.clear()
 
 

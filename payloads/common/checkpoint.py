@@ -24,8 +24,10 @@ with the file's size plus a margin (MARGIN_BYTES + MARGIN_FRACTION of it: the ma
 TensorBoard's next lines); too little, or ENOSPC/EDQUOT in steps 1, 3 or 4 (a file system that reports space it
 does not have, a quota), raises OutputFull, whose message names the folder, the space needed and free and the fix.
 Nothing older is touched and the partial new file is deleted, so every complete checkpoint stays resumable. The
-payloads' save() runs write() on rank 0 inside on_root(), which hands the message to every rank: each ends with
-the same one line (`error: ...`, exit 2) instead of waiting in the next step's collective until Horovod shuts down.
+TensorFlow payloads' save() runs write() on rank 0 inside on_root(), which hands the message to every rank: each
+ends with the same one line (`error: ...`, exit 2) instead of waiting in the next step's collective until Horovod
+shuts down. The PyTorch payloads write in a background thread (pytorch/runtime.py, _Writer): the failure reaches
+on_root() at the next save or at the end of training, where every rank waits for it.
 """
 
 from __future__ import annotations

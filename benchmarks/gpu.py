@@ -392,61 +392,37 @@ def main(argv=None) -> int:
         )
 
     big = sizes.batches[-1]
-    since = time.perf_counter()
-    synthetic = payload(
-        payload_args(sizes, device, ["--data", "synthetic", "--synthetic-samples", str(big * (warmup + steps))])
-    )
-    facts["payload_backend"] = synthetic["world"]["backend"]
-    add(
-        {
-            "what": f"payload synthetic batch {big} {synthetic['world']['precision']}",
-            "images_per_sec": synthetic["total_images_per_sec"],
-            "kind": "payload",
-            "startup_seconds": synthetic.get("startup_seconds"),
-            "precision": synthetic["world"]["precision"],
-            "backend": synthetic["world"]["backend"],
-        },
-        since,
-    )
-    if not args.quick:  # the same code with one flag more: the smoke check runs it once
+
+    def synthetic_row(extra: list[str], env_extra: dict | None = None, label: str = "", **fields) -> dict:
+        """One payload row on synthetic data: the payload's arguments for the sizes, plus `extra`."""
         since = time.perf_counter()
         samples = str(big * (warmup + steps))
-        other = payload(
-            payload_args(sizes, device, ["--data", "synthetic", "--synthetic-samples", samples])
-            + ["--amp-dtype", other_dtype(device)]
+        run = payload(
+            payload_args(sizes, device, ["--data", "synthetic", "--synthetic-samples", samples]) + extra, env_extra
         )
         add(
             {
-                "what": f"payload synthetic batch {big} {other['world']['precision']}",
-                "images_per_sec": other["total_images_per_sec"],
+                "what": f"payload synthetic batch {big} {run['world']['precision']}{label}",
+                "images_per_sec": run["total_images_per_sec"],
                 "kind": "payload",
-                "startup_seconds": other.get("startup_seconds"),
-                "precision": other["world"]["precision"],
-                "backend": other["world"]["backend"],
+                "startup_seconds": run.get("startup_seconds"),
+                "precision": run["world"]["precision"],
+                "backend": run["world"]["backend"],
+                **fields,
             },
             since,
         )
+        return run
 
+    synthetic = synthetic_row([])
+    facts["payload_backend"] = synthetic["world"]["backend"]
+    if not args.quick:  # the same code with one flag more: the smoke check runs it once
+        synthetic_row(["--amp-dtype", other_dtype(device)])
     if not args.quick and horovod_installed():
         # Horovod's completion of GPU work by a callback instead of a blocking event synchronize (issue 29 item 7);
         # with one process it shows the cost of the path, the gain needs several GPUs.
-        since = time.perf_counter()
-        samples = str(big * (warmup + steps))
-        done = payload(
-            payload_args(sizes, device, ["--data", "synthetic", "--synthetic-samples", samples]),
-            env_extra={"HOROVOD_ENABLE_ASYNC_COMPLETION": "1"},
-        )
-        add(
-            {
-                "what": f"payload synthetic batch {big} {done['world']['precision']}, HOROVOD_ENABLE_ASYNC_COMPLETION=1",
-                "images_per_sec": done["total_images_per_sec"],
-                "kind": "payload",
-                "precision": done["world"]["precision"],
-                "backend": done["world"]["backend"],
-                "async_completion": True,
-            },
-            since,
-        )
+        flag = {"HOROVOD_ENABLE_ASYNC_COMPLETION": "1"}
+        synthetic_row([], flag, ", HOROVOD_ENABLE_ASYNC_COMPLETION=1", async_completion=True)
 
     with tempfile.TemporaryDirectory() as work:
         since = time.perf_counter()

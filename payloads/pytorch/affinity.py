@@ -10,6 +10,7 @@ for a binding of one's own (mpirun --bind-to/--map-by, numactl, taskset)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 
@@ -27,15 +28,9 @@ def mask_to_cpus(words) -> set[int]:
 
 def ranges(cpus) -> str:
     """{0, 1, 2, 5, 7, 8} -> "0-2,5,7-8" (the form of /sys/devices/system/node/node*/cpulist and taskset -c)."""
-    out, run = [], []
-    for c in sorted(cpus):
-        if run and c == run[-1] + 1:
-            run.append(c)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else f"{run[0]}")
-        run = [c]
-    if run:
+    out = []
+    for _, run in itertools.groupby(enumerate(sorted(cpus)), key=lambda ic: ic[1] - ic[0]):  # consecutive ids
+        run = [c for _, c in run]
         out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else f"{run[0]}")
     return ",".join(out)
 

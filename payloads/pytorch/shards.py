@@ -581,8 +581,8 @@ class ShardLoader:
         self.epoch, self.skip = epoch, skip
 
     # -- the sample stream of this rank for the current epoch
-    def _indexed(self, files: list[int]) -> Iterator[tuple[int, list[Sample]]]:
-        """(file, this rank's samples in it) in `files`' order. Each file is indexed once per run (index_shard), by
+    def _indexed(self, files: list[int]) -> Iterator[list[Sample]]:
+        """This rank's samples of each of `files`, in their order. Each file is indexed once per run (index_shard), by
         the decode workers in parallel and in order, so the first batch waits for the first file only. Kept: this
         rank's samples only (a stride split keeps every size-th of the stream), as references."""
         missing = [f for f in files if f not in self._index]
@@ -591,11 +591,11 @@ class ShardLoader:
             fresh = pool(self.workers).imap(index_shard, paths)
         else:
             fresh = map(index_shard, paths)
-        fresh = zip(missing, paths, fresh)
+        fresh = zip(paths, fresh)  # in files' order, as `missing` is
         starts = np.concatenate([[0], np.cumsum(self.split.counts)])
         for f in files:
             if f not in self._index:
-                g, path, entries = next(fresh)  # missing is in files' order: g is f
+                path, entries = next(fresh)
                 if len(entries) != self.split.counts[f]:
                     raise _damaged(path, f"{len(entries)} samples, its manifest says {self.split.counts[f]}")
                 st = os.stat(path)
@@ -606,7 +606,7 @@ class ShardLoader:
                     for i, (key, label, offset, size) in enumerate(entries)
                     if not self.plan.stride or (first + i) % self.size == self.rank
                 ]
-            yield f, self._index[f]
+            yield self._index[f]
 
     def _records(self) -> Iterator[Sample]:
         """The epoch's sample stream, as references: the decode workers read the bytes (read_bytes), so the
@@ -616,7 +616,7 @@ class ShardLoader:
             files = [
                 files[i] for i in np.random.default_rng([self.seed, self.epoch, self.rank]).permutation(len(files))
             ]
-        for _, samples in self._indexed(files):
+        for samples in self._indexed(files):
             yield from samples
 
     def _samples(self) -> Iterator[Sample]:

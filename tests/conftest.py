@@ -77,6 +77,9 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_unconfigure(config):
+    import warm_start
+
+    warm_start.stop_all()  # the servers forking warm-started ranks (tests/warm_start.py); each also ends with us
     shutil.rmtree(os.environ.pop("AZURE_CONFIG_DIR", ""), ignore_errors=True)
     path = os.environ.pop("TEST_LAUNCH_LOG", None)
     if path and os.path.basename(path).startswith("launches-") and not _worker(config):

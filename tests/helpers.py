@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import warm_start
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -43,7 +44,15 @@ def env() -> dict:
     return e
 
 
-def horovodrun(np: int, args: list[str], payload: str = "pytorch") -> list[str]:
+def _rank(payload: str, warm: bool | None) -> list[str]:
+    """What each rank runs: `python -m payloads.<payload>.train`, or its warm-started form (tests/warm_start.py:
+    forked from a process that imported the framework once; TEST_WARM_START=0 or warm=False: cold)."""
+    if warm is None:
+        warm = warm_start.enabled()
+    return warm_start.command(payload, env()) if warm else [sys.executable, "-m", f"payloads.{payload}.train"]
+
+
+def horovodrun(np: int, args: list[str], payload: str = "pytorch", warm: bool | None = None) -> list[str]:
     return [
         str(pathlib.Path(sys.executable).with_name("horovodrun")),
         "-np",
@@ -51,27 +60,25 @@ def horovodrun(np: int, args: list[str], payload: str = "pytorch") -> list[str]:
         "-H",
         f"localhost:{np}",
         "--gloo",
-        sys.executable,
-        "-m",
-        f"payloads.{payload}.train",
+        *_rank(payload, warm),
         *args,
     ]
 
 
-def torchrun(np: int, args: list[str], payload: str = "pytorch") -> list[str]:
+def torchrun(np: int, args: list[str], payload: str = "pytorch", warm: bool | None = None) -> list[str]:
     """The payload under PyTorch DDP: torchrun starts np processes here (--standalone: its own rendezvous on a free
-    port), each with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set; Gloo on this CPU."""
-    return [
-        str(pathlib.Path(sys.executable).with_name("torchrun")),
-        "--standalone",
-        "--nproc-per-node",
-        str(np),
-        "-m",
-        f"payloads.{payload}.train",
-        "--backend",
-        "ddp",
-        *args,
-    ]
+    port), each with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set; Gloo on this CPU. Warm, torchrun
+    itself (torch.distributed.run, the console script's module) is a warm-started process too, and each rank it
+    starts is `python -u warm_client.py ...`."""
+    if warm is None:
+        warm = warm_start.enabled()
+    options = ["--standalone", "--nproc-per-node", str(np)]
+    if not warm:
+        return [str(pathlib.Path(sys.executable).with_name("torchrun")), *options, "-m", f"payloads.{payload}.train",
+                "--backend", "ddp", *args]  # fmt: skip
+    client = warm_start.command(payload, env())
+    launcher = [*client[:-1], "torch.distributed.run"]  # the same server: torchrun needs PyTorch too
+    return [*launcher, *options, *client[2:], "--backend", "ddp", *args]
 
 
 def train(

@@ -1,0 +1,128 @@
+"""The warm start (tests/warm_start.py) the launch tests use: a warm-started rank is the process a cold one would be.
+Same weights bit for bit as a cold launch; exit codes, tracebacks, signals forwarded and deaths by signal as a
+fresh interpreter gives them; a rank whose client is killed goes too; a test hook on PYTHONPATH loads in the rank."""
+
+import os
+import signal
+import subprocess
+import textwrap
+import time
+
+import pytest
+import warm_start
+from helpers import ROOT, TINY, env, metrics, train
+
+pytestmark = pytest.mark.launches  # starts the warm start servers and training processes (tests/conftest.py)
+
+
+@pytest.mark.parametrize("payload", ["pytorch", "tensorflow"])
+def test_a_warm_launch_trains_bit_for_bit_as_a_cold_one(tmp_path, payload, monkeypatch):
+    args = TINY + ["--epochs", "2", "--batch-size", "16"]
+    monkeypatch.setenv("TEST_WARM_START", "0")
+    train(2, args + ["--output-dir", str(tmp_path / "cold")], payload=payload)
+    monkeypatch.setenv("TEST_WARM_START", "1")
+    train(2, args + ["--output-dir", str(tmp_path / "warm")], payload=payload)
+    cold, warm = metrics(tmp_path / "cold"), metrics(tmp_path / "warm")
+    assert warm["summary"]["ranks_identical"] is True
+    assert warm["summary"]["parameters_sha256"] == cold["summary"]["parameters_sha256"]
+    assert [e["train_loss"] for e in warm["epochs"]] == [e["train_loss"] for e in cold["epochs"]]
+
+
+# A module the server runs as a rank: says its pid, then acts as its first argument asks.
+_RANK = """
+import os, pathlib, signal, sys, time
+out = pathlib.Path(sys.argv[2])
+def stopped(signum, frame):
+    out.joinpath("stopped").write_text(str(signum))
+    sys.exit(75)
+signal.signal(signal.SIGTERM, stopped)
+out.joinpath("pid").write_text(str(os.getpid()))
+print("argv", sys.argv[1:], "hook", os.environ.get("HOOKED"), flush=True)
+what = sys.argv[1]
+if what == "raise":
+    raise ValueError("the rank's own error")
+if what == "message":
+    sys.exit("a message to stderr")
+if what == "abort":
+    os.kill(os.getpid(), signal.SIGKILL)
+if what == "wait":
+    time.sleep(60)
+"""
+
+
+def _rank(tmp_path, what: str, **popen) -> subprocess.Popen:
+    (tmp_path / "warmrank.py").write_text(textwrap.dedent(_RANK))
+    environ = env()
+    environ["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{environ['PYTHONPATH']}"
+    cmd = [*warm_start.command("pytorch", env())[:-1], "warmrank", what, str(tmp_path)]
+    return subprocess.Popen(cmd, cwd=ROOT, env=environ, text=True, **popen)
+
+
+def _pid(tmp_path, proc: subprocess.Popen) -> int:
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, "the rank never started"
+        time.sleep(0.05)
+    return int((tmp_path / "pid").read_text())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize(
+    "what, code, stderr",
+    [
+        ("raise", 1, "ValueError: the rank's own error"),
+        ("message", 1, "a message to stderr"),
+        ("done", 0, ""),
+        ("abort", -signal.SIGKILL, ""),
+    ],
+)
+def test_a_warm_rank_ends_as_a_fresh_interpreter_would(tmp_path, what, code, stderr):
+    proc = _rank(tmp_path, what, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert stderr in err
+    assert f"argv ['{what}', '{tmp_path}']" in out  # its stdout is the client's
+    assert int((tmp_path / "pid").read_text()) != proc.pid  # a forked process, not the client
+
+
+def test_signals_to_the_client_reach_the_rank_and_its_status_comes_back(tmp_path):
+    proc = _rank(tmp_path, "wait", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _pid(tmp_path, proc)
+    proc.send_signal(signal.SIGTERM)  # what horovodrun and torchrun send their ranks
+    proc.communicate(timeout=30)
+    assert proc.returncode == 75
+    assert (tmp_path / "stopped").read_text() == str(int(signal.SIGTERM))
+
+
+def test_a_killed_client_takes_its_rank_with_it(tmp_path):
+    proc = _rank(tmp_path, "wait", stdout=subprocess.DEVNULL)
+    pid = _pid(tmp_path, proc)
+    proc.kill()  # horovodrun's last resort, and what a test does to a rank's launcher process
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while _alive(pid):
+        assert time.monotonic() < deadline, f"rank {pid} outlived its client"
+        time.sleep(0.05)
+
+
+def test_a_hook_on_the_ranks_pythonpath_loads_in_the_rank_only(tmp_path):
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text("import os\nos.environ['HOOKED'] = 'yes'\n")
+    (tmp_path / "warmrank.py").write_text(textwrap.dedent(_RANK))
+    environ = env()
+    environ["PYTHONPATH"] = os.pathsep.join([str(hook), str(tmp_path), environ["PYTHONPATH"]])
+    cmd = [*warm_start.command("pytorch", env())[:-1], "warmrank", "done", str(tmp_path)]
+    hooked = subprocess.run(cmd, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60)
+    plain = _rank(tmp_path, "done", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, _ = plain.communicate(timeout=60)
+    assert "hook yes" in hooked.stdout, hooked.stderr
+    assert "hook None" in out  # not carried over from the previous rank into the server or the next one

@@ -1,0 +1,273 @@
+"""Warm start for the tests' payload launches: a process that has imported the framework once forks each rank.
+
+Most of a test launch was start-up, not training: every rank imported PyTorch (and torch._dynamo, which the
+optimizer's first param group pulls in) or TensorFlow, 5-6 s of CPU each, two ranks per launch, a few hundred
+launches per test run. Here one server per framework imports those third-party modules once; horovodrun and torchrun
+still start every rank, but each rank is `warm_client.py`, which hands its argv, environment, working folder and
+stdin/stdout/stderr to the server, and the server forks a child that runs the payload module as `python -m` would.
+The project's own modules are imported fresh in every child (none is preloaded), so what a test checks is the
+payload as written; only the framework import is shared. Ranks stay separate real processes, over real Gloo.
+
+The client stays in the launcher's process tree for the rank: it forwards the signals a launcher or a test sends it,
+and exits with the child's status (or dies by the same signal). If the client dies (horovodrun's SIGKILL of a process
+group, a test killing it), the server SIGKILLs the child. A child's heartbeat names its own pid, so tests that signal
+a rank by that pid signal the payload itself.
+
+TEST_WARM_START=0 runs every launch cold (`python -m payloads...` from a fresh interpreter), as jobs do; the launcher
+and job tests always launch cold.
+
+Run as `python warm_start.py SOCKET FRAMEWORK`: the server. Imported: `command()` and `stop_all()` for tests/helpers.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import pathlib
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+
+# Third-party modules only: what every rank of that payload imports before its first step.
+PRELOAD = {
+    "torch": ["numpy", "torch", "torch._dynamo", "torch.utils.tensorboard", "horovod.torch", "PIL.Image"],
+    "tensorflow": ["numpy", "tensorflow", "horovod.tensorflow", "horovod.tensorflow.keras"],
+}
+FRAMEWORK = {"pytorch": "torch", "segmentation": "torch", "tensorflow": "tensorflow", "keras": "tensorflow"}
+CLIENT = pathlib.Path(__file__).with_name("warm_client.py")
+_MAX_REQUEST = 1 << 20
+
+
+def enabled() -> bool:
+    return os.environ.get("TEST_WARM_START", "1") != "0"
+
+
+# ---------------------------------------------------------------- the test side: start servers, build commands
+
+_servers: dict[str, tuple[subprocess.Popen, str]] = {}
+
+
+def socket_for(payload: str, environ: dict) -> str:
+    """The server for this payload's framework, started on first use (its start-up is one cold import)."""
+    framework = FRAMEWORK[payload]
+    running = _servers.get(framework)
+    if running and running[0].poll() is None:
+        return running[1]
+    import tempfile
+
+    path = os.path.join(tempfile.mkdtemp(prefix="warm-"), "server.sock")
+    # Without PYTHONPATH: a test's hook folder there (tests/nudge, ...) must not load into the server, only into the
+    # ranks that ask for it. -s: no user site, as the ranks' own interpreter would have none either way.
+    server_env = {k: v for k, v in environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.Popen(
+        [sys.executable, "-s", str(pathlib.Path(__file__).resolve()), path, framework],
+        env=server_env,
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    line = proc.stdout.readline()  # "ready" once it listens, after its imports
+    if line.strip() != "ready":
+        proc.kill()
+        raise RuntimeError(f"warm start server for {framework} did not start: {line!r}")
+    _servers[framework] = (proc, path)
+    return path
+
+
+def command(payload: str, environ: dict) -> list[str]:
+    """What a launcher runs for one rank in place of `python -m payloads.<payload>.train`."""
+    return [sys.executable, "-S", str(CLIENT), socket_for(payload, environ), f"payloads.{payload}.train"]
+
+
+def stop_all() -> None:
+    for proc, path in _servers.values():
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        import shutil
+
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    _servers.clear()
+
+
+# ---------------------------------------------------------------- the server
+
+
+def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    fds = array.array("i")
+    data, ancdata, _, _ = conn.recvmsg(_MAX_REQUEST, socket.CMSG_LEN(3 * fds.itemsize))
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
+    chunks = [data]
+    while not data.endswith(b"\n"):  # a large environment arrives in more than one read
+        data = conn.recv(_MAX_REQUEST)
+        if not data:
+            break
+        chunks.append(data)
+    return json.loads(b"".join(chunks)), list(fds)
+
+
+def _become_rank(request: dict, fds: list[int], base_path: list[str]) -> None:
+    """In the forked child: turn into the process `python -m MODULE ARGS` would have been, run it, and end as the
+    interpreter ends one: exit status, threads joined, atexit handlers, streams flushed. Never returns."""
+    import atexit
+    import runpy
+    import threading
+    import traceback
+
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # sys.path as a fresh `python -m` builds it: the working folder, PYTHONPATH, then the interpreter's own.
+    extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [request["cwd"], *extra, *base_path]
+    sys.dont_write_bytecode = bool(request["env"].get("PYTHONDONTWRITEBYTECODE"))
+    # site.py's last step at start-up: a sitecustomize on the path (the tests' hooks: tests/nudge, tests/stall, ...).
+    sys.modules.pop("sitecustomize", None)
+    try:
+        import sitecustomize  # noqa: F401
+    except ImportError as missing:
+        if missing.name != "sitecustomize":
+            raise
+    if request.get("unbuffered"):
+        sys.stdout.reconfigure(write_through=True)
+        sys.stderr.reconfigure(write_through=True)
+    try:
+        import numpy
+
+        numpy.random.seed()  # a fresh interpreter's global NumPy stream is seeded from the OS, not inherited
+    except ImportError:
+        pass
+    sys.argv = [request["module"], *request["args"]]
+    code = 0
+    try:
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    except SystemExit as stop:  # as the interpreter reads it: None 0, an int itself, anything else printed, 1
+        if stop.code is None:
+            code = 0
+        elif isinstance(stop.code, int):
+            code = stop.code
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = -signal.SIGINT  # the interpreter ends by SIGINT itself
+    except BaseException:  # noqa: BLE001 - the interpreter prints any uncaught exception and exits 1
+        traceback.print_exc()
+        code = 1
+    # Py_FinalizeEx's observable part, in its order: join non-daemon threads, atexit handlers, flush the streams.
+    # The rest (tearing down every module) is skipped: in a fork it writes to every inherited page (copy-on-write),
+    # 2-3 s per rank with PyTorch loaded, and nothing a payload does depends on it.
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code & 0xFF)
+
+
+def serve(path: str, framework: str) -> None:
+    import importlib
+
+    for name in PRELOAD[framework]:
+        importlib.import_module(name)
+    # The interpreter's own path (stdlib, site-packages), without this file's folder or the server's PYTHONPATH.
+    here = os.path.dirname(os.path.abspath(__file__))
+    base_path = [p for p in sys.path if p and os.path.abspath(p) != here]
+    parent = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    import gc
+
+    gc.freeze()  # the preloaded objects stay out of the children's collections: fewer copied pages
+    print("ready", flush=True)
+
+    ranks: dict[int, tuple[socket.socket, int]] = {}  # pidfd -> (client connection, child pid)
+    by_conn: dict[int, int] = {}  # client connection fd -> pidfd
+    orphaned: set[int] = set()  # pidfds whose client went away: SIGKILLed, not yet reaped
+    while True:
+        if os.getppid() != parent:  # the test run ended without stopping us
+            for _, pid in ranks.values():
+                _kill(pid)
+            return
+        watched = [listener, *(c for p, (c, _) in ranks.items() if p not in orphaned), *ranks.keys()]
+        readable, _, _ = select.select(watched, [], [], 1.0)
+        for item in readable:
+            if item is listener:
+                conn, _ = listener.accept()
+                try:
+                    request, fds = _recv_request(conn)
+                except (OSError, ValueError):
+                    conn.close()
+                    continue
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    listener.close()
+                    conn.close()
+                    for other, _ in ranks.values():
+                        other.close()
+                    for pidfd in ranks:
+                        os.close(pidfd)
+                    _become_rank(request, fds, base_path)
+                for fd in fds:
+                    os.close(fd)
+                conn.sendall(struct.pack("!i", pid))
+                pidfd = os.pidfd_open(pid)
+                ranks[pidfd] = (conn, pid)
+                by_conn[conn.fileno()] = pidfd
+            elif isinstance(item, int):  # a child ended: report its status to its client
+                conn, pid = ranks.pop(item)
+                orphaned.discard(item)
+                os.close(item)
+                by_conn.pop(conn.fileno(), None)
+                _, status = os.waitpid(pid, 0)
+                code = os.waitstatus_to_exitcode(status)  # negative: the signal that ended it
+                try:
+                    conn.sendall(struct.pack("!i", code))
+                except OSError:
+                    pass
+                conn.close()
+            else:  # the client went away (killed): its rank goes too
+                pidfd = by_conn.get(item.fileno())
+                try:
+                    gone = not item.recv(1, socket.MSG_PEEK)
+                except OSError:
+                    gone = True
+                if gone and pidfd is not None:
+                    orphaned.add(pidfd)
+                    _kill(ranks[pidfd][1])
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], sys.argv[2])

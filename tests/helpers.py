@@ -53,6 +53,8 @@ def _rank(payload: str, warm: bool | None) -> list[str]:
 
 
 def horovodrun(np: int, args: list[str], payload: str = "pytorch", warm: bool | None = None) -> list[str]:
+    if "--xla" in args:  # TensorFlow reads TF_XLA_FLAGS, which --xla sets on a CPU, at import: cold (warm_start.py)
+        warm = False
     return [
         str(pathlib.Path(sys.executable).with_name("horovodrun")),
         "-np",

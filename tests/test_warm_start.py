@@ -47,14 +47,17 @@ if what == "abort":
     os.kill(os.getpid(), signal.SIGKILL)
 if what == "wait":
     time.sleep(60)
+if what == "xla":
+    import payloads.tensorflow  # its import-time environment, as the payload's ranks have it
+    os.environ["TF_XLA_FLAGS"] = "--tf_xla_cpu_global_jit"  # as payloads/tensorflow/launch.py does for --xla
 """
 
 
-def _rank(tmp_path, what: str, **popen) -> subprocess.Popen:
+def _rank(tmp_path, what: str, payload: str = "pytorch", **popen) -> subprocess.Popen:
     (tmp_path / "warmrank.py").write_text(textwrap.dedent(_RANK))
     environ = env()
     environ["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{environ['PYTHONPATH']}"
-    cmd = [*warm_start.command("pytorch", env())[:-1], "warmrank", what, str(tmp_path)]
+    cmd = [*warm_start.command(payload, env())[:-1], "warmrank", what, str(tmp_path)]
     return subprocess.Popen(cmd, cwd=ROOT, env=environ, text=True, **popen)
 
 
@@ -91,6 +94,13 @@ def test_a_warm_rank_ends_as_a_fresh_interpreter_would(tmp_path, what, code, std
     assert stderr in err
     assert f"argv ['{what}', '{tmp_path}']" in out  # its stdout is the client's
     assert int((tmp_path / "pid").read_text()) != proc.pid  # a forked process, not the client
+
+
+def test_a_rank_that_sets_what_tensorflow_read_at_import_fails_naming_the_fix(tmp_path):
+    proc = _rank(tmp_path, "xla", payload="tensorflow", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "TF_XLA_FLAGS, which the framework reads at import" in err and "launch this run cold" in err
 
 
 def test_signals_to_the_client_reach_the_rank_and_its_status_comes_back(tmp_path):

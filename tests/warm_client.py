@@ -61,7 +61,8 @@ def main() -> None:
         os.kill(child["pid"], sig)
     code = _recv_int(conn)
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        if -code in FORWARDED:
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     sys.exit(code)
 

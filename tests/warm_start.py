@@ -32,11 +32,17 @@ import struct
 import subprocess
 import sys
 
-# Third-party modules only: what every rank of that payload imports before its first step.
+# What every rank of that payload imports before its first step. The payload package comes first where its own
+# import sets the environment the framework reads at import (payloads/tensorflow: TF_ENABLE_ONEDNN_OPTS); the
+# project's modules are then forgotten, so each rank imports them fresh.
 PRELOAD = {
     "torch": ["numpy", "torch", "torch._dynamo", "torch.utils.tensorboard", "horovod.torch", "PIL.Image"],
-    "tensorflow": ["numpy", "tensorflow", "horovod.tensorflow", "horovod.tensorflow.keras"],
+    "tensorflow": ["payloads.tensorflow", "numpy", "tensorflow", "horovod.tensorflow", "horovod.tensorflow.keras"],
 }
+# Variables the framework reads once, at import: a rank that ends with another value than the server imported with
+# ran with the server's, so it fails naming the fix (launch it cold). TensorFlow --xla sets TF_XLA_FLAGS on a CPU
+# (payloads/tensorflow/launch.py): tests/helpers.py launches those cold.
+READ_AT_IMPORT = {"torch": [], "tensorflow": ["TF_ENABLE_ONEDNN_OPTS", "TF_XLA_FLAGS"]}
 FRAMEWORK = {"pytorch": "torch", "segmentation": "torch", "tensorflow": "tensorflow", "keras": "tensorflow"}
 CLIENT = pathlib.Path(__file__).with_name("warm_client.py")
 _MAX_REQUEST = 1 << 20
@@ -60,9 +66,9 @@ def socket_for(payload: str, environ: dict) -> str:
     import tempfile
 
     path = os.path.join(tempfile.mkdtemp(prefix="warm-"), "server.sock")
-    # Without PYTHONPATH: a test's hook folder there (tests/nudge, ...) must not load into the server, only into the
-    # ranks that ask for it. -s: no user site, as the ranks' own interpreter would have none either way.
-    server_env = {k: v for k, v in environ.items() if k != "PYTHONPATH"}
+    # PYTHONPATH the repository alone: a test's hook folder there (tests/nudge, ...) must not load into the server,
+    # only into the ranks that ask for it. -s: no user site.
+    server_env = {**environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen(
         [sys.executable, "-s", str(pathlib.Path(__file__).resolve()), path, framework],
         env=server_env,
@@ -115,7 +121,7 @@ def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(b"".join(chunks)), list(fds)
 
 
-def _become_rank(request: dict, fds: list[int], base_path: list[str]) -> None:
+def _become_rank(request: dict, fds: list[int], base_path: list[str], imported_with: dict) -> None:
     """In the forked child: turn into the process `python -m MODULE ARGS` would have been, run it, and end as the
     interpreter ends one: exit status, threads joined, atexit handlers, streams flushed. Never returns."""
     import atexit
@@ -170,6 +176,14 @@ def _become_rank(request: dict, fds: list[int], base_path: list[str]) -> None:
     except BaseException:  # noqa: BLE001 - the interpreter prints any uncaught exception and exits 1
         traceback.print_exc()
         code = 1
+    changed = [k for k, v in imported_with.items() if os.environ.get(k) != v]
+    if changed and code == 0:
+        print(
+            f"warm start: this rank set {', '.join(changed)}, which the framework reads at import, and the server "
+            "imported it without that value: launch this run cold (tests/helpers.py: warm=False)",
+            file=sys.stderr,
+        )
+        code = 1
     # Py_FinalizeEx's observable part, in its order: join non-daemon threads, atexit handlers, flush the streams.
     # The rest (tearing down every module) is skipped: in a fork it writes to every inherited page (copy-on-write),
     # 2-3 s per rank with PyTorch loaded, and nothing a payload does depends on it.
@@ -191,9 +205,13 @@ def serve(path: str, framework: str) -> None:
 
     for name in PRELOAD[framework]:
         importlib.import_module(name)
+    for name in [m for m in sys.modules if m == "payloads" or m.startswith("payloads.")]:
+        del sys.modules[name]
+    imported_with = {k: os.environ.get(k) for k in READ_AT_IMPORT[framework]}
     # The interpreter's own path (stdlib, site-packages), without this file's folder or the server's PYTHONPATH.
     here = os.path.dirname(os.path.abspath(__file__))
-    base_path = [p for p in sys.path if p and os.path.abspath(p) != here]
+    own = {os.path.abspath(p) for p in [here, *os.environ.get("PYTHONPATH", "").split(os.pathsep)] if p}
+    base_path = [p for p in sys.path if p and os.path.abspath(p) not in own]
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -232,7 +250,7 @@ def serve(path: str, framework: str) -> None:
                         other.close()
                     for pidfd in ranks:
                         os.close(pidfd)
-                    _become_rank(request, fds, base_path)
+                    _become_rank(request, fds, base_path, imported_with)
                 for fd in fds:
                     os.close(fd)
                 conn.sendall(struct.pack("!i", pid))

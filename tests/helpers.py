@@ -44,12 +44,16 @@ def env() -> dict:
     return e
 
 
-def _rank(payload: str, warm: bool | None) -> list[str]:
-    """What each rank runs: `python -m payloads.<payload>.train`, or its warm-started form (tests/warm_start.py:
-    forked from a process that imported the framework once; TEST_WARM_START=0 or warm=False: cold)."""
+def python_m(module: str, warm: bool | None = None) -> list[str]:
+    """What each rank runs: `python -m MODULE`, or its warm-started form (tests/warm_start.py: forked from a
+    process that imported the framework once; TEST_WARM_START=0 or warm=False: cold)."""
     if warm is None:
         warm = warm_start.enabled()
-    return warm_start.command(payload, env()) if warm else [sys.executable, "-m", f"payloads.{payload}.train"]
+    return warm_start.command(module, env()) if warm else [sys.executable, "-m", module]
+
+
+def _rank(payload: str, warm: bool | None) -> list[str]:
+    return python_m(f"payloads.{payload}.train", warm)
 
 
 def horovodrun(np: int, args: list[str], payload: str = "pytorch", warm: bool | None = None) -> list[str]:
@@ -78,7 +82,7 @@ def torchrun(np: int, args: list[str], payload: str = "pytorch", warm: bool | No
     if not warm:
         return [str(pathlib.Path(sys.executable).with_name("torchrun")), *options, "-m", f"payloads.{payload}.train",
                 "--backend", "ddp", *args]  # fmt: skip
-    client = warm_start.command(payload, env())
+    client = warm_start.command(f"payloads.{payload}.train", env())
     launcher = [*client[:-1], "torch.distributed.run"]  # the same server: torchrun needs PyTorch too
     return [*launcher, *options, *client[2:], "--backend", "ddp", *args]
 
@@ -92,8 +96,11 @@ def train(
     backend: str = "horovod",
     prefix: list[str] = (),
 ) -> subprocess.CompletedProcess:
-    """`prefix`: a command the launch runs under (a private mount namespace, say)."""
-    cmd = [*prefix, *(horovodrun(np, args, payload) if backend == "horovod" else torchrun(np, args, payload))]
+    """`prefix`: a command the launch runs under (a private mount namespace, say): cold, since a warm rank would be
+    forked outside it (warm_start.py refuses that)."""
+    warm = False if prefix else None
+    launch = horovodrun(np, args, payload, warm) if backend == "horovod" else torchrun(np, args, payload, warm)
+    cmd = [*prefix, *launch]
     proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout)
     record_launch(np, args, payload, proc.returncode)
     if check and proc.returncode != 0:

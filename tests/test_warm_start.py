@@ -3,6 +3,7 @@ Same weights bit for bit as a cold launch; exit codes, tracebacks, signals forwa
 fresh interpreter gives them; a rank whose client is killed goes too; a test hook on PYTHONPATH loads in the rank."""
 
 import os
+import shutil
 import signal
 import subprocess
 import textwrap
@@ -37,7 +38,7 @@ def stopped(signum, frame):
     sys.exit(75)
 signal.signal(signal.SIGTERM, stopped)
 out.joinpath("pid").write_text(str(os.getpid()))
-print("argv", sys.argv[1:], "hook", os.environ.get("HOOKED"), flush=True)
+print("argv", sys.argv[1:], "hook", os.environ.get("HOOKED"), "orig", " ".join(sys.orig_argv[1:]), flush=True)
 what = sys.argv[1]
 if what == "raise":
     raise ValueError("the rank's own error")
@@ -53,11 +54,16 @@ if what == "xla":
 """
 
 
-def _rank(tmp_path, what: str, payload: str = "pytorch", **popen) -> subprocess.Popen:
+def _client(framework: str = "pytorch") -> list[str]:
+    """The warm client and server socket, without the module: the test's own module follows."""
+    return warm_start.command(f"payloads.{framework}.train", env())[:-1]
+
+
+def _rank(tmp_path, what: str, payload: str = "pytorch", prefix=(), **popen) -> subprocess.Popen:
     (tmp_path / "warmrank.py").write_text(textwrap.dedent(_RANK))
     environ = env()
     environ["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{environ['PYTHONPATH']}"
-    cmd = [*warm_start.command(payload, env())[:-1], "warmrank", what, str(tmp_path)]
+    cmd = [*prefix, *_client(payload), "warmrank", what, str(tmp_path)]
     return subprocess.Popen(cmd, cwd=ROOT, env=environ, text=True, **popen)
 
 
@@ -93,6 +99,7 @@ def test_a_warm_rank_ends_as_a_fresh_interpreter_would(tmp_path, what, code, std
     assert proc.returncode == code, err
     assert stderr in err
     assert f"argv ['{what}', '{tmp_path}']" in out  # its stdout is the client's
+    assert f"orig -m warmrank {what}" in out  # the command line a cold `python -m` would have had
     assert int((tmp_path / "pid").read_text()) != proc.pid  # a forked process, not the client
 
 
@@ -101,6 +108,38 @@ def test_a_rank_that_sets_what_tensorflow_read_at_import_fails_naming_the_fix(tm
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
     assert "TF_XLA_FLAGS, which the framework reads at import" in err and "launch this run cold" in err
+
+
+def test_a_rank_in_another_mount_namespace_is_refused_naming_the_fix(tmp_path):
+    """A rank forked by the server would live in the server's mounts, not the private tmpfs a test set up with
+    unshare (test_disk_full.py, test_shards_training.py): refused, not run in the wrong place."""
+    prefix = ["unshare", "--mount", "--propagation", "private"]
+    if not shutil.which("unshare") or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("no private mounts here (unshare needs root)")
+    proc = _rank(tmp_path, "done", prefix=prefix, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "runs in other namespaces than the warm start server" in err and "launch it cold" in err
+    assert not (tmp_path / "pid").exists()
+
+
+def test_a_rank_with_an_import_hook_that_cannot_see_preloaded_modules_is_refused(tmp_path):
+    """test_without_horovod.py's kind of hook: a meta-path finder hiding Horovod, which the server already imported."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import sys\nclass Hide:\n    def find_spec(self, name, path=None, target=None):\n        return None\n"
+        "sys.meta_path.insert(0, Hide())\n"
+    )
+    (tmp_path / "warmrank.py").write_text(textwrap.dedent(_RANK))
+    environ = env()
+    environ["PYTHONPATH"] = os.pathsep.join([str(hook), str(tmp_path), environ["PYTHONPATH"]])
+    proc = subprocess.run(
+        [*_client(), "warmrank", "done", str(tmp_path)], cwd=ROOT, env=environ, capture_output=True, text=True
+    )
+    assert proc.returncode == 1
+    assert "added an import hook (Hide)" in proc.stderr and "launch it cold" in proc.stderr
+    assert not (tmp_path / "pid").exists()
 
 
 def test_signals_to_the_client_reach_the_rank_and_its_status_comes_back(tmp_path):
@@ -130,7 +169,7 @@ def test_a_hook_on_the_ranks_pythonpath_loads_in_the_rank_only(tmp_path):
     (tmp_path / "warmrank.py").write_text(textwrap.dedent(_RANK))
     environ = env()
     environ["PYTHONPATH"] = os.pathsep.join([str(hook), str(tmp_path), environ["PYTHONPATH"]])
-    cmd = [*warm_start.command("pytorch", env())[:-1], "warmrank", "done", str(tmp_path)]
+    cmd = [*_client(), "warmrank", "done", str(tmp_path)]
     hooked = subprocess.run(cmd, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60)
     plain = _rank(tmp_path, "done", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, _ = plain.communicate(timeout=60)

@@ -57,6 +57,11 @@ def main() -> None:
         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))],
     )
     child["pid"] = _recv_int(conn)
+    if child["pid"] == 0:
+        sys.exit(
+            "warm start: this rank runs in other namespaces than the warm start server (a launch under unshare?), "
+            "where a forked rank would not see its mounts: launch it cold (tests/helpers.py: warm=False)"
+        )
     for sig in pending:
         os.kill(child["pid"], sig)
     code = _recv_int(conn)

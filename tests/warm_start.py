@@ -43,7 +43,14 @@ PRELOAD = {
 # ran with the server's, so it fails naming the fix (launch it cold). TensorFlow --xla sets TF_XLA_FLAGS on a CPU
 # (payloads/tensorflow/launch.py): tests/helpers.py launches those cold.
 READ_AT_IMPORT = {"torch": [], "tensorflow": ["TF_ENABLE_ONEDNN_OPTS", "TF_XLA_FLAGS"]}
-FRAMEWORK = {"pytorch": "torch", "segmentation": "torch", "tensorflow": "tensorflow", "keras": "tensorflow"}
+
+
+def framework(module: str) -> str:
+    """The server a payload module's ranks come from: payloads.tensorflow and payloads.keras TensorFlow's, the rest
+    (payloads.pytorch, payloads.segmentation, payloads.healthcheck) PyTorch's."""
+    return "tensorflow" if module.split(".")[1] in ("tensorflow", "keras") else "torch"
+
+
 CLIENT = pathlib.Path(__file__).with_name("warm_client.py")
 _MAX_REQUEST = 1 << 20
 
@@ -57,9 +64,8 @@ def enabled() -> bool:
 _servers: dict[str, tuple[subprocess.Popen, str]] = {}
 
 
-def socket_for(payload: str, environ: dict) -> str:
-    """The server for this payload's framework, started on first use (its start-up is one cold import)."""
-    framework = FRAMEWORK[payload]
+def socket_for(framework: str, environ: dict) -> str:
+    """The server for this framework, started on first use (its start-up is one cold import)."""
     running = _servers.get(framework)
     if running and running[0].poll() is None:
         return running[1]
@@ -84,9 +90,9 @@ def socket_for(payload: str, environ: dict) -> str:
     return path
 
 
-def command(payload: str, environ: dict) -> list[str]:
-    """What a launcher runs for one rank in place of `python -m payloads.<payload>.train`."""
-    return [sys.executable, "-S", str(CLIENT), socket_for(payload, environ), f"payloads.{payload}.train"]
+def command(module: str, environ: dict) -> list[str]:
+    """What a launcher runs for one rank in place of `python -m MODULE` (payloads.pytorch.train, ...)."""
+    return [sys.executable, "-S", str(CLIENT), socket_for(framework(module), environ), module]
 
 
 def stop_all() -> None:
@@ -142,13 +148,18 @@ def _become_rank(request: dict, fds: list[int], base_path: list[str], imported_w
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [request["cwd"], *extra, *base_path]
     sys.dont_write_bytecode = bool(request["env"].get("PYTHONDONTWRITEBYTECODE"))
+    sys.orig_argv = [sys.executable, "-m", request["module"], *request["args"]]  # the command line a hook may log
     # site.py's last step at start-up: a sitecustomize on the path (the tests' hooks: tests/nudge, tests/stall, ...).
     sys.modules.pop("sitecustomize", None)
+    finders = list(sys.meta_path)
     try:
         import sitecustomize  # noqa: F401
     except ImportError as missing:
         if missing.name != "sitecustomize":
             raise
+    # An import hook sees only what is imported after it: not what the server preloaded (import_hooks.after_import
+    # applies itself to those), so a rank with any other hook would run unhooked; refused instead.
+    blind = [f for f in sys.meta_path if f not in finders and type(f).__module__ != "import_hooks"]
     if request.get("unbuffered"):
         sys.stdout.reconfigure(write_through=True)
         sys.stderr.reconfigure(write_through=True)
@@ -161,6 +172,12 @@ def _become_rank(request: dict, fds: list[int], base_path: list[str], imported_w
     sys.argv = [request["module"], *request["args"]]
     code = 0
     try:
+        if blind:
+            sys.exit(
+                f"warm start: a sitecustomize on this rank's PYTHONPATH added an import hook ({type(blind[0]).__name__}) "
+                "that cannot see the modules the server preloaded: launch it cold (tests/helpers.py: warm=False), or "
+                "hook with tests/import_hooks.after_import"
+            )
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
     except SystemExit as stop:  # as the interpreter reads it: None 0, an int itself, anything else printed, 1
         if stop.code is None:
@@ -212,6 +229,7 @@ def serve(path: str, framework: str) -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     own = {os.path.abspath(p) for p in [here, *os.environ.get("PYTHONPATH", "").split(os.pathsep)] if p}
     base_path = [p for p in sys.path if p and os.path.abspath(p) not in own]
+    own_namespaces = _namespaces(os.getpid())
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -238,6 +256,12 @@ def serve(path: str, framework: str) -> None:
                 try:
                     request, fds = _recv_request(conn)
                 except (OSError, ValueError):
+                    conn.close()
+                    continue
+                if _namespaces(_peer_pid(conn)) != own_namespaces:
+                    conn.sendall(struct.pack("!i", 0))  # the client names the fix
+                    for fd in fds:
+                        os.close(fd)
                     conn.close()
                     continue
                 sys.stdout.flush()
@@ -278,6 +302,23 @@ def serve(path: str, framework: str) -> None:
                 if gone and pidfd is not None:
                     orphaned.add(pidfd)
                     _kill(ranks[pidfd][1])
+
+
+def _peer_pid(conn: socket.socket) -> int:
+    pid, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid
+
+
+def _namespaces(pid: int) -> dict:
+    """A rank forked here lives in the server's namespaces: a launch under `unshare` (a private tmpfs, say) would
+    silently run outside its own, so a client in any other is refused."""
+    found = {}
+    for kind in ("mnt", "net", "pid", "ipc", "uts", "user"):
+        try:
+            found[kind] = os.readlink(f"/proc/{pid}/ns/{kind}")
+        except OSError:
+            found[kind] = None
+    return found
 
 
 def _kill(pid: int) -> None:

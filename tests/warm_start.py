@@ -48,7 +48,7 @@ READ_AT_IMPORT = {"torch": [], "tensorflow": ["TF_ENABLE_ONEDNN_OPTS", "TF_XLA_F
 def framework(module: str) -> str:
     """The server a payload module's ranks come from: payloads.tensorflow and payloads.keras TensorFlow's, the rest
     (payloads.pytorch, payloads.segmentation, payloads.healthcheck) PyTorch's."""
-    return "tensorflow" if module.split(".")[1] in ("tensorflow", "keras") else "torch"
+    return "tensorflow" if module.split(".")[1:2] in (["tensorflow"], ["keras"]) else "torch"
 
 
 CLIENT = pathlib.Path(__file__).with_name("warm_client.py")

@@ -52,10 +52,6 @@ def python_m(module: str, warm: bool | None = None) -> list[str]:
     return warm_start.command(module, env()) if warm else [sys.executable, "-m", module]
 
 
-def _rank(payload: str, warm: bool | None) -> list[str]:
-    return python_m(f"payloads.{payload}.train", warm)
-
-
 def horovodrun(np: int, args: list[str], payload: str = "pytorch", warm: bool | None = None) -> list[str]:
     if "--xla" in args:  # TensorFlow reads TF_XLA_FLAGS, which --xla sets on a CPU, at import: cold (warm_start.py)
         warm = False
@@ -66,7 +62,7 @@ def horovodrun(np: int, args: list[str], payload: str = "pytorch", warm: bool | 
         "-H",
         f"localhost:{np}",
         "--gloo",
-        *_rank(payload, warm),
+        *python_m(f"payloads.{payload}.train", warm),
         *args,
     ]
 

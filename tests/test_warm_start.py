@@ -59,10 +59,15 @@ def _client(framework: str = "pytorch") -> list[str]:
     return warm_start.command(f"payloads.{framework}.train", env())[:-1]
 
 
-def _rank(tmp_path, what: str, payload: str = "pytorch", prefix=(), **popen) -> subprocess.Popen:
+def _rank(tmp_path, what: str, payload: str = "pytorch", prefix=(), hook: str | None = None, **popen):
+    """The test's rank module run warm; `hook`: the text of a sitecustomize put first on its PYTHONPATH."""
     (tmp_path / "warmrank.py").write_text(textwrap.dedent(_RANK))
     environ = env()
     environ["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{environ['PYTHONPATH']}"
+    if hook is not None:
+        (tmp_path / "hook").mkdir(exist_ok=True)
+        (tmp_path / "hook" / "sitecustomize.py").write_text(hook)
+        environ["PYTHONPATH"] = f"{tmp_path / 'hook'}{os.pathsep}{environ['PYTHONPATH']}"
     cmd = [*prefix, *_client(payload), "warmrank", what, str(tmp_path)]
     return subprocess.Popen(cmd, cwd=ROOT, env=environ, text=True, **popen)
 
@@ -125,20 +130,14 @@ def test_a_rank_in_another_mount_namespace_is_refused_naming_the_fix(tmp_path):
 
 def test_a_rank_with_an_import_hook_that_cannot_see_preloaded_modules_is_refused(tmp_path):
     """test_without_horovod.py's kind of hook: a meta-path finder hiding Horovod, which the server already imported."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(
+    hide = (
         "import sys\nclass Hide:\n    def find_spec(self, name, path=None, target=None):\n        return None\n"
         "sys.meta_path.insert(0, Hide())\n"
     )
-    (tmp_path / "warmrank.py").write_text(textwrap.dedent(_RANK))
-    environ = env()
-    environ["PYTHONPATH"] = os.pathsep.join([str(hook), str(tmp_path), environ["PYTHONPATH"]])
-    proc = subprocess.run(
-        [*_client(), "warmrank", "done", str(tmp_path)], cwd=ROOT, env=environ, capture_output=True, text=True
-    )
+    proc = _rank(tmp_path, "done", hook=hide, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
-    assert "added an import hook (Hide)" in proc.stderr and "launch it cold" in proc.stderr
+    assert "added an import hook (Hide)" in err and "launch it cold" in err
     assert not (tmp_path / "pid").exists()
 
 
@@ -163,15 +162,9 @@ def test_a_killed_client_takes_its_rank_with_it(tmp_path):
 
 
 def test_a_hook_on_the_ranks_pythonpath_loads_in_the_rank_only(tmp_path):
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text("import os\nos.environ['HOOKED'] = 'yes'\n")
-    (tmp_path / "warmrank.py").write_text(textwrap.dedent(_RANK))
-    environ = env()
-    environ["PYTHONPATH"] = os.pathsep.join([str(hook), str(tmp_path), environ["PYTHONPATH"]])
-    cmd = [*_client(), "warmrank", "done", str(tmp_path)]
-    hooked = subprocess.run(cmd, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60)
+    hooked = _rank(tmp_path, "done", hook="import os\nos.environ['HOOKED'] = 'yes'\n", stdout=subprocess.PIPE)
+    hooked_out, _ = hooked.communicate(timeout=60)
     plain = _rank(tmp_path, "done", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, _ = plain.communicate(timeout=60)
-    assert "hook yes" in hooked.stdout, hooked.stderr
+    assert "hook yes" in hooked_out
     assert "hook None" in out  # not carried over from the previous rank into the server or the next one

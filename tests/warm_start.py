@@ -26,11 +26,13 @@ import json
 import os
 import pathlib
 import select
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 
 # What every rank of that payload imports before its first step. The payload package comes first where its own
 # import sets the environment the framework reads at import (payloads/tensorflow: TF_ENABLE_ONEDNN_OPTS); the
@@ -69,8 +71,6 @@ def socket_for(framework: str, environ: dict) -> str:
     running = _servers.get(framework)
     if running and running[0].poll() is None:
         return running[1]
-    import tempfile
-
     path = os.path.join(tempfile.mkdtemp(prefix="warm-"), "server.sock")
     # PYTHONPATH the repository alone: a test's hook folder there (tests/nudge, ...) must not load into the server,
     # only into the ranks that ask for it. -s: no user site.
@@ -103,8 +103,6 @@ def stop_all() -> None:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        import shutil
-
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)
     _servers.clear()
 
@@ -241,7 +239,6 @@ def serve(path: str, framework: str) -> None:
     print("ready", flush=True)
 
     ranks: dict[int, tuple[socket.socket, int]] = {}  # pidfd -> (client connection, child pid)
-    by_conn: dict[int, int] = {}  # client connection fd -> pidfd
     orphaned: set[int] = set()  # pidfds whose client went away: SIGKILLed, not yet reaped
     while True:
         if os.getppid() != parent:  # the test run ended without stopping us
@@ -280,12 +277,10 @@ def serve(path: str, framework: str) -> None:
                 conn.sendall(struct.pack("!i", pid))
                 pidfd = os.pidfd_open(pid)
                 ranks[pidfd] = (conn, pid)
-                by_conn[conn.fileno()] = pidfd
             elif isinstance(item, int):  # a child ended: report its status to its client
                 conn, pid = ranks.pop(item)
                 orphaned.discard(item)
                 os.close(item)
-                by_conn.pop(conn.fileno(), None)
                 _, status = os.waitpid(pid, 0)
                 code = os.waitstatus_to_exitcode(status)  # negative: the signal that ended it
                 try:
@@ -294,11 +289,11 @@ def serve(path: str, framework: str) -> None:
                     pass
                 conn.close()
             else:  # the client went away (killed): its rank goes too
-                pidfd = by_conn.get(item.fileno())
                 try:
                     gone = not item.recv(1, socket.MSG_PEEK)
                 except OSError:
                     gone = True
+                pidfd = next((p for p, (c, _) in ranks.items() if c is item), None)
                 if gone and pidfd is not None:
                     orphaned.add(pidfd)
                     _kill(ranks[pidfd][1])

@@ -62,17 +62,46 @@ if [ -n "$SDIST" ] && [ "$(basename "$SDIST")" != "horovod-$HOROVOD_VERSION.tar.
     log "HOROVOD_SDIST=$SDIST: expected horovod-$HOROVOD_VERSION.tar.gz (the version patch_horovod.py patches)"
     exit 2
 fi
+if [ -n "$SDIST" ]; then
+    # Horovod's setup.py hands its install requirements to setuptools as setup_requires for a build (cffi with
+    # PyTorch); setuptools fetches each one the Python lacks, and offline it can only take them from the sdist's
+    # folder (cffi's own requirement, pycparser, with it). Seen on an H100 machine without internet: "Command
+    # 'pip wheel ... cffi>=1.4.0' returned non-zero exit status 1" after the configure step.
+    WHEELS=$(cd "$(dirname "$SDIST")" && pwd)
+    in_wheels() { find "$WHEELS" -maxdepth 1 -iname "$1-*" | grep -q .; }
+    NEEDS=(cloudpickle:cloudpickle psutil:psutil yaml:pyyaml packaging:packaging)
+    [ "$TORCH" != none ] && NEEDS+=(cffi:cffi)
+    MISSING=()
+    for need in "${NEEDS[@]}"; do
+        has "${need%%:*}" || in_wheels "${need#*:}" || MISSING+=("${need#*:}")
+        if [ "${need%%:*}" = cffi ] && ! has cffi && ! has pycparser && ! in_wheels pycparser; then MISSING+=(pycparser); fi
+    done
+    if [ ${#MISSING[@]} -gt 0 ]; then
+        log "Horovod's build needs ${MISSING[*]}: not importable in $PYTHON and no wheel of it in $WHEELS. Download where there is internet, into the sdist's folder: python3 -m pip download --no-deps --only-binary=:all: --python-version $("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")') --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d wheels ${MISSING[*]}"
+        exit 2
+    fi
+    export PIP_FIND_LINKS="$WHEELS" PIP_NO_INDEX=1   # what setuptools' fetch (a `pip wheel`) reads
+fi
+# CMake looks for c++ or g++; a CUDA image may carry only the versioned compiler nvcc uses (g++-13), and Open MPI's
+# mpicxx wraps plain g++ unless OMPI_CXX names another. Seen on an H100 machine: "CMAKE_CXX_COMPILER not set".
+if [ -z "${CXX:-}" ] && ! command -v c++ >/dev/null 2>&1 && ! command -v g++ >/dev/null 2>&1; then
+    GXX=$(compgen -c g++- | grep -E '^g\+\+-[0-9]+$' | sort -u -t- -k2 -n | tail -1 || true)
+    [ -n "$GXX" ] || { log "no C++ compiler: neither c++, g++ nor g++-N is on PATH. Install one (apt-get install g++) or set CXX"; exit 2; }
+    export CXX=$GXX OMPI_CXX=$GXX
+    if command -v "gcc-${GXX#g++-}" >/dev/null 2>&1; then export CC=gcc-${GXX#g++-} OMPI_CC=gcc-${GXX#g++-}; fi
+    log "C++ compiler: $CXX (no c++ or g++ on PATH)"
+fi
 # torch >= 2.14 headers need C++20, older 2.x C++17; TensorFlow's part keeps its own C++17.
-CXX=17
+CXX_STD=17
 if [ "$TORCH" != none ] && "$PYTHON" - "$TORCH" <<'PY'
 import sys
 major, minor = (int(x) for x in sys.argv[1].split("+")[0].split(".")[:2])
 sys.exit(0 if (major, minor) >= (2, 14) else 1)
 PY
-then CXX=20; fi
+then CXX_STD=20; fi
 
 PYTAG=$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-KEY=$( { echo "$HOROVOD_VERSION r$BUILD_REVISION $PYTAG torch=$TORCH tf=$TF mpi=$MPI gpu=$GPU_OPS cxx=$CXX"; cat "$HERE/patch_horovod.py"; } | sha256sum | cut -c1-16)
+KEY=$( { echo "$HOROVOD_VERSION r$BUILD_REVISION $PYTAG torch=$TORCH tf=$TF mpi=$MPI gpu=$GPU_OPS cxx=$CXX_STD"; cat "$HERE/patch_horovod.py"; } | sha256sum | cut -c1-16)
 OUT="$CACHE/$KEY"
 if ls "$OUT"/horovod-*.whl >/dev/null 2>&1; then
     log "cached wheel for torch=$TORCH tf=$TF mpi=$MPI gpu=${GPU_OPS:-off} ($OUT)"
@@ -81,7 +110,7 @@ if ls "$OUT"/horovod-*.whl >/dev/null 2>&1; then
 fi
 
 JOBS=${HOROVOD_BUILD_JOBS:-$(build_jobs)}
-log "building Horovod $HOROVOD_VERSION for torch=$TORCH tf=$TF mpi=$MPI gpu=${GPU_OPS:-off}, C++$CXX, $JOBS parallel jobs (about 3-5 minutes)"
+log "building Horovod $HOROVOD_VERSION for torch=$TORCH tf=$TF mpi=$MPI gpu=${GPU_OPS:-off}, C++$CXX_STD, $JOBS parallel jobs (about 3-5 minutes)"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 if [ -n "$SDIST" ]; then
@@ -94,7 +123,7 @@ tar -xzf "$WORK/horovod-$HOROVOD_VERSION.tar.gz" -C "$WORK"
 SRC="$WORK/horovod-$HOROVOD_VERSION"
 CPU_ONLY=()
 [ -n "$GPU_OPS" ] || CPU_ONLY=(--cpu-only)
-"$PYTHON" "$HERE/patch_horovod.py" "$SRC" --cxx-standard "$CXX" "${CPU_ONLY[@]}" >&2
+"$PYTHON" "$HERE/patch_horovod.py" "$SRC" --cxx-standard "$CXX_STD" "${CPU_ONLY[@]}" >&2
 
 flag() { if [ "$2" != none ]; then echo "HOROVOD_WITH_$1=1"; else echo "HOROVOD_WITHOUT_$1=1"; fi; }
 BUILD_ENV=(
@@ -127,7 +156,10 @@ fi
 log "env: ${BUILD_ENV[*]}"
 # --no-build-isolation: Horovod must compile against the torch/tensorflow already installed in $PYTHON.
 env "${BUILD_ENV[@]}" "$PYTHON" -m pip wheel --no-deps --no-build-isolation -w "$WORK/dist" "$SRC" >"$WORK/build.log" 2>&1 || {
-    tail -60 "$WORK/build.log" >&2
+    # The first error (CMake's configure, a compiler's) is often far above the traceback that ends the log.
+    { grep -n -m1 -B3 -A25 "CMake Error" "$WORK/build.log" || grep -n -m1 -B3 -A12 -E "[^-]error:|Error [0-9]+" "$WORK/build.log"; } >&2 || true
+    echo "[build_horovod] ... the log's end:" >&2
+    tail -40 "$WORK/build.log" >&2
     log "build failed; the full log was $WORK/build.log"
     trap - EXIT
     exit 1

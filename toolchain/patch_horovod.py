@@ -202,6 +202,21 @@ def _edits(cxx: int, cpu_only: bool) -> list[tuple]:
             "PyTorch >= 2.13 headers need C++17, >= 2.14 C++20",
         ),
         (
+            "horovod/common/group_table.h",
+            "#include <mutex>\n",
+            f"#include <mutex>\n#include <string>  // {MARK}\n",
+            # GCC 13's libstdc++ no longer brings <string> in through these headers: "'string' in namespace 'std'
+            # does not name a type" (seen building on an H100 machine's image, g++ 13.3).
+            "GCC 13: group_table.h includes the <string> it uses",
+        ),
+        (
+            "horovod/common/common.h",
+            "#include <memory>\n",
+            f"#include <memory>\n#include <stdexcept>  // {MARK}\n",
+            # The next GCC 13 stop on the same machine: "'logic_error' is not a member of 'std'".
+            "GCC 13: common.h includes the <stdexcept> it uses",
+        ),
+        (
             "horovod/torch/mpi_ops.py",
             "def _allreduce_function_factory(tensor):\n",
             _STAGING,

@@ -71,14 +71,15 @@ def test_an_explicit_job_count_still_wins_and_the_images_leave_it_unset():
         )
 
 
-def _offline_build(tmp_path, sdist, **extra):
+def _offline_build(tmp_path, sdist, path=None, missing=(), **extra):
     """build_horovod.sh with PYTHON a shim: `-m pip` and patch_horovod.py recorded (a `pip wheel` leaves a fake
-    wheel; a `pip download` fails as it would offline), the framework probes answered, the rest the real Python."""
+    wheel; a `pip download` fails as it would offline), the framework probes answered, `import M` failing for each
+    module in `missing`, the rest the real Python. `path` replaces the PATH searched after the linked nvcc."""
     calls = tmp_path / "calls.log"
     shim = tmp_path / "python"
     shim.write_text(
         "#!/usr/bin/env bash\n"
-        f'if [ "$1 $2" = "-m pip" ]; then echo "pip $3 $(env | grep -E \'^(HOROVOD|CUDA_HOME)\' | sort | tr \'\\n\' \' \')"'
+        f'if [ "$1 $2" = "-m pip" ]; then echo "pip $3 $(env | grep -E \'^(HOROVOD|CUDA_HOME|CXX|CC|OMPI_|PIP_)\' | sort | tr \'\\n\' \' \')"'
         f' >> {calls}\n'
         '  [ "$3" = download ] && exit 1\n'
         '  if [ "$3" = wheel ]; then for a in "$@"; do [ "$prev" = -w ] && mkdir -p "$a" && '
@@ -86,7 +87,8 @@ def _offline_build(tmp_path, sdist, **extra):
         "  exit 0\nfi\n"
         f'case "$1" in *patch_horovod.py) echo "patch $*" >> {calls}; exit 0;; esac\n'
         # The framework probes answered here (torch 2.14.1, no TensorFlow): importing them takes seconds each.
-        'if [ "$1" = -c ]; then case "$2" in *tensorflow*) exit 1;; *torch.__version__*) echo 2.14.1; exit 0;;\n'
+        f'if [ "$1" = -c ]; then for m in {" ".join(missing)}; do [ "$2" = "import $m" ] && exit 1; done\n'
+        '  case "$2" in *tensorflow*) exit 1;; *torch.__version__*) echo 2.14.1; exit 0;;\n'
         '  "import torch") exit 0;; esac; fi\n'
         f'exec {ROOT}/.venv/bin/python "$@"\n'
     )
@@ -101,7 +103,7 @@ def _offline_build(tmp_path, sdist, **extra):
         (linked / "nvcc").symlink_to(cuda / "bin/nvcc")
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")},
-        "PATH": f"{linked}:{os.environ['PATH']}",
+        "PATH": f"{linked}:{path or os.environ['PATH']}",
         "HOROVOD_CUDA_DEFAULT": str(tmp_path / "no-cuda-here"),
         "PYTHON": str(shim),
         "HOROVOD_WHEEL_CACHE": str(tmp_path / "cache"),
@@ -145,3 +147,120 @@ def test_a_missing_or_wrong_sdist_is_refused_before_anything_is_built(tmp_path):
     proc, calls, _ = _offline_build(tmp_path, other)
     assert proc.returncode == 2 and "expected horovod-0.28.1.tar.gz" in proc.stderr
     assert calls == ""
+
+
+def _sdist(tmp_path, folder="wheels"):
+    import tarfile
+
+    src = tmp_path / "src/horovod-0.28.1"
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "setup.py").write_text("# stand-in\n")
+    sdist = tmp_path / folder / "horovod-0.28.1.tar.gz"
+    sdist.parent.mkdir(exist_ok=True)
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(src, arcname="horovod-0.28.1")
+    return sdist
+
+
+def _pip_wheel(calls: str) -> str:
+    return next(line for line in calls.splitlines() if line.startswith("pip wheel"))
+
+
+def test_an_offline_build_takes_horovods_build_requirements_from_the_sdists_folder_or_names_them(tmp_path):
+    """Horovod's setup.py hands its install requirements to setuptools as setup_requires for a build, and
+    setuptools fetches each one the Python lacks: on an H100 machine without internet the build died there
+    ("pip wheel ... cffi>=1.4.0 returned non-zero exit status 1"). The requirements are Horovod's own (the installed
+    0.28.1's metadata, not a list copied from the script): each missing one is named before anything is built, with
+    the download command; present as wheels beside the sdist, setuptools is pointed at that folder, offline."""
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+
+    needed = set()
+    for line in requires("horovod"):
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            needed.add(req.name)
+    assert {"cffi", "cloudpickle", "psutil", "pyyaml", "packaging"} <= needed  # a PyTorch build's metadata
+    modules = {"pyyaml": "yaml"}
+    missing = [modules.get(n, n) for n in sorted(needed)] + ["pycparser"]
+    sdist = _sdist(tmp_path)
+    proc, calls, _ = _offline_build(
+        tmp_path,
+        sdist,
+        missing=missing,
+        HOROVOD_GPU_OPERATIONS="NCCL",
+        HOROVOD_NCCL_INCLUDE="/nccl/include",
+        HOROVOD_NCCL_LIB="/x",
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    named = proc.stderr.split("needs ", 1)[1].split(":", 1)[0].split()
+    assert set(named) == needed | {"pycparser"}, named  # cffi's own requirement comes with it
+    assert "pip download --no-deps --only-binary=:all:" in proc.stderr and str(sdist.parent) in proc.stderr
+    assert "pip wheel" not in calls and "patch " not in calls
+
+    for wheel in (
+        "cffi-2.1.1-cp311-cp311-manylinux2014_x86_64.whl",
+        "pycparser-3.12-py3-none-any.whl",
+        "cloudpickle-3.1.1-py3-none-any.whl",
+        "psutil-7.0.0-cp36-abi3-manylinux2014_x86_64.whl",
+        "PyYAML-6.0.2-cp311-cp311-manylinux2014_x86_64.whl",
+        "packaging-26.0-py3-none-any.whl",
+    ):
+        (sdist.parent / wheel).write_bytes(b"")
+    proc, calls, _ = _offline_build(
+        tmp_path,
+        sdist,
+        missing=missing,
+        HOROVOD_GPU_OPERATIONS="NCCL",
+        HOROVOD_NCCL_INCLUDE="/nccl/include",
+        HOROVOD_NCCL_LIB="/x",
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    wheel = _pip_wheel(calls)
+    assert f"PIP_FIND_LINKS={sdist.parent} " in wheel and "PIP_NO_INDEX=1 " in wheel
+
+
+def test_a_cxx_compiler_in_the_environment_reaches_cmake_unchanged(tmp_path):
+    """CUDA images export CXX (the H100 machine's: CXX=/opt/gcc/bin/g++). The script once kept the C++ standard in a
+    variable named CXX, so an exported CXX became "17" and CMake stopped: "Could not find the compiler specified in
+    the environment variable CXX: 17". The standard still reaches the patch (torch 2.14: C++20)."""
+    proc, calls, _ = _offline_build(tmp_path, _sdist(tmp_path), CXX="/opt/gcc/bin/g++", CC="/opt/gcc/bin/gcc")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "CXX=/opt/gcc/bin/g++ " in _pip_wheel(calls) and "CC=/opt/gcc/bin/gcc " in _pip_wheel(calls)
+    assert "--cxx-standard 20" in calls
+
+
+def _path_without_cxx(tmp_path, versioned=("g++-13", "gcc-13")) -> str:
+    """A PATH holding every command of this one but c++ and g++ (CMake's names), with `versioned` stand-ins."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for folder in os.environ["PATH"].split(":"):
+        for tool in pathlib.Path(folder).glob("*") if os.path.isdir(folder) else ():
+            name = tool.name
+            if name in ("c++", "g++", "cc", "gcc") or name.startswith(("g++-", "gcc-", "x86_64-linux-gnu-g")):
+                continue
+            if not (bin_ / name).exists():
+                (bin_ / name).symlink_to(tool)
+    for name in versioned:
+        (bin_ / name).write_text("#!/bin/sh\n")
+        (bin_ / name).chmod(0o755)
+    return str(bin_)
+
+
+def test_a_machine_with_only_a_versioned_gxx_builds_with_it(tmp_path, monkeypatch):
+    """CMake looks for c++ and g++ only, and Open MPI's mpicxx wraps plain g++: with only g++-13 on PATH both are
+    pointed at it (CXX, OMPI_CXX; CC, OMPI_CC at gcc-13)."""
+    monkeypatch.delenv("CXX", raising=False)
+    proc, calls, _ = _offline_build(tmp_path, _sdist(tmp_path), path=_path_without_cxx(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    wheel = _pip_wheel(calls)
+    assert "CXX=g++-13 " in wheel and "OMPI_CXX=g++-13 " in wheel and "CC=gcc-13 " in wheel, wheel
+    assert "C++ compiler: g++-13 (no c++ or g++ on PATH)" in proc.stderr
+
+
+def test_a_machine_without_a_cxx_compiler_is_told_before_anything_is_built(tmp_path, monkeypatch):
+    monkeypatch.delenv("CXX", raising=False)
+    proc, calls, _ = _offline_build(tmp_path, _sdist(tmp_path), path=_path_without_cxx(tmp_path, versioned=()))
+    assert proc.returncode == 2 and "no C++ compiler" in proc.stderr and "apt-get install g++" in proc.stderr
+    assert "pip wheel" not in calls

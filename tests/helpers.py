@@ -44,6 +44,13 @@ def env() -> dict:
     return e
 
 
+def python(*frameworks: str) -> str:
+    """The interpreter for a test whose code under test starts the payload itself (`python -m launcher ...`, the GPU
+    benchmark, mpirun): its `python -m payloads...` ranks of these frameworks (default PyTorch) are warm-started
+    (warm_start.interpreter); sys.executable under TEST_WARM_START=0."""
+    return warm_start.interpreter(env(), frameworks or ("torch",))
+
+
 def python_m(module: str, warm: bool | None = None) -> list[str]:
     """What each rank runs: `python -m MODULE`, or its warm-started form (tests/warm_start.py: forked from a
     process that imported the framework once; TEST_WARM_START=0 or warm=False: cold)."""

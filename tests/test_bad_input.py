@@ -257,9 +257,8 @@ def test_unwritable_output_dir_is_named_before_training(tmp_path, payload):
     """A file where the folder should be, and a folder no one can create (root included: /proc), each named
     with the flag before Horovod or TensorFlow starts."""
     import subprocess
-    import sys
 
-    from helpers import ROOT, env
+    from helpers import ROOT, env, python_m
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -268,7 +267,7 @@ def test_unwritable_output_dir_is_named_before_training(tmp_path, payload):
         (pathlib.Path("/proc/no-such/run"), "is not writable"),
     ):
         proc = subprocess.run(
-            [sys.executable, "-m", f"payloads.{payload}.train", *TINY, "--epochs", "1", "--output-dir", str(out)],
+            [*python_m(f"payloads.{payload}.train"), *TINY, "--epochs", "1", "--output-dir", str(out)],
             cwd=ROOT,
             env=env(),
             capture_output=True,

@@ -2,10 +2,9 @@
 
 import json
 import subprocess
-import sys
 
 import pytest
-from helpers import ROOT, env
+from helpers import ROOT, env, python
 
 pytestmark = pytest.mark.launches  # starts training processes: serial under xdist (tests/conftest.py)
 
@@ -15,7 +14,7 @@ def test_gpu_benchmark_runs_on_a_cpu_and_writes_every_row(tmp_path):
     GPU user never finds it broken."""
     out = tmp_path / "gpu.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu", "--quick", "--device", "cpu", "--workers", "1", "--json", str(out)],
+        [python(), "-m", "benchmarks.gpu", "--quick", "--device", "cpu", "--workers", "1", "--json", str(out)],
         cwd=ROOT,
         env=env(),
         capture_output=True,

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, TINY, env, final_weights, metrics, train
+from helpers import ROOT, TINY, env, final_weights, metrics, python_m, train
 
 from payloads.common import config
 from payloads.common.errors import ConfigError
@@ -176,7 +176,7 @@ def test_resume_equals_straight_and_checkpoints_cross_backends(tmp_path):
 @pytest.mark.launches
 def test_options_ddp_lacks_are_refused_naming_the_backend(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "payloads.pytorch.train", "--backend", "ddp", "--adasum"],
+        [*python_m("payloads.pytorch.train"), "--backend", "ddp", "--adasum"],
         cwd=ROOT,
         env=env(),
         capture_output=True,

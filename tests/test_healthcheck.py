@@ -259,7 +259,7 @@ def test_one_process_is_never_judged_on_bandwidth():
 @pytest.mark.parametrize("value", ["fast", "-3", "0"])
 def test_a_bad_floor_is_refused_before_anything_runs(value, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "payloads.healthcheck", "--output", str(tmp_path / "r.json")],
+        [*helpers.python_m("payloads.healthcheck"), "--output", str(tmp_path / "r.json")],
         cwd=ROOT,
         env={**helpers.env(), healthcheck.MIN_BUSBW: value},
         capture_output=True,

@@ -168,3 +168,36 @@ def test_a_hook_on_the_ranks_pythonpath_loads_in_the_rank_only(tmp_path):
     out, _ = plain.communicate(timeout=60)
     assert "hook yes" in hooked_out
     assert "hook None" in out  # not carried over from the previous rank into the server or the next one
+
+
+def test_the_interpreter_for_the_products_own_launches_warms_payload_modules_and_nothing_else(tmp_path, monkeypatch):
+    """helpers.python(): the launcher, the drill and the GPU benchmark start `python -m payloads...` themselves,
+    through PATH or sys.executable; from this interpreter those are warm ranks (torch already imported when the
+    rank's sitecustomize runs), and everything else is a fresh interpreter that still names this one as
+    sys.executable, so what it starts comes back here."""
+    from helpers import python
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "with open(os.environ['PROBE'], 'a') as f:\n"
+        "    f.write(f\"{'torch' in sys.modules} {sys.executable}\\n\")\n"
+    )
+    py = python()
+    assert py != shutil.which("python3")
+
+    def probe(*args: str) -> tuple[str, str]:
+        record = tmp_path / f"probe{len(list(tmp_path.glob('probe*')))}"
+        e = {**env(), "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "PROBE": str(record)}
+        proc = subprocess.run([py, *args], env=e, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return tuple(record.read_text().split())
+
+    assert probe("-m", "payloads.pytorch.train", "--help")[0] == "True"  # forked from the warm server
+    assert probe("-m", "payloads.healthcheck", "--help")[0] == "True"
+    assert probe("-c", "pass") == ("False", py)  # cold, and sys.executable is this interpreter
+    assert probe("-m", "launcher", "--help") == ("False", py)
+    assert probe("-m", "payloads.keras.train", "--help") == ("False", py)  # no TensorFlow server asked for
+    monkeypatch.setenv("TEST_WARM_START", "0")
+    assert probe("-m", "payloads.pytorch.train", "--help") == ("False", py)

@@ -15,12 +15,11 @@ import pathlib
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import psutil
 import pytest
-from helpers import ROOT, TINY, env, horovodrun, torchrun, train
+from helpers import ROOT, TINY, env, horovodrun, python_m, torchrun, train
 
 from payloads.common import config, watchdog
 from payloads.common.errors import ConfigError
@@ -222,7 +221,7 @@ def test_nobody_is_named_in_a_run_without_a_slow_rank(tmp_path):
 
 def _one_process(payload: str, args: list[str], tmp_path: pathlib.Path) -> tuple[int, str, pathlib.Path]:
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", f"payloads.{payload}.train", *args, "--stall-timeout", "3", "--output-dir", str(out)]
+    cmd = [*python_m(f"payloads.{payload}.train"), *args, "--stall-timeout", "3", "--output-dir", str(out)]
     proc = _launch(cmd, _stall_hook(rank=0, at=6), tmp_path / "log")
     try:
         rc = proc.wait(timeout=90)

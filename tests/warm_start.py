@@ -95,7 +95,64 @@ def command(module: str, environ: dict) -> list[str]:
     return [sys.executable, "-S", str(CLIENT), socket_for(framework(module), environ), module]
 
 
+# ---------------------------------------------------------------- a Python for the product's own launches
+
+_interpreters: dict[tuple, str] = {}
+
+# `python` in the copy's bin/: `python -m payloads...` becomes a warm rank (the client); anything else is this
+# interpreter, started under the copy's path (exec -a), so sys.executable names the copy and what that process
+# starts through sys.executable or PATH comes here too. TensorFlow with --xla stays cold (READ_AT_IMPORT).
+_SHIM = """#!/bin/bash
+# tests/warm_start.py interpreter(): python -m payloads.* forked from a warm start server, anything else cold.
+if [ "$1" = -m ] && [ "${{TEST_WARM_START:-1}}" != 0 ]; then
+  case "$2" in
+    payloads.tensorflow.*|payloads.keras.*) {tensorflow} ;;
+    payloads.*) {torch} ;;
+  esac
+fi
+exec -a "$0" {python} "$@"
+"""
+
+
+def interpreter(environ: dict, frameworks: tuple[str, ...] = ("torch",)) -> str:
+    """A Python for tests whose code under test starts the payload itself (the launcher's local target and drill,
+    mpirun, the GPU benchmark): a copy of this virtual environment (pyvenv.cfg, its lib/ and bin/ linked) whose
+    `python` sends `python -m payloads...` of these frameworks to their servers. The launcher puts its
+    interpreter's folder first on the ranks' PATH and finds horovodrun beside sys.executable, so its ranks are warm
+    and everything else (the launcher, horovodrun, mpirun) runs as written. sys.executable when not warm."""
+    if not enabled() or sys.prefix == sys.base_prefix:
+        return sys.executable
+    key = tuple(sorted(frameworks))
+    if key in _interpreters:
+        return _interpreters[key]
+    venv, root = pathlib.Path(sys.prefix), pathlib.Path(tempfile.mkdtemp(prefix="warm-venv-"))
+    shutil.copy(venv / "pyvenv.cfg", root)
+    for name in ("lib", "lib64", "include"):
+        if (venv / name).exists():
+            (root / name).symlink_to(venv / name)
+    (root / "bin").mkdir()
+    for entry in (venv / "bin").iterdir():
+        if not entry.name.startswith("python"):
+            (root / "bin" / entry.name).symlink_to(entry)
+
+    def warm(framework: str) -> str:
+        if framework not in key:
+            return ":"
+        return f'exec {sys.executable} -S {CLIENT} {socket_for(framework, environ)} "${{@:2}}"'
+
+    tensorflow = f'case " $* " in *" --xla "*) ;; *) {warm("tensorflow")} ;; esac'
+    shim = _SHIM.format(tensorflow=tensorflow, torch=warm("torch"), python=sys.executable)
+    for name in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"):
+        (root / "bin" / name).write_text(shim)
+        (root / "bin" / name).chmod(0o755)
+    _interpreters[key] = str(root / "bin" / "python3")
+    return _interpreters[key]
+
+
 def stop_all() -> None:
+    for path in _interpreters.values():
+        shutil.rmtree(pathlib.Path(path).parents[1], ignore_errors=True)
+    _interpreters.clear()
     for proc, path in _servers.values():
         if proc.poll() is None:
             proc.terminate()

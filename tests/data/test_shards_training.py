@@ -137,13 +137,12 @@ def test_shards_option_errors_name_the_fix(tmp_path):
     # In a process of its own, as users run it: the second error is met after hvd.init(), and Open MPI's
     # singleton start-up inside pytest's process would leave MPI variables to every later horovodrun.
     import subprocess
-    import sys
 
-    from helpers import ROOT, env
+    from helpers import ROOT, env, python_m
 
     def run(*args):
         return subprocess.run(
-            [sys.executable, "-m", "payloads.pytorch.train", *args],
+            [*python_m("payloads.pytorch.train"), *args],
             cwd=ROOT,
             env=env(),
             capture_output=True,

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import pathlib
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
-from helpers import ROOT, TINY, env, record_launch
+from helpers import ROOT, TINY, env, python, record_launch
 
 from launcher import __main__ as cli
 from launcher import drill
@@ -35,7 +34,7 @@ def test_a_sigterm_drill_stops_one_rank_loses_nothing_and_resumes_bitwise_equal(
     agreement stops rank 0 at the same step), resumed; also the Horovod half of tests/test_preemption.py."""
     seed = _seed(1, 120, 250)
     out = tmp_path / "drill"
-    cmd = [sys.executable, "-m", "launcher", "jobs/pytorch-resnet50-synthetic.yaml", "--target", "local"]
+    cmd = [python(), "-m", "launcher", "jobs/pytorch-resnet50-synthetic.yaml", "--target", "local"]  # warm ranks
     cmd += ["--np", "2", "--controller", "gloo", "--output-dir", str(out), "--drill", "term"]
     cmd += ["--drill-seed", str(seed), "--", *ARGS]
     proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=420)

@@ -213,7 +213,17 @@ def test_cpu_cluster_environment_runs_the_health_check_under_mpirun(tmp_path):
     report = tmp_path / "allreduce.json"
     proc = mpirun(
         env,
-        [sys.executable, "-m", "payloads.healthcheck", "--sizes-mb", "1", "--iterations", "2", "--output", str(report)],
+        [
+            helpers.python(),
+            "-m",
+            "payloads.healthcheck",
+            "--sizes-mb",
+            "1",
+            "--iterations",
+            "2",
+            "--output",
+            str(report),
+        ],
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(report.read_text())
@@ -294,7 +304,7 @@ def test_a_gpu_cluster_job_on_a_node_without_visible_gpus_fails_naming_the_drive
     two ranks stop at start-up with the cause, instead of measuring (or training) on the CPU."""
     env = interconnect.environment(cluster("Standard_NC24ads_A100_v4"), 1)
     report = tmp_path / "allreduce.json"
-    proc = mpirun(env, [sys.executable, "-m", "payloads.healthcheck", "--sizes-mb", "1", "--output", str(report)])
+    proc = mpirun(env, [helpers.python(), "-m", "payloads.healthcheck", "--sizes-mb", "1", "--output", str(report)])
     assert proc.returncode != 0
     assert "this node should have 1 GPUs (TRAINING_GPUS_PER_NODE" in proc.stderr
     assert "NVIDIA driver" in proc.stderr and not report.exists()

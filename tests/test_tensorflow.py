@@ -26,12 +26,13 @@ def max_diff(a, b) -> float:
     return max(float(np.abs(x.astype(np.float64) - y).max()) for x, y in zip(a, b))
 
 
-# Per flag: (max weight difference 2 processes vs 1, relative loss tolerance, precision recorded); the
-# un-averaged control must exceed the weight tolerance 4-fold. bfloat16 keeps 8 bits of mantissa, so half a
-# batch's gradients round differently from a whole batch's (measured here: 0.0167, control 0.337, both payloads).
+# Per flag: (max weight difference 2 processes vs the float32 one-process run, relative loss tolerance, precision
+# recorded); the un-averaged control must exceed the weight tolerance 4-fold. bfloat16 keeps 8 bits of mantissa, so
+# the --amp run rounds its forward pass (measured here, both payloads: 0.0068 from the float32 one process, losses
+# 3.5e-3 relative; against a bf16 one process 0.016 and 3.6e-4; control 0.34).
 FLAGS = {
     "": (1e-5, 1e-4, "float32"),
-    "--amp": (0.05, 5e-3, "mixed_bfloat16"),  # on a GPU --amp is mixed_float16 with loss scaling
+    "--amp": (0.05, 1e-2, "mixed_bfloat16"),  # on a GPU --amp is mixed_float16 with loss scaling
     "--xla": (1e-5, 1e-4, "float32"),  # measured here against the float32 references: 7.8e-08, control 0.34
 }
 
@@ -39,8 +40,8 @@ FLAGS = {
 @pytest.fixture(scope="module")
 def float32_references(tmp_path_factory):
     """Per payload, once per test run: one process at the global batch and the un-averaged control, with no flag.
-    The float32 and the --xla two-process runs are both held to them: XLA changes rounding only (measured: its
-    two-process run ends 7.8e-08 from the float32 one process, the control 0.34 away)."""
+    Every two-process run is held to them: XLA changes rounding only (measured: its two-process run ends 7.8e-08
+    from the float32 one process, the control 0.34 away), --amp its forward pass's precision (FLAGS)."""
     made = {}
 
     def get(payload):
@@ -62,7 +63,7 @@ def float32_references(tmp_path_factory):
 def test_two_processes_average_gradients_exactly(tmp_path, monkeypatch, payload, flag, float32_references):
     tolerance, loss_rel, policy = FLAGS[flag]
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # TensorFlow's INFO line says when XLA compiled a cluster
-    two, one, unaveraged = tmp_path / "two", tmp_path / "one", tmp_path / "unaveraged"
+    two = tmp_path / "two"
     common = TINY + ["--epochs", "3"] + ([flag] if flag else [])
     proc = train(2, common + ["--batch-size", "16", "--base-lr", "0.05", "--output-dir", str(two)], payload=payload)
     m = metrics(two)
@@ -78,13 +79,9 @@ def test_two_processes_average_gradients_exactly(tmp_path, monkeypatch, payload,
     assert m["summary"]["ranks_identical"] is True
     assert "Total images/sec:" in proc.stdout
 
-    # Same global batch in one process with the same effective LR: equal within float error. Control: each
-    # process stepping on its own half-batch, as un-averaged gradients would.
-    if flag == "--amp":
-        train(1, common + ["--batch-size", "32", "--base-lr", "0.1", "--output-dir", str(one)], payload=payload)
-        train(1, common + ["--batch-size", "16", "--base-lr", "0.1", "--output-dir", str(unaveraged)], payload=payload)
-    else:
-        one, unaveraged = float32_references(payload)
+    # Same global batch in one float32 process with the same effective LR: equal within the flag's rounding.
+    # Control: each process stepping on its own half-batch, as un-averaged gradients would.
+    one, unaveraged = float32_references(payload)
     one_losses = [e["train_loss"] for e in metrics(one)["epochs"]]
     diff = max_diff(weights(two), weights(one))
     control = max_diff(weights(unaveraged), weights(one))

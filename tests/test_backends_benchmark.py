@@ -13,7 +13,7 @@ import torch
 
 from benchmarks import _backend_common as common
 from benchmarks import backends, planner
-from tests.helpers import ROOT, env
+from tests.helpers import ROOT, env, python
 
 pytestmark = pytest.mark.launches  # the quick benchmark and its refusals start horovodrun and torchrun
 
@@ -22,7 +22,8 @@ pytestmark = pytest.mark.launches  # the quick benchmark and its refusals start 
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("backends") / "backends.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.backends", "--quick", "--max-np", "2", "--json", str(out)],
+        # its Horovod loops warm-started (helpers.python); torchrun starts the DDP and PS processes cold
+        [python(), "-m", "benchmarks.backends", "--quick", "--max-np", "2", "--json", str(out)],
         cwd=ROOT,
         env=env(),
         capture_output=True,

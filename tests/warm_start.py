@@ -103,11 +103,12 @@ _interpreters: dict[tuple, str] = {}
 # interpreter, started under the copy's path (exec -a), so sys.executable names the copy and what that process
 # starts through sys.executable or PATH comes here too. TensorFlow with --xla stays cold (READ_AT_IMPORT).
 _SHIM = """#!/bin/bash
-# tests/warm_start.py interpreter(): python -m payloads.* forked from a warm start server, anything else cold.
+# tests/warm_start.py interpreter(): python -m payloads.* (and the backends benchmark's Horovod loop) forked
+# from a warm start server, anything else cold.
 if [ "$1" = -m ] && [ "${{TEST_WARM_START:-1}}" != 0 ]; then
   case "$2" in
     payloads.tensorflow.*|payloads.keras.*) {tensorflow} ;;
-    payloads.*) {torch} ;;
+    payloads.*|benchmarks._horovod_loop) {torch} ;;
   esac
 fi
 exec -a "$0" {python} "$@"

@@ -205,6 +205,8 @@ def _become_rank(request: dict, fds: list[int], base_path: list[str], imported_w
     sys.path[:] = [request["cwd"], *extra, *base_path]
     sys.dont_write_bytecode = bool(request["env"].get("PYTHONDONTWRITEBYTECODE"))
     sys.orig_argv = [sys.executable, "-m", request["module"], *request["args"]]  # the command line a hook may log
+    # As a fresh `python -m` has it while site.py runs (a hook may read it): ["-m", *args]; runpy sets argv[0].
+    sys.argv = ["-m", *request["args"]]
     # site.py's last step at start-up: a sitecustomize on the path (the tests' hooks: tests/nudge, tests/stall, ...).
     sys.modules.pop("sitecustomize", None)
     finders = list(sys.meta_path)

@@ -229,8 +229,9 @@ def ceiling(
 
 
 def payload(args: list[str], env_extra: dict | None = None) -> dict:
-    """One process of the PyTorch payload (payload_command); returns its metrics.json summary, world and each
-    epoch's images/sec."""
+    """One process of the PyTorch payload (payload_command); returns its metrics.json summary, world, each
+    epoch's images/sec and seconds, and the seconds of each epoch its step waited for the next batch (the
+    watchdog's `input` phase: the epoch's first batch and every later wait for the loader)."""
     with tempfile.TemporaryDirectory() as out:
         cmd = payload_command(args, out)
         env = payload_env(extra=env_extra)
@@ -240,8 +241,14 @@ def payload(args: list[str], env_extra: dict | None = None) -> dict:
                 f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
             )
         metrics = json.loads((pathlib.Path(out) / "metrics.json").read_text())
-        epochs = [round(e["images_per_sec"], 1) for e in metrics["epochs"]]
-        return {**metrics["summary"], "world": metrics["run"]["world"], "epoch_images_per_sec": epochs}
+        epochs = metrics["epochs"]
+        return {
+            **metrics["summary"],
+            "world": metrics["run"]["world"],
+            "epoch_images_per_sec": [round(e["images_per_sec"], 1) for e in epochs],
+            "epoch_seconds": [round(e["epoch_seconds"], 3) for e in epochs],
+            "epoch_input_seconds": [round(e["phase_seconds"][0]["input"], 3) for e in epochs],
+        }
 
 
 def _photos_part(root: str, images: int, classes: int, seed: int) -> str:
@@ -453,6 +460,7 @@ def main(argv=None) -> int:
             real = payload(payload_args(sizes, device, shard_args + extra, sizes.real_epochs))
             ratio = real["total_images_per_sec"] / synthetic["total_images_per_sec"]
             epochs = ", ".join(f"{r:.0f}" for r in real["epoch_images_per_sec"])
+            waits = ", ".join(f"{w:.2f}" for w in real["epoch_input_seconds"])
             add(
                 {
                     "what": f"payload real data ({sizes.shard_side} px shards, {args.workers} workers"
@@ -460,9 +468,12 @@ def main(argv=None) -> int:
                     "images_per_sec": real["total_images_per_sec"],
                     "kind": "real",
                     "cache_decoded": cached,
-                    "note": f"{ratio:.0%} of synthetic; epochs {epochs}",
+                    "note": f"{ratio:.0%} of synthetic; epochs {epochs}; waits for input {waits} s",
                     "ratio_to_synthetic": ratio,
                     "epoch_images_per_sec": real["epoch_images_per_sec"],
+                    # Where an epoch's time went beyond the steps: input waits against the epoch's seconds.
+                    "epoch_seconds": real["epoch_seconds"],
+                    "epoch_input_seconds": real["epoch_input_seconds"],
                 },
                 since,
             )

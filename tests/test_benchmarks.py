@@ -29,3 +29,8 @@ def test_gpu_benchmark_runs_on_a_cpu_and_writes_every_row(tmp_path):
     assert all(r["images_per_sec"] > 0 for r in rows)
     real = next(r for r in rows if r["kind"] == "real")
     assert real["ratio_to_synthetic"] > 0 and "of synthetic" in proc.stdout
+    # How long each epoch's steps waited for input, beside the epoch's seconds (issue 29: where real data loses).
+    epochs = len(real["epoch_images_per_sec"])
+    assert len(real["epoch_seconds"]) == len(real["epoch_input_seconds"]) == epochs, real
+    assert all(0 <= w < s for w, s in zip(real["epoch_input_seconds"], real["epoch_seconds"])), real
+    assert "waits for input" in real["note"]

@@ -103,8 +103,11 @@ _interpreters: dict[tuple, str] = {}
 # interpreter, started under the copy's path (exec -a), so sys.executable names the copy and what that process
 # starts through sys.executable or PATH comes here too. TensorFlow with --xla stays cold (READ_AT_IMPORT).
 _SHIM = """#!/bin/bash
-# tests/warm_start.py interpreter(): python -m payloads.* (and the backends benchmark's Horovod loop) forked
-# from a warm start server, anything else cold.
+# tests/warm_start.py interpreter(): python -m payloads.* (and the backends benchmark's Horovod loop, the image
+# check's PyTorch worker) forked from a warm start server, anything else cold.
+if [ "${{TEST_WARM_START:-1}}" != 0 ] && [ "$2 $3" = "--worker pytorch" ]; then
+  case "$1" in */toolchain/check_training_path.py) {torch_script} ;; esac
+fi
 if [ "$1" = -m ] && [ "${{TEST_WARM_START:-1}}" != 0 ]; then
   case "$2" in
     payloads.tensorflow.*|payloads.keras.*) {tensorflow} ;;
@@ -142,7 +145,8 @@ def interpreter(environ: dict, frameworks: tuple[str, ...] = ("torch",)) -> str:
         return f'exec {sys.executable} -S {CLIENT} {socket_for(framework, environ)} "${{@:2}}"'
 
     tensorflow = f'case " $* " in *" --xla "*) ;; *) {warm("tensorflow")} ;; esac'
-    shim = _SHIM.format(tensorflow=tensorflow, torch=warm("torch"), python=sys.executable)
+    torch_script = warm("torch").replace('"${@:2}"', '"$@"')
+    shim = _SHIM.format(tensorflow=tensorflow, torch=warm("torch"), torch_script=torch_script, python=sys.executable)
     for name in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"):
         (root / "bin" / name).write_text(shim)
         (root / "bin" / name).chmod(0o755)
@@ -202,11 +206,15 @@ def _become_rank(request: dict, fds: list[int], base_path: list[str], imported_w
     signal.signal(signal.SIGINT, signal.default_int_handler)
     # sys.path as a fresh `python -m` builds it: the working folder, PYTHONPATH, then the interpreter's own.
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = [request["cwd"], *extra, *base_path]
+    # A script (`python path/to/x.py`, the image check's workers) has its own folder first, a module the cwd.
+    script = os.path.join(request["cwd"], request["module"]) if request["module"].endswith(".py") else None
+    sys.path[:] = [os.path.dirname(os.path.abspath(script)) if script else request["cwd"], *extra, *base_path]
     sys.dont_write_bytecode = bool(request["env"].get("PYTHONDONTWRITEBYTECODE"))
-    sys.orig_argv = [sys.executable, "-m", request["module"], *request["args"]]  # the command line a hook may log
-    # As a fresh `python -m` has it while site.py runs (a hook may read it): ["-m", *args]; runpy sets argv[0].
-    sys.argv = ["-m", *request["args"]]
+    run = [request["module"]] if script else ["-m", request["module"]]
+    sys.orig_argv = [sys.executable, *run, *request["args"]]  # the command line a hook may log
+    # As a fresh interpreter has it while site.py runs (a hook may read it): ["-m", *args] (runpy sets argv[0] to
+    # the module's file later), or [script, *args].
+    sys.argv = [request["module"] if script else "-m", *request["args"]]
     # site.py's last step at start-up: a sitecustomize on the path (the tests' hooks: tests/nudge, tests/stall, ...).
     sys.modules.pop("sitecustomize", None)
     finders = list(sys.meta_path)
@@ -236,7 +244,10 @@ def _become_rank(request: dict, fds: list[int], base_path: list[str], imported_w
                 "that cannot see the modules the server preloaded: launch it cold (tests/helpers.py: warm=False), or "
                 "hook with tests/import_hooks.after_import"
             )
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        if script:
+            runpy.run_path(script, run_name="__main__")
+        else:
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
     except SystemExit as stop:  # as the interpreter reads it: None 0, an int itself, anything else printed, 1
         if stop.code is None:
             code = 0

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 
+import helpers
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -24,10 +25,17 @@ check = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(check)
 
 
-def run_check(*args, env_extra=None, timeout=1800) -> subprocess.CompletedProcess:
+def run_check(*args, env_extra=None, timeout=1800, python=None) -> subprocess.CompletedProcess:
+    """The check as an image build runs it; its PyTorch step's two ranks warm-started (helpers.python) unless
+    `python` says otherwise."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env_extra or {})}
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT
+        [python or helpers.python(), str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=ROOT,
     )
 
 
@@ -43,6 +51,7 @@ def _step_with(site: pathlib.Path, monkeypatch) -> list[str]:
     """The check's two-process step (check_step, as main() runs it) with `site`'s sitecustomize in the workers."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    monkeypatch.setattr(sys, "executable", helpers.python())  # the step's ranks warm-started
     return check.check_step("pytorch", HOROVODRUN, 600)
 
 
@@ -97,7 +106,8 @@ def test_an_rc1_interpreter_fails_the_check_naming_the_cause_where_check_build_p
     )
     assert step.returncode != 0 and "get_int_max_str_digits" in step.stderr, step.stderr[-2000:]
 
-    proc = run_check("--framework", "pytorch", *LOCAL_REQUIRE, env_extra=env)
+    # Cold: the rc1 interpreter's fault is in torch's import, which a warm rank inherits from its server.
+    proc = run_check("--framework", "pytorch", *LOCAL_REQUIRE, env_extra=env, python=sys.executable)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     # what the images checked before, run by the check in the same interpreter: Horovod's extensions load
     assert "[check] horovodrun --check-build (PyTorch, Gloo" in proc.stdout

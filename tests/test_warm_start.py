@@ -73,6 +73,15 @@ def _rank(tmp_path, what: str, payload: str = "pytorch", prefix=(), hook: str | 
     return subprocess.Popen(cmd, cwd=ROOT, env=environ, text=True, **popen)
 
 
+def _refused(tmp_path, **kw) -> str:
+    """A rank the server refuses before running the module: exit 1, the module never started; its stderr."""
+    proc = _rank(tmp_path, "done", stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert not (tmp_path / "pid").exists()
+    return err
+
+
 def _pid(tmp_path, proc: subprocess.Popen) -> int:
     deadline = time.monotonic() + 30
     while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
@@ -122,11 +131,8 @@ def test_a_rank_in_another_mount_namespace_is_refused_naming_the_fix(tmp_path):
     prefix = ["unshare", "--mount", "--propagation", "private"]
     if not shutil.which("unshare") or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
         pytest.skip("no private mounts here (unshare needs root)")
-    proc = _rank(tmp_path, "done", prefix=prefix, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 1
+    err = _refused(tmp_path, prefix=prefix)
     assert "runs in other namespaces than the warm start server" in err and "launch it cold" in err
-    assert not (tmp_path / "pid").exists()
 
 
 def test_a_rank_with_an_import_hook_that_cannot_see_preloaded_modules_is_refused(tmp_path):
@@ -135,11 +141,8 @@ def test_a_rank_with_an_import_hook_that_cannot_see_preloaded_modules_is_refused
         "import sys\nclass Hide:\n    def find_spec(self, name, path=None, target=None):\n        return None\n"
         "sys.meta_path.insert(0, Hide())\n"
     )
-    proc = _rank(tmp_path, "done", hook=hide, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 1
+    err = _refused(tmp_path, hook=hide)
     assert "added an import hook (Hide)" in err and "launch it cold" in err
-    assert not (tmp_path / "pid").exists()
 
 
 def test_signals_to_the_client_reach_the_rank_and_its_status_comes_back(tmp_path):

@@ -105,13 +105,13 @@ _interpreters: dict[tuple, str] = {}
 _SHIM = """#!/bin/bash
 # tests/warm_start.py interpreter(): python -m payloads.* (and the backends benchmark's Horovod loop, the image
 # check's PyTorch worker) forked from a warm start server, anything else cold.
-if [ "${{TEST_WARM_START:-1}}" != 0 ] && [ "$2 $3" = "--worker pytorch" ]; then
-  case "$1" in */toolchain/check_training_path.py) {torch_script} ;; esac
-fi
-if [ "$1" = -m ] && [ "${{TEST_WARM_START:-1}}" != 0 ]; then
-  case "$2" in
-    payloads.tensorflow.*|payloads.keras.*) {tensorflow} ;;
-    payloads.*|benchmarks._horovod_loop) {torch} ;;
+if [ "${{TEST_WARM_START:-1}}" != 0 ]; then
+  case "$1" in
+    -m) case "$2" in
+          payloads.tensorflow.*|payloads.keras.*) {tensorflow} ;;
+          payloads.*|benchmarks._horovod_loop) {torch} ;;
+        esac ;;
+    */toolchain/check_training_path.py) [ "$2 $3" = "--worker pytorch" ] && {torch_script} ;;
   esac
 fi
 exec -a "$0" {python} "$@"
@@ -139,13 +139,15 @@ def interpreter(environ: dict, frameworks: tuple[str, ...] = ("torch",)) -> str:
         if not entry.name.startswith("python"):
             (root / "bin" / entry.name).symlink_to(entry)
 
-    def warm(framework: str) -> str:
+    def warm(framework: str, argv: str = '"${@:2}"') -> str:
+        """The shim's line for a rank of this framework: the client with the module (after -m) or script and its
+        arguments; a no-op for a framework not asked for."""
         if framework not in key:
             return ":"
-        return f'exec {sys.executable} -S {CLIENT} {socket_for(framework, environ)} "${{@:2}}"'
+        return f"exec {sys.executable} -S {CLIENT} {socket_for(framework, environ)} {argv}"
 
     tensorflow = f'case " $* " in *" --xla "*) ;; *) {warm("tensorflow")} ;; esac'
-    torch_script = warm("torch").replace('"${@:2}"', '"$@"')
+    torch_script = warm("torch", '"$@"')
     shim = _SHIM.format(tensorflow=tensorflow, torch=warm("torch"), torch_script=torch_script, python=sys.executable)
     for name in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"):
         (root / "bin" / name).write_text(shim)
@@ -235,7 +237,6 @@ def _become_rank(request: dict, fds: list[int], base_path: list[str], imported_w
         numpy.random.seed()  # a fresh interpreter's global NumPy stream is seeded from the OS, not inherited
     except ImportError:
         pass
-    sys.argv = [request["module"], *request["args"]]
     code = 0
     try:
         if blind:

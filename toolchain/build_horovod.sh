@@ -69,12 +69,11 @@ if [ -n "$SDIST" ]; then
     # 'pip wheel ... cffi>=1.4.0' returned non-zero exit status 1" after the configure step.
     WHEELS=$(cd "$(dirname "$SDIST")" && pwd)
     in_wheels() { find "$WHEELS" -maxdepth 1 -iname "$1-*" | grep -q .; }
-    NEEDS=(cloudpickle:cloudpickle psutil:psutil yaml:pyyaml packaging:packaging)
-    [ "$TORCH" != none ] && NEEDS+=(cffi:cffi)
+    NEEDS=(cloudpickle:cloudpickle psutil:psutil yaml:pyyaml packaging:packaging)   # import name:distribution
+    if [ "$TORCH" != none ]; then NEEDS+=(cffi:cffi); has cffi || NEEDS+=(pycparser:pycparser); fi
     MISSING=()
     for need in "${NEEDS[@]}"; do
         has "${need%%:*}" || in_wheels "${need#*:}" || MISSING+=("${need#*:}")
-        if [ "${need%%:*}" = cffi ] && ! has cffi && ! has pycparser && ! in_wheels pycparser; then MISSING+=(pycparser); fi
     done
     if [ ${#MISSING[@]} -gt 0 ]; then
         log "Horovod's build needs ${MISSING[*]}: not importable in $PYTHON and no wheel of it in $WHEELS. Download where there is internet, into the sdist's folder: python3 -m pip download --no-deps --only-binary=:all: --python-version $("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")') --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d wheels ${MISSING[*]}"
@@ -158,7 +157,7 @@ log "env: ${BUILD_ENV[*]}"
 env "${BUILD_ENV[@]}" "$PYTHON" -m pip wheel --no-deps --no-build-isolation -w "$WORK/dist" "$SRC" >"$WORK/build.log" 2>&1 || {
     # The first error (CMake's configure, a compiler's) is often far above the traceback that ends the log.
     { grep -n -m1 -B3 -A25 "CMake Error" "$WORK/build.log" || grep -n -m1 -B3 -A12 -E "[^-]error:|Error [0-9]+" "$WORK/build.log"; } >&2 || true
-    echo "[build_horovod] ... the log's end:" >&2
+    log "... the log's end:"
     tail -40 "$WORK/build.log" >&2
     log "build failed; the full log was $WORK/build.log"
     trap - EXIT

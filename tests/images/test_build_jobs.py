@@ -115,25 +115,38 @@ def _offline_build(tmp_path, sdist, path=None, missing=(), **extra):
     return proc, (calls.read_text() if calls.exists() else ""), cuda
 
 
+# An NCCL build with the include and library folders given: no NCCL lookup in the Python.
+NCCL = {"HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_NCCL_INCLUDE": "/nccl/include", "HOROVOD_NCCL_LIB": "/x"}
+
+
+def _sdist(tmp_path) -> pathlib.Path:
+    """A stand-in Horovod 0.28.1 sdist in a folder of its own (where the offline build looks for wheels)."""
+    import tarfile
+
+    src = tmp_path / "src/horovod-0.28.1"
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "setup.py").write_text("# stand-in\n")
+    sdist = tmp_path / "wheels" / "horovod-0.28.1.tar.gz"
+    sdist.parent.mkdir(exist_ok=True)
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(src, arcname="horovod-0.28.1")
+    return sdist
+
+
+def _pip_wheel(calls: str) -> str:
+    return next(line for line in calls.splitlines() if line.startswith("pip wheel"))
+
+
 def test_an_offline_nccl_build_takes_the_given_sdist_and_finds_cuda_from_nvcc(tmp_path):
     """Issue 29 item 3: on a GPU machine without internet, HOROVOD_SDIST replaces the download; the project's patch
     is applied to it and the wheel built with NCCL, CUDA found from the nvcc on PATH (through a link) where
     /usr/local/cuda has no nvcc."""
-    import tarfile
-
-    src = tmp_path / "src/horovod-0.28.1"
-    src.mkdir(parents=True)
-    (src / "setup.py").write_text("# stand-in\n")
-    sdist = tmp_path / "horovod-0.28.1.tar.gz"
-    with tarfile.open(sdist, "w:gz") as tar:
-        tar.add(src, arcname="horovod-0.28.1")
-    proc, calls, cuda = _offline_build(
-        tmp_path, sdist, HOROVOD_GPU_OPERATIONS="NCCL", HOROVOD_NCCL_INCLUDE="/nccl/include", HOROVOD_NCCL_LIB="/x"
-    )
+    sdist = _sdist(tmp_path)
+    proc, calls, cuda = _offline_build(tmp_path, sdist, **NCCL)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "pip download" not in calls and f"from {sdist} (no download)" in proc.stderr
     assert "patch " in calls and "horovod-0.28.1 --cxx-standard" in calls and "--cpu-only" not in calls
-    wheel = next(line for line in calls.splitlines() if line.startswith("pip wheel"))
+    wheel = _pip_wheel(calls)
     assert "HOROVOD_GPU_OPERATIONS=NCCL" in wheel
     assert f"HOROVOD_CUDA_HOME={cuda} " in wheel and f"CUDA_HOME={cuda} " in wheel
     assert proc.stdout.strip().splitlines()[-1].endswith(".whl")
@@ -147,23 +160,6 @@ def test_a_missing_or_wrong_sdist_is_refused_before_anything_is_built(tmp_path):
     proc, calls, _ = _offline_build(tmp_path, other)
     assert proc.returncode == 2 and "expected horovod-0.28.1.tar.gz" in proc.stderr
     assert calls == ""
-
-
-def _sdist(tmp_path, folder="wheels"):
-    import tarfile
-
-    src = tmp_path / "src/horovod-0.28.1"
-    src.mkdir(parents=True, exist_ok=True)
-    (src / "setup.py").write_text("# stand-in\n")
-    sdist = tmp_path / folder / "horovod-0.28.1.tar.gz"
-    sdist.parent.mkdir(exist_ok=True)
-    with tarfile.open(sdist, "w:gz") as tar:
-        tar.add(src, arcname="horovod-0.28.1")
-    return sdist
-
-
-def _pip_wheel(calls: str) -> str:
-    return next(line for line in calls.splitlines() if line.startswith("pip wheel"))
 
 
 def test_an_offline_build_takes_horovods_build_requirements_from_the_sdists_folder_or_names_them(tmp_path):
@@ -185,14 +181,7 @@ def test_an_offline_build_takes_horovods_build_requirements_from_the_sdists_fold
     modules = {"pyyaml": "yaml"}
     missing = [modules.get(n, n) for n in sorted(needed)] + ["pycparser"]
     sdist = _sdist(tmp_path)
-    proc, calls, _ = _offline_build(
-        tmp_path,
-        sdist,
-        missing=missing,
-        HOROVOD_GPU_OPERATIONS="NCCL",
-        HOROVOD_NCCL_INCLUDE="/nccl/include",
-        HOROVOD_NCCL_LIB="/x",
-    )
+    proc, calls, _ = _offline_build(tmp_path, sdist, missing=missing, **NCCL)
     assert proc.returncode == 2, proc.stderr[-2000:]
     named = proc.stderr.split("needs ", 1)[1].split(":", 1)[0].split()
     assert set(named) == needed | {"pycparser"}, named  # cffi's own requirement comes with it
@@ -208,14 +197,7 @@ def test_an_offline_build_takes_horovods_build_requirements_from_the_sdists_fold
         "packaging-26.0-py3-none-any.whl",
     ):
         (sdist.parent / wheel).write_bytes(b"")
-    proc, calls, _ = _offline_build(
-        tmp_path,
-        sdist,
-        missing=missing,
-        HOROVOD_GPU_OPERATIONS="NCCL",
-        HOROVOD_NCCL_INCLUDE="/nccl/include",
-        HOROVOD_NCCL_LIB="/x",
-    )
+    proc, calls, _ = _offline_build(tmp_path, sdist, missing=missing, **NCCL)
     assert proc.returncode == 0, proc.stderr[-2000:]
     wheel = _pip_wheel(calls)
     assert f"PIP_FIND_LINKS={sdist.parent} " in wheel and "PIP_NO_INDEX=1 " in wheel

@@ -162,16 +162,21 @@ def _beat(out: pathlib.Path, rank: int) -> dict | None:
 
 
 def stopped_run(
-    out: pathlib.Path, args: list[str], backend: str, signalled: list[int], payload: str = "pytorch", after: int = 40
+    out: pathlib.Path, args: list[str], backend: str, signalled: list[int], payload: str = "pytorch", after: int = 10
 ) -> tuple[subprocess.CompletedProcess, float]:
     """A two-process run, SIGTERM sent to the ranks in `signalled` (by the pids their heartbeats give) once both
-    show `after` steps; returns its output and the seconds from the signal to its end."""
+    show `after` steps; returns its output and the seconds from the signal to its end. Paced by tests/stop_at: the
+    signalled ranks wait after step `after` for the signal and the ranks agree after every step, so they stop at
+    step `after` of the first epoch whatever the machine's speed."""
     import signal
     import time
 
     args = args + ["--output-dir", str(out)]
     cmd = horovodrun(2, args, payload) if backend == "horovod" else torchrun(2, args, payload)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    e = env()
+    e["PYTHONPATH"] = str(ROOT / "tests" / "stop_at") + os.pathsep + e["PYTHONPATH"]
+    e.update(STOP_AT=str(after), STOP_RANKS=",".join(map(str, signalled)))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -198,7 +203,8 @@ def check_resume_is_exact(
     backend: str,
     signalled: list[int],
     payload: str = "pytorch",
-    steps_per_epoch: int = 600,
+    steps_per_epoch: int = 40,
+    after: int = 10,
 ) -> dict:
     """Issue 31's exactness procedure, one for every payload: the run uninterrupted; the same run stopped by
     SIGTERM mid-epoch (every rank says so, exit 75, within the 30 s grace, a mid-epoch checkpoint holding the
@@ -211,7 +217,7 @@ def check_resume_is_exact(
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     train(2, args + ["--output-dir", str(straight)], backend=backend, payload=payload)
 
-    proc, seconds = stopped_run(stopped, args, backend, signalled, payload)
+    proc, seconds = stopped_run(stopped, args, backend, signalled, payload, after)
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0, text[-3000:]
     # Every rank says it, with the same checkpoint, signalled or not, each on its own line.
@@ -222,7 +228,7 @@ def check_resume_is_exact(
     found = checkpoint.latest(stopped / "checkpoints", ".pt")
     assert found, text[-3000:]
     epochs, step = checkpoint.position(found[1])
-    assert 0 < step < steps_per_epoch, found[1].name  # inside an epoch
+    assert (epochs, step) == (0, after), found[1].name  # where the signal found the ranks (tests/stop_at)
     assert all(found[1].name in line for line in lines), lines
     state = torch.load(found[1], map_location="cpu", weights_only=False)
     assert (state["epoch"], state["step"], len(state["rng"]), len(state["rank_buffers"])) == (epochs, step, 2, 2)

@@ -12,20 +12,18 @@ from helpers import TINY, check_resume_is_exact
 
 from payloads.common import checkpoint, preemption
 
-# 600 steps per epoch (2 processes x batch 2 of 8192 samples, capped): long enough that a SIGTERM sent once the
-# heartbeats show 40 steps lands inside an epoch, short enough for seconds per run. --stall-timeout 8: heartbeats
-# every 2 s. --checkpoint-every-minutes 0: only the signal checkpoints mid-epoch.
+# 40 steps per epoch (2 processes x batch 2 of 8192 samples, capped): the SIGTERM goes once the heartbeats show 10
+# steps, where tests/stop_at holds the signalled ranks until it arrives, so the stop is at step 10 of epoch 1.
+# --checkpoint-every-minutes 0: only the signal checkpoints mid-epoch.
 ARGS = TINY + [
     "--synthetic-samples",
     "8192",
     "--batch-size",
     "2",
     "--max-steps-per-epoch",
-    "600",
+    "40",
     "--epochs",
     "2",
-    "--stall-timeout",
-    "8",
     "--checkpoint-every-minutes",
     "0",
 ]

@@ -329,14 +329,13 @@ def test_sigterm_mid_epoch_stops_and_resumes_exactly_with_batch_norm(tiles, tmp_
     checkpoint; resumed, the run ends bitwise equal to the uninterrupted one. BatchNorm (the default norm) on
     purpose: its running statistics are per rank until the epoch's end averages them, so the checkpoint must
     give each rank its own back (runtime.rank_buffers), or the final weights differ."""
-    # One epoch of 150 steps of 2 x 8 patches (about 60 ms each here): the signal goes once the heartbeats (every
-    # second) show 40 steps, and the agreement (about 2 s of steps apart) stops the ranks well inside it. One epoch,
-    # not two: running statistics forget where they started (momentum 0.1), and a second epoch washed the missing
-    # per-rank restore out below float32's resolution (the test passed with it removed); with one it fails.
-    args = _with(SEG, {"--norm": "batch", "--patches-per-epoch": "2400"})
-    args += ["--data-dir", str(tiles), "--batch-size", str(BATCH), "--epochs", "1"]
-    args += ["--stall-timeout", "4", "--checkpoint-every-minutes", "0"]
-    state = check_resume_is_exact(tmp_path, args, "horovod", [1], payload="segmentation", steps_per_epoch=150)
+    # One epoch of 40 steps of 2 x 8 patches: the signal goes once the heartbeats show 10 steps, where tests/stop_at
+    # holds rank 1 until it arrives, so both stop at step 10. One epoch, not two: running statistics forget where
+    # they started (momentum 0.1), and a second epoch washed the missing per-rank restore out below float32's
+    # resolution (the test passed with it removed); with one it fails.
+    args = _with(SEG, {"--norm": "batch", "--patches-per-epoch": "640"})
+    args += ["--data-dir", str(tiles), "--batch-size", str(BATCH), "--epochs", "1", "--checkpoint-every-minutes", "0"]
+    state = check_resume_is_exact(tmp_path, args, "horovod", [1], payload="segmentation")
     assert any("running_var" in name for name in state["rank_buffers"][1])
     # The ranks' statistics differ mid-epoch (their patches differ): restoring rank 0's on both would not be exact.
     names = [n for n in state["rank_buffers"][0] if "running_mean" in n]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import time
@@ -16,11 +17,12 @@ from launcher import drill
 from launcher.errors import JobError
 from payloads.common import checkpoint
 
-# The tests' tiny model, 2 epochs of 600 steps (2 ranks x batch 2 of 8192 samples, capped): the signal's step is
-# drawn in the run's first 60%, the stop lands mid-epoch; --stall-timeout 8: heartbeats every 2 s.
-ARGS = TINY + ["--synthetic-samples", "8192", "--batch-size", "2", "--max-steps-per-epoch", "600", "--epochs", "2"]
-ARGS += ["--stall-timeout", "8", "--checkpoint-every-minutes", "0"]
-TOTAL = 1200
+# The tests' tiny model, 2 epochs of 40 steps (2 ranks x batch 2 of 8192 samples, capped): the signal's step is
+# drawn in the run's first 60%; tests/stop_at holds the drawn rank at that step of the drilled run until the
+# drill's signal arrives, so the stop lands there, mid-epoch, whatever the machine's speed.
+ARGS = TINY + ["--synthetic-samples", "8192", "--batch-size", "2", "--max-steps-per-epoch", "40", "--epochs", "2"]
+ARGS += ["--checkpoint-every-minutes", "0"]
+TOTAL = 80
 
 
 def _seed(rank: int, low: int, high: int) -> int:
@@ -32,24 +34,28 @@ def _seed(rank: int, low: int, high: int) -> int:
 def test_a_sigterm_drill_stops_one_rank_loses_nothing_and_resumes_bitwise_equal(tmp_path):
     """The launcher's drill, end to end under horovodrun (Gloo): uninterrupted, SIGTERM to rank 1 only (the
     agreement stops rank 0 at the same step), resumed; also the Horovod half of tests/test_preemption.py."""
-    seed = _seed(1, 120, 250)
+    seed = _seed(1, 8, 30)
+    at = drill.choose(seed, TOTAL, 2)[1]
     out = tmp_path / "drill"
     cmd = [python(), "-m", "launcher", "jobs/pytorch-resnet50-synthetic.yaml", "--target", "local"]  # warm ranks
     cmd += ["--np", "2", "--controller", "gloo", "--output-dir", str(out), "--drill", "term"]
     cmd += ["--drill-seed", str(seed), "--", *ARGS]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=420)
+    paced = env()
+    paced["PYTHONPATH"] = str(ROOT / "tests" / "stop_at") + os.pathsep + paced["PYTHONPATH"]
+    paced.update(STOP_AT=str(at), STOP_RANKS="1", STOP_IN=str(out / "drilled"))
+    proc = subprocess.run(cmd, cwd=ROOT, env=paced, capture_output=True, text=True, timeout=420)
     for _ in range(3):
         record_launch(2, ARGS, "pytorch", proc.returncode)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-5000:]
     report = json.loads((out / "drill.json").read_text())
-    assert (report["rank"], report["total_steps"], report["steps_per_epoch"]) == (1, TOTAL, 600)
+    assert (report["rank"], report["total_steps"], report["steps_per_epoch"]) == (1, TOTAL, 40)
     assert report["stopped_exit"] == 75 and report["resumed_exit"] == 0
     assert report["stop_seconds"] < 30  # the grace assumed for Azure ML (payloads/common/preemption.py)
-    assert report["signalled_at_step"] >= report["at_step"]
+    assert report["signalled_at_step"] == report["at_step"]  # held there by tests/stop_at
     # Stopped at a step inside the first epoch, with nothing lost, and the result is the uninterrupted run's.
     assert drill.POSITION.search(report["resumed_from"]).group(2), report["resumed_from"]
-    assert 0 < report["resumed_from_step"] < 600
+    assert report["resumed_from_step"] == at == report["at_step"]
     assert report["steps_reached"] == report["resumed_from_step"] and report["steps_lost"] == 0
     assert report["equal"] is True and report["different"] == []
     # Both ranks said it, each on its own line, naming the checkpoint; the resume named its position.

@@ -15,10 +15,11 @@ import pytest
 # worker, one after another, so two multi-process runs never share the cores, while the in-process tests
 # spread over the other workers. `_guarded_popen_init` below refuses such a launch from an unmarked test.
 LAUNCHES = "launches"
-# Launches that mostly wait (a rank stopped or asleep for the watchdog to find, a launcher's grace before SIGKILL:
-# the DDP stopped-rank test 3.7 s of CPU in 37.6 s) also carry this one: they run one after another in a group of
-# their own, on another worker than the other launches, beside the in-process tests.
-WAITS = "waits"
+# Launches that keep at most about one core busy (one training process at a time, or ranks that mostly wait: a rank
+# stopped or asleep for the watchdog to find, a launcher's grace before SIGKILL: the DDP stopped-rank test 3.7 s of
+# CPU in 37.6 s) also carry this one: they run one after another in a group of their own, on the other worker,
+# beside the in-process tests, so the launches' group (two cores) keeps its cores and the other one is used.
+ONE_CORE = "one_core"
 
 
 def _worker(config) -> bool:
@@ -52,7 +53,7 @@ def pytest_configure(config):
         "markers", f"{LAUNCHES}: starts processes that train; run serially with every other such test (conftest.py)"
     )
     config.addinivalue_line(
-        "markers", f"{WAITS}: a launch that mostly waits; serially with the others of its kind, beside the rest"
+        "markers", f"{ONE_CORE}: a launch keeping about one core busy; serially with its kind, beside the launches"
     )
     _yield_sleeps()
     # The platform program reads the Azure CLI's login (trainingplatform/access.py); tests never see this machine's.
@@ -77,9 +78,9 @@ def _whole_suite(session) -> bool:
 def pytest_collection_modifyitems(config, items):
     # tryfirst: before xdist's own hook, which reads the xdist_group markers to make the groups.
     for item in items:
-        if item.get_closest_marker(WAITS):
-            assert item.get_closest_marker(LAUNCHES), f"{item.nodeid}: `{WAITS}` is for tests marked `{LAUNCHES}`"
-            item.add_marker(pytest.mark.xdist_group(WAITS))
+        if item.get_closest_marker(ONE_CORE):
+            assert item.get_closest_marker(LAUNCHES), f"{item.nodeid}: `{ONE_CORE}` is for tests marked `{LAUNCHES}`"
+            item.add_marker(pytest.mark.xdist_group(ONE_CORE))
         elif item.get_closest_marker(LAUNCHES):
             item.add_marker(pytest.mark.xdist_group(LAUNCHES))
 

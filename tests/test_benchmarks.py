@@ -6,7 +6,8 @@ import subprocess
 import pytest
 from helpers import ROOT, env, python
 
-pytestmark = pytest.mark.launches  # starts training processes: serial under xdist (tests/conftest.py)
+# starts training processes, one at a time: serial under xdist beside the launches (tests/conftest.py)
+pytestmark = [pytest.mark.launches, pytest.mark.one_core]
 
 
 def test_gpu_benchmark_runs_on_a_cpu_and_writes_every_row(tmp_path):

@@ -44,6 +44,7 @@ def plan(environ: dict, *args: str) -> dict:
 
 
 @pytest.mark.launches
+@pytest.mark.one_core
 def test_without_horovod_the_payload_rows_are_plain_processes_on_an_extended_pythonpath(hidden):
     environ, given = hidden
     p = plan(environ)
@@ -74,6 +75,7 @@ def test_without_horovod_the_payload_rows_are_plain_processes_on_an_extended_pyt
 
 
 @pytest.mark.launches
+@pytest.mark.one_core
 def test_with_horovod_the_payload_rows_run_under_horovodrun(tmp_path):
     environ = {k: v for k, v in env().items() if k not in dict(backends.LAUNCHER_COUNTS)}
     environ.pop("PYTHONPATH", None)  # nothing given: PYTHONPATH is the checkout alone, no empty entry (the cwd)
@@ -86,6 +88,7 @@ def test_with_horovod_the_payload_rows_run_under_horovodrun(tmp_path):
 
 
 @pytest.mark.launches
+@pytest.mark.one_core
 def test_command_building_in_process():
     assert gpu.payload_env({"PYTHONPATH": "/a" + os.pathsep + "/b", "X": "1"}, {"Y": "2"}) == {
         "PYTHONPATH": str(ROOT) + os.pathsep + "/a" + os.pathsep + "/b",
@@ -112,6 +115,7 @@ def test_command_building_in_process():
 
 
 @pytest.mark.launches
+@pytest.mark.one_core
 def test_the_whole_benchmark_runs_without_horovod_at_toy_sizes(hidden, tmp_path):
     """Every row, on this CPU, Horovod hidden from the benchmark and from the payload processes it starts: the
     payload rows train alone (backends.Single), the fp16 ceiling row steps through the payload's loss scaler."""

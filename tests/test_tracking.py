@@ -58,14 +58,37 @@ def _runs(store: pathlib.Path):
     return client, [r for exp in client.search_experiments() for r in client.search_runs([exp.experiment_id])]
 
 
+# The TensorFlow payloads' runs here also carry the thread test: each records the threads it got, read back from
+# TensorFlow and from its training dataset's options, for --threads 0 (one per core of the process's share) and 2.
+THREADS = {"pytorch": None, "tensorflow": "0", "keras": "2"}
+
+
 @pytest.mark.launches
 @pytest.mark.parametrize("payload", ["pytorch", "tensorflow", "keras"])
 def test_rank_zero_logs_one_run_equal_to_metrics_json(tmp_path, monkeypatch, payload):
     store, out = tmp_path / "mlruns", tmp_path / "out"
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # for this process's client
-    proc = _run(2, TINY + ["--epochs", "2", "--batch-size", "8", "--output-dir", str(out)], _store_env(store), payload)
+    args = TINY + ["--epochs", "2", "--batch-size", "8", "--output-dir", str(out)]
+    threads = THREADS[payload]
+    if threads is not None:
+        i = args.index("--threads")
+        args = args[:i] + args[i + 2 :] + ["--threads", threads, "--workers", "3"]
+    proc = _run(2, args, _store_env(store), payload)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     m = metrics(out)
+    if threads is not None:
+        from payloads.tensorflow import runtime
+
+        world, cores = m["run"]["world"], runtime.available_cores()
+        want = runtime.thread_plan(int(threads), cores, 2, 3)
+        assert world["threads"] == {
+            "intra_op": want.intra_op,
+            "inter_op": want.inter_op,
+            "tf_data_private": want.data,
+            "cores_available": cores,
+        }
+        assert world["threads_per_process"] == want.intra_op
+        assert world["synthetic"]["distinct_images"] == 128 and world["synthetic"]["device"].endswith("CPU:0")
 
     client, runs = _runs(store)
     assert len(runs) == 1, f"rank 0 alone logs: expected one run, found {len(runs)}"

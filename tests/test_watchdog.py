@@ -89,7 +89,7 @@ def _command(backend: str, args: list[str], payload: str = "pytorch") -> list[st
 # ---------------------------------------------------------------------------------------------- two ranks
 
 
-@pytest.mark.waits
+@pytest.mark.one_core
 @pytest.mark.parametrize("backend", ["horovod", "ddp"])
 def test_a_stopped_rank_is_named_and_the_job_ends(backend, tmp_path):
     """Rank 1 frozen by SIGSTOP once its heartbeat shows 10 steps: its watchdog cannot run, so rank 0's names it
@@ -132,7 +132,7 @@ def test_a_stopped_rank_is_named_and_the_job_ends(backend, tmp_path):
     assert not (watchdog.stalls_dir(out) / "rank1-stacks.txt").exists()  # a stopped process writes nothing
 
 
-@pytest.mark.parametrize("backend", ["horovod", pytest.param("ddp", marks=pytest.mark.waits)])
+@pytest.mark.parametrize("backend", ["horovod", pytest.param("ddp", marks=pytest.mark.one_core)])
 def test_a_rank_asleep_in_its_data_loader_is_named_and_the_job_ends(backend, tmp_path):
     """Rank 1's 30th batch sleeps (tests/stall): both ranks' watchdogs run, both write their stacks (rank 1's
     shows the loader), and rank 0 names rank 1 as behind, waiting for input, while rank 0 waits in the exchange."""
@@ -234,7 +234,7 @@ def _one_process(payload: str, args: list[str], tmp_path: pathlib.Path) -> tuple
 TF_ARGS = _set(TINY, synthetic_samples="4096") + ["--batch-size", "8", "--epochs", "1"]
 
 
-@pytest.mark.waits
+@pytest.mark.one_core
 @pytest.mark.parametrize(
     "payload, doing",
     [("tensorflow", "waiting for input"), ("keras", "in a training step")],
@@ -248,7 +248,7 @@ def test_tensorflow_and_keras_runs_end_on_a_stalled_input(payload, doing, tmp_pa
     assert "tests/stall/sitecustomize.py" in (watchdog.stalls_dir(out) / "rank0-stacks.txt").read_text()
 
 
-@pytest.mark.waits
+@pytest.mark.one_core
 def test_land_cover_run_ends_on_a_stalled_input(tmp_path):
     from datatools.landcover import prepare, synthetic
 

@@ -63,6 +63,7 @@ def first_line(proc: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.launches
+@pytest.mark.one_core
 def test_the_hook_hides_horovod_and_nothing_else(no_horovod):
     """The premise: under the hook `import horovod.torch` fails as where Horovod is absent, torch imports."""
     code = (
@@ -74,6 +75,7 @@ def test_the_hook_hides_horovod_and_nothing_else(no_horovod):
 
 
 @pytest.mark.launches
+@pytest.mark.one_core
 def test_one_process_trains_alone_resumes_and_matches_horovod(no_horovod, tmp_path):
     """fp16 with its loss scaler and 2 backward passes per step: every Single method on the way (averaged, accumulate,
     the identities in the metrics, restore's broadcasts on resume). The same run under `horovodrun -np 1` ends
@@ -108,6 +110,7 @@ def test_one_process_trains_alone_resumes_and_matches_horovod(no_horovod, tmp_pa
 
 
 @pytest.mark.launches
+@pytest.mark.one_core
 def test_the_land_cover_payload_trains_alone(no_horovod, tmp_path):
     from datatools.landcover import prepare, synthetic
 
@@ -149,6 +152,7 @@ def test_the_land_cover_payload_trains_alone(no_horovod, tmp_path):
 
 
 @pytest.mark.launches
+@pytest.mark.one_core
 def test_several_processes_without_horovod_are_refused(no_horovod, tmp_path):
     """horovodrun's variables for rank 0 of 2 and no Horovod: each process would train its own model. Exit 2 before
     anything is written, naming the variable and the fixes."""
@@ -161,6 +165,7 @@ def test_several_processes_without_horovod_are_refused(no_horovod, tmp_path):
 
 
 @pytest.mark.launches
+@pytest.mark.one_core
 @pytest.mark.parametrize("flag", ["--adasum", "--fp16-allreduce"])
 def test_reduction_options_are_refused_alone(no_horovod, tmp_path, flag):
     """--adasum and --fp16-allreduce change how processes combine gradients: alone they would do nothing, so the run
@@ -173,6 +178,7 @@ def test_reduction_options_are_refused_alone(no_horovod, tmp_path, flag):
 
 
 @pytest.mark.launches
+@pytest.mark.one_core
 @pytest.mark.parametrize(
     "variables, several",
     [

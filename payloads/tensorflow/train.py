@@ -209,12 +209,17 @@ def train_epoch(cfg, hvd, tf, epoch, skip, inputs, batches, step, scale, optimiz
 
 
 def evaluate(hvd, tf, epoch, inputs, predict, watch) -> dict:
+    from . import data
+
     v_loss = v_correct = v_seen = 0.0
     watch.doing("validation")
-    for x, labels in inputs.validation:
-        loss, c = predict(x, labels)
-        v_loss, v_correct, v_seen = v_loss + float(loss), v_correct + float(c), v_seen + int(labels.shape[0])
-        watch.tick()
+    try:
+        for x, labels in inputs.validation:
+            loss, c = predict(x, labels)
+            v_loss, v_correct, v_seen = v_loss + float(loss), v_correct + float(c), v_seen + int(labels.shape[0])
+            watch.tick()
+    except tf.errors.InvalidArgumentError as e:  # a validation record as a training one: the fix, not a traceback
+        raise ConfigError(data.input_error(e)) from None
     v_loss, v_correct, v_seen, v_skipped = global_sums(
         hvd, tf, f"val_{epoch}", v_loss, v_correct, v_seen, inputs.validation_skipped()
     )

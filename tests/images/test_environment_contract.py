@@ -97,6 +97,7 @@ def _marked(text: str, name: str) -> bool:
 
 
 @pytest.mark.launches
+@pytest.mark.one_core
 def test_horovod_is_built_with_the_expected_frameworks_controllers_and_ops(host):
     text = _check_build(host)
     assert "Horovod v0.28.1" in text
@@ -107,6 +108,7 @@ def test_horovod_is_built_with_the_expected_frameworks_controllers_and_ops(host)
 
 
 @pytest.mark.launches
+@pytest.mark.one_core
 def test_mpi_where_required(host):
     if not PROFILE["mpi"]:
         pytest.skip("no Open MPI on this machine: the local environment is Gloo-only")

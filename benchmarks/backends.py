@@ -33,7 +33,6 @@ from benchmarks._backend_common import MARK
 from benchmarks.horovod_reference import LOCAL, ROOT, horovodrun_command
 from launcher.local import controller
 
-BIN = pathlib.Path(sys.executable).parent
 BACKENDS = ("horovod", "ddp", "ps")
 FULL = {"warmup_batches": 10, "batches_per_iter": 10, "iters": 5}
 QUICK = {"image_size": 32, "batch_size": 4, "warmup_batches": 1, "batches_per_iter": 2, "iters": 2}
@@ -49,7 +48,10 @@ def command(backend: str, np: int, config: dict) -> tuple[list[str], dict]:
         return cmd + [sys.executable, "-m", "benchmarks._horovod_loop", *_args(config), "--fingerprint"], env
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(config["threads"]))
     module, procs = {"ddp": ("benchmarks._ddp_loop", np), "ps": ("benchmarks._ps_rpc", np + 1)}[backend]
-    return [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={procs}", "-m", module, *_args(config)], env
+    # torchrun's module under this interpreter (the console script runs the same main()): its ranks are started with
+    # sys.executable, so they run in the interpreter the benchmark was started with, as the Horovod rows do.
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    return [*torchrun, "--standalone", f"--nproc-per-node={procs}", "-m", module, *_args(config)], env
 
 
 def parse(backend: str, stdout: str) -> dict:

@@ -15,10 +15,12 @@ import pytest
 # worker, one after another, so two multi-process runs never share the cores, while the in-process tests
 # spread over the other workers. `_guarded_popen_init` below refuses such a launch from an unmarked test.
 LAUNCHES = "launches"
-# Launches that keep at most about one core busy (one training process at a time, or ranks that mostly wait: a rank
-# stopped or asleep for the watchdog to find, a launcher's grace before SIGKILL: the DDP stopped-rank test 3.7 s of
-# CPU in 37.6 s) also carry this one: they run one after another in a group of their own, on the other worker,
-# beside the in-process tests, so the launches' group (two cores) keeps its cores and the other one is used.
+# Launches measured at about one core (CPU seconds at most 1.1 times their wall seconds, run alone, /proc/stat):
+# one training process at a time (the GPU benchmark's CPU runs, the runs without Horovod), ranks that end at import
+# or a check that trains nothing (--check-build), or ranks that mostly wait (a rank stopped or asleep for the
+# watchdog, a launcher's grace before SIGKILL: the DDP stopped-rank test 3.7 s of CPU in 37.6 s) also carry this
+# one: they run one after another in a group of their own, on the other worker, beside the in-process tests, so
+# the launches' group keeps both cores for the runs that use both and the other core is not left idle.
 ONE_CORE = "one_core"
 
 

@@ -103,13 +103,16 @@ _interpreters: dict[tuple, str] = {}
 # interpreter, started under the copy's path (exec -a), so sys.executable names the copy and what that process
 # starts through sys.executable or PATH comes here too. TensorFlow with --xla stays cold (READ_AT_IMPORT).
 _SHIM = """#!/bin/bash
-# tests/warm_start.py interpreter(): python -m payloads.* (and the backends benchmark's Horovod loop, the image
-# check's PyTorch worker) forked from a warm start server, anything else cold.
+# tests/warm_start.py interpreter(): python -m payloads.* (and the backends benchmark's loops and torchrun, the
+# image check's PyTorch worker) forked from a warm start server, anything else cold.
 if [ "${{TEST_WARM_START:-1}}" != 0 ]; then
   case "$1" in
     -m) case "$2" in
           payloads.tensorflow.*|payloads.keras.*) {tensorflow} ;;
-          payloads.*|benchmarks._horovod_loop) {torch} ;;
+          payloads.*|benchmarks._horovod_loop|torch.distributed.run) {torch} ;;
+        esac ;;
+    -u) [ "$2" = -m ] && case "$3" in  # torchrun starts each rank as python -u -m MODULE
+          benchmarks._ddp_loop|benchmarks._ps_rpc) shift; {torch} ;;
         esac ;;
     */toolchain/check_training_path.py) [ "$2 $3" = "--worker pytorch" ] && {torch_script} ;;
   esac
@@ -144,7 +147,9 @@ def interpreter(environ: dict, frameworks: tuple[str, ...] = ("torch",)) -> str:
         arguments; a no-op for a framework not asked for."""
         if framework not in key:
             return ":"
-        return f"exec {sys.executable} -S {CLIENT} {socket_for(framework, environ)} {argv}"
+        # WARM_START_EXECUTABLE: the rank's sys.executable is this shim, as a cold process started through it has,
+        # so what the rank starts with sys.executable (torchrun's ranks) comes back here.
+        return f'WARM_START_EXECUTABLE="$0" exec {sys.executable} -S {CLIENT} {socket_for(framework, environ)} {argv}'
 
     tensorflow = f'case " $* " in *" --xla "*) ;; *) {warm("tensorflow")} ;; esac'
     torch_script = warm("torch", '"$@"')
@@ -200,6 +205,9 @@ def _become_rank(request: dict, fds: list[int], base_path: list[str], imported_w
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
+    executable = request["env"].pop("WARM_START_EXECUTABLE", None)  # set by interpreter()'s shim
+    if executable:
+        sys.executable = os.path.normpath(os.path.join(request["cwd"], executable))
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])

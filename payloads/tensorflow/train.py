@@ -34,7 +34,11 @@ def make_step(cfg, hvd, tf, model, optimizer, prepare):
 
     scaling = runtime.loss_scaling()
 
-    @tf.function(reduce_retracing=True)
+    # autograph=False: AutoGraph would rewrite every Python function the step calls (the model's layers, the loss,
+    # Horovod's tape) from its source when the step is traced, about 4 s of CPU per process for the tests' tiny
+    # model; nothing here branches on a tensor value (`scaling` is a Python bool; Horovod's own conditions are
+    # tf.cond inside its tf.functions, which keep their AutoGraph).
+    @tf.function(reduce_retracing=True, autograph=False)
     def step(x, labels):
         with tf.GradientTape() as tape:
             logits = model(prepare(x), training=True)
@@ -49,7 +53,7 @@ def make_step(cfg, hvd, tf, model, optimizer, prepare):
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), labels), tf.float64))
         return loss, correct
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=False)
     def predict(x, labels):
         logits = tf.cast(model(prepare(x), training=False), tf.float32)
         loss = tf.reduce_sum(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))

@@ -16,8 +16,7 @@ import pytest
 # spread over the other workers. `_guarded_popen_init` below refuses such a launch from an unmarked test.
 LAUNCHES = "launches"
 # Launches measured at about one core (CPU seconds at most 1.1 times their wall seconds, run alone, /proc/stat):
-# one training process at a time (the GPU benchmark's CPU runs, the runs without Horovod), two DDP ranks over Gloo
-# on the tests' tiny model (measured 1.0-1.03 cores), ranks that end at import
+# one training process at a time (the GPU benchmark's CPU runs, the runs without Horovod), ranks that end at import
 # or a check that trains nothing (--check-build), or ranks that mostly wait (a rank stopped or asleep for the
 # watchdog, a launcher's grace before SIGKILL: the DDP stopped-rank test 3.7 s of CPU in 37.6 s) also carry this
 # one: they run one after another in a group of their own, on the other worker, beside the in-process tests, so

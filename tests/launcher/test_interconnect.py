@@ -326,7 +326,6 @@ def test_ddp_jobs_get_the_same_nccl_settings_and_no_mpi_ones(size):
 
 
 @pytest.mark.launches
-@pytest.mark.one_core  # measured alone: 1.0 cores (tests/conftest.py)
 def test_cpu_cluster_ddp_environment_trains_two_processes_over_gloo_on_eth0(tmp_path):
     """The environment the launcher gives a DDP job on cpu-smoke (D4s_v5, 2 processes) trains 2 torchrun
     processes to bitwise-equal weights; Gloo reads GLOO_SOCKET_IFNAME (an interface that does not exist fails)."""

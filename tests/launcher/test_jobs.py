@@ -392,7 +392,6 @@ def test_backend_misuse_is_refused_before_anything_runs(dev_outputs, capsys, arg
 
 
 @pytest.mark.launches
-@pytest.mark.one_core  # measured alone: 1.0 cores (tests/conftest.py)
 def test_local_target_runs_the_ddp_job_with_torchrun(tmp_path):
     out = tmp_path / "out"
     proc = _launch(

@@ -161,6 +161,15 @@ def _beat(out: pathlib.Path, rank: int) -> dict | None:
         return None
 
 
+def stop_at_env(after: int, ranks: list[int], within: pathlib.Path | None = None) -> dict:
+    """env() with tests/stop_at: the ranks in `ranks` wait after step `after` for their signal (only in a run whose
+    --output-dir contains `within`, when given), and every rank agrees after every step."""
+    e = env()
+    e["PYTHONPATH"] = str(ROOT / "tests" / "stop_at") + os.pathsep + e["PYTHONPATH"]
+    e.update(STOP_AT=str(after), STOP_RANKS=",".join(map(str, ranks)), STOP_IN=str(within or ""))
+    return e
+
+
 def stopped_run(
     out: pathlib.Path, args: list[str], backend: str, signalled: list[int], payload: str = "pytorch", after: int = 10
 ) -> tuple[subprocess.CompletedProcess, float]:
@@ -173,9 +182,7 @@ def stopped_run(
 
     args = args + ["--output-dir", str(out)]
     cmd = horovodrun(2, args, payload) if backend == "horovod" else torchrun(2, args, payload)
-    e = env()
-    e["PYTHONPATH"] = str(ROOT / "tests" / "stop_at") + os.pathsep + e["PYTHONPATH"]
-    e.update(STOP_AT=str(after), STOP_RANKS=",".join(map(str, signalled)))
+    e = stop_at_env(after, signalled)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import time
 
 import pytest
 import torch
-from helpers import ROOT, TINY, env, python, record_launch
+from helpers import ROOT, TINY, python, record_launch, stop_at_env
 
 from launcher import __main__ as cli
 from launcher import drill
@@ -40,9 +39,7 @@ def test_a_sigterm_drill_stops_one_rank_loses_nothing_and_resumes_bitwise_equal(
     cmd = [python(), "-m", "launcher", "jobs/pytorch-resnet50-synthetic.yaml", "--target", "local"]  # warm ranks
     cmd += ["--np", "2", "--controller", "gloo", "--output-dir", str(out), "--drill", "term"]
     cmd += ["--drill-seed", str(seed), "--", *ARGS]
-    paced = env()
-    paced["PYTHONPATH"] = str(ROOT / "tests" / "stop_at") + os.pathsep + paced["PYTHONPATH"]
-    paced.update(STOP_AT=str(at), STOP_RANKS="1", STOP_IN=str(out / "drilled"))
+    paced = stop_at_env(at, [1], within=out / "drilled")
     proc = subprocess.run(cmd, cwd=ROOT, env=paced, capture_output=True, text=True, timeout=420)
     for _ in range(3):
         record_launch(2, ARGS, "pytorch", proc.returncode)

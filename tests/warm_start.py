@@ -112,7 +112,7 @@ if [ "${{TEST_WARM_START:-1}}" != 0 ]; then
           payloads.*|benchmarks._horovod_loop|torch.distributed.run) {torch} ;;
         esac ;;
     -u) [ "$2" = -m ] && case "$3" in  # torchrun starts each rank as python -u -m MODULE
-          benchmarks._ddp_loop|benchmarks._ps_rpc) shift; {torch} ;;
+          benchmarks._ddp_loop|benchmarks._ps_rpc) {torch_unbuffered} ;;
         esac ;;
     */toolchain/check_training_path.py) [ "$2 $3" = "--worker pytorch" ] && {torch_script} ;;
   esac
@@ -142,18 +142,27 @@ def interpreter(environ: dict, frameworks: tuple[str, ...] = ("torch",)) -> str:
         if not entry.name.startswith("python"):
             (root / "bin" / entry.name).symlink_to(entry)
 
-    def warm(framework: str, argv: str = '"${@:2}"') -> str:
+    def warm(framework: str, argv: str = '"${@:2}"', flags: str = "-S") -> str:
         """The shim's line for a rank of this framework: the client with the module (after -m) or script and its
-        arguments; a no-op for a framework not asked for."""
+        arguments; a no-op for a framework not asked for. `flags`: the client's own (-u reaches the rank)."""
         if framework not in key:
             return ":"
         # WARM_START_EXECUTABLE: the rank's sys.executable is this shim, as a cold process started through it has,
         # so what the rank starts with sys.executable (torchrun's ranks) comes back here.
-        return f'WARM_START_EXECUTABLE="$0" exec {sys.executable} -S {CLIENT} {socket_for(framework, environ)} {argv}'
+        return (
+            f'WARM_START_EXECUTABLE="$0" exec {sys.executable} {flags} {CLIENT} {socket_for(framework, environ)} {argv}'
+        )
 
     tensorflow = f'case " $* " in *" --xla "*) ;; *) {warm("tensorflow")} ;; esac'
     torch_script = warm("torch", '"$@"')
-    shim = _SHIM.format(tensorflow=tensorflow, torch=warm("torch"), torch_script=torch_script, python=sys.executable)
+    torch_unbuffered = warm("torch", '"${@:3}"', "-u -S")
+    shim = _SHIM.format(
+        tensorflow=tensorflow,
+        torch=warm("torch"),
+        torch_script=torch_script,
+        torch_unbuffered=torch_unbuffered,
+        python=sys.executable,
+    )
     for name in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"):
         (root / "bin" / name).write_text(shim)
         (root / "bin" / name).chmod(0o755)

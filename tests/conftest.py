@@ -173,6 +173,28 @@ if not getattr(subprocess.Popen.__init__, "guarded", False):
     subprocess.Popen.__init__ = _guarded_popen_init(subprocess.Popen.__init__)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_in_basetemp(tmp_path_factory):
+    """TMPDIR is a folder under this process's pytest basetemp for the session, inherited by every process the
+    tests start: what those leave in the temporary folder (a SIGKILLed rank's checkpoint-*, multiprocessing's
+    pymp-*, torchrun's torchelastic_*, TensorFlow's __autograph_generated_file*: about 1 GB over a few runs) is
+    rotated away with pytest's basetemps (the last 3 kept, to read after a failure) instead of filling /tmp.
+    Inductor's compile cache stays where it was, shared across runs."""
+    import getpass
+
+    folder = tmp_path_factory.getbasetemp() / "tmp"
+    folder.mkdir(exist_ok=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(
+            "TORCHINDUCTOR_CACHE_DIR",
+            os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+            or os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"),
+        )
+        mp.setenv("TMPDIR", str(folder))
+        mp.setattr(tempfile, "tempdir", str(folder))
+        yield
+
+
 _libc = ctypes.CDLL(None)
 _libc.getenv.restype = ctypes.c_char_p
 

@@ -82,6 +82,7 @@ def test_parse_flags_ranks_that_disagree_or_did_not_move():
         backends.parse("ps", line(0, "a", 1.0))
 
 
+@pytest.mark.one_core
 def test_max_np_below_two_is_refused():
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.backends", "--max-np", "1"],

@@ -217,6 +217,7 @@ def test_adasum_combinations_horovod_cannot_run_fail_before_training(tmp_path, p
 
 
 @pytest.mark.launches
+@pytest.mark.one_core
 def test_adasum_with_a_process_count_that_is_not_a_power_of_two_fails_before_training(tmp_path):
     import subprocess
 

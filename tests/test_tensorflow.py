@@ -565,7 +565,26 @@ def test_bad_input_names_the_problem_and_the_fix(tmp_path, args, message):
     assert not (tmp_path / "checkpoints").exists()
 
 
+def test_horovods_tf_functions_are_traced_without_autograph():
+    """toolchain/patch_horovod.py: the tf.functions Horovod builds eagerly (the gradient allreduce of
+    DistributedGradientTape and of the Keras DistributedOptimizer, broadcast_variables) are traced without
+    AutoGraph. Off shows in behaviour: a Python `if` on a tensor is refused while tracing instead of being
+    rewritten into a tf.cond. Every averaging test above traces Horovod's real ones."""
+    import tensorflow as tf
+    from horovod.tensorflow import util
+
+    def magnitude(x):
+        if x > 0:
+            return x
+        return -x
+
+    with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
+        util._make_subgraph(magnitude)(tf.constant(-2.0))
+    assert float(tf.function(magnitude)(tf.constant(-2.0))) == 2.0  # with AutoGraph the same function converts
+
+
 @pytest.mark.launches
+@pytest.mark.one_core
 def test_label_beyond_num_classes_is_explained(tmp_path):
     shards = _write_shards(_images(tmp_path / "images"), tmp_path / "shards")
     proc = train(
@@ -635,6 +654,7 @@ def _two_rank_reference_tf(epochs: int, batch: int, base_lr: float, mean: bool =
 
 
 @pytest.mark.launches
+@pytest.mark.one_core
 def test_tensorflow_adasum_two_processes_follow_adasums_definition(tmp_path):
     import subprocess
 

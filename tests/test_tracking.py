@@ -226,6 +226,7 @@ def _pins(path: str) -> dict[str, str]:
 
 
 @pytest.mark.launches
+@pytest.mark.one_core
 def test_tensorboard_events_are_written_without_importing_tensorflow(tmp_path):
     """The PyTorch payloads' writer uses tensorboard's stub, not TensorFlow, which .venv also holds (about 4 s
     at every start): the events it writes are still TensorBoard's, read back with tensorboard's own reader."""

@@ -174,6 +174,7 @@ def test_a_hook_on_the_ranks_pythonpath_loads_in_the_rank_only(tmp_path):
     assert "hook None" in out  # not carried over from the previous rank into the server or the next one
 
 
+@pytest.mark.one_core
 def test_the_interpreter_for_the_products_own_launches_warms_payload_modules_and_nothing_else(tmp_path, monkeypatch):
     """helpers.python(): the launcher, the drill and the GPU benchmark start `python -m payloads...` themselves,
     through PATH or sys.executable; from this interpreter those are warm ranks (torch already imported when the

@@ -132,7 +132,8 @@ def test_a_stopped_rank_is_named_and_the_job_ends(backend, tmp_path):
     assert not (watchdog.stalls_dir(out) / "rank1-stacks.txt").exists()  # a stopped process writes nothing
 
 
-@pytest.mark.parametrize("backend", ["horovod", pytest.param("ddp", marks=pytest.mark.one_core)])
+@pytest.mark.one_core
+@pytest.mark.parametrize("backend", ["horovod", "ddp"])
 def test_a_rank_asleep_in_its_data_loader_is_named_and_the_job_ends(backend, tmp_path):
     """Rank 1's 30th batch sleeps (tests/stall): both ranks' watchdogs run, both write their stacks (rank 1's
     shows the loader), and rank 0 names rank 1 as behind, waiting for input, while rank 0 waits in the exchange."""
@@ -182,6 +183,7 @@ WINDOWS = _set(TINY, synthetic_samples="4096", image_size="32") + ["--batch-size
 WINDOWS += ["--max-steps-per-epoch", "60", "--straggler-every", "10"]
 
 
+@pytest.mark.one_core
 @pytest.mark.parametrize("backend", ["horovod", "ddp"])
 def test_a_rank_slow_in_its_input_is_named_while_training(backend, tmp_path):
     """Rank 1 sleeps 50 ms in every batch it reads (tests/stall, STALL_EVERY): rank 0 names it with its host and

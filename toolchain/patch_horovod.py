@@ -278,6 +278,17 @@ def _edits(cxx: int, cpu_only: bool) -> list[tuple]:
             _BUILT_WITH_PY,
             "the build's answers read from its library (horovodrun imports no framework to learn them)",
         ),
+        (
+            "horovod/tensorflow/util.py",
+            "def _make_subgraph(f):\n    return tf.function(f)\n",
+            f"def _make_subgraph(f):\n    return tf.function(f, autograph=False)  {MARK}\n",
+            # The gradient allreduce (DistributedGradientTape, the Keras DistributedOptimizer) and broadcast_variables
+            # are built eagerly as tf.functions; AutoGraph rewrote them and everything they call from source (about
+            # 180 functions per process, 10 s of a 2-core machine's Keras resume test). Their Python conditions and
+            # loops are on Python values (sparse_as_dense, groups, `grad is None`); the data-dependent ones are
+            # tf.cond already (_allreduce_cond), so tracing them as written builds the same graph.
+            "tf.functions of Horovod's TensorFlow API traced without AutoGraph",
+        ),
         *(
             _built_edit(name, desc)
             for name, desc in (("mpi", "MPI"), ("gloo", "Gloo"), ("nccl", "NCCL"), ("ddl", "DDL"), ("ccl", "CCL"))

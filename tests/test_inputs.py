@@ -296,11 +296,13 @@ def _png(pixels: np.ndarray) -> bytes:
 
 @pytest.mark.launches
 def test_a_process_that_ran_both_loaders_exits():
-    """The uint8 test above, alone in a process of its own (no xdist worker, which skips atexit): it ran a DataLoader's
-    forkserver workers and the shard pool, and the pool's terminate() at exit hung on its task queue's lock. The
-    shard pool's exit hook kills its workers instead (shards._close_pools)."""
+    """The uint8 test above with 2 workers, alone in a process of its own (no xdist worker, which skips atexit): it
+    ran a DataLoader's forkserver workers and the shard pool (0 workers start neither), and the pool's terminate()
+    at exit hung on its task queue's lock. The shard pool's exit hook kills its workers instead
+    (shards._close_pools)."""
+    test = f"{__file__}::test_uint8_leaves_the_class_folder_and_shard_loaders[2]"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", __file__, "-k", "uint8"],
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", test],
         cwd=pathlib.Path(__file__).resolve().parents[1],
         env={k: v for k, v in os.environ.items() if k != "TEST_LAUNCH_LOG"},  # the inner session keeps its own
         capture_output=True,
@@ -308,4 +310,4 @@ def test_a_process_that_ran_both_loaders_exits():
         timeout=150,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "2 passed" in proc.stdout and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "1 passed" in proc.stdout and "Traceback" not in proc.stderr, proc.stderr[-2000:]

@@ -9,7 +9,9 @@ how to follow or cancel it.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 
 from .errors import JobError
@@ -287,6 +289,24 @@ def _quota_read_hint(error: BaseException, outputs: StackOutputs) -> str:
     )
 
 
+@contextlib.contextmanager
+def _code_snapshot(job):
+    """A local `code` folder is handed to azure-ai-ml as the files its snapshot holds, linked into a temporary
+    folder (launcher/snapshot.py): azure-ai-ml would walk all of it, .venv included, twice."""
+    code = getattr(job, "code", None)
+    if not isinstance(code, (str, os.PathLike)) or not os.path.isdir(code):
+        yield  # an asset reference (azureml:...) or no code
+        return
+    from .snapshot import staged
+
+    with staged(code) as folder:
+        job.code = folder
+        try:
+            yield
+        finally:
+            job.code = code
+
+
 def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None, resume_from: str | None = None) -> int:
     from azure.ai.ml.exceptions import JobException
     from azure.core.exceptions import AzureError
@@ -306,7 +326,8 @@ def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None, resu
     compute = str(getattr(job, "compute", "") or "").removeprefix("azureml:")
     image = str(getattr(getattr(job, "environment", None), "image", "") or "")
     try:
-        created = ml.jobs.create_or_update(job)
+        with _code_snapshot(job):
+            created = ml.jobs.create_or_update(job)
     except KeyboardInterrupt:
         print(
             f"\ninterrupted while submitting: the job may or may not exist; look for it with `az ml job list "

@@ -34,6 +34,9 @@ def quick(tmp_path_factory):
     return proc.stdout, json.loads(out.read_text())
 
 
+# The quick run measured at 1.02 cores alone: one_core, with every test of its module-scoped fixture (a fixture
+# is per xdist worker, so its tests stay on one).
+@pytest.mark.one_core
 def test_quick_run_reports_every_backend_with_its_process_count(quick):
     stdout, data = quick
     assert data["quick"] is True and data["config"]["model"] == "resnet18" and data["config"]["threads"] == 1
@@ -55,6 +58,7 @@ def test_quick_run_reports_every_backend_with_its_process_count(quick):
     assert "load before" in stdout and "load after" in stdout
 
 
+@pytest.mark.one_core
 @pytest.mark.parametrize("backend, ranks", [("horovod", [0, 1]), ("ddp", [0, 1]), ("ps", [0, 1, "ps"])])
 def test_every_process_trained_and_holds_the_same_parameters(quick, backend, ranks):
     """Each rank trains on its own batch, so equal digests mean the gradients were averaged (allreduce) or the

@@ -170,15 +170,21 @@ def ignore_file():
 
 
 @functools.cache
-def uploaded(folder: pathlib.Path) -> tuple[object, frozenset[str]]:
-    """The files azure-ai-ml uploads from a local folder, computed by its own functions: the ones
-    create_or_update uses to hash and upload a job's code and an environment's build context
-    (_artifact_utilities._upload_to_datastore: get_ignore_file(path), then get_upload_files_from_folder).
+def walked(folder: pathlib.Path) -> tuple[object, tuple[tuple[str, str], ...]]:
+    """(ignore file, (local path, remote name) of each file) azure-ai-ml uploads from a local folder, computed by
+    its own functions: the ones create_or_update uses to hash and upload a job's code and an environment's build
+    context (_artifact_utilities._upload_to_datastore: get_ignore_file(path), then get_upload_files_from_folder).
     Cached: it walks .venv (azure-ai-ml follows links), seconds per call."""
     from azure.ai.ml._utils._asset_utils import get_ignore_file, get_upload_files_from_folder
 
     ignore = get_ignore_file(folder)
-    return ignore, frozenset(remote for _, remote in get_upload_files_from_folder(folder, ignore_file=ignore))
+    return ignore, tuple(get_upload_files_from_folder(folder, ignore_file=ignore))
+
+
+def uploaded(folder: pathlib.Path) -> tuple[object, frozenset[str]]:
+    """The files azure-ai-ml uploads from a local folder (`walked`), by their remote names."""
+    ignore, files = walked(folder)
+    return ignore, frozenset(remote for _, remote in files)
 
 
 def snapshot() -> tuple[object, frozenset[str]]:
@@ -286,6 +292,65 @@ def test_code_snapshot_holds_what_jobs_run_and_nothing_else():
             assert file in files, f"a job imports {prefix} ({file}), which the snapshot leaves out: .amlignore"
             todo += imports(file)
     assert "payloads/common/config.py" in seen and "payloads/tensorflow/train.py" in seen  # the walk walked
+
+
+def test_the_staged_snapshot_is_what_azure_ml_uploads_from_the_checkout():
+    """submit() hands azure-ai-ml the files launcher/snapshot.py keeps, linked into a temporary folder, instead of
+    the checkout it would walk whole (.venv included, twice per submission): the same files under the same names,
+    the same bytes, and so the same content hash, the code asset's identity."""
+    from azure.ai.ml._utils._asset_utils import _get_file_list_content_hash, get_content_hash, get_ignore_file
+
+    from launcher import snapshot
+
+    _, whole = walked(ROOT)
+    with snapshot.staged(ROOT) as folder:
+        _, staged = walked(pathlib.Path(folder))
+        assert {remote for _, remote in staged} == {remote for _, remote in whole}
+        assert get_content_hash(folder, get_ignore_file(folder)) == _get_file_list_content_hash(list(whole))
+        assert len(staged) > 20 and all(pathlib.Path(folder, r).is_symlink() for _, r in staged)
+    assert not pathlib.Path(folder).exists()
+
+
+def test_the_snapshot_walk_skips_ignored_folders_and_keeps_what_a_negation_brings_back(tmp_path, monkeypatch):
+    """The staged walk skips a folder only where no `!` line can reach inside it; what it keeps equals azure-ai-ml's
+    walk of every file, on a tree with anchored, wildcard and bare-name negations."""
+    from launcher import snapshot
+
+    (tmp_path / ".amlignore").write_text(
+        "/*\n!/src/\n!/img/*/Dockerfile\n__pycache__/\n*.pyc\n!keep.pyc\n/deep/*\n!/deep/a/b/c.txt\n"
+    )
+    files = [
+        "src/main.py", "src/__pycache__/main.cpython-311.pyc", "src/x.pyc", "src/keep.pyc",
+        "img/py/Dockerfile", "img/py/other.txt", "big/lib/site.py", "big/lib/keep.pyc", "deep/a/b/c.txt",
+        "deep/a/b/d.txt", "top.txt",
+    ]  # fmt: skip
+    for f in files:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text(f)
+    walked_folders = []
+    real_walk = snapshot.os.walk
+
+    def recording_walk(top, **kw):
+        for folder, subfolders, names in real_walk(top, **kw):
+            walked_folders.append(pathlib.Path(folder).relative_to(tmp_path).as_posix())
+            yield folder, subfolders, names
+
+    monkeypatch.setattr(snapshot.os, "walk", recording_walk)
+    kept = {p.as_posix() for p in snapshot.kept_files(tmp_path)}
+    monkeypatch.undo()
+    _, whole = uploaded(tmp_path)
+    assert kept == set(whole) == {"src/main.py", "src/keep.pyc", "img/py/Dockerfile", "big/lib/keep.pyc",
+                                  "deep/a/b/c.txt"}  # fmt: skip
+    # `!keep.pyc` (a bare name) reaches every folder, so this tree is walked whole ...
+    assert "big/lib" in walked_folders
+    (tmp_path / ".amlignore").write_text("/*\n!/src/\n!/img/*/Dockerfile\n__pycache__/\n")
+    walked_folders.clear()
+    monkeypatch.setattr(snapshot.os, "walk", recording_walk)
+    kept = {p.as_posix() for p in snapshot.kept_files(tmp_path)}
+    monkeypatch.undo()
+    # ... and without it, the folders no line brings anything back from are never entered.
+    assert kept == {"src/main.py", "src/x.pyc", "src/keep.pyc", "img/py/Dockerfile"}
+    assert sorted(walked_folders) == [".", "img", "img/py", "src", "src/__pycache__"]
 
 
 @pytest.mark.parametrize(

@@ -308,6 +308,8 @@ def test_the_staged_snapshot_is_what_azure_ml_uploads_from_the_checkout():
         assert {remote for _, remote in staged} == {remote for _, remote in whole}
         assert get_content_hash(folder, get_ignore_file(folder)) == _get_file_list_content_hash(list(whole))
         assert len(staged) > 20 and all(pathlib.Path(folder, r).is_symlink() for _, r in staged)
+        # The upload opens each file at the local path azure-ai-ml resolves the link to: the checkout's own file.
+        assert all(pathlib.Path(local) == ROOT.resolve() / remote for local, remote in staged)
     assert not pathlib.Path(folder).exists()
 
 

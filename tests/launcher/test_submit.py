@@ -355,6 +355,34 @@ def test_the_snapshot_walk_skips_ignored_folders_and_keeps_what_a_negation_bring
     assert sorted(walked_folders) == [".", "img", "img/py", "src", "src/__pycache__"]
 
 
+def test_what_azure_ml_uploads_from_the_staged_folder_is_what_it_uploads_from_the_original(tmp_path):
+    """Through azure-ai-ml's own walk of both: a .gitignore that keeps itself (a link to it would move its base back
+    to the original folder: nothing uploaded), and the cases the pruned walk cannot judge (a linked folder, which
+    azure-ai-ml matches by its resolved path; an escape in a `!` line), where the original folder is handed over."""
+    from launcher import snapshot
+
+    def tree(name: str, ignore: str, files: list[str]) -> pathlib.Path:
+        root = tmp_path / name
+        for f in files:
+            (root / f).parent.mkdir(parents=True, exist_ok=True)
+            (root / f).write_text(f)
+        (root / ".gitignore").write_text(ignore)
+        return root
+
+    keeps_itself = tree("own", "/*\n!/src/\n!/.gitignore\n", ["src/a.py", "other/b.py"])
+    with snapshot.staged(keeps_itself) as folder:
+        assert pathlib.Path(folder).name == "own"  # the upload's blob folder keeps the checkout's name
+        assert uploaded(pathlib.Path(folder))[1] == uploaded(keeps_itself)[1] == {".gitignore", "src/a.py"}
+    linked = tree("linked", "/*\n!/payloads/\n", ["payloads/x.py", "common/y.py"])
+    (linked / "link").symlink_to(linked / "payloads")
+    (linked / "payloads" / "sh").symlink_to(linked / "common")
+    escaped = tree("escaped", "/*\n!/\\[a\\]/k\n", ["[a]/k", "b/k"])
+    for original in (linked, escaped):
+        with snapshot.staged(original) as folder:
+            assert folder == str(original.resolve())
+    assert uploaded(escaped)[1] == {"[a]/k"}
+
+
 @pytest.mark.parametrize(
     "path",
     [

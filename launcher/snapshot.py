@@ -91,12 +91,17 @@ def staged(root: str | os.PathLike) -> Iterator[str]:
         # The checkout's name, as the upload's blob folder had it (LocalUpload/<hash>/<folder name>/).
         folder = pathlib.Path(parent) / root.name
         folder.mkdir()
-        if ignore_path and os.path.isfile(ignore_path):
-            shutil.copyfile(ignore_path, folder / os.path.basename(ignore_path))
-        for rel in kept:
-            link = folder / rel
-            if link.exists():
-                continue  # the ignore file, copied above
-            link.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(root / rel, link)
+        try:
+            if ignore_path and os.path.isfile(ignore_path):
+                shutil.copyfile(ignore_path, folder / os.path.basename(ignore_path))
+            for rel in kept:
+                link = folder / rel
+                if link.exists():
+                    continue  # the ignore file, copied above
+                link.parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(root / rel, link)
+        except OSError:
+            # No links here (Windows without the right to create them, say): the slow way, the same upload.
+            yield str(root)
+            return
         yield str(folder)

@@ -380,6 +380,15 @@ def test_what_azure_ml_uploads_from_the_staged_folder_is_what_it_uploads_from_th
     for original in (linked, escaped):
         with snapshot.staged(original) as folder:
             assert folder == str(original.resolve())
+
+    # Where no link can be made (Windows without the right to), the folder itself too.
+    def no_links(*args):
+        raise OSError(1, "A required privilege is not held by the client")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(snapshot.os, "symlink", no_links)
+        with snapshot.staged(keeps_itself) as folder:
+            assert folder == str(keeps_itself.resolve())
     assert uploaded(escaped)[1] == {"[a]/k"}
 
 

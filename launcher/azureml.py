@@ -292,7 +292,7 @@ def _quota_read_hint(error: BaseException, outputs: StackOutputs) -> str:
 @contextlib.contextmanager
 def _code_snapshot(job):
     """A local `code` folder is handed to azure-ai-ml as the files its snapshot holds, linked into a temporary
-    folder (launcher/snapshot.py): azure-ai-ml would walk all of it, .venv included, twice."""
+    folder (launcher/snapshot.py): azure-ai-ml would walk all of it, .venv included, several times."""
     code = getattr(job, "code", None)
     if not isinstance(code, (str, os.PathLike)) or not os.path.isdir(code):
         yield  # an asset reference (azureml:...) or no code

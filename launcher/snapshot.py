@@ -46,12 +46,14 @@ def _reachable(folder: tuple[str, ...], negations: list[str]) -> bool:
     return False
 
 
-def kept_files(root: pathlib.Path) -> Iterator[pathlib.Path]:
+def kept_files(root: pathlib.Path, ignore=None) -> Iterator[pathlib.Path]:
     """The files under `root` that azure-ai-ml uploads as a job's code (relative paths), by its own ignore file and
-    matching (get_ignore_file: .amlignore before .gitignore), skipping the folders no file of which can be kept."""
-    from azure.ai.ml._utils._asset_utils import get_ignore_file
+    matching (get_ignore_file: .amlignore before .gitignore; `ignore`, that file's IgnoreFile, where the caller
+    has it), skipping the folders no file of which can be kept."""
+    if ignore is None:
+        from azure.ai.ml._utils._asset_utils import get_ignore_file
 
-    ignore = get_ignore_file(root)
+        ignore = get_ignore_file(root)
     path = getattr(ignore, "path", None)
     lines = pathlib.Path(path).read_text().splitlines() if path and os.path.isfile(path) else []
     negations = [line.strip() for line in lines if line.strip().startswith("!")]
@@ -81,12 +83,13 @@ def staged(root: str | os.PathLike) -> Iterator[str]:
     from azure.ai.ml._utils._asset_utils import get_ignore_file
 
     root = pathlib.Path(root).resolve()
+    ignore = get_ignore_file(root)
     try:
-        kept = list(kept_files(root))
+        kept = list(kept_files(root, ignore))
     except _Unsure:
         yield str(root)
         return
-    ignore_path = getattr(get_ignore_file(root), "path", None)
+    ignore_path = getattr(ignore, "path", None)
     with tempfile.TemporaryDirectory(prefix="code-snapshot-") as parent:
         # The checkout's name, as the upload's blob folder had it (LocalUpload/<hash>/<folder name>/).
         folder = pathlib.Path(parent) / root.name

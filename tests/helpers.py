@@ -161,13 +161,19 @@ def _beat(out: pathlib.Path, rank: int) -> dict | None:
         return None
 
 
+def hook_env(folder: str, **variables: str) -> dict:
+    """env() with the sitecustomize hook in tests/<folder> loaded by every process started with it, and its
+    variables set."""
+    e = env()
+    e["PYTHONPATH"] = str(ROOT / "tests" / folder) + os.pathsep + e["PYTHONPATH"]
+    e.update(variables)
+    return e
+
+
 def stop_at_env(after: int, ranks: list[int], within: pathlib.Path | None = None) -> dict:
     """env() with tests/stop_at: the ranks in `ranks` wait after step `after` for their signal (only in a run whose
     --output-dir contains `within`, when given), and every rank agrees after every step."""
-    e = env()
-    e["PYTHONPATH"] = str(ROOT / "tests" / "stop_at") + os.pathsep + e["PYTHONPATH"]
-    e.update(STOP_AT=str(after), STOP_RANKS=",".join(map(str, ranks)), STOP_IN=str(within or ""))
-    return e
+    return hook_env("stop_at", STOP_AT=str(after), STOP_RANKS=",".join(map(str, ranks)), STOP_IN=str(within or ""))
 
 
 def stopped_run(

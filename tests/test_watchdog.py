@@ -19,7 +19,7 @@ import time
 
 import psutil
 import pytest
-from helpers import ROOT, TINY, env, horovodrun, python_m, torchrun, train
+from helpers import ROOT, TINY, env, hook_env, horovodrun, python_m, torchrun, train
 
 from payloads.common import config, watchdog
 from payloads.common.errors import ConfigError
@@ -47,10 +47,7 @@ MARGIN = {"horovod": 25.0, "ddp": 50.0}
 
 
 def _stall_hook(rank: int, at: int) -> dict:
-    e = env()
-    e["PYTHONPATH"] = str(ROOT / "tests" / "stall") + os.pathsep + e["PYTHONPATH"]
-    e.update(STALL_RANK=str(rank), STALL_AT=str(at))
-    return e
+    return hook_env("stall", STALL_RANK=str(rank), STALL_AT=str(at))
 
 
 def _launch(cmd: list[str], environ: dict, log: pathlib.Path) -> subprocess.Popen:

@@ -193,6 +193,9 @@ def snapshot() -> tuple[object, frozenset[str]]:
 
 
 ENVIRONMENTS = sorted((ROOT / "images").glob("*/environment.yaml"))
+# The tests reading `walked(ROOT)` (about 26 s of this machine: .venv's files) run on one xdist worker, so the
+# checkout is walked once per test run instead of once per worker.
+WALKS_THE_CHECKOUT = pytest.mark.xdist_group("walks_the_checkout")
 
 
 def copy_sources(dockerfile: pathlib.Path) -> list[str]:
@@ -258,6 +261,7 @@ def imports(file: str) -> set[str]:
     return {n for n in names if n}
 
 
+@WALKS_THE_CHECKOUT
 def test_code_snapshot_holds_what_jobs_run_and_nothing_else():
     ignore, files = snapshot()
     assert pathlib.Path(ignore.path).name == ".amlignore"  # it, not .gitignore, governs the upload
@@ -294,6 +298,7 @@ def test_code_snapshot_holds_what_jobs_run_and_nothing_else():
     assert "payloads/common/config.py" in seen and "payloads/tensorflow/train.py" in seen  # the walk walked
 
 
+@WALKS_THE_CHECKOUT
 def test_the_staged_snapshot_is_what_azure_ml_uploads_from_the_checkout():
     """submit() hands azure-ai-ml the files launcher/snapshot.py keeps, linked into a temporary folder, instead of
     the checkout it would walk whole (.venv included, twice per submission): the same files under the same names,
@@ -420,6 +425,7 @@ def test_code_snapshot_leaves_out(path):
     assert ignore.is_file_excluded((ROOT / path).as_posix())
 
 
+@WALKS_THE_CHECKOUT
 @pytest.mark.parametrize("environment", ENVIRONMENTS, ids=lambda p: p.parent.name)
 def test_workspace_image_build_gets_its_dockerfile_and_every_copy_source(environment):
     """`az ml environment create -f images/<x>/environment.yaml` uploads build.path filtered by the ignore file

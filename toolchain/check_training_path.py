@@ -32,6 +32,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import tempfile
 
 MODULES = {
     # torch._dynamo before torchvision, which imports it too: the first failure names the cause
@@ -175,6 +176,10 @@ def first_errors(text: str, most: int = 5) -> str:
     return "".join(f"cause: {line}\n" for line in seen[:most])
 
 
+# The folder check_step made for the payload step's checkpoint, shared by both ranks.
+CHECKPOINT_DIR_ENV = "CHECK_TRAINING_PATH_DIR"
+
+
 def check_step(framework: str, horovodrun: str, timeout: float, payload_root: pathlib.Path = None) -> list[str]:
     env = dict(os.environ)
     root = payload_root or PAYLOAD_ROOT
@@ -196,10 +201,15 @@ def check_step(framework: str, horovodrun: str, timeout: float, payload_root: pa
         "--worker",
         framework,
     ]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return [f"the two-process {framework} step did not finish in {timeout:.0f} s"]
+    # The ranks' checkpoint folder belongs to this process: removed once horovodrun has ended, however the step
+    # ended (a rank that fails cannot safely remove what the other rank may still be reading; after a timeout a
+    # rank may outlive horovodrun, hence ignore_cleanup_errors).
+    with tempfile.TemporaryDirectory(prefix="check-", ignore_cleanup_errors=True) as folder:
+        env[CHECKPOINT_DIR_ENV] = folder
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            return [f"the two-process {framework} step did not finish in {timeout:.0f} s"]
     text = out.stdout + out.stderr
     done = re.findall(r"step ok: (\S+)", text)
     if out.returncode != 0 or len(done) < 2 * len(WORKER_STEPS[framework]):
@@ -276,9 +286,6 @@ def _hold_fused_sgd_to_cuda_rule(torch, runtime) -> list[int]:
 
 def worker_pytorch_payload() -> list[str]:
     """The payload's pieces, as a GPU job runs them (payloads.pytorch: backends, runtime, precision)."""
-    import shutil
-    import tempfile
-
     import torch
 
     from payloads.common import config
@@ -287,8 +294,9 @@ def worker_pytorch_payload() -> list[str]:
     backend = backends.Horovod()
     backend.init()
     calls = _hold_fused_sgd_to_cuda_rule(torch, runtime)
-    folder = backend.broadcast_object(tempfile.mkdtemp(prefix="check-") if backend.rank() == 0 else None, "folder")
-    cfg = config.TrainConfig(output_dir=pathlib.Path(folder), batch_size=4, channels_last=True, amp=True)
+    cfg = config.TrainConfig(
+        output_dir=pathlib.Path(os.environ[CHECKPOINT_DIR_ENV]), batch_size=4, channels_last=True, amp=True
+    )
     cpu = torch.device("cpu")
     prec = precision.choose(cpu, True, "bf16", False)
     gen = torch.Generator().manual_seed(100 + backend.rank())
@@ -326,8 +334,6 @@ def worker_pytorch_payload() -> list[str]:
         raise AssertionError("the checkpoint was not restored")
     step(fresh, fresh_opt)
     digests = backend.allgather_object(models.parameters_digest(fresh), "digests")  # also: both ranks are done
-    if backend.rank() == 0:
-        shutil.rmtree(folder, ignore_errors=True)
     if len(set(digests)) != 1:
         raise AssertionError(f"ranks differ after a step on the restored optimizer: {digests}")
     fused = all(g.get("fused") for g in fresh_opt.param_groups)  # Horovod's wrapper keeps the groups' options

@@ -325,10 +325,15 @@ def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None, resu
     # create_or_update rewrites these into ARM ids: keep the names the user knows for the messages
     compute = str(getattr(job, "compute", "") or "").removeprefix("azureml:")
     image = str(getattr(getattr(job, "environment", None), "image", "") or "")
+    sending = False
     try:
         with _code_snapshot(job):
+            sending = True
             created = ml.jobs.create_or_update(job)
     except KeyboardInterrupt:
+        if not sending:  # while the code snapshot was listed: nothing had gone to Azure
+            print("\ninterrupted before anything was sent: no job was submitted", file=sys.stderr, flush=True)
+            return EXIT_INTERRUPTED
         print(
             f"\ninterrupted while submitting: the job may or may not exist; look for it with `az ml job list "
             f"-g {outputs['resource_group']} -w {outputs['workspace_name']} --max-results 5`",

@@ -670,6 +670,23 @@ def test_ctrl_c_while_submitting(azure, dev_outputs, small_job, capsys):
     assert "the job may or may not exist" in capsys.readouterr().err
 
 
+def test_ctrl_c_while_the_code_snapshot_is_listed_says_nothing_was_sent(azure, dev_outputs, small_job, capsys):
+    from launcher import snapshot
+
+    staged = []
+
+    def interrupted(root, ignore=None):
+        staged.append(root)
+        raise KeyboardInterrupt  # Ctrl-C in the walk, before azure-ai-ml has the job
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(snapshot, "kept_files", interrupted)
+        assert submit(dev_outputs, small_job) == 130
+    assert staged, "the snapshot was not listed: the test interrupted nothing"
+    assert "interrupted before anything was sent: no job was submitted" in capsys.readouterr().err
+    assert not azure.jobs and not any("/jobs/" in path or "/codes/" in path for _, path in azure.calls)
+
+
 def test_no_stream_returns_after_submitting(azure, dev_outputs, small_job):
     assert submit(dev_outputs, small_job, stream=False) == 0
     assert not any("/runs/" in path for _, path in azure.calls)

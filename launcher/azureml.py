@@ -325,15 +325,18 @@ def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None, resu
     # create_or_update rewrites these into ARM ids: keep the names the user knows for the messages
     compute = str(getattr(job, "compute", "") or "").removeprefix("azureml:")
     image = str(getattr(getattr(job, "environment", None), "image", "") or "")
-    sending = False
+    sending, created = False, None
     try:
         with _code_snapshot(job):
             sending = True
             created = ml.jobs.create_or_update(job)
     except KeyboardInterrupt:
-        if not sending:  # while the code snapshot was listed: nothing had gone to Azure
+        if not sending:  # while the code snapshot was listed or staged: nothing had gone to Azure
             print("\ninterrupted before anything was sent: no job was submitted", file=sys.stderr, flush=True)
             return EXIT_INTERRUPTED
+        if created is not None:  # while the staged snapshot was removed: the job exists
+            print(f"submitted {created.name}: {created.studio_url}", flush=True)
+            return _interrupted(created.name, created.studio_url, outputs)
         print(
             f"\ninterrupted while submitting: the job may or may not exist; look for it with `az ml job list "
             f"-g {outputs['resource_group']} -w {outputs['workspace_name']} --max-results 5`",

@@ -85,6 +85,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(ONE_CORE))
         elif item.get_closest_marker(LAUNCHES):
             item.add_marker(pytest.mark.xdist_group(LAUNCHES))
+        # xdist joins every group name a test carries into one: a launch with a group of its own would leave the
+        # serial group and share the cores with the other launches.
+        groups = {m.args[0] if m.args else m.kwargs.get("name") for m in item.iter_markers("xdist_group")}
+        assert len(groups) <= 1 or not item.get_closest_marker(LAUNCHES), (
+            f"{item.nodeid}: a `{LAUNCHES}` test in the xdist groups {sorted(groups)}; launches run in theirs alone"
+        )
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -202,8 +202,8 @@ def check_step(framework: str, horovodrun: str, timeout: float, payload_root: pa
         framework,
     ]
     # The ranks' checkpoint folder belongs to this process: removed once horovodrun has ended, however the step
-    # ended (a rank that fails cannot safely remove what the other rank may still be reading; after a timeout a
-    # rank may outlive horovodrun, hence ignore_cleanup_errors).
+    # ended (a rank that fails cannot safely remove what the other rank may still be reading). After a timeout a rank
+    # may outlive horovodrun, fail the removal (ignored) or make the folder again: only that case can leave one.
     with tempfile.TemporaryDirectory(prefix="check-", ignore_cleanup_errors=True) as folder:
         env[CHECKPOINT_DIR_ENV] = folder
         try:

@@ -193,7 +193,7 @@ def snapshot() -> tuple[object, frozenset[str]]:
 
 
 ENVIRONMENTS = sorted((ROOT / "images").glob("*/environment.yaml"))
-# The tests reading `walked(ROOT)` (about 26 s of this machine: .venv's files) run on one xdist worker, so the
+# The tests reading `walked(ROOT)` (11-26 s on 2 cores: .venv's files) run on one xdist worker, so the
 # checkout is walked once per test run instead of once per worker.
 WALKS_THE_CHECKOUT = pytest.mark.xdist_group("walks_the_checkout")
 
@@ -685,6 +685,27 @@ def test_ctrl_c_while_the_code_snapshot_is_listed_says_nothing_was_sent(azure, d
     assert staged, "the snapshot was not listed: the test interrupted nothing"
     assert "interrupted before anything was sent: no job was submitted" in capsys.readouterr().err
     assert not azure.jobs and not any("/jobs/" in path or "/codes/" in path for _, path in azure.calls)
+
+
+def test_ctrl_c_after_the_job_was_created_names_it(azure, dev_outputs, small_job, capsys):
+    """Ctrl-C while the staged snapshot is removed, create_or_update having returned: the job exists and is named."""
+    import contextlib
+
+    from launcher import snapshot
+
+    real = snapshot.staged
+
+    @contextlib.contextmanager
+    def interrupted_on_exit(root):
+        with real(root) as folder:
+            yield folder
+        raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(snapshot, "staged", interrupted_on_exit)
+        assert submit(dev_outputs, small_job) == 130
+    name = next(iter(azure.jobs))
+    assert f"job {name} is still running on Azure ML" in capsys.readouterr().err
 
 
 def test_no_stream_returns_after_submitting(azure, dev_outputs, small_job):

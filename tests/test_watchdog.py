@@ -9,6 +9,7 @@ tree and stopped rank included, so nothing is left running."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -19,7 +20,7 @@ import time
 
 import psutil
 import pytest
-from helpers import ROOT, TINY, env, hook_env, horovodrun, python_m, torchrun, train
+from helpers import ROOT, TINY, hook_env, horovodrun, python_m, torchrun, train
 
 from payloads.common import config, watchdog
 from payloads.common.errors import ConfigError
@@ -89,23 +90,26 @@ def _command(backend: str, args: list[str], payload: str = "pytorch") -> list[st
 @pytest.mark.one_core
 @pytest.mark.parametrize("backend", ["horovod", "ddp"])
 def test_a_stopped_rank_is_named_and_the_job_ends(backend, tmp_path):
-    """Rank 1 frozen by SIGSTOP once its heartbeat shows 10 steps: its watchdog cannot run, so rank 0's names it
-    from the heartbeat that stopped, writes its own stacks (it waits in the gradient exchange: the collective
-    library released the GIL, or rank 0's thread could not have run) and ends the job."""
+    """Rank 1 frozen by SIGSTOP in a batch it reads 2 s into training (tests/stall, STALL_STOP: sent by itself, so
+    inside a step however fast the machine; one sent from here once a heartbeat showed 10 steps came during the
+    epoch's end checkpoint on a fast one): its watchdog cannot run, so rank 0's names it from the heartbeat that stopped, writes its own stacks (it
+    waits in the gradient exchange: the collective library released the GIL, or rank 0's thread could not have
+    run) and ends the job."""
     out = tmp_path / "out"
     log = tmp_path / "log"
-    proc = _launch(_command(backend, LONG + ["--stall-timeout", str(STALL), "--output-dir", str(out)]), env(), log)
+    cmd = _command(backend, LONG + ["--stall-timeout", str(STALL), "--output-dir", str(out)])
+    proc = _launch(cmd, {**_stall_hook(rank=1, at=10), "STALL_STOP": "2"}, log)
     stopped = None
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
             beat = _beat(out, 1)
-            if beat and beat["steps"] >= 10:
-                stopped = beat["pid"]
-                break
-            time.sleep(0.1)
-        assert stopped, f"rank 1 never reported 10 steps:\n{log.read_text()[-3000:]}"
-        os.kill(stopped, signal.SIGSTOP)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if beat and psutil.Process(beat["pid"]).status() == psutil.STATUS_STOPPED:
+                    stopped = beat["pid"]
+                    break
+            time.sleep(0.05)
+        assert stopped, f"rank 1 never stopped:\n{log.read_text()[-3000:]}"
         at = time.monotonic()
         rc = proc.wait(timeout=STALL + MARGIN[backend] + 30)
         took = time.monotonic() - at
@@ -117,7 +121,7 @@ def test_a_stopped_rank_is_named_and_the_job_ends(backend, tmp_path):
     assert took < STALL + MARGIN[backend], f"ended {took:.0f} s after the stop\n{text[-3000:]}"
     report = _report(out)
     ranks = {r["rank"]: r for r in report["ranks"]}
-    assert ranks[1]["why"] == "stopped" and ranks[1]["host"] == HOST, report
+    assert ranks[1]["why"] == "stopped" and ranks[1]["host"] == HOST and ranks[1]["steps"] >= 10, report
     assert ranks[0]["why"] == "waiting" and ranks[0]["doing"] == "exchange", report
     line = next(ln for ln in text.splitlines() if "stalled: no training step" in ln)
     assert f"rank 1 on {HOST} stopped at step" in line and "heartbeat" in line, line

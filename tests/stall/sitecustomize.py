@@ -2,25 +2,38 @@
 STALL_RANK set: the rank whose HOROVOD_RANK (horovodrun) or RANK (torchrun) equals it, or a process started alone
 (neither set) when STALL_RANK is 0. Its STALL_AT-th batch (default 20) sleeps STALL_SECONDS (default 3600) where the
 payload reads it; with STALL_EVERY set, every batch from the STALL_AT-th on sleeps STALL_SECONDS instead (a slow
-rank, not a stuck one). Where the payload reads: the PyTorch payload's synthetic batches, the land-cover payload's patch batches (cut in a thread
+rank, not a stuck one); with STALL_STOP=S instead, the first batch from the STALL_AT-th on that comes S seconds
+after the first batch stops the whole process with SIGSTOP (a frozen rank, inside a step whatever the machine's
+speed, its heartbeat written meanwhile). Where the payload reads: the PyTorch payload's synthetic batches, the land-cover payload's patch batches (cut in a thread
 the training loop waits on), the TensorFlow and Keras payloads' tf.data pipeline (a py_function in the training
 dataset). tests/test_watchdog.py shows with it that the stall watchdog names the rank, and the straggler
 comparison the slow one."""
 
 import os
+import signal
 import sys
 import time
 
 AT = int(os.environ.get("STALL_AT", "20"))
 EVERY = bool(os.environ.get("STALL_EVERY"))
+STOP = float(os.environ.get("STALL_STOP") or 0)
 SECONDS = float(os.environ.get("STALL_SECONDS", "3600"))
 CALLS = [0]
+FIRST = [0.0]  # when the first batch was read; -1 once stopped
 
 
 def _slow() -> None:
     CALLS[0] += 1
+    if CALLS[0] == 1:
+        FIRST[0] = time.monotonic()
     if EVERY and CALLS[0] >= AT:
         time.sleep(SECONDS)
+    elif STOP:
+        if CALLS[0] >= AT and FIRST[0] >= 0 and time.monotonic() - FIRST[0] >= STOP:
+            FIRST[0] = -1.0
+            sys.stderr.write(f"tests/stall: rank {_rank} stops itself (SIGSTOP) in its batch {CALLS[0]}\n")
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGSTOP)
     elif CALLS[0] == AT:
         sys.stderr.write(f"tests/stall: rank {_rank} sleeps {SECONDS:.0f} s in its batch {AT}\n")
         sys.stderr.flush()

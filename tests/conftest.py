@@ -93,6 +93,24 @@ def pytest_collection_modifyitems(config, items):
         )
 
 
+# What the checkout's top folder holds when the session starts: a test that writes there instead of under its
+# tmp_path (a payload run without --output-dir writes outputs/ in its working folder) fails the session.
+_CHECKOUT = pathlib.Path(__file__).resolve().parents[1]
+_CHECKOUT_BEFORE = set(os.listdir(_CHECKOUT))
+_CHECKOUT_CACHES = {".pytest_cache", "__pycache__"}
+
+
+def _left_in_checkout(session) -> None:
+    new = set(os.listdir(_CHECKOUT)) - _CHECKOUT_BEFORE - _CHECKOUT_CACHES
+    if new and not _worker(session.config):
+        session.config.get_terminal_writer().line(
+            f"the tests left {', '.join(sorted(new))} in the checkout ({_CHECKOUT}): a test writes there instead of "
+            "under its tmp_path (a payload run needs --output-dir)",
+            red=True,
+        )
+        session.exitstatus = 1
+
+
 def pytest_sessionfinish(session, exitstatus):
     """The device rule (tests/README.md), checked on what ran: every value of every device-dependent flag trained
     in a successful launch of two or more processes. Deleting those runs fails the whole suite. Checked by the
@@ -103,6 +121,7 @@ def pytest_sessionfinish(session, exitstatus):
 
     from payloads.common import config
 
+    _left_in_checkout(session)
     path = os.environ.get("TEST_LAUNCH_LOG")
     if not path or exitstatus != 0 or _worker(session.config) or not _whole_suite(session):
         return

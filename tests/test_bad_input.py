@@ -1,6 +1,8 @@
 """Bad input fails before training with a message that names the problem and the fix."""
 
+import os
 import pathlib
+import tempfile
 
 import pytest
 from helpers import TINY, train
@@ -14,7 +16,10 @@ MODELS = list(models.MODELS)
 
 
 def parse(*args):
-    return config.parse(list(args), "train", "", MODELS)
+    # parse() creates --output-dir (config.check_output_dir): one under the session's temporary folder, not the
+    # checkout's outputs/; a test's own --output-dir comes later and wins.
+    out = os.path.join(tempfile.gettempdir(), "parsed-outputs")
+    return config.parse(["--output-dir", out, *args], "train", "", MODELS)
 
 
 def test_unknown_model_lists_the_choices():

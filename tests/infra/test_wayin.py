@@ -868,7 +868,8 @@ def test_the_docker_repository_key_is_taken_only_with_dockers_fingerprint(tmp_pa
     (tmp_path / "junk.asc").write_text("<html>not a key</html>")
 
     def verify(name: str) -> int:
-        run_env = {"PATH": os.environ["PATH"], "DOCKER_KEY_FINGERPRINT": keys["docker"]}
+        # TMPDIR: the check's `mktemp -d` GnuPG home stays under tmp_path, not in /tmp
+        run_env = {"PATH": os.environ["PATH"], "DOCKER_KEY_FINGERPRINT": keys["docker"], "TMPDIR": str(tmp_path)}
         return subprocess.run(["sh", str(script), "verify", str(tmp_path / name)], env=run_env).returncode
 
     assert verify("docker.asc") == 0

@@ -92,9 +92,9 @@ def _command(backend: str, args: list[str], payload: str = "pytorch") -> list[st
 def test_a_stopped_rank_is_named_and_the_job_ends(backend, tmp_path):
     """Rank 1 frozen by SIGSTOP in a batch it reads 2 s into training (tests/stall, STALL_STOP: sent by itself, so
     inside a step however fast the machine; one sent from here once a heartbeat showed 10 steps came during the
-    epoch's end checkpoint on a fast one): its watchdog cannot run, so rank 0's names it from the heartbeat that stopped, writes its own stacks (it
-    waits in the gradient exchange: the collective library released the GIL, or rank 0's thread could not have
-    run) and ends the job."""
+    epoch's end checkpoint on a fast one): its watchdog cannot run, so rank 0's names it from the heartbeat that
+    stopped, writes its own stacks (it waits in the gradient exchange: the collective library released the GIL, or
+    rank 0's thread could not have run) and ends the job."""
     out = tmp_path / "out"
     log = tmp_path / "log"
     cmd = _command(backend, LONG + ["--stall-timeout", str(STALL), "--output-dir", str(out)])

@@ -318,7 +318,7 @@ def test_the_staged_snapshot_is_what_azure_ml_uploads_from_the_checkout():
     assert not pathlib.Path(folder).exists()
 
 
-def test_the_snapshot_walk_skips_ignored_folders_and_keeps_what_a_negation_brings_back(tmp_path, monkeypatch):
+def test_the_snapshot_walk_skips_ignored_folders_and_keeps_what_a_negation_brings_back(tmp_path):
     """The staged walk skips a folder only where no `!` line can reach inside it; what it keeps equals azure-ai-ml's
     walk of every file, on a tree with anchored, wildcard and bare-name negations."""
     from launcher import snapshot
@@ -334,27 +334,29 @@ def test_the_snapshot_walk_skips_ignored_folders_and_keeps_what_a_negation_bring
     for f in files:
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f).write_text(f)
-    walked_folders = []
     real_walk = snapshot.os.walk
 
-    def recording_walk(top, **kw):
-        for folder, subfolders, names in real_walk(top, **kw):
-            walked_folders.append(pathlib.Path(folder).relative_to(tmp_path).as_posix())
-            yield folder, subfolders, names
+    def kept_and_walked() -> tuple[set[str], list[str]]:
+        """What the staged walk keeps, and the folders it entered."""
+        entered = []
 
-    monkeypatch.setattr(snapshot.os, "walk", recording_walk)
-    kept = {p.as_posix() for p in snapshot.kept_files(tmp_path)}
-    monkeypatch.undo()
+        def recording_walk(top, **kw):
+            for folder, subfolders, names in real_walk(top, **kw):
+                entered.append(pathlib.Path(folder).relative_to(tmp_path).as_posix())
+                yield folder, subfolders, names
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(snapshot.os, "walk", recording_walk)
+            return {p.as_posix() for p in snapshot.kept_files(tmp_path)}, entered
+
+    kept, walked_folders = kept_and_walked()
     _, whole = uploaded(tmp_path)
     assert kept == set(whole) == {"src/main.py", "src/keep.pyc", "img/py/Dockerfile", "big/lib/keep.pyc",
                                   "deep/a/b/c.txt"}  # fmt: skip
     # `!keep.pyc` (a bare name) reaches every folder, so this tree is walked whole ...
     assert "big/lib" in walked_folders
     (tmp_path / ".amlignore").write_text("/*\n!/src/\n!/img/*/Dockerfile\n__pycache__/\n")
-    walked_folders.clear()
-    monkeypatch.setattr(snapshot.os, "walk", recording_walk)
-    kept = {p.as_posix() for p in snapshot.kept_files(tmp_path)}
-    monkeypatch.undo()
+    kept, walked_folders = kept_and_walked()
     # ... and without it, the folders no line brings anything back from are never entered.
     assert kept == {"src/main.py", "src/x.pyc", "src/keep.pyc", "img/py/Dockerfile"}
     assert sorted(walked_folders) == [".", "img", "img/py", "src", "src/__pycache__"]

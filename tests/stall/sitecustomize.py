@@ -4,10 +4,10 @@ STALL_RANK set: the rank whose HOROVOD_RANK (horovodrun) or RANK (torchrun) equa
 payload reads it; with STALL_EVERY set, every batch from the STALL_AT-th on sleeps STALL_SECONDS instead (a slow
 rank, not a stuck one); with STALL_STOP=S instead, the first batch from the STALL_AT-th on that comes S seconds
 after the first batch stops the whole process with SIGSTOP (a frozen rank, inside a step whatever the machine's
-speed, its heartbeat written meanwhile). Where the payload reads: the PyTorch payload's synthetic batches, the land-cover payload's patch batches (cut in a thread
-the training loop waits on), the TensorFlow and Keras payloads' tf.data pipeline (a py_function in the training
-dataset). tests/test_watchdog.py shows with it that the stall watchdog names the rank, and the straggler
-comparison the slow one."""
+speed, its heartbeat written meanwhile). Where the payload reads: the PyTorch payload's synthetic batches, the
+land-cover payload's patch batches (cut in a thread the training loop waits on), the TensorFlow and Keras payloads'
+tf.data pipeline (a py_function in the training dataset). tests/test_watchdog.py shows with it that the stall
+watchdog names the rank, and the straggler comparison the slow one."""
 
 import os
 import signal

@@ -218,11 +218,13 @@ def check_resume_is_exact(
     payload: str = "pytorch",
     steps_per_epoch: int = 40,
     after: int = 10,
+    same: str | None = None,
 ) -> dict:
     """Issue 31's exactness procedure, one for every payload: the run uninterrupted; the same run stopped by
     SIGTERM mid-epoch (every rank says so, exit 75, within the 30 s grace, a mid-epoch checkpoint holding the
     position, data order and every rank's random states); resumed from it, it ends bitwise equal to the
-    uninterrupted run. Returns the stopped checkpoint's state."""
+    uninterrupted run. Returns the stopped checkpoint's state. `same`: the key of the straight and resumed runs'
+    records in tests/same_numbers."""
     import torch
 
     from payloads.common import checkpoint, preemption
@@ -254,4 +256,9 @@ def check_resume_is_exact(
     assert a.keys() == b.keys()
     different = [k for k in a if not torch.equal(a[k], b[k])]
     assert not different, different
+    if same:  # the numbers of the code before the one-loop change (tests/same_numbers.py)
+        import same_numbers
+
+        same_numbers.check(f"{same}/straight", straight)
+        same_numbers.check(f"{same}/resumed", stopped)
     return state

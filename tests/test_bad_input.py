@@ -186,6 +186,9 @@ def test_corrupt_validation_image_is_skipped_and_counted(tmp_path):
     epochs = metrics(tmp_path / "out")["epochs"]
     assert [e["val_skipped_images"] for e in epochs] == [1, 1]
     assert [e["skipped_images"] for e in epochs] == [0, 0]
+    import same_numbers
+
+    same_numbers.check("classification/horovod/imagefolder-validation", tmp_path / "out")
 
 
 @pytest.mark.launches

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import torch
+import same_numbers
 from helpers import ROOT, TINY, env, final_weights, metrics, python_m, train
 
 from payloads.common import config
@@ -123,6 +124,7 @@ def test_device_defaults_channels_last_and_bf16_autocast_average(tmp_path):
     print(f"channels_last + bf16: max |DDP 2 - 1 process| = {diff:.3g}; control {away:.3g}")
     assert diff < 5e-3, diff
     assert away > 10 * 5e-3, away
+    same_numbers.check("classification/ddp/channels-last-bf16", out)
 
 
 @pytest.mark.launches
@@ -159,6 +161,8 @@ def test_resume_equals_straight_and_checkpoints_cross_backends(tmp_path):
     assert m["run"]["world"]["precision"] == "fp16" and m["run"]["world"]["loss_scaler"] is True
     a, b = final_weights(straight), final_weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a), f"max diff {_max_diff(a, b)}"
+    same_numbers.check("classification/ddp/fp16-scaler", straight)
+    same_numbers.check("classification/ddp/fp16-scaler-resumed", resumed)
 
     train(2, args + ["--epochs", "1", "--output-dir", str(from_horovod)])  # Horovod's checkpoint ...
     proc = ddp(2, args + ["--epochs", "2", "--output-dir", str(from_horovod)])  # ... resumed under DDP

@@ -9,6 +9,7 @@ import time
 import psutil
 import pytest
 import torch
+import same_numbers
 from helpers import ROOT, TINY, env, final_weights, horovodrun, metrics, train
 
 from payloads.pytorch.models import parameters_digest
@@ -51,6 +52,8 @@ def test_two_processes_average_gradients_exactly(tmp_path):
     control = _max_diff(final_weights(unaveraged), final_weights(one))
     print(f"max |2-process - 1-process| = {diff:.3g}; unaveraged control = {control:.3g}")
     assert control > 100 * max(diff, 1e-7), (control, diff)
+    same_numbers.check("classification/alone/fp32", one)
+    same_numbers.check("classification/horovod/fp32", two)
 
 
 def test_ranks_report_identical_parameters_and_the_timeline_is_written(tmp_path, monkeypatch):
@@ -161,6 +164,7 @@ def test_backward_passes_per_step_accumulate_then_average_across_processes(tmp_p
     local = _max_diff(final_weights(micro), final_weights(one))
     assert local < 1e-5, f"1 process x 4 passes differs from 1 process x 32 by {local}"
     print(f"max |2x2x8 - 1x32| = {diff:.3g}; |1x4x8 - 1x32| = {local:.3g}")
+    same_numbers.check("classification/horovod/backward-passes-2", two)
 
 
 def _mpi(cmd: list[str]) -> list[str]:

@@ -32,7 +32,7 @@ ARGS = TINY + [
 # Under Horovod with only rank 1 signalled, through the local launcher: tests/launcher/test_drill.py.
 @pytest.mark.launches
 def test_ddp_sigterm_to_every_rank_stops_and_resumes_exactly(tmp_path):
-    check_resume_is_exact(tmp_path, ARGS, "ddp", [0, 1])
+    check_resume_is_exact(tmp_path, ARGS, "ddp", [0, 1], same="classification/ddp/mid-epoch")
 
 
 def test_mid_epoch_names_order_between_epochs(tmp_path):

@@ -7,6 +7,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+import same_numbers
 from helpers import check_resume_is_exact, final_weights, metrics, train
 
 from datatools.landcover import prepare, synthetic
@@ -103,6 +104,8 @@ def test_two_processes_learn_and_average_exactly(straight, tiles, tmp_path):
     control = _max_diff(final_weights(unaveraged), final_weights(one))
     print(f"max |2-process - 1-process| = {diff:.3g}; unaveraged control = {control:.3g}")
     assert control > 100 * max(diff, 1e-7), (control, diff)
+    same_numbers.check("landcover/horovod", out)
+    same_numbers.check("landcover/alone", one)
 
 
 def test_resume_equals_a_straight_run(straight, tmp_path):
@@ -129,6 +132,7 @@ def test_ddp_backend_ranks_agree_and_equal_the_horovod_run(straight, tmp_path):
     diff = _max_diff(final_weights(ddp_out), _weights(out, epoch=1))
     print(f"max |DDP - Horovod| after one epoch = {diff:.3g}")
     assert diff < 1e-4, diff
+    same_numbers.check("landcover/ddp", ddp_out)
 
 
 def test_iou_is_exact_across_ranks(straight, tiles):
@@ -335,7 +339,7 @@ def test_sigterm_mid_epoch_stops_and_resumes_exactly_with_batch_norm(tiles, tmp_
     # resolution (the test passed with it removed); with one it fails.
     args = _with(SEG, {"--norm": "batch", "--patches-per-epoch": "640"})
     args += ["--data-dir", str(tiles), "--batch-size", str(BATCH), "--epochs", "1", "--checkpoint-every-minutes", "0"]
-    state = check_resume_is_exact(tmp_path, args, "horovod", [1], payload="segmentation")
+    state = check_resume_is_exact(tmp_path, args, "horovod", [1], payload="segmentation", same="landcover/horovod/mid-epoch")
     assert any("running_var" in name for name in state["rank_buffers"][1])
     # The ranks' statistics differ mid-epoch (their patches differ): restoring rank 0's on both would not be exact.
     names = [n for n in state["rank_buffers"][0] if "running_mean" in n]

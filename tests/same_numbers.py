@@ -54,7 +54,7 @@ def _digest(value, h) -> None:
     if torch.is_tensor(value):
         t = value.detach().cpu().contiguous()
         h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     elif isinstance(value, np.ndarray):
         h.update(f"A{value.dtype}{value.shape}".encode())
         h.update(np.ascontiguousarray(value).tobytes())
@@ -84,7 +84,10 @@ def fingerprint(out: pathlib.Path) -> dict:
     parts = {}
     for key in STATE:
         h = hashlib.sha256()
-        _digest(state.get(key), h)
+        value = state.get(key)
+        if key == "rng":  # torch's generators; NumPy's and Python's global ones start from the OS's entropy
+            value = [{k: r[k] for k in ("torch", "cuda")} for r in value]
+        _digest(value, h)
         parts[key] = h.hexdigest()
     return {
         "epochs": [{k: e[k] for k in FIGURES if k in e} for e in m["epochs"]],

@@ -14,6 +14,7 @@ patches) on synthetic tiles prepared once in a temporary folder; its "images" ar
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -160,14 +161,15 @@ def plain_loop(args: list[str]) -> float:
     from payloads.common import config
     from payloads.pytorch import inputs, models
 
-    cfg = config.parse(COMMON + args, "plain", "", list(models.MODELS))
-    cfg.channels_last = False
+    cfg = dataclasses.replace(config.parse(COMMON + args, "plain", "", list(models.MODELS)), channels_last=False)
     torch.set_num_threads(1)
     batch = cfg.per_process_batch(1)
     data = inputs.build(cfg, 0, 1, batch, torch.device("cpu"))
     torch.manual_seed(cfg.seed)
     model = models.build(cfg.model, cfg.num_classes, cfg.image_size)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.base_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    opt = torch.optim.SGD(
+        model.parameters(), lr=cfg.lr_for(batch), momentum=cfg.momentum, weight_decay=cfg.weight_decay
+    )
     rate = 0.0
     for epoch in range(cfg.epochs):
         data.train.set_epoch(epoch)

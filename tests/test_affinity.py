@@ -209,7 +209,7 @@ def test_this_process_threads_are_listed():
 
 
 def test_setup_binds_after_choosing_the_gpu_and_caps_the_threads(machine, monkeypatch, caplog):
-    """runtime.setup on a fake CUDA node: local rank 1 of 2 takes GPU 1, is bound to its node's 24 CPUs before
+    """runtime.resolve on a fake CUDA node: local rank 1 of 2 takes GPU 1, is bound to its node's 24 CPUs before
     setup returns, and the default thread count (96 CPUs / 2 processes = 48) comes down to those 24."""
     from payloads.common.config import TrainConfig
 
@@ -221,11 +221,11 @@ def test_setup_binds_after_choosing_the_gpu_and_caps_the_threads(machine, monkey
     monkeypatch.setattr(
         affinity, "bind_to_gpu", lambda d, bind=affinity.bind_to_gpu: order.append(("bind", d)) or bind(d)
     )
-    backend = SimpleNamespace(local_rank=lambda: 1, local_size=lambda: 2)
+    backend = SimpleNamespace(local_rank=lambda: 1, local_size=lambda: 2, size=lambda: 2)
     cfg = TrainConfig(amp=False, amp_dtype="fp16")
     with caplog.at_level(logging.INFO, logger="payloads.pytorch"):
-        device, _ = runtime.setup(cfg, backend)
-    assert device == torch.device("cuda", 1)
+        device, _, settings = runtime.resolve(cfg, backend)
+    assert device == torch.device("cuda", 1) and settings.channels_last  # the GPU's default
     assert order == [("threads", 48), ("set_device", 1), ("bind", 1), ("threads", 24)]
     assert own(machine) == [set(range(24))]
     assert "CPU affinity 0-23: bound to GPU 00000002:00:00.0's CPUs" in caplog.text

@@ -10,7 +10,6 @@ import re
 import shutil
 import signal
 import threading
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,18 +18,17 @@ from payloads.common import checkpoint
 from payloads.common import preemption as preempt
 from payloads.common.config import TrainConfig
 from payloads.common.errors import ConfigError
-from payloads.pytorch import backends, runtime
+from payloads.pytorch import backends, checkpoints, concerns, loop, runtime
 
-SUFFIX = runtime.SUFFIX
+SUFFIX = checkpoints.SUFFIX
 SINGLE = backends.Single()
-WATCH = SimpleNamespace(doing=lambda what: None, stop=lambda final="finished": None)
 STEPS = 5  # steps per epoch, as the checkpoints record it
 
 
 @pytest.fixture(autouse=True)
 def _nothing_left_in_flight():
     yield
-    runtime._writer.settle()
+    checkpoints.settle()
 
 
 class Gate:
@@ -97,17 +95,29 @@ def _stop(signalled: bool = False) -> preempt.Preemption:
     return stop
 
 
+def _run(cfg, backend, model, opt, stop=None, step: int = 0):
+    """A run in epoch 1 at `step` (0-based) of STEPS, whose only concern is its checkpoints (the loop's
+    Checkpoints, with `stop` as its SIGTERM flag and clock)."""
+    settings = runtime.Settings("cpu", "fp32", False, False, False, 8, 1, 0.1, 1.0, 1, 0)
+    run = loop.Run(cfg, settings, backend, torch.device("cpu"), None, loop.Task(), model=model, trained=model)
+    run.optimizer, run.steps_per_epoch, run.steps, run.step = opt, STEPS, STEPS, step
+    concern = concerns.Checkpoints(run)
+    concern.stop = stop or _stop()
+    run.concerns = [concern]
+    return run, concern
+
+
 def _latest(cfg):
     return checkpoint.latest(cfg.checkpoint_dir, SUFFIX)
 
 
 def test_save_returns_before_the_write_and_the_file_is_the_state_at_save_time(tmp_path, gate):
-    """Fails with a reference instead of a copy (runtime.snapshot returning its argument): the file then holds the
+    """Fails with a reference instead of a copy (checkpoints.snapshot returning its argument): the file then holds the
     parameters, momentum and running statistics as training left them when the write ran."""
     cfg = _cfg(tmp_path)
     model, opt = _tiny()
     at_save = _copy_of(model, opt)
-    runtime.save(cfg, SINGLE, 1, model, opt, None, 0, STEPS)
+    checkpoints.save(cfg, SINGLE, 1, model, opt, None, 0, STEPS)
     assert gate.entered.wait(30) and _latest(cfg) is None  # returned; the write is held in flight
     for _ in range(3):  # training goes on meanwhile
         _step(model, opt)
@@ -115,8 +125,8 @@ def test_save_returns_before_the_write_and_the_file_is_the_state_at_save_time(tm
         for p in model.parameters():
             p.add_(1.0)
     gate.release.set()
-    runtime.finish_checkpoints(SINGLE)
-    path = runtime.checkpoint_path(cfg, 1)
+    checkpoints.finish_checkpoints(SINGLE)
+    path = checkpoints.checkpoint_path(cfg, 1)
     assert _latest(cfg) == (1, path)
     saved = torch.load(path, weights_only=False)
     _assert_holds(saved, at_save)
@@ -126,17 +136,19 @@ def test_save_returns_before_the_write_and_the_file_is_the_state_at_save_time(tm
 def test_one_write_at_a_time_the_next_save_waits_for_it(tmp_path, gate):
     cfg = _cfg(tmp_path)
     model, opt = _tiny()
-    runtime.save(cfg, SINGLE, 1, model, opt, None, 0, STEPS)
+    checkpoints.save(cfg, SINGLE, 1, model, opt, None, 0, STEPS)
     assert gate.entered.wait(30)
     waited = {}
-    second = threading.Thread(target=lambda: waited.update(s=runtime.save(cfg, SINGLE, 2, model, opt, None, 0, STEPS)))
+    second = threading.Thread(
+        target=lambda: waited.update(s=checkpoints.save(cfg, SINGLE, 2, model, opt, None, 0, STEPS))
+    )
     second.start()
     second.join(0.5)
     assert second.is_alive() and gate.names == ["checkpoint-epoch-0001.pt"]  # waiting; no second write started
     gate.release.set()
     second.join(30)
     assert not second.is_alive() and waited["s"] >= 0.4  # save's seconds count the wait for the previous write
-    runtime.finish_checkpoints(SINGLE)
+    checkpoints.finish_checkpoints(SINGLE)
     assert gate.names == ["checkpoint-epoch-0001.pt", "checkpoint-epoch-0002.pt"]
     assert [e for e, _ in checkpoint.list_checkpoints(cfg.checkpoint_dir, SUFFIX)] == [1, 2]
 
@@ -153,18 +165,18 @@ def _today(message: str) -> str:
 def test_a_failed_write_ends_the_job_at_the_next_wait_with_todays_line(tmp_path, monkeypatch, found_at):
     cfg = _cfg(tmp_path)
     model, opt = _tiny()
-    runtime.save(cfg, SINGLE, 1, model, opt, None, 0, STEPS)
-    runtime.finish_checkpoints(SINGLE)
+    checkpoints.save(cfg, SINGLE, 1, model, opt, None, 0, STEPS)
+    checkpoints.finish_checkpoints(SINGLE)
     monkeypatch.setattr(torch, "save", _no_space)
     with pytest.raises(checkpoint.OutputFull) as written_at_once:  # the line a write in the step path gives
-        runtime.save(cfg, SINGLE, 2, model, opt, None, 0, STEPS, wait=True)
-    runtime.save(cfg, SINGLE, 2, model, opt, None, 0, STEPS)  # returns: the write fails in the background
+        checkpoints.save(cfg, SINGLE, 2, model, opt, None, 0, STEPS, wait=True)
+    checkpoints.save(cfg, SINGLE, 2, model, opt, None, 0, STEPS)  # returns: the write fails in the background
     _step(model, opt)
     with pytest.raises(checkpoint.OutputFull) as raised:
         if found_at == "next save":
-            runtime.save(cfg, SINGLE, 3, model, opt, None, 0, STEPS)
+            checkpoints.save(cfg, SINGLE, 3, model, opt, None, 0, STEPS)
         else:
-            with runtime.stopping(SINGLE, _stop(), WATCH):
+            with loop.ending(_run(cfg, SINGLE, model, opt)[0]):
                 pass
     line = str(raised.value)
     assert line.startswith("the temporary folder ") and "set TMPDIR to a folder on a disk with room" in line
@@ -218,10 +230,10 @@ def test_every_rank_calls_the_same_collectives_and_ends_with_the_same_line(tmp_p
         backend, model, opt = Rank(rank, sent), *_tiny()
         line = None
         try:
-            with runtime.stopping(backend, _stop(), WATCH):
+            with loop.ending(_run(cfg, backend, model, opt)[0]):
                 for epoch in range(cfg.epochs):
                     _step(model, opt)
-                    runtime.save(cfg, backend, epoch + 1, model, opt, None, 0, STEPS)
+                    checkpoints.save(cfg, backend, epoch + 1, model, opt, None, 0, STEPS)
         except checkpoint.OutputFull as e:
             line = str(e)
         runs.append((backend.calls, line))
@@ -235,8 +247,8 @@ def test_every_rank_calls_the_same_collectives_and_ends_with_the_same_line(tmp_p
 def test_a_write_cut_short_leaves_the_previous_checkpoint_to_resume_from(tmp_path, monkeypatch):
     cfg = _cfg(tmp_path)
     model, opt = _tiny()
-    runtime.save(cfg, SINGLE, 1, model, opt, None, 0, STEPS)
-    runtime.finish_checkpoints(SINGLE)
+    checkpoints.save(cfg, SINGLE, 1, model, opt, None, 0, STEPS)
+    checkpoints.finish_checkpoints(SINGLE)
     at_one = _copy_of(model, opt)
     _step(model, opt)
     crashed = tmp_path / "crashed"
@@ -248,14 +260,14 @@ def test_a_write_cut_short_leaves_the_previous_checkpoint_to_resume_from(tmp_pat
         raise RuntimeError("killed in the middle of the copy")
 
     monkeypatch.setattr(checkpoint.durable, "copy", cut)
-    runtime.save(cfg, SINGLE, 2, model, opt, None, 0, STEPS)
+    checkpoints.save(cfg, SINGLE, 2, model, opt, None, 0, STEPS)
     with pytest.raises(RuntimeError, match="killed"):  # not a full folder: rank 0's own error, as before
-        runtime.finish_checkpoints(SINGLE)
+        checkpoints.finish_checkpoints(SINGLE)
     kept = crashed / "checkpoints"
     assert [p.name for _, p in checkpoint.incomplete(kept, SUFFIX)] == ["checkpoint-epoch-0002.pt"]
     assert checkpoint.latest(kept, SUFFIX)[0] == 1
     fresh, fresh_opt = _tiny(seed=1)
-    resumed = runtime.restore(dataclasses.replace(cfg, output_dir=crashed), SINGLE, fresh, fresh_opt, None, STEPS)
+    resumed = checkpoints.restore(dataclasses.replace(cfg, output_dir=crashed), SINGLE, fresh, fresh_opt, None, STEPS)
     assert resumed == (1, 0)
     for key, value in at_one["model"].items():
         assert torch.equal(fresh.state_dict()[key], value), key
@@ -266,38 +278,37 @@ def test_a_write_cut_short_leaves_the_previous_checkpoint_to_resume_from(tmp_pat
 def test_a_stop_mid_epoch_exits_only_after_its_checkpoint_is_complete(tmp_path, gate):
     cfg = _cfg(tmp_path)
     model, opt = _tiny()
-    stop = _stop(signalled=True)
-    pause = runtime.pauser(cfg, SINGLE, model, opt, None, stop, WATCH)
+    run, concern = _run(cfg, SINGLE, model, opt, _stop(signalled=True), step=2)
     threading.Timer(0.5, gate.release.set).start()
     with pytest.raises(preempt.Stopped) as raised:
-        pause(0, 3, STEPS, "signal")
-    assert _latest(cfg) == (0, runtime.checkpoint_path(cfg, 0, 3))  # complete, marker and all
+        concern.pause(run, "signal")
+    assert _latest(cfg) == (0, checkpoints.checkpoint_path(cfg, 0, 3))  # complete, marker and all
     assert float(re.search(r" in ([\d.]+)s;", str(raised.value)).group(1)) >= 0.4
 
 
 def test_the_clock_checkpoint_is_written_while_training_goes_on(tmp_path, gate):
     cfg = _cfg(tmp_path)
     model, opt = _tiny()
-    pause = runtime.pauser(cfg, SINGLE, model, opt, None, _stop(), WATCH)
-    pause(0, 3, STEPS, "clock")  # returns with the write held
+    run, concern = _run(cfg, SINGLE, model, opt, step=2)
+    concern.pause(run, "clock")  # returns with the write held
     assert gate.entered.wait(30) and _latest(cfg) is None
     gate.release.set()
-    runtime.finish_checkpoints(SINGLE)
-    assert _latest(cfg) == (0, runtime.checkpoint_path(cfg, 0, 3))
+    checkpoints.finish_checkpoints(SINGLE)
+    assert _latest(cfg) == (0, checkpoints.checkpoint_path(cfg, 0, 3))
 
 
 def test_a_stop_at_an_epochs_end_waits_for_that_epochs_checkpoint(tmp_path, gate):
     cfg = _cfg(tmp_path)
     model, opt = _tiny()
-    stop = _stop(signalled=True)
-    with pytest.raises(preempt.Stopped) as raised, runtime.stopping(SINGLE, stop, WATCH):
-        stop.saved(runtime.save(cfg, SINGLE, 1, model, opt, None, 0, STEPS))
+    run, concern = _run(cfg, SINGLE, model, opt, _stop(signalled=True))
+    with pytest.raises(preempt.Stopped) as raised, loop.ending(run):
+        concern.checkpoint(run)  # epoch 1's
         assert gate.entered.wait(30) and _latest(cfg) is None
         threading.Timer(0.5, gate.release.set).start()
         try:
-            runtime.stop_at_epoch_end(cfg, SINGLE, stop, 1)
+            concern.after_epoch(run)
         except preempt.Stopped:
-            assert _latest(cfg) == (1, runtime.checkpoint_path(cfg, 1))  # before stopping() sees the stop
+            assert _latest(cfg) == (1, checkpoints.checkpoint_path(cfg, 1))  # before ending() sees the stop
             raise
     assert float(re.search(r" in ([\d.]+)s;", str(raised.value)).group(1)) >= 0.4
 
@@ -305,21 +316,21 @@ def test_a_stop_at_an_epochs_end_waits_for_that_epochs_checkpoint(tmp_path, gate
 def test_an_error_exit_still_lets_the_write_in_flight_end(tmp_path, gate):
     cfg = _cfg(tmp_path)
     model, opt = _tiny()
-    with pytest.raises(ConfigError, match="a data error"), runtime.stopping(SINGLE, _stop(), WATCH):
-        runtime.save(cfg, SINGLE, 1, model, opt, None, 0, STEPS)
+    with pytest.raises(ConfigError, match="a data error"), loop.ending(_run(cfg, SINGLE, model, opt)[0]):
+        checkpoints.save(cfg, SINGLE, 1, model, opt, None, 0, STEPS)
         assert gate.entered.wait(30)
         threading.Timer(0.3, gate.release.set).start()
         raise ConfigError("a data error")
-    assert _latest(cfg) == (1, runtime.checkpoint_path(cfg, 1))
+    assert _latest(cfg) == (1, checkpoints.checkpoint_path(cfg, 1))
 
 
 def test_a_restore_in_the_same_process_finds_the_checkpoint_still_being_written(tmp_path, gate):
     """toolchain/check_training_path.py saves and restores at once: restore waits for the write in flight."""
     cfg = _cfg(tmp_path)
     model, opt = _tiny()
-    runtime.save(cfg, SINGLE, 1, model, opt, None, 0, STEPS)
+    checkpoints.save(cfg, SINGLE, 1, model, opt, None, 0, STEPS)
     assert gate.entered.wait(30)
     threading.Timer(0.3, gate.release.set).start()
     fresh, fresh_opt = _tiny(seed=1)
-    assert runtime.restore(cfg, SINGLE, fresh, fresh_opt, None, STEPS) == (1, 0)
+    assert checkpoints.restore(cfg, SINGLE, fresh, fresh_opt, None, STEPS) == (1, 0)
     assert torch.equal(fresh.state_dict()["0.weight"], model.state_dict()["0.weight"])

@@ -250,9 +250,9 @@ def test_default_lr_follows_the_linear_scaling_rule_for_the_batch_used():
     processes (and backward passes), so the per-process default is 0.1 x its batch / 256."""
     cfg = parse("--batch-size", "64")
     assert cfg.base_lr is None
-    assert cfg.per_process_batch(8) == 64 and cfg.base_lr == pytest.approx(0.025)  # job LR 0.2 = 0.1 x 512 / 256
+    assert cfg.per_process_batch(8) == 64 and cfg.lr_for(64) == pytest.approx(0.025)  # job LR 0.2 = 0.1 x 512 / 256
     cfg = parse("--global-batch-size", "1024")
-    assert cfg.per_process_batch(4) == 256 and cfg.base_lr == pytest.approx(0.1)  # job LR 0.4 = 0.1 x 1024 / 256
+    assert cfg.per_process_batch(4) == 256 and cfg.lr_for(256) == pytest.approx(0.1)  # job LR 0.4 = 0.1 x 1024 / 256
     cfg = parse("--batch-size", "64", "--base-lr", "0.05")
     cfg.per_process_batch(2)
     assert cfg.base_lr == 0.05, "an explicit --base-lr wins"

@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
-import torch
 import same_numbers
+import torch
 from helpers import ROOT, TINY, env, final_weights, metrics, python_m, train
 
 from payloads.common import config

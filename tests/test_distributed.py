@@ -8,8 +8,8 @@ import time
 
 import psutil
 import pytest
-import torch
 import same_numbers
+import torch
 from helpers import ROOT, TINY, env, final_weights, horovodrun, metrics, train
 
 from payloads.pytorch.models import parameters_digest

@@ -6,8 +6,8 @@ import shutil
 
 import numpy as np
 import pytest
-import torch
 import same_numbers
+import torch
 from helpers import check_resume_is_exact, final_weights, metrics, train
 
 from datatools.landcover import prepare, synthetic
@@ -339,7 +339,9 @@ def test_sigterm_mid_epoch_stops_and_resumes_exactly_with_batch_norm(tiles, tmp_
     # resolution (the test passed with it removed); with one it fails.
     args = _with(SEG, {"--norm": "batch", "--patches-per-epoch": "640"})
     args += ["--data-dir", str(tiles), "--batch-size", str(BATCH), "--epochs", "1", "--checkpoint-every-minutes", "0"]
-    state = check_resume_is_exact(tmp_path, args, "horovod", [1], payload="segmentation", same="landcover/horovod/mid-epoch")
+    state = check_resume_is_exact(
+        tmp_path, args, "horovod", [1], payload="segmentation", same="landcover/horovod/mid-epoch"
+    )
     assert any("running_var" in name for name in state["rank_buffers"][1])
     # The ranks' statistics differ mid-epoch (their patches differ): restoring rank 0's on both would not be exact.
     names = [n for n in state["rank_buffers"][0] if "running_mean" in n]

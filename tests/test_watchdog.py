@@ -22,7 +22,7 @@ import psutil
 import pytest
 from helpers import ROOT, TINY, hook_env, horovodrun, python_m, torchrun, train
 
-from payloads.common import config, watchdog
+from payloads.common import config, stragglers, watchdog
 from payloads.common.errors import ConfigError
 
 pytestmark = pytest.mark.launches  # starts training processes: serially with the others (conftest.py)
@@ -314,7 +314,7 @@ def test_a_straggler_is_named_after_three_windows_in_a_row_and_the_waiting_ranks
     """The ranks' rows (input, compute, exchange seconds): rank 2 waits for input; the others wait for it in the
     exchange, which is never what names a rank. Once named, the name repeats only every RENAME_EVERY windows."""
     watch = watchdog.Watchdog(pathlib.Path("/nonexistent"), 0, 3, "r", timeout=0)
-    phases = watchdog.Phases(watch, ["a", "b", "c"], every=5)
+    phases = stragglers.Phases(watch, ["a", "b", "c"], every=5)
     slow = [[0.1, 1.0, 4.0], [0.1, 1.0, 4.1], [4.0, 1.0, 0.2]]
     even = [[0.1, 1.0, 0.5], [0.1, 1.1, 0.5], [0.1, 1.0, 0.6]]
     said = []

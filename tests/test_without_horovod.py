@@ -272,7 +272,7 @@ def test_a_torch_older_than_supported_is_named_at_start(monkeypatch, caplog):
     monkeypatch.setattr(torch, "__version__", "2.3.1+cu121")
     cfg = TrainConfig(threads=torch.get_num_threads())
     with caplog.at_level("INFO", logger="payloads.pytorch"):
-        device, prec = runtime.setup(cfg, backends.Single())
+        device, prec, _ = runtime.resolve(cfg, backends.Single())
     assert device.type == "cpu" and prec.name == "fp32"
     assert "torch 2.3.1+cu121 is older than 2.4, the oldest these payloads support" in caplog.text
 

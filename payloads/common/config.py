@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
-from . import preemption, tracking, watchdog
+from . import preemption, stragglers, tracking, watchdog
 from .errors import ConfigError
 
 # Flags whose default depends on the device (a GPU switches them on, or picks their value), with the command-line
@@ -36,8 +36,11 @@ BACKENDS = ("horovod", "ddp")
 LR_PER_256 = 0.1
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
+    """The command line, parsed and validated; frozen: what start-up decides from it (precision, memory format,
+    per-process batch, base LR) is a record of its own (payloads/pytorch/runtime.Settings), never written back."""
+
     model: str = "resnet50"
     data: str = "synthetic"  # synthetic | imagefolder, shards (PyTorch) | tfrecord (TensorFlow, Keras)
     data_dir: pathlib.Path | None = None
@@ -85,7 +88,7 @@ class TrainConfig:
     # Seconds without a completed step that end the job, naming the stuck ranks (watchdog.py); 0 = off;
     # "auto" = from the measured step time, with a floor of minutes and a longer bound while the first steps run.
     stall_timeout: float | str = watchdog.AUTO
-    straggler_every: int = 50  # steps between the ranks' comparisons of their step's parts (watchdog.Phases)
+    straggler_every: int = 50  # steps between the ranks' comparisons of their step's parts (stragglers.Phases)
     # PyTorch: minutes between mid-epoch checkpoints; "auto" = from the measured checkpoint cost (preemption.py)
     checkpoint_every_minutes: float | str = preemption.AUTO
 
@@ -169,7 +172,7 @@ class TrainConfig:
                 "only averaging: drop --adasum, or train with --backend horovod"
             )
         try:
-            self.stall_timeout = watchdog.parse_timeout(self.stall_timeout)
+            watchdog.parse_timeout(self.stall_timeout)
         except ValueError as e:
             raise ConfigError(
                 f"--stall-timeout: {e}: e.g. --stall-timeout 900, or 0 to turn the watchdog off"
@@ -177,16 +180,21 @@ class TrainConfig:
         if self.adasum and self.fp16_allreduce:
             raise ConfigError("--adasum and --fp16-allreduce cannot be combined: Adasum reduces in full precision")
 
-    def per_process_batch(self, world_size: int) -> int:
-        """The batch each process trains on; checks the global batch against the world size, and sets the default
-        base LR for that batch (Goyal et al.: LR_PER_256 x batch / 256 per process; the payloads multiply it by
-        the processes and backward passes, so the job's LR is LR_PER_256 x global batch / 256)."""
-        batch = self._per_process_batch(world_size)
-        if self.base_lr is None:
-            self.base_lr = LR_PER_256 * batch / 256
-        return batch
+    def __post_init__(self) -> None:
+        # --stall-timeout's canonical value (seconds or "auto"); an unreadable one is left for validate() to name.
+        try:
+            object.__setattr__(self, "stall_timeout", watchdog.parse_timeout(self.stall_timeout))
+        except ValueError:
+            pass
 
-    def _per_process_batch(self, world_size: int) -> int:
+    def lr_for(self, batch: int) -> float:
+        """The base LR of one process at `batch` per step: --base-lr, or Goyal et al.'s LR_PER_256 x batch / 256
+        (the payloads multiply it by the processes and backward passes, so the job's LR is LR_PER_256 x global
+        batch / 256)."""
+        return self.base_lr if self.base_lr is not None else LR_PER_256 * batch / 256
+
+    def per_process_batch(self, world_size: int) -> int:
+        """The batch each process trains on; checks the global batch against the world size."""
         if self.batch_size is not None:
             return self.batch_size
         g = self.global_batch_size
@@ -455,7 +463,7 @@ def _runtime(g, c: Declared) -> None:
         metavar="STEPS",
         help="every this many steps the ranks compare the time their steps spend waiting for input, computing and "
         "in the gradient exchange (one small collective), and a rank whose input or compute stays an outlier for "
-        f"{watchdog.STRAGGLER_WINDOWS} comparisons is named in the log with its host; 0 = off",
+        f"{stragglers.STRAGGLER_WINDOWS} comparisons is named in the log with its host; 0 = off",
     )
     g.add_argument(
         "--checkpoint-every-minutes",

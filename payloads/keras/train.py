@@ -61,7 +61,7 @@ def run(cfg: config.TrainConfig) -> dict:
 
     from ..tensorflow import data, models, runtime
 
-    root, device, batch, model, scale, threads = runtime.start(cfg, hvd_tf)
+    root, device, batch, model, scale, threads, cfg = runtime.start(cfg, hvd_tf)
     # From here on a rank that stops making progress ends the job, named (docs/jobs.md#a-job-is-stuck-or-slow).
     watch, phases = runtime.watch(cfg, hvd_tf)
     scaled_lr = cfg.base_lr * scale

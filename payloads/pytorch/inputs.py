@@ -213,12 +213,20 @@ def _scan(directory, what: str, rank: int, broadcast_object):
 
 
 def build(
-    cfg, rank: int, size: int, batch: int, device: torch.device, broadcast_object=None, local_size: int = 1
+    cfg,
+    rank: int,
+    size: int,
+    batch: int,
+    device: torch.device,
+    broadcast_object=None,
+    local_size: int = 1,
+    channels_last: bool | None = None,
 ) -> Inputs:
     """The train (and validation, when the data has it) batches of this rank; every input problem is
     raised here as a ConfigError, before training. `batch` is the per-process batch of one step; `local_size`
-    the processes on this node, which share its --cache-dir."""
-    channels_last = bool(cfg.channels_last)
+    the processes on this node, which share its --cache-dir; `channels_last` the resolved memory format (runtime.
+    Settings; the configuration's, off where it leaves it to the device, when not given)."""
+    channels_last = bool(cfg.channels_last if channels_last is None else channels_last)
     gpu_decode = bool(getattr(cfg, "gpu_decode", False))
     if gpu_decode and cfg.data != "shards":
         raise ConfigError(

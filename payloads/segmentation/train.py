@@ -3,31 +3,27 @@
     horovodrun -np 2 -H localhost:2 python -m payloads.segmentation.train --data-dir D --model unet_tiny ...
     torchrun --standalone --nproc-per-node 2 -m payloads.segmentation.train --backend ddp --data-dir D ...
 
-D is a folder made by `python -m datatools.landcover.prepare` (blocks + manifest.json). Shares the
-PyTorch payload's runtime set-up, checkpoint resume and save, and payloads/common's configuration, LR
-schedule, checkpoint files and metrics; adds the patch sampler, the per-pixel loss that ignores no data,
-and pixel accuracy / IoU / mIoU / confusion matrix, summed exactly over ranks.
+D is a folder made by `python -m datatools.landcover.prepare` (blocks + manifest.json). A task of the PyTorch
+loop (payloads/pytorch/loop.py: set-up, resume, checkpoints, watchdog, outputs); adds the patch sampler, the
+per-pixel loss that ignores no data, and pixel accuracy / IoU / mIoU / confusion matrix, summed exactly over
+ranks.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from functools import partial
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
-from ..common import config, preemption, schedule
-from ..common.errors import ConfigError, say
-from ..common.metrics import MetricsFile, finish
-from ..pytorch import backends, runtime
-from ..pytorch.models import parameters_digest
+from ..common import config
+from ..common.entry import run_main
+from ..common.errors import ConfigError
+from ..pytorch import loop, runtime
 from . import data, metrics, models
 from .labels import IGNORE, NODATA
 
@@ -130,145 +126,207 @@ def pixel_loss(
     return ce * (world_size / max(global_valid, 1.0)), ce.detach()
 
 
-def _band_stats(manifest, device) -> tuple[torch.Tensor, torch.Tensor]:
-    return (
-        torch.as_tensor(manifest.band_mean, device=device).view(-1, 1, 1),
-        torch.as_tensor(manifest.band_std, device=device).view(-1, 1, 1),
-    )
+class LandCover(loop.Task):
+    """Four-band patches to per-pixel classes: the loss over the global batch's valid pixels, pixel accuracy, IoU,
+    mIoU and the confusion matrix, summed exactly over ranks; throughput in patches/sec (as "images")."""
 
+    log = log
+    steady_throughput = False  # the closing "Total images/sec" is every epoch's patches over its seconds
 
-def train_epoch(
-    cfg,
-    backend,
-    epoch,
-    model,
-    optimizer,
-    scaler,
-    prec,
-    store,
-    sampler,
-    manifest,
-    device,
-    lr_scale,
-    progress,
-    watch,
-    phases,
-    stop,
-    pause,
-    skip=0,
-):
-    """One epoch, or its rest from step `skip` (resumed mid-epoch: the epoch's patches are a function of
-    (--seed, epoch), so its steps are rebuilt and entered at `skip`). After each optimizer step `stop` says when
-    the ranks agree; `pause` writes the mid-epoch checkpoint, and on a SIGTERM raises preemption.Stopped."""
-    model.train()
-    classes = len(manifest.class_names)
-    steps = sampler.epoch(epoch)
-    conf = torch.zeros(classes, classes, dtype=torch.int64, device=device)
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    valid_sum = seen = 0
-    mean, std = _band_stats(manifest, device)
-    bar = progress(total=len(steps), initial=skip, desc=f"epoch {epoch + 1}/{cfg.epochs}")
-    # A thread cuts the next batch while this one trains: the training thread waits for the GPU at every
-    # step's allreduce, so cutting there would not overlap with the GPU's work.
-    start = time.perf_counter()
-    with ThreadPoolExecutor(1, thread_name_prefix="patches") as pool:
-        upcoming = pool.submit(data.batch, store, steps[skip], cfg.image_size)
-        for step, patches in enumerate(steps[skip:], start=skip):
-            # The watchdog's marks (attribute stores): what this rank is doing when a stall names it.
-            watch.doing("input")
-            images, labels = upcoming.result()
-            watch.doing("compute")
-            if step + 1 < len(steps):
-                upcoming = pool.submit(data.batch, store, steps[step + 1], cfg.image_size)
-            lr = schedule.learning_rate(
-                cfg.base_lr, lr_scale, epoch, step, len(steps), cfg.warmup_epochs, cfg.lr_decay_epochs
+    def __init__(self, seg: SegmentationOptions):
+        self.seg = seg
+
+    def load(self, run: loop.Run) -> int:
+        """Manifest, block stores and sampler; every rank reads (and checks) its share before training, and all
+        ranks stop together if any block is damaged."""
+        cfg, seg, backend = run.cfg, self.seg, run.backend
+        self.manifest = manifest = data.Manifest.load(cfg.data_dir)
+        if seg.num_classes_given and seg.num_classes_given != manifest.num_classes:
+            raise ConfigError(
+                f"--num-classes {seg.num_classes_given} but {cfg.data_dir} was prepared with "
+                f"{manifest.num_classes} classes: drop --num-classes (the manifest's count is used)"
             )
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            valid = int((labels != NODATA).sum())
-            global_valid = backend.allreduce_sum(torch.tensor(float(valid), dtype=torch.float64), "valid_pixels").item()
-            images, target = data.inputs(
-                images.to(device, non_blocking=True), labels.to(device, non_blocking=True), mean, std
+        self.num_classes = manifest.num_classes
+        self.train_store = data.BlockStore(manifest, manifest.train, seg.cache == "memory")
+        self.sampler = data.PatchSampler(
+            manifest.train,
+            cfg.image_size,
+            backend.rank(),
+            backend.size(),
+            run.settings.batch * backend.size(),
+            cfg.seed,
+            seg.patches_per_epoch,
+            cfg.max_steps_per_epoch,
+        )
+        self.val_store = data.BlockStore(manifest, manifest.val, seg.cache == "memory") if manifest.val else None
+        self.has_validation = self.val_store is not None
+        error, start = None, time.perf_counter()
+        try:
+            self.train_store.load(self.sampler.owned())
+            if self.val_store is not None:
+                self.val_store.load(range(backend.rank(), len(self.val_store), backend.size()))
+        except ConfigError as e:
+            error = str(e)
+        errors = [e for e in backend.allgather_object(error, "data_errors") if e]
+        if errors:
+            raise ConfigError(errors[0])
+        self.load_seconds = time.perf_counter() - start
+        self.mean, self.std = (
+            torch.as_tensor(v, device=run.device).view(-1, 1, 1) for v in (manifest.band_mean, manifest.band_std)
+        )
+        if run.root and not self.sampler.shares_exactly:
+            log.warning(
+                "%d training blocks do not divide over %d processes: each process reads blocks beyond its "
+                "share; prepare with a block count that is a multiple of the process count",
+                self.sampler.n,
+                backend.size(),
             )
-            if cfg.channels_last:
-                images = images.contiguous(memory_format=torch.channels_last)
-            optimizer.zero_grad()
-            with prec.autocast():
-                out = model(images)
-            loss, ce = pixel_loss(out, target, global_valid, backend.size())
-            if backend.name == "ddp":
-                watch.doing("exchange")  # DDP averages the gradients during backward
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-            watch.doing("exchange")  # Horovod waits for the averaged gradients here
-            runtime.optimizer_step(optimizer, scaler, backend)
-            watch.step_done()
-            if phases.due():
-                runtime.compare_phases(backend, phases)
-            # Not after the epoch's last step: its buffers are averaged and it is validated first (run()).
-            if stop.due() and step + 1 < len(steps):
-                pause(epoch, step + 1, len(steps), runtime.agree(backend, stop))
-                watch.doing("compute")
-            loss_sum += ce
-            conf += metrics.confusion(out.detach().argmax(1), target, classes)
-            valid_sum += valid
-            seen += len(patches)
-            bar.update(1)
-    runtime.compare_phases(backend, phases)  # the epoch's last steps, for its per-rank totals
-    watch.doing("epoch end")
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    bar.close()
-    loss_total, valid_total, seen = runtime.global_sums(backend, f"train_{epoch}", loss_sum, valid_sum, seen)
-    s = metrics.scores(metrics.allreduce(backend, conf, f"train_confusion_{epoch}"), manifest.class_names)
-    return {
-        "train_loss": loss_total / max(valid_total, 1.0),
-        "train_pixel_accuracy": s["pixel_accuracy"],
-        "train_miou": s["miou"],
-        "train_iou": s["iou"],
-        "train_confusion_matrix": s["confusion_matrix"],
-        "valid_pixels": int(valid_total),
-        "images": int(seen),
-        "patches": int(seen),
-        "epoch_seconds": seconds,
-        "images_per_sec": seen / seconds,
-        "patches_per_sec": seen / seconds,
-        "lr": lr,
-        **({"resumed_at_step": skip} if skip else {}),
-        **phases.epoch_record(),
-    }
+        return self.sampler.steps
 
+    def model(self, run: loop.Run) -> torch.nn.Module:
+        return models.build(run.cfg.model, self.num_classes, self.seg.norm)
 
-@torch.no_grad()
-def evaluate(cfg, backend, epoch, model, prec, store, manifest, batch, device, watch):
-    """Every validation pixel once; the confusion matrix is summed over ranks, then scored."""
-    model.eval()
-    watch.doing("validation")
-    classes = len(manifest.class_names)
-    conf = torch.zeros(classes, classes, dtype=torch.int64, device=device)
-    loss_sum = 0.0
-    windows = data.val_windows(store, cfg.image_size, backend.rank(), backend.size())
-    mean, std = _band_stats(manifest, device)
-    for i in range(0, len(windows), batch):
-        images, labels = data.batch(store, windows[i : i + batch], cfg.image_size)
-        images, target = data.inputs(images.to(device), labels.to(device), mean, std)
-        if cfg.channels_last:
+    def batches(self, run: loop.Run, epoch: int, skip: int):
+        """The epoch's patches are a function of (--seed, epoch), so its steps are rebuilt and entered at `skip`.
+        A thread cuts the next batch while this one trains: the training thread waits for the GPU at every step's
+        allreduce, so cutting there would not overlap with the GPU's work."""
+        steps, size = self.sampler.epoch(epoch), run.cfg.image_size
+        with ThreadPoolExecutor(1, thread_name_prefix="patches") as pool:
+            upcoming = pool.submit(data.batch, self.train_store, steps[skip], size)
+            for step in range(skip, len(steps)):
+                images, labels = upcoming.result()
+                if step + 1 < len(steps):
+                    upcoming = pool.submit(data.batch, self.train_store, steps[step + 1], size)
+                yield images, labels, len(steps[step])
+
+    def epoch_start(self, run: loop.Run) -> None:
+        classes = self.num_classes
+        self.conf = torch.zeros(classes, classes, dtype=torch.int64, device=run.device)
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=run.device)
+        self.valid_sum = self.seen = 0
+
+    def _inputs(self, run: loop.Run, images, labels, non_blocking: bool = False):
+        images, target = data.inputs(
+            images.to(run.device, non_blocking=non_blocking),
+            labels.to(run.device, non_blocking=non_blocking),
+            self.mean,
+            self.std,
+        )
+        if run.settings.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        with prec.autocast():
-            out = model(images)
-        loss_sum += F.cross_entropy(out.float(), target, ignore_index=IGNORE, reduction="sum").item()
-        conf += metrics.confusion(out.argmax(1), target, classes)
-        watch.tick()
-    matrix = metrics.allreduce(backend, conf, f"val_confusion_{epoch}")
-    (loss_sum,) = runtime.global_sums(backend, f"val_{epoch}", loss_sum)
-    s = metrics.scores(matrix, manifest.class_names)
-    return {
-        "val_loss": loss_sum / max(int(matrix.sum()), 1),
-        "val_pixel_accuracy": s["pixel_accuracy"],
-        "val_miou": s["miou"],
-        "val_iou": s["iou"],
-        "val_confusion_matrix": s["confusion_matrix"],
-    }
+        return images, target
+
+    def step(self, run: loop.Run, batch) -> loop.Step:
+        images, labels, patches = batch
+        backend = run.backend
+        valid = int((labels != NODATA).sum())
+        global_valid = backend.allreduce_sum(torch.tensor(float(valid), dtype=torch.float64), "valid_pixels").item()
+        images, target = self._inputs(run, images, labels, non_blocking=True)
+        with run.prec.autocast():
+            out = run.trained(images)
+        loss, ce = pixel_loss(out, target, global_valid, backend.size())
+        run.backward(loss)
+        self.loss_sum += ce
+        self.conf += metrics.confusion(out.detach().argmax(1), target, self.num_classes)
+        self.valid_sum += valid
+        self.seen += patches
+        return loop.Step(patches, ce / max(valid, 1))
+
+    def train_record(self, run: loop.Run, epoch: int) -> dict:
+        loss_total, valid_total, seen = runtime.global_sums(
+            run.backend, f"train_{epoch}", self.loss_sum, self.valid_sum, self.seen
+        )
+        matrix = metrics.allreduce(run.backend, self.conf, f"train_confusion_{epoch}")
+        s = metrics.scores(matrix, self.manifest.class_names)
+        return {
+            "train_loss": loss_total / max(valid_total, 1.0),
+            "train_pixel_accuracy": s["pixel_accuracy"],
+            "train_miou": s["miou"],
+            "train_iou": s["iou"],
+            "train_confusion_matrix": s["confusion_matrix"],
+            "valid_pixels": int(valid_total),
+            "images": int(seen),
+            "patches": int(seen),
+        }
+
+    def epoch_end(self, run: loop.Run, epoch: int, record: dict) -> None:
+        record["patches_per_sec"] = record["images_per_sec"]
+        # blocks read from storage so far, per rank: with the cache and an exact share, each rank's share once
+        record["train_blocks_read_per_rank"] = run.backend.allgather_object(self.train_store.reads, f"reads_{epoch}")
+        average_buffers(run.backend, run.model)
+
+    def evaluate(self, run: loop.Run, epoch: int) -> dict:
+        """Every validation pixel once, on the plain model (its buffers just averaged); the confusion matrix is
+        summed over ranks, then scored."""
+        run.model.eval()
+        classes, size, batch = self.num_classes, run.cfg.image_size, run.settings.batch
+        conf = torch.zeros(classes, classes, dtype=torch.int64, device=run.device)
+        loss_sum = 0.0
+        windows = data.val_windows(self.val_store, size, run.backend.rank(), run.backend.size())
+        for i in range(0, len(windows), batch):
+            images, target = self._inputs(run, *data.batch(self.val_store, windows[i : i + batch], size))
+            with run.prec.autocast():
+                out = run.model(images)
+            loss_sum += F.cross_entropy(out.float(), target, ignore_index=IGNORE, reduction="sum").item()
+            conf += metrics.confusion(out.argmax(1), target, classes)
+            run.validation_step()
+        matrix = metrics.allreduce(run.backend, conf, f"val_confusion_{epoch}")
+        (loss_sum,) = runtime.global_sums(run.backend, f"val_{epoch}", loss_sum)
+        s = metrics.scores(matrix, self.manifest.class_names)
+        return {
+            "val_loss": loss_sum / max(int(matrix.sum()), 1),
+            "val_pixel_accuracy": s["pixel_accuracy"],
+            "val_miou": s["miou"],
+            "val_iou": s["iou"],
+            "val_confusion_matrix": s["confusion_matrix"],
+        }
+
+    def run_record(self, run: loop.Run) -> dict:
+        return {"segmentation": asdict(self.seg)}
+
+    def world(self, run: loop.Run) -> dict:
+        return {
+            "train_blocks": self.sampler.n,
+            "val_blocks": len(self.val_store) if self.val_store else 0,
+            "blocks_owned_per_process": len(self.sampler.owned()),
+            "shares_exactly": self.sampler.shares_exactly,
+            "block_memory_mbytes_rank0": self.train_store.memory_bytes() / 1e6,
+            "data_load_seconds": self.load_seconds,
+            "steps_per_epoch": self.sampler.steps,
+            "classes": self.manifest.class_names,
+        }
+
+    def opening(self, run: loop.Run) -> str:
+        cfg = run.cfg
+        return (
+            f"training {cfg.model} on {self.sampler.n} blocks ({cfg.data_dir}), {run.backend.size()} process(es) x "
+            f"{run.settings.batch} patches of {cfg.image_size} px, {run.device}, outputs in {cfg.output_dir}"
+        )
+
+    def scalars(self, record: dict) -> dict:
+        keys = (
+            "train_loss",
+            "train_pixel_accuracy",
+            "train_miou",
+            "val_loss",
+            "val_pixel_accuracy",
+            "val_miou",
+            "patches_per_sec",
+            "lr",
+        )
+        out = {k: record[k] for k in keys if k in record}
+        for name, iou in (record.get("val_iou") or {}).items():
+            if iou is not None:
+                out[f"val_iou/{name}"] = iou
+        return out
+
+    def epoch_line(self, run: loop.Run, record: dict) -> str:
+        val = f", val mIoU {record['val_miou']:.3f}" if "val_miou" in record else ""
+        return (
+            f"epoch {record['epoch']}/{run.cfg.epochs}: loss {record['train_loss']:.4f}, pixel accuracy "
+            f"{record['train_pixel_accuracy']:.3f}, mIoU {record['train_miou']:.3f}{val}, "
+            f"{record['patches_per_sec']:.1f} patches/sec"
+        )
 
 
 def average_buffers(backend, model) -> None:
@@ -281,188 +339,17 @@ def average_buffers(backend, model) -> None:
             buf.copy_(backend.allreduce_mean(buf.detach(), f"buffer.{name}"))
 
 
-def load_data(cfg, seg, backend, batch):
-    """Manifest, block stores and sampler; every rank reads (and checks) its share before training, and all
-    ranks stop together if any block is damaged."""
-    manifest = data.Manifest.load(cfg.data_dir)
-    if seg.num_classes_given and seg.num_classes_given != manifest.num_classes:
-        raise ConfigError(
-            f"--num-classes {seg.num_classes_given} but {cfg.data_dir} was prepared with "
-            f"{manifest.num_classes} classes: drop --num-classes (the manifest's count is used)"
-        )
-    cfg.num_classes = manifest.num_classes
-    train = data.BlockStore(manifest, manifest.train, seg.cache == "memory")
-    sampler = data.PatchSampler(
-        manifest.train,
-        cfg.image_size,
-        backend.rank(),
-        backend.size(),
-        batch * backend.size(),
-        cfg.seed,
-        seg.patches_per_epoch,
-        cfg.max_steps_per_epoch,
-    )
-    val = data.BlockStore(manifest, manifest.val, seg.cache == "memory") if manifest.val else None
-    error, start = None, time.perf_counter()
-    try:
-        train.load(sampler.owned())
-        if val is not None:
-            val.load(range(backend.rank(), len(val), backend.size()))
-    except ConfigError as e:
-        error = str(e)
-    errors = [e for e in backend.allgather_object(error, "data_errors") if e]
-    if errors:
-        raise ConfigError(errors[0])
-    return manifest, train, sampler, val, time.perf_counter() - start
-
-
 def run(cfg: config.TrainConfig, seg: SegmentationOptions) -> dict:
-    backend = backends.create(cfg.backend, runtime.collective_timeout(cfg) if cfg.backend == "ddp" else None)
-    backend.init()
-    root = backend.rank() == 0
-    # From here on a rank that stops making progress ends the job, named (docs/jobs.md#a-job-is-stuck-or-slow).
-    watch = runtime.watch(cfg, backend)
-    phases = runtime.phases(cfg, backend, watch)
-    device, prec = runtime.setup(cfg, backend)
-    batch = cfg.per_process_batch(backend.size())
-    manifest, train_store, sampler, val_store, load_seconds = load_data(cfg, seg, backend, batch)
-    if root and not sampler.shares_exactly:
-        log.warning(
-            "%d training blocks do not divide over %d processes: each process reads blocks beyond its "
-            "share; prepare with a block count that is a multiple of the process count",
-            sampler.n,
-            backend.size(),
-        )
-
-    torch.manual_seed(cfg.seed)
-    model = models.build(cfg.model, manifest.num_classes, seg.norm).to(device)
-    if cfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    lr_scale = backend.size()  # Goyal et al.: the LR grows with the global batch
-    # `model` stays the plain module (checkpoints, evaluation, buffers); `trained` is what the steps run.
-    trained, optimizer = backend.wrap(model, runtime.optimizer(cfg, model, cfg.base_lr * lr_scale, device), cfg, device)
-    scaler = prec.grad_scaler(cfg.loss_scale_init)
-    start_epoch, start_step = runtime.restore(cfg, backend, model, optimizer, scaler, sampler.steps)
-    stop = runtime.preemption(cfg, backend)  # SIGTERM and the checkpoint clock (docs/jobs.md#preempted-and-resumed)
-    pause = runtime.pauser(cfg, backend, model, optimizer, scaler, stop, watch)
-
-    metrics_file = writer = None
-    if root:
-        world = {
-            **runtime.world(backend, model, device, prec, cfg),
-            "train_blocks": sampler.n,
-            "val_blocks": len(val_store) if val_store else 0,
-            "blocks_owned_per_process": len(sampler.owned()),
-            "shares_exactly": sampler.shares_exactly,
-            "block_memory_mbytes_rank0": train_store.memory_bytes() / 1e6,
-            "data_load_seconds": load_seconds,
-            "steps_per_epoch": sampler.steps,
-            "classes": manifest.class_names,
-        }
-        metrics_file = MetricsFile(
-            cfg.metrics_path, {"config": cfg.to_json(), "segmentation": asdict(seg), "world": world}
-        )
-        writer = runtime.summary_writer(cfg.tensorboard_dir)
-        log.info(
-            "training %s on %d blocks (%s), %d process(es) x %d patches of %d px, %s, outputs in %s",
-            cfg.model,
-            sampler.n,
-            cfg.data_dir,
-            backend.size(),
-            batch,
-            cfg.image_size,
-            device,
-            cfg.output_dir,
-        )
-    progress = partial(tqdm, disable=not (root and cfg.progress))
-
-    patches, seconds = 0, 0.0
-    with runtime.stopping(backend, stop, watch):
-        for epoch in range(start_epoch, cfg.epochs):
-            record = {"epoch": epoch + 1}
-            record.update(
-                train_epoch(
-                    cfg,
-                    backend,
-                    epoch,
-                    trained,
-                    optimizer,
-                    scaler,
-                    prec,
-                    train_store,
-                    sampler,
-                    manifest,
-                    device,
-                    lr_scale,
-                    progress,
-                    watch,
-                    phases,
-                    stop,
-                    pause,
-                    start_step if epoch == start_epoch else 0,
-                )
-            )
-            # blocks read from storage so far, per rank: with the cache and an exact share, each rank's share once
-            record["train_blocks_read_per_rank"] = backend.allgather_object(train_store.reads, f"reads_{epoch}")
-            average_buffers(backend, model)
-            if val_store is not None:
-                record.update(evaluate(cfg, backend, epoch, model, prec, val_store, manifest, batch, device, watch))
-            patches += record["patches"]
-            seconds += record["epoch_seconds"]
-            watch.doing("checkpoint")
-            stop.saved(runtime.save(cfg, backend, epoch + 1, model, optimizer, scaler, 0, sampler.steps))
-            if root:
-                metrics_file.add_epoch(record)
-                for key in (
-                    "train_loss",
-                    "train_pixel_accuracy",
-                    "train_miou",
-                    "val_loss",
-                    "val_pixel_accuracy",
-                    "val_miou",
-                    "patches_per_sec",
-                    "lr",
-                ):
-                    if key in record:
-                        writer.add_scalar(key, record[key], epoch + 1)
-                for name, iou in (record.get("val_iou") or {}).items():
-                    if iou is not None:
-                        writer.add_scalar(f"val_iou/{name}", iou, epoch + 1)
-                writer.flush()
-                log.info(
-                    "epoch %d/%d: loss %.4f, pixel accuracy %.3f, mIoU %.3f%s, %.1f patches/sec",
-                    epoch + 1,
-                    cfg.epochs,
-                    record["train_loss"],
-                    record["train_pixel_accuracy"],
-                    record["train_miou"],
-                    f", val mIoU {record['val_miou']:.3f}" if "val_miou" in record else "",
-                    record["patches_per_sec"],
-                )
-            runtime.stop_at_epoch_end(cfg, backend, stop, epoch + 1)
-    watch.doing("finishing")
-    if root:
-        writer.close()
-    # "images" are patches here: the closing "Total images/sec" line is patches/sec.
-    summary = finish(cfg, backend, metrics_file, parameters_digest(model), cfg.epochs - start_epoch, patches, seconds)
-    backend.shutdown()
-    watch.stop()
-    return summary
+    return loop.train(LandCover(seg), cfg)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
-    try:
+    def body() -> None:
         cfg, seg = parse(argv)
         run(cfg, seg)
-    except ConfigError as e:
-        say(f"error: {e}")
-        return 2
-    except preemption.Stopped as e:
-        say(str(e))  # every rank says it: all stopped at the same step
-        return preemption.EXIT_CODE
-    return 0
+
+    return run_main(body)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

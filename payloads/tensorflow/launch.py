@@ -1,18 +1,16 @@
 """What the TensorFlow and Keras payloads do before TensorFlow is imported: declare their options (so that
 --help and configuration errors need no TensorFlow), set XLA's CPU flag, and turn a configuration error into
-exit code 2 and a SIGTERM's stop (payloads/common/preemption.py) into its line and exit code 75. Each payload's
+exit code 2 and a SIGTERM's stop into its line and exit code 75 (payloads/common/entry.py). Each payload's
 entry point (payloads/tensorflow/train.py, payloads/keras/train.py) calls main() with its option groups and its
 training function."""
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from ..common import config, devices, preemption
-from ..common.errors import ConfigError, say
+from ..common import config, devices
+from ..common.entry import run_main
 
 # Static (payloads/tensorflow/models.py builds them) so that parsing needs no TensorFlow import.
 MODEL_NAMES = ("resnet50", "resnet101", "resnet152", "mobilenet_v2", "tiny_cnn", "mlp")
@@ -56,15 +54,10 @@ def main(
     runner: Callable[[config.TrainConfig], object],
     refused: Mapping[str, str] = REFUSED,
 ) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
-    try:
+
+    def body() -> None:
         cfg = parse(argv, prog, description, groups, refused)
         xla_on_cpu(cfg)
         runner(cfg)
-    except ConfigError as e:
-        say(f"error: {e}")  # every rank says it: one rank may meet it alone
-        return 2
-    except preemption.Stopped as e:
-        say(str(e))  # every rank says it: all stopped at the same step
-        return preemption.EXIT_CODE
-    return 0
+
+    return run_main(body)

@@ -4,6 +4,7 @@ payloads/common/preemption.py), resume, and the run's world record."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -15,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from ..common import checkpoint, config, devices, watchdog
+from ..common import checkpoint, config, devices, stragglers, watchdog
 from ..common import preemption as preempt
 from ..common.errors import ConfigError
 
@@ -30,6 +31,7 @@ class Start(NamedTuple):
     model: object  # tf.keras.Model, same initial weights on every rank
     scale: float  # LR multiplier for the global batch (lr_scale)
     threads: Threads  # what this process's thread pools were sized to
+    cfg: config.TrainConfig  # the configuration resolved for this device and batch (amp, base_lr): a new object
 
 
 class Threads(NamedTuple):
@@ -71,7 +73,10 @@ def start(cfg, hvd) -> Start:
     cfg.check_adasum_world(hvd.size(), hvd.mpi_enabled())
     device, threads = setup(cfg, hvd)
     model = models.build(cfg.model, cfg.num_classes, cfg.image_size)
-    return Start(hvd.rank() == 0, device, cfg.per_process_batch(hvd.size()), model, lr_scale(cfg, hvd, device), threads)
+    batch = cfg.per_process_batch(hvd.size())
+    amp = cfg.amp if cfg.amp is not None else device.startswith("GPU")
+    resolved = dataclasses.replace(cfg, amp=amp, base_lr=cfg.lr_for(batch))
+    return Start(hvd.rank() == 0, device, batch, model, lr_scale(cfg, hvd, device), threads, resolved)
 
 
 def setup(cfg, hvd) -> tuple[str, Threads]:
@@ -89,9 +94,8 @@ def setup(cfg, hvd) -> tuple[str, Threads]:
     threads = thread_plan(cfg.threads, available_cores(), hvd.local_size(), cfg.workers)
     tf.config.threading.set_intra_op_parallelism_threads(threads.intra_op)
     tf.config.threading.set_inter_op_parallelism_threads(threads.inter_op)
-    if cfg.amp is None:
-        cfg.amp = bool(gpus)
-    tf.keras.mixed_precision.set_global_policy(precision(cfg.amp, bool(gpus)))
+    amp = cfg.amp if cfg.amp is not None else bool(gpus)
+    tf.keras.mixed_precision.set_global_policy(precision(amp, bool(gpus)))
     if cfg.xla:
         if not gpus and "--tf_xla_cpu_global_jit" not in os.environ.get("TF_XLA_FLAGS", "").split():
             # Set by launch.xla_on_cpu before TensorFlow starts; missing when a GPU node's TensorFlow sees no GPU.
@@ -284,7 +288,7 @@ def stop_at_epoch_end(cfg, hvd, stop: preempt.Preemption, epochs_done: int) -> N
         raise preempt.Stopped(stop.stop_line(str(where), stop.write_seconds or 0.0))
 
 
-def watch(cfg, hvd) -> tuple[watchdog.Watchdog, watchdog.Phases]:
+def watch(cfg, hvd) -> tuple[watchdog.Watchdog, stragglers.Phases]:
     """This rank's stall watchdog, started, and the ranks' step-part comparison (payloads/common/watchdog.py):
     one broadcast names the run, one allgather the hosts."""
     watch = watchdog.started(
@@ -294,10 +298,10 @@ def watch(cfg, hvd) -> tuple[watchdog.Watchdog, watchdog.Phases]:
         cfg.stall_timeout,
         lambda token: hvd.broadcast_object(token, root_rank=0, name="watchdog_run"),
     )
-    return watch, watchdog.Phases(watch, hvd.allgather_object(watch.host, name="hosts"), cfg.straggler_every)
+    return watch, stragglers.Phases(watch, hvd.allgather_object(watch.host, name="hosts"), cfg.straggler_every)
 
 
-def compare_phases(hvd, phases: watchdog.Phases) -> None:
+def compare_phases(hvd, phases: stragglers.Phases) -> None:
     """One small allreduce of every rank's step-part seconds; rank 0 logs the stragglers named."""
     phases.watch.doing("exchange")
     rows = hvd.allreduce(tf.constant(phases.matrix(), tf.float64), op=hvd.Sum, name="step_phases").numpy().tolist()

@@ -74,7 +74,7 @@ def run(cfg: config.TrainConfig) -> dict:
 
     from . import data, models, runtime
 
-    root, device, batch, model, scale, threads = runtime.start(cfg, hvd)
+    root, device, batch, model, scale, threads, cfg = runtime.start(cfg, hvd)
     # From here on a rank that stops making progress ends the job, named (docs/jobs.md#a-job-is-stuck-or-slow).
     watch, phases = runtime.watch(cfg, hvd)
     optimizer = tf.keras.optimizers.SGD(learning_rate=cfg.base_lr * scale, momentum=cfg.momentum)

@@ -3,6 +3,7 @@ jobs do not; the payload gives init_process_group its collective timeout and poi
 at the output folder (payloads/pytorch/runtime.collective_timeout); and every variable named is one the installed
 torch reads (a renamed variable would be ignored without a word)."""
 
+import dataclasses
 import mmap
 import pathlib
 
@@ -63,11 +64,11 @@ def test_the_payload_times_collectives_out_beyond_the_watchdog_and_dumps_to_the_
     for key in runtime.FLIGHT_RECORDER_FILE:
         assert environ[key] == str(tmp_path / "stalls" / "nccl-trace-rank")
     assert (tmp_path / "stalls").is_dir()  # NCCL writes the file, not the folder
-    cfg.stall_timeout = 7200.0
+    cfg = dataclasses.replace(cfg, stall_timeout=7200.0)
     chosen = {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/mine/trace"}
     assert runtime.collective_timeout(cfg, chosen) == 7500
     assert chosen == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/mine/trace"}
-    cfg.stall_timeout = 0.0
+    cfg = dataclasses.replace(cfg, stall_timeout=0.0)
     assert runtime.collective_timeout(cfg, {}) is None  # the watchdog off: torch's own default
 
 

@@ -20,9 +20,10 @@ size, which by default is the one Azure measures at (8 or 16 GiB). Rank 0 prints
 private IP, each figure against its expected value, PASS or FAIL) and exits 1 if any node fails; the launcher
 adds each node's Azure ML node id (launcher/nodes.py).
 
-Training: every rank builds a conv model, takes --train-steps optimizer steps through hvd.DistributedOptimizer
-on its own synthetic batch, with the mixed precision and memory format the PyTorch payload uses on this device
-(on a GPU: precision.choose's autocast, channels_last), then the ranks compare their parameters bitwise. A
+Training: every rank takes --train-steps steps of the PyTorch payload's own loop (payloads/pytorch/loop.py: its
+set-up, fused SGD, loss scaler, mixed precision and memory format for this device), on synthetic batches that
+differ per rank, with one mid-epoch checkpoint written halfway and restored by a fresh run, as a resumed job
+does; the ranks compare their parameters bitwise at the save and at the end. A
 stack that fails a training job (an image whose Python breaks torch._dynamo, which the optimizer imports; a
 Horovod that refuses channels_last tensors) fails here, in the part named: import, step or agreement.
 """
@@ -30,7 +31,7 @@ Horovod that refuses channels_last tensors) fails here, in the part named: impor
 from __future__ import annotations
 
 import argparse
-import hashlib
+import itertools
 import json
 import math
 import os
@@ -76,6 +77,8 @@ KVP_POOL = pathlib.Path("/var/lib/hyperv/.kvp_pool_3")
 MODELS = ("resnet18", "resnet34", "resnet50", "mobilenet_v3_small", "mobilenet_v3_large", "tiny_cnn")
 NUM_CLASSES = 10
 PARTS = ("import", "step", "agreement")
+# What horovod.torch raises on a rank whose broadcast meets a rank that has joined (hvd.join after its failure).
+JOINED = "is not supported with Join"
 
 
 def _floor(text: str | None, source: str) -> float | None:
@@ -716,24 +719,17 @@ def failure_line(v: dict) -> str:
     return line + (f"; {v['reason']}" if v.get("reason") else "")
 
 
-def parameters_digest(model) -> str:
-    """Hash of every parameter's exact bytes (in logical order, whatever the memory format). Parameters only:
-    batch-norm running statistics follow each rank's own batches, so they legitimately differ across ranks."""
-    h = hashlib.sha256()
-    for name, p in model.named_parameters():
-        h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
 def _error(e: BaseException) -> str:
     first = (str(e).strip().splitlines() or [""])[0]
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
-def train_steps(hvd, torch, device, args, prec, channels_last: bool) -> dict:
+def train_steps(hvd, torch, device, args, channels_last: bool) -> dict:
     """This rank's attempt at what a training job does; never raises: the failed part and its error are returned
-    (the traceback goes to stderr), so every rank reaches the exchange of results."""
+    (the traceback goes to stderr), so every rank reaches the exchange of results. The steps are the PyTorch
+    payload's own (payloads/pytorch/loop.py: its set-up, fused SGD, loss scaler, memory format and step, on
+    synthetic batches that differ per rank), stopped halfway by a mid-epoch checkpoint that a fresh run restores
+    and trains on from, as a resumed job does. The parameters are digested at the save and at the end."""
     status = {"rank": hvd.rank(), "failed": None, "error": None, "losses": [], "seconds": None, "digest": None}
     try:
         # The payload imports torchvision to build these models; an image where that import breaks fails here.
@@ -746,42 +742,71 @@ def train_steps(hvd, torch, device, args, prec, channels_last: bool) -> dict:
         status.update(failed="import", error=_error(e))
         return status
     try:
-        import torch.nn.functional as F
+        import tempfile
 
-        from .pytorch import backends, runtime
+        from .common.config import TrainConfig
+        from .pytorch import backends, checkpoints, loop, runtime
+        from .pytorch.train import Classification
 
-        backend = backends.Horovod(hvd)  # the payload's optimizer step, with Horovod's synchronisation
-        torch.manual_seed(0)
-        model = models.build(args.model, NUM_CLASSES, args.image_size).to(device)
-        fmt = torch.channels_last if channels_last else torch.contiguous_format
-        model = model.to(memory_format=fmt)
-        model.train()
-        # What pytorch/train.py does: start from rank 0's weights, average gradients in DistributedOptimizer.
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-        scaler = prec.grad_scaler()
-        # Each rank its own batch: identical batches would give identical weights even with no averaging at all.
-        gen = torch.Generator(device=device)
-        gen.manual_seed(1000 + hvd.rank())
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(args.train_steps):
-            images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, generator=gen, device=device)
-            images = images.contiguous(memory_format=fmt)
-            labels = torch.randint(0, NUM_CLASSES, (args.batch_size,), generator=gen, device=device)
-            optimizer.zero_grad()
-            with prec.autocast():
-                loss = F.cross_entropy(model(images), labels)
-            # fp16 (older GPUs): the averaged gradients unscaled, as the payload does
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-            runtime.optimizer_step(optimizer, scaler, backend)
-            status["losses"].append(loss.item())
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        class Losses:
+            """A concern: each step's loss, read on the host (the check wants every one)."""
+
+            def step_end(self, run) -> None:
+                status["losses"].append(run.last.loss.item())
+
+        class FirstSteps(Classification):
+            """The payload's classification task, its epoch cut after `until` steps (None: to the end)."""
+
+            until: int | None = None
+
+            def batches(self, run, epoch, skip):
+                return itertools.islice(super().batches(run, epoch, skip), None, self.until and self.until - skip)
+
+        backend = backends.Horovod(hvd)  # already initialised: the checks above ran on it
+        half = args.train_steps // 2
+        with tempfile.TemporaryDirectory(prefix="healthcheck-") as out:
+            cfg = TrainConfig(
+                model=args.model,
+                image_size=args.image_size,
+                num_classes=NUM_CLASSES,
+                batch_size=args.batch_size,
+                synthetic_samples=args.batch_size * hvd.size() * args.train_steps,
+                epochs=1,
+                base_lr=0.01,
+                warmup_epochs=0,
+                lr_decay_epochs=(),
+                seed=0,
+                workers=0,
+                output_dir=pathlib.Path(out),
+                keep_checkpoints=1,
+                amp=args.amp,
+                amp_dtype=args.amp_dtype,
+                channels_last=channels_last,
+                progress=False,
+                mlflow=False,
+                stall_timeout=0,
+                checkpoint_every_minutes=0,
+            )
+            resolved = runtime.resolve(cfg, backend)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            digests = []
+            # The first half and its save; a fresh run restores it and trains the rest (one step: no save).
+            for until in (half, None) if half else (None,):
+                task = FirstSteps()
+                task.until = until
+                run = loop.prepare(task, cfg, backend, *resolved)
+                run.concerns = [Losses()]
+                loop.train_epoch(run, 0, run.start.step)
+                digests.append(models.parameters_digest(run.model))
+                if until is not None:
+                    checkpoints.save(cfg, backend, 0, run.model, run.optimizer, run.scaler, half, run.steps_per_epoch)
+                    checkpoints.finish_checkpoints(backend)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
         status["seconds"] = time.perf_counter() - start
-        status["digest"] = parameters_digest(model)
+        status["digest"], status["digest_at_save"] = digests[-1], digests[0]
     except Exception as e:  # noqa: BLE001 - any failure is the finding: reported by part and rank, not raised
         traceback.print_exc()
         status.update(failed="step", error=_error(e))
@@ -799,9 +824,12 @@ _HINTS = {
 
 
 def judge_training(statuses: list[dict], steps: int) -> tuple[dict, list[str]]:
-    """(training verdict, failures) from every rank's status, in rank order."""
+    """(training verdict, failures) from every rank's status, in rank order. A rank whose broadcast met a rank that
+    had failed and joined (Horovod refuses broadcasts with a joined rank) failed because of it: only the ranks that
+    failed on their own are named, when there are any."""
     failures = []
     failed = [s for s in statuses if s["failed"]]
+    failed = [s for s in failed if JOINED not in (s["error"] or "")] or failed
     for part in PARTS:
         ranks = [s for s in failed if s["failed"] == part]
         if ranks:
@@ -830,7 +858,13 @@ def judge_training(statuses: list[dict], steps: int) -> tuple[dict, list[str]]:
             f"training step failed on rank(s) {', '.join(str(s['rank']) for s in bad)}: the loss is "
             f"not finite ({bad[0]['losses']}): a training job would diverge the same way"
         )
-    differ = [s["rank"] for s in statuses if s["digest"] != statuses[0]["digest"]]
+    # At the mid-run save and at the end: the restore gives every rank rank 0's weights, so the end alone could miss
+    # ranks that differed before it.
+    differ = [
+        s["rank"]
+        for s in statuses
+        if (s["digest"], s.get("digest_at_save")) != (statuses[0]["digest"], statuses[0].get("digest_at_save"))
+    ]
     verdict["ranks_agree"] = not differ
     if differ:
         verdict["failed_part"] = verdict["failed_part"] or "agreement"
@@ -894,7 +928,7 @@ def main(argv=None) -> int:
         if c["status"] == FAIL
     ]
 
-    status = train_steps(hvd, torch, device, args, prec, channels_last)
+    status = train_steps(hvd, torch, device, args, channels_last)
     # A rank that failed part-way joins: the others' pending gradient allreduces then complete instead of
     # waiting for it forever (Horovod's join; a broadcast with a joined rank fails, and is reported, instead).
     hvd.join(device.index if device.type == "cuda" else -1)

@@ -181,12 +181,20 @@ class Run:
 
 def start(task: Task, cfg: config.TrainConfig, started: float) -> Run:
     """Everything before the first step: the backend, the watchdog (from here on a rank that stops making progress
-    ends the job, named), the device and settings, the data, the model and optimizer, and the restore."""
+    ends the job, named), the device and settings, then prepare(), and the run's concerns."""
     backend = backends.create(cfg.backend, runtime.collective_timeout(cfg) if cfg.backend == "ddp" else None)
     backend.init()
     watch = concerns.Watch(cfg, backend)
     stragglers = concerns.Stragglers(cfg, backend, watch.watch)
-    device, prec, settings = runtime.resolve(cfg, backend)
+    run = prepare(task, cfg, backend, *runtime.resolve(cfg, backend))
+    clock = concerns.Clock(run.device, cfg.startup_steps, started)
+    run.concerns = concerns.for_run(run, watch, stragglers, clock)
+    return run
+
+
+def prepare(task: Task, cfg: config.TrainConfig, backend, device, prec, settings: runtime.Settings) -> Run:
+    """A run with no concerns yet, ready for its first step: the task's data and model, the optimizer and loss
+    scaler, and the newest checkpoint restored (its position in run.start). The health check calls it too."""
     run = Run(cfg, settings, backend, device, prec, task)
     run.steps_per_epoch = task.load(run)
     torch.manual_seed(cfg.seed)
@@ -201,8 +209,6 @@ def start(task: Task, cfg: config.TrainConfig, started: float) -> Run:
     # Compiled after the weights are final: the compiled module shares them, and checkpoints keep the plain names.
     run.model, run.trained = model, torch.compile(trained) if cfg.compile else trained
     run.optimizer, run.scaler = optimizer, scaler
-    clock = concerns.Clock(device, cfg.startup_steps, started)
-    run.concerns = concerns.for_run(run, watch, stragglers, clock)
     return run
 
 

@@ -746,7 +746,7 @@ def train_steps(hvd, torch, device, args, channels_last: bool) -> dict:
 
         from .common.config import TrainConfig
         from .pytorch import backends, checkpoints, loop, runtime
-        from .pytorch.train import Classification
+        from .pytorch.classification import Classification
 
         class Losses:
             """A concern: each step's loss, read on the host (the check wants every one)."""

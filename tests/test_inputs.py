@@ -57,12 +57,7 @@ def _cfg(**kw) -> config.TrainConfig:
         batch_size=8,
     )
     base.update(kw)
-    # decoder and gpu_decode are read with getattr until TrainConfig has them (see docs/input-pipeline.md).
-    extra = {k: base.pop(k) for k in ("decoder", "gpu_decode") if k in base}
-    cfg = config.TrainConfig(**base)
-    for k, v in extra.items():
-        setattr(cfg, k, v)
-    return cfg
+    return config.TrainConfig(**base)
 
 
 class _HostBatches:

@@ -2,7 +2,7 @@
 
 import torch
 
-from payloads.pytorch.runtime import align_state_layouts
+from payloads.pytorch.checkpoints import align_state_layouts
 
 
 def _step(fused: bool, momentum: torch.Tensor, align: bool) -> torch.Tensor:

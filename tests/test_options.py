@@ -151,8 +151,8 @@ def closure(entry: str) -> list[pathlib.Path]:
 
 
 def fields_read(entry: str) -> set[str]:
-    """Configuration fields the payload's code reads: cfg.X / seg.X / getattr(cfg, "X"), and TrainConfig's own
-    reads outside its checks (validate)."""
+    """Configuration fields the payload's code reads: cfg.X / seg.X (also run.cfg.X, self.seg.X) / getattr(cfg, "X"),
+    and TrainConfig's own reads outside its checks (validate)."""
     found = set()
     for path in closure(entry):
         tree = ast.parse(path.read_text())
@@ -168,8 +168,13 @@ def fields_read(entry: str) -> set[str]:
             if (
                 isinstance(node, ast.Attribute)
                 and isinstance(node.ctx, ast.Load)
-                and isinstance(node.value, ast.Name)
-                and node.value.id in ("cfg", "seg") + (("self",) if path.name == "config.py" else ())
+                and (
+                    isinstance(node.value, ast.Name)
+                    and node.value.id in ("cfg", "seg") + (("self",) if path.name == "config.py" else ())
+                    # the loop's state and a task's options: run.cfg.X, self.seg.X
+                    or isinstance(node.value, ast.Attribute)
+                    and node.value.attr in ("cfg", "seg")
+                )
             ):
                 found.add(node.attr)
             elif (

@@ -289,7 +289,7 @@ def worker_pytorch_payload() -> list[str]:
     import torch
 
     from payloads.common import config
-    from payloads.pytorch import backends, models, precision, runtime
+    from payloads.pytorch import backends, checkpoints, models, precision, runtime
 
     backend = backends.Horovod()
     backend.init()
@@ -328,9 +328,9 @@ def worker_pytorch_payload() -> list[str]:
             raise AssertionError("autocast did not run the convolution in bf16 on the CPU")
     backend.broadcast_parameters(model.state_dict())
     step(model, opt)
-    runtime.save(cfg, backend, 1, model, opt, None)
+    checkpoints.save(cfg, backend, 1, model, opt, None)
     fresh, fresh_opt = build()
-    if runtime.restore(cfg, backend, fresh, fresh_opt, None) != (1, 0):  # (epochs done, step in the next)
+    if checkpoints.restore(cfg, backend, fresh, fresh_opt, None) != (1, 0):  # (epochs done, step in the next)
         raise AssertionError("the checkpoint was not restored")
     step(fresh, fresh_opt)
     digests = backend.allgather_object(models.parameters_digest(fresh), "digests")  # also: both ranks are done

@@ -448,7 +448,7 @@ def no_forward_buffer_sync() -> dict:
 def load_root_optimizer_state(backend, optimizer) -> None:
     """Rank 0's optimizer state (momentum buffers, step counts, param groups) loaded by every other rank, with
     no optimizer step: load_state_dict moves each tensor to its parameter's device and dtype keeping its
-    strides, and runtime.align_state_layouts then gives any other layout the parameter's. Sent as host
+    strides, and checkpoints.align_state_layouts then gives any other layout the parameter's. Sent as host
     tensors: a CUDA tensor would be unpickled onto rank 0's GPU on every rank."""
     state = backend.broadcast_object(
         _to_cpu(optimizer.state_dict()) if backend.rank() == 0 else None, name="optimizer_state"

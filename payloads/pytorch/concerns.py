@@ -88,8 +88,8 @@ class Stragglers:
 
 class Checkpoints:
     """The epoch's checkpoint, and the mid-epoch ones: on SIGTERM (then the stop, preemption.Stopped) and on the
-    checkpoint clock, at a step every rank agrees on (payloads/common/preemption.py, docs/jobs.md#preempted-and-
-    resumed). Never after an epoch's last step: the epoch's end (a task's averaging, the evaluation, the epoch's
+    checkpoint clock, at a step every rank agrees on (payloads/common/preemption.py,
+    docs/jobs.md#preempted-and-resumed). Never after an epoch's last step: the epoch's end (a task's averaging, the evaluation, the epoch's
     checkpoint) follows, and a SIGTERM then stops at the epoch's checkpoint (after_epoch)."""
 
     def __init__(self, run):

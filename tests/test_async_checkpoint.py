@@ -14,11 +14,11 @@ import threading
 import pytest
 import torch
 
-from payloads.common import checkpoint
+from payloads.common import checkpoint, concerns
 from payloads.common import preemption as preempt
 from payloads.common.config import TrainConfig
 from payloads.common.errors import ConfigError
-from payloads.pytorch import backends, checkpoints, concerns, loop, runtime
+from payloads.pytorch import backends, checkpoints, loop, runtime
 
 SUFFIX = checkpoints.SUFFIX
 SINGLE = backends.Single()

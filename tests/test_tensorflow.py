@@ -907,39 +907,63 @@ def test_keras_fit_enters_the_resumed_epoch_at_its_step():
 
 
 def test_pause_writes_the_position_on_the_clock_and_stops_on_a_signal(tmp_path):
-    """runtime.pauser, in one process (a stand-in for Horovod's rank 0 of 1): the clock's verdict writes the
-    mid-epoch checkpoint and goes on, a signal's writes it and raises the stop line naming it, an epoch's last
-    step leaves it to the epoch's own checkpoint; load() returns the position written."""
+    """The shared Checkpoints concern with the TensorFlow saver, in one process (a stand-in for Horovod's rank 0 of
+    1): the clock's verdict writes the mid-epoch checkpoint and goes on, a signal's writes it and raises the stop
+    line naming it, an epoch's last step leaves it to the epoch's own checkpoint; load() returns the position
+    written."""
     import signal
     import types
 
     import tensorflow as tf
 
-    from payloads.common import checkpoint, preemption, watchdog
+    from payloads.common import checkpoint, concerns, preemption
     from payloads.tensorflow import models, runtime
 
     hvd = types.SimpleNamespace(rank=lambda: 0, size=lambda: 1, broadcast_object=lambda obj, root_rank, name: obj)
     cfg = types.SimpleNamespace(
-        checkpoint_dir=tmp_path / "checkpoints", keep_checkpoints=0, seed=42, to_json=lambda: {"seed": 42}
+        checkpoint_dir=tmp_path / "checkpoints",
+        keep_checkpoints=0,
+        seed=42,
+        to_json=lambda: {"seed": 42},
+        checkpoint_every_minutes=0,
+        epochs=3,
     )
     model = models.build("tiny_cnn", 4, 16)
     optimizer = tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)
     runtime.build_optimizer_state(optimizer, model)
-    stop = preemption.Preemption(0, 0)
-    watch = watchdog.Watchdog(tmp_path, 0, 1, "run", timeout=0)
-    pause = runtime.pauser(cfg, hvd, model, optimizer, stop, watch)
+    run = types.SimpleNamespace(
+        cfg=cfg,
+        hvd=hvd,
+        backend=runtime.Collectives(hvd),
+        model=model,
+        optimizer=optimizer,
+        saver=runtime.Saver(),
+        log=runtime.log,
+        root=True,
+        epoch=1,
+        step=4,
+        steps=10,
+        doing=lambda what: None,
+    )
+    checkpoints = concerns.Checkpoints(run)
+    stop = checkpoints.stop
 
-    pause(1, 5, 10, None)
-    pause(1, 10, 10, "signal")  # the epoch's last step: its own checkpoint and agreement follow
+    checkpoints.pause(run, None)
+    run.step = 9
+    stop._handler(signal.SIGTERM, None)
+    checkpoints.step_end(run)  # the epoch's last step: its own checkpoint and agreement follow, no sum here
     assert not cfg.checkpoint_dir.exists()
-    pause(1, 5, 10, "clock")
+    stop.signalled = None
+    run.step = 4
+    checkpoints.pause(run, "clock")
     assert [p.name for _, p in checkpoint.list_checkpoints(cfg.checkpoint_dir, ".npz")] == [
         "checkpoint-epoch-0001-step-000005.npz"
     ]
     assert stop.write_seconds is not None
     stop._handler(signal.SIGTERM, None)
+    run.step = 6
     with pytest.raises(preemption.Stopped, match=r"stopped by SIGTERM: wrote .*checkpoint-epoch-0001-step-000007\.npz"):
-        pause(1, 7, 10, "signal")
+        checkpoints.pause(run, "signal")
     path = checkpoint.latest(cfg.checkpoint_dir, ".npz")[1]
     assert runtime.load(path, model, optimizer) == runtime.Position(1, 7, 10)
     assert runtime.read_meta(path)["data_order"] == {"seed": 42, "epoch": 1, "skip": 7}

@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from ..common import config, preemption, schedule
+from ..common import concerns, config, schedule
 from ..common.errors import ConfigError
 from ..common.metrics import MetricsFile, finish
 from ..tensorflow import launch
@@ -62,8 +62,7 @@ def run(cfg: config.TrainConfig) -> dict:
     from ..tensorflow import data, models, runtime
 
     root, device, batch, model, scale, threads, cfg = runtime.start(cfg, hvd_tf)
-    # From here on a rank that stops making progress ends the job, named (docs/jobs.md#a-job-is-stuck-or-slow).
-    watch, phases = runtime.watch(cfg, hvd_tf)
+    state = runtime.Run(cfg, hvd_tf, model)  # the watchdog, stragglers and checkpoints (payloads/common/concerns.py)
     scaled_lr = cfg.base_lr * scale
     optimizer = hvd.DistributedOptimizer(
         tf.keras.optimizers.SGD(learning_rate=scaled_lr, momentum=cfg.momentum),
@@ -80,8 +79,7 @@ def run(cfg: config.TrainConfig) -> dict:
         cfg, hvd.rank(), hvd.size(), batch, start_epoch, threads.data, position.step, position.steps_per_epoch
     )
     start_step = inputs.skip  # the checkpoint's step, or 0 where this run's epoch has another step count
-    stop = runtime.preemption(cfg, hvd_tf)  # SIGTERM and the checkpoint clock (docs/jobs.md#preempted-and-resumed)
-    pause = runtime.pauser(cfg, hvd_tf, model, optimizer, stop, watch)
+    state.optimizer, state.steps = optimizer, inputs.steps
     # fit() trains `trained`: the model itself, or (synthetic data) the model behind the step that gathers
     # each batch's images on the device; both hold the same variables, which the checkpoints save.
     trained = model if inputs.prepare is data.identity else with_input(model, inputs.prepare)
@@ -96,9 +94,9 @@ def run(cfg: config.TrainConfig) -> dict:
         ],
     )
 
-    recorder = Recorder(cfg, hvd_tf, model, optimizer, batch, inputs, watch, phases, stop, start_epoch, start_step)
+    recorder = Recorder(state, batch, inputs, start_epoch, start_step)
     callbacks = [
-        watching(watch, phases, hvd_tf, stop, pause, inputs.steps),
+        events(state),
         # Also broadcast by runtime.restore before the first step; kept as Horovod's documented safety net.
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
         # Before our recorder: it sees the averaged epoch metrics.
@@ -122,27 +120,24 @@ def run(cfg: config.TrainConfig) -> dict:
             device,
             cfg.output_dir,
         )
-    try:
-        if start_epoch < cfg.epochs:
-            with EnterAt(start_epoch, start_step).entering(trained):
-                trained.fit(
-                    inputs.train,
-                    steps_per_epoch=inputs.steps,
-                    epochs=cfg.epochs,
-                    initial_epoch=start_epoch,
-                    validation_data=inputs.validation,
-                    callbacks=callbacks,
-                    verbose=(1 if cfg.progress else 2) if root else 0,
-                )
-    except tf.errors.InvalidArgumentError as e:
-        raise ConfigError(data.input_error(e)) from None
-    except preemption.Stopped:  # raised out of fit() by the callbacks, on every rank after the same step
-        watch.doing("finishing")
-        watch.stop("stopped")
-        raise
-    finally:
-        stop.uninstall()
-    watch.doing("finishing")
+    # preemption.Stopped is raised out of fit() by the callbacks, on every rank after the same step.
+    with concerns.ending(state):
+        state.fire("run_start")
+        try:
+            if start_epoch < cfg.epochs:
+                with EnterAt(start_epoch, start_step).entering(trained):
+                    trained.fit(
+                        inputs.train,
+                        steps_per_epoch=inputs.steps,
+                        epochs=cfg.epochs,
+                        initial_epoch=start_epoch,
+                        validation_data=inputs.validation,
+                        callbacks=callbacks,
+                        verbose=(1 if cfg.progress else 2) if root else 0,
+                    )
+        except tf.errors.InvalidArgumentError as e:
+            raise ConfigError(data.input_error(e)) from None
+    state.doing("finishing")
     summary = finish(
         cfg,
         hvd_tf,
@@ -152,7 +147,7 @@ def run(cfg: config.TrainConfig) -> dict:
         recorder.images,
         recorder.seconds,
     )
-    watch.stop()
+    state.fire("finished")
     return summary
 
 
@@ -188,47 +183,40 @@ class EnterAt:
             model._training_state = None
 
 
-def watching(watch, phases, hvd_tf, stop, pause, steps: int):
-    """The watchdog's marks from fit(): a step (input, compute and Horovod's allreduce in one call: all of it is
-    "compute" to the straggler comparison), validation batches, the epoch's end; the ranks' comparison every
-    --straggler-every steps; and the preemption agreement (`stop`, `pause`: runtime.pauser) inside each epoch of
-    `steps` steps. Attribute stores only between those; _supports_tf_logs keeps Keras from reading the step's
-    logs to the host for it (a sync per step)."""
+def events(state):
+    """The Keras callback that fires the shared concerns' events from fit() (payloads/common/concerns.py: the
+    watchdog's marks, the ranks' step-part comparison, the SIGTERM stop and the checkpoint clock inside an epoch).
+    A step is input, compute and Horovod's allreduce in one call: "step" to the watchdog, all of it compute to the
+    straggler comparison. Attribute stores only between those; _supports_tf_logs keeps Keras from reading the
+    step's logs to the host for it (a sync per step). Every rank calls its callbacks at the same batch, so the
+    events' collectives are safe."""
     import tensorflow as tf
 
-    from ..tensorflow import runtime
-
-    class _Watching(tf.keras.callbacks.Callback):
+    class KerasEvents(tf.keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
             self._supports_tf_logs = True
-            self.epoch = 0
 
         def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
+            state.epoch = epoch
 
         def on_train_batch_begin(self, batch, logs=None):
-            watch.doing("step")
+            state.doing("step")
 
         def on_train_batch_end(self, batch, logs=None):
-            watch.step_done()
-            if phases.due():  # every rank calls its callbacks at the same batch: a collective is safe here
-                runtime.compare_phases(hvd_tf, phases)
-            # `batch`: the step's number in its epoch (from the entry step in a resumed one). Not after the
-            # epoch's last step: the epoch's checkpoint and agreement follow it (Recorder).
-            if stop.due() and batch + 1 < steps:
-                pause(self.epoch, batch + 1, steps, runtime.agree(hvd_tf, stop))
+            state.step = batch  # the step's number in its epoch (from the entry step in a resumed one)
+            state.fire("step_end")
 
         def on_test_begin(self, logs=None):
-            watch.doing("validation")
+            state.doing("validation")
 
         def on_test_batch_end(self, batch, logs=None):
-            watch.tick()
+            state.validation_step()
 
         def on_epoch_end(self, epoch, logs=None):
-            watch.doing("epoch end")
+            state.fire("epoch_end")
 
-    return _Watching()
+    return KerasEvents()
 
 
 def with_input(model, prepare):
@@ -247,12 +235,12 @@ def with_input(model, prepare):
     return WithInput()
 
 
-def Recorder(cfg, hvd_tf, model, optimizer, batch: int, inputs, watch, phases, stop, start_epoch: int, start_step: int):
-    """Times each epoch, writes the metrics record and the rank-0 checkpoint (our .npz), then the ranks agree
-    whether a SIGTERM came during the epoch's end (`stop`). The run's first epoch starts at `start_step`."""
+def Recorder(state, batch: int, inputs, start_epoch: int, start_step: int):
+    """Times each epoch, fires the epoch's checkpoint and writes the metrics record, then the ranks agree whether a
+    SIGTERM came during the epoch's end (after_epoch). The run's first epoch starts at `start_step`."""
     import tensorflow as tf
 
-    from ..tensorflow import runtime
+    cfg, hvd_tf, optimizer = state.cfg, state.hvd, state.optimizer
 
     class _Recorder(tf.keras.callbacks.Callback):
         def __init__(self):
@@ -278,15 +266,14 @@ def Recorder(cfg, hvd_tf, model, optimizer, batch: int, inputs, watch, phases, s
                 .numpy()
                 .tolist()
             )
-            runtime.compare_phases(hvd_tf, phases)  # the epoch's last steps, for its per-rank totals
-            parts = phases.epoch_record()
+            parts = {}
+            state.fire("epoch_record", parts)  # the stragglers' per-rank totals
             self.images += images
             self.seconds += seconds
-            watch.doing("checkpoint")
-            stop.saved(runtime.save(cfg, hvd_tf, epoch + 1, model, optimizer, 0, inputs.steps))
+            state.fire("checkpoint")
             if self.metrics is not None:
                 self.record(epoch, logs, images, seconds, skipped, val_skipped, parts)
-            runtime.stop_at_epoch_end(cfg, hvd_tf, stop, epoch + 1)
+            state.fire("after_epoch")
 
         def record(self, epoch, logs, images, seconds, skipped, val_skipped, parts):
             validated = "val_loss" in logs

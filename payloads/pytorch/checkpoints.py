@@ -294,3 +294,31 @@ def settle() -> None:
 
 def checkpoint_path(cfg, epoch_done: int, step: int = 0):
     return checkpoint.path_for(cfg.checkpoint_dir, epoch_done, SUFFIX, step)
+
+
+class Saver:
+    """The loop's checkpoints (what payloads/common/concerns.Checkpoints calls): the run's state written by save(),
+    with the configuration as the run resolved it."""
+
+    def save(self, run, epochs_done: int, step: int = 0, wait: bool = False) -> float:
+        return save(
+            run.cfg,
+            run.backend,
+            epochs_done,
+            run.model,
+            run.optimizer,
+            run.scaler,
+            step,
+            run.steps_per_epoch,
+            wait=wait,
+            config=run.config_record(),
+        )
+
+    def path(self, run, epochs_done: int, step: int = 0):
+        return checkpoint_path(run.cfg, epochs_done, step)
+
+    def finish(self, run) -> float:
+        return finish_checkpoints(run.backend)
+
+    def settle(self) -> None:
+        settle()

@@ -32,12 +32,13 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
+from ..common import concerns as common_concerns
 from ..common import config, schedule
-from ..common import preemption as preempt
+from ..common.concerns import Events
 from . import backends, checkpoints, concerns, runtime
 
 log = logging.getLogger("payloads.pytorch")
@@ -114,12 +115,13 @@ class Task:
 
 
 @dataclass
-class Run:
+class Run(Events):
     """One run's state: configuration and settings (read-only), backend, device, precision, the model (plain:
     checkpoints, digest) and what the steps run (DDP's wrapper, compiled), optimizer and loss scaler, and the
     position: `epoch` (0-based), `step` (the current step's index in the epoch), `steps` (the epoch's), `skip`
     (the step this epoch was entered at)."""
 
+    log: ClassVar[logging.Logger] = log  # the concerns' lines (a task's own lines: Task.log)
     cfg: config.TrainConfig
     settings: runtime.Settings
     backend: Any
@@ -140,24 +142,15 @@ class Run:
     lr: float = 0.0
     last: Step | None = None  # the last step's result
     summary: dict = field(default_factory=dict)
+    saver: checkpoints.Saver = field(default_factory=checkpoints.Saver)
 
     @property
     def root(self) -> bool:
         return self.backend.rank() == 0
 
-    def fire(self, event: str, *args) -> None:
-        """Call `event` on every concern that has it, in the order they are listed."""
-        for concern in self.concerns:
-            handler = getattr(concern, event, None)
-            if handler is not None:
-                handler(self, *args)
-
-    def doing(self, what: str) -> None:
-        """What this rank is doing now (input, compute, exchange, validation, checkpoint, ...)."""
-        self.fire("doing", what)
-
-    def validation_step(self) -> None:
-        self.fire("validation_step")
+    def sum_floats(self, values: list, name: str) -> list:
+        """One sum over ranks of host numbers (a list, or a list of lists), on the CPU: no device sync."""
+        return self.backend.allreduce_sum(torch.tensor(values, dtype=torch.float64), name).tolist()
 
     def backward(self, loss: torch.Tensor, last: bool = True) -> None:
         """Backward through the loss scaler (fp16). DDP averages the gradients during the last micro-batch's
@@ -184,8 +177,8 @@ def start(task: Task, cfg: config.TrainConfig, started: float) -> Run:
     ends the job, named), the device and settings, then prepare(), and the run's concerns."""
     backend = backends.create(cfg.backend, runtime.collective_timeout(cfg) if cfg.backend == "ddp" else None)
     backend.init()
-    watch = concerns.Watch(cfg, backend)
-    stragglers = concerns.Stragglers(cfg, backend, watch.watch)
+    watch = common_concerns.Watch(cfg, backend)
+    stragglers = common_concerns.Stragglers(cfg, backend, watch.watch)
     run = prepare(task, cfg, backend, *runtime.resolve(cfg, backend))
     clock = concerns.Clock(run.device, cfg.startup_steps, started)
     run.concerns = concerns.for_run(run, watch, stragglers, clock)
@@ -226,21 +219,9 @@ def train(task: Task, cfg: config.TrainConfig) -> dict:
     return run.summary
 
 
-@contextlib.contextmanager
 def ending(run: Run):
-    """Around the epochs: run_end after the last one (every rank waits for rank 0's last checkpoint write); on
-    preemption.Stopped every rank shuts the backend down (all stopped at the same step, so DDP's barrier passes) and
-    fires stopped; close fires whatever the ending."""
-    try:
-        yield
-        run.fire("run_end")
-    except preempt.Stopped:
-        run.doing("finishing")
-        run.backend.shutdown()
-        run.fire("stopped")
-        raise
-    finally:
-        run.fire("close")
+    """Around the epochs (payloads/common/concerns.ending): on a stop, every rank shuts its backend down."""
+    return common_concerns.ending(run, run.backend.shutdown)
 
 
 def train_epoch(run: Run, epoch: int, skip: int = 0) -> None:

@@ -11,13 +11,12 @@ import logging
 import os
 import pathlib
 import time
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
-from ..common import checkpoint, config, devices, stragglers, watchdog
-from ..common import preemption as preempt
+from ..common import checkpoint, concerns, config, devices
 from ..common.errors import ConfigError
 
 SUFFIX = ".npz"
@@ -247,67 +246,71 @@ def restore(cfg, hvd_tf, model, optimizer) -> Position:
     return position
 
 
-def preemption(cfg, hvd) -> preempt.Preemption:
-    """This rank's SIGTERM flag and checkpoint clock (payloads/common/preemption.py), installed."""
-    return preempt.Preemption(hvd.rank(), cfg.checkpoint_every_minutes).install()
+class Collectives:
+    """horovod.tensorflow with the names payloads/common/concerns.py calls (the PyTorch backends' names)."""
+
+    def __init__(self, hvd):
+        self.hvd = hvd
+
+    def rank(self) -> int:
+        return self.hvd.rank()
+
+    def size(self) -> int:
+        return self.hvd.size()
+
+    def broadcast_object(self, obj, name: str):
+        return self.hvd.broadcast_object(obj, root_rank=0, name=name)
+
+    def allgather_object(self, obj, name: str) -> list:
+        return self.hvd.allgather_object(obj, name=name)
 
 
-def agree(hvd, stop: preempt.Preemption) -> str | None:
-    """The ranks' agreement (preemption.py): one allreduce of three host numbers; every rank calls it after the
-    same step."""
-    return stop.agree(
-        lambda values: hvd.allreduce(tf.constant(values, tf.float64), op=hvd.Sum, name="preemption").numpy().tolist()
-    )
+class Saver:
+    """The TensorFlow payloads' checkpoints for concerns.Checkpoints: rank 0 writes them before save() returns."""
+
+    def save(self, run, epochs_done: int, step: int = 0, wait: bool = False) -> float:
+        return save(run.cfg, run.hvd, epochs_done, run.model, run.optimizer, step, run.steps)
+
+    def path(self, run, epochs_done: int, step: int = 0) -> pathlib.Path:
+        return checkpoint_path(run.cfg, epochs_done, step)
+
+    def finish(self, run) -> float:
+        return 0.0  # written in save()
+
+    def settle(self) -> None:
+        pass
 
 
-def pauser(cfg, hvd, model, optimizer, stop: preempt.Preemption, watch: watchdog.Watchdog):
-    """What a training loop calls at an agreement inside an epoch (`done` of `steps` steps trained): the
-    verdict's mid-epoch checkpoint, and on SIGTERM the stop (preemption.Stopped, raised on every rank). Not
-    after an epoch's last step: the epoch's own checkpoint and agreement follow it."""
+@dataclasses.dataclass
+class Run(concerns.Events):
+    """A TensorFlow or Keras run's state as the shared concerns read it (payloads/common/concerns.py): the loop
+    (train.py) or the Keras callback (KerasEvents in payloads/keras/train.py) fires the events and keeps the
+    position (`epoch`, `step` in it, `steps` per epoch)."""
 
-    def pause(epoch: int, done: int, steps: int, verdict: str | None) -> None:
-        if verdict is None or not 0 < done < steps:
-            return
-        watch.doing("checkpoint")
-        seconds = save(cfg, hvd, epoch, model, optimizer, done, steps)
-        stop.saved(seconds)
-        where = checkpoint_path(cfg, epoch, done)
-        if verdict == "signal":
-            raise preempt.Stopped(stop.stop_line(str(where), seconds))
-        if hvd.rank() == 0:
-            log.info("checkpoint on the clock: %s (%.1fs)", where.name, seconds)
+    log: ClassVar[logging.Logger] = log  # the concerns' lines
+    cfg: config.TrainConfig
+    hvd: object
+    model: object = None
+    optimizer: object = None
+    steps: int = 0
+    epoch: int = 0
+    step: int = 0
+    concerns: list = dataclasses.field(default_factory=list)
+    saver: Saver = dataclasses.field(default_factory=Saver)
 
-    return pause
+    def __post_init__(self):
+        self.backend = Collectives(self.hvd)
+        # The watchdog from here on: a rank that stops making progress ends the job, named (docs/jobs.md).
+        watch = concerns.Watch(self.cfg, self.backend)
+        self.concerns = [watch, concerns.Stragglers(self.cfg, self.backend, watch.watch), concerns.Checkpoints(self)]
 
+    @property
+    def root(self) -> bool:
+        return self.hvd.rank() == 0
 
-def stop_at_epoch_end(cfg, hvd, stop: preempt.Preemption, epochs_done: int) -> None:
-    """After an epoch's checkpoint (not the last epoch's): a SIGTERM met during the epoch's end (sums,
-    validation, checkpoint) stops every rank here, and that checkpoint is the one to resume from."""
-    if epochs_done < cfg.epochs and agree(hvd, stop) == "signal":
-        where = checkpoint_path(cfg, epochs_done)
-        raise preempt.Stopped(stop.stop_line(str(where), stop.write_seconds or 0.0))
-
-
-def watch(cfg, hvd) -> tuple[watchdog.Watchdog, stragglers.Phases]:
-    """This rank's stall watchdog, started, and the ranks' step-part comparison (payloads/common/watchdog.py):
-    one broadcast names the run, one allgather the hosts."""
-    watch = watchdog.started(
-        cfg.output_dir,
-        hvd.rank(),
-        hvd.size(),
-        cfg.stall_timeout,
-        lambda token: hvd.broadcast_object(token, root_rank=0, name="watchdog_run"),
-    )
-    return watch, stragglers.Phases(watch, hvd.allgather_object(watch.host, name="hosts"), cfg.straggler_every)
-
-
-def compare_phases(hvd, phases: stragglers.Phases) -> None:
-    """One small allreduce of every rank's step-part seconds; rank 0 logs the stragglers named."""
-    phases.watch.doing("exchange")
-    rows = hvd.allreduce(tf.constant(phases.matrix(), tf.float64), op=hvd.Sum, name="step_phases").numpy().tolist()
-    for line in phases.add(rows):
-        if hvd.rank() == 0:
-            log.warning("%s", line)
+    def sum_floats(self, values: list, name: str) -> list:
+        """One allreduce of host numbers; every rank calls it at the same event."""
+        return self.hvd.allreduce(tf.constant(values, tf.float64), op=self.hvd.Sum, name=name).numpy().tolist()
 
 
 def world(cfg, hvd, device: str, model, inputs) -> dict:

@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from ..common import config, preemption, schedule
+from ..common import concerns, config, schedule
 from ..common.errors import ConfigError
 from ..common.metrics import MetricsFile, finish
 from . import launch
@@ -75,8 +75,7 @@ def run(cfg: config.TrainConfig) -> dict:
     from . import data, models, runtime
 
     root, device, batch, model, scale, threads, cfg = runtime.start(cfg, hvd)
-    # From here on a rank that stops making progress ends the job, named (docs/jobs.md#a-job-is-stuck-or-slow).
-    watch, phases = runtime.watch(cfg, hvd)
+    state = runtime.Run(cfg, hvd, model)  # the watchdog, stragglers and checkpoints (payloads/common/concerns.py)
     optimizer = tf.keras.optimizers.SGD(learning_rate=cfg.base_lr * scale, momentum=cfg.momentum)
     if runtime.loss_scaling():
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
@@ -87,8 +86,7 @@ def run(cfg: config.TrainConfig) -> dict:
     )
     start_step = inputs.skip  # the checkpoint's step, or 0 where this run's epoch has another step count
     step, predict = make_step(cfg, hvd, tf, model, optimizer, inputs.prepare)
-    stop = runtime.preemption(cfg, hvd)  # SIGTERM and the checkpoint clock (docs/jobs.md#preempted-and-resumed)
-    pause = runtime.pauser(cfg, hvd, model, optimizer, stop, watch)
+    state.optimizer, state.steps = optimizer, inputs.steps
 
     metrics = writer = None
     if root:
@@ -108,18 +106,16 @@ def run(cfg: config.TrainConfig) -> dict:
 
     batches = iter(inputs.train)  # from step `start_step` of the first epoch on
     total_images, total_seconds = 0, 0.0
-    try:
+    with concerns.ending(state):
+        state.fire("run_start")
         for epoch in range(start_epoch, cfg.epochs):
             skip = start_step if epoch == start_epoch else 0
-            record = train_epoch(
-                cfg, hvd, tf, epoch, skip, inputs, batches, step, scale, optimizer, watch, phases, stop, pause
-            )
+            record = train_epoch(state, tf, epoch, skip, inputs, batches, step, scale)
             if inputs.validation is not None:
-                record.update(evaluate(hvd, tf, epoch, inputs, predict, watch))
+                record.update(evaluate(state, tf, epoch, inputs, predict))
             total_images += record["images"]
             total_seconds += record["epoch_seconds"]
-            watch.doing("checkpoint")
-            stop.saved(runtime.save(cfg, hvd, epoch + 1, model, optimizer, 0, inputs.steps))
+            state.fire("checkpoint")
             if root:
                 metrics.add_epoch(record)
                 with writer.as_default(step=epoch + 1):
@@ -136,53 +132,47 @@ def run(cfg: config.TrainConfig) -> dict:
                     f", val accuracy {record['val_accuracy']:.3f}" if "val_accuracy" in record else "",
                     record["images_per_sec"],
                 )
-            runtime.stop_at_epoch_end(cfg, hvd, stop, epoch + 1)
-    except preemption.Stopped:
-        watch.doing("finishing")
-        watch.stop("stopped")
-        raise
-    finally:
-        stop.uninstall()
-    watch.doing("finishing")
+            state.fire("after_epoch")
+    state.doing("finishing")
     summary = finish(
         cfg, hvd, metrics, models.parameters_digest(model), cfg.epochs - start_epoch, total_images, total_seconds
     )
-    watch.stop()
+    state.fire("finished")
     return summary
 
 
-def train_epoch(cfg, hvd, tf, epoch, skip, inputs, batches, step, scale, optimizer, watch, phases, stop, pause):
-    """One epoch, or its rest from step `skip` (resumed mid-epoch: `batches` starts there). After each step `stop`
-    says when the ranks agree; `pause` writes the mid-epoch checkpoint, and on a SIGTERM raises
-    preemption.Stopped. Returns the epoch's metrics record (training part)."""
+def train_epoch(state, tf, epoch: int, skip: int, inputs, batches, step, scale: float) -> dict:
+    """One epoch, or its rest from step `skip` (resumed mid-epoch: `batches` starts there), firing the shared
+    concerns' events (payloads/common/concerns.py: the watchdog's marks, stragglers, the SIGTERM stop and the
+    checkpoint clock). Returns the epoch's metrics record (training part)."""
     from tqdm import tqdm
 
-    from . import data, runtime
+    from . import data
 
-    root = hvd.rank() == 0
+    cfg, hvd = state.cfg, state.hvd
+    state.epoch = epoch
     # Sums stay on the device until the epoch ends: reading a GPU value every step would wait for it.
     loss_sum, correct, seen = tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64), 0
     bar = tqdm(
-        total=inputs.steps, initial=skip, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not (root and cfg.progress)
+        total=inputs.steps,
+        initial=skip,
+        desc=f"epoch {epoch + 1}/{cfg.epochs}",
+        disable=not (state.root and cfg.progress),
     )
     start = time.perf_counter()
     lr = cfg.base_lr * scale
     for i in range(skip, inputs.steps):
         lr = schedule.learning_rate(cfg.base_lr, scale, epoch, i, inputs.steps, cfg.warmup_epochs, cfg.lr_decay_epochs)
-        optimizer.learning_rate.assign(lr)
-        watch.doing("input")  # the watchdog's marks (attribute stores): what a stall report says
+        state.optimizer.learning_rate.assign(lr)
+        state.doing("input")
         try:
             x, labels = next(batches)
         except tf.errors.InvalidArgumentError as e:
             raise ConfigError(data.input_error(e)) from None
-        watch.doing("compute")  # forward, backward and Horovod's allreduce: one tf.function
+        state.doing("compute")  # forward, backward and Horovod's allreduce: one tf.function
         loss, n_correct = step(x, labels)
-        watch.step_done()
-        if phases.due():
-            runtime.compare_phases(hvd, phases)
-        # Not after the epoch's last step: the epoch's own checkpoint and agreement follow it (run()).
-        if stop.due() and i + 1 < inputs.steps:
-            pause(epoch, i + 1, inputs.steps, runtime.agree(hvd, stop))
+        state.step = i
+        state.fire("step_end")
         n = int(labels.shape[0])
         loss_sum += tf.cast(loss, tf.float64) * n
         correct += n_correct
@@ -190,15 +180,14 @@ def train_epoch(cfg, hvd, tf, epoch, skip, inputs, batches, step, scale, optimiz
         bar.update(1)
         if not bar.disable:
             bar.set_postfix(loss=f"{float(loss):.3f}", lr=f"{lr:.4f}")
-    runtime.compare_phases(hvd, phases)  # the epoch's last steps, for its per-rank totals
-    watch.doing("epoch end")
+    state.fire("epoch_end")
     loss_sum, correct = float(loss_sum), float(correct)  # waits for the epoch's last step
     seconds = time.perf_counter() - start
     bar.close()
     loss_sum, correct, seen, skipped = global_sums(
         hvd, tf, f"train_{epoch}", loss_sum, correct, seen, inputs.epoch_skipped()
     )
-    return {
+    record = {
         "epoch": epoch + 1,
         "train_loss": loss_sum / seen,
         "train_accuracy": correct / seen,
@@ -208,24 +197,25 @@ def train_epoch(cfg, hvd, tf, epoch, skip, inputs, batches, step, scale, optimiz
         "images_per_sec": seen / seconds,
         "lr": lr,
         **({"resumed_at_step": skip} if skip else {}),
-        **phases.epoch_record(),
     }
+    state.fire("epoch_record", record)
+    return record
 
 
-def evaluate(hvd, tf, epoch, inputs, predict, watch) -> dict:
+def evaluate(state, tf, epoch, inputs, predict) -> dict:
     from . import data
 
     v_loss = v_correct = v_seen = 0.0
-    watch.doing("validation")
+    state.doing("validation")
     try:
         for x, labels in inputs.validation:
             loss, c = predict(x, labels)
             v_loss, v_correct, v_seen = v_loss + float(loss), v_correct + float(c), v_seen + int(labels.shape[0])
-            watch.tick()
+            state.validation_step()
     except tf.errors.InvalidArgumentError as e:  # a validation record as a training one: the fix, not a traceback
         raise ConfigError(data.input_error(e)) from None
     v_loss, v_correct, v_seen, v_skipped = global_sums(
-        hvd, tf, f"val_{epoch}", v_loss, v_correct, v_seen, inputs.validation_skipped()
+        state.hvd, tf, f"val_{epoch}", v_loss, v_correct, v_seen, inputs.validation_skipped()
     )
     return {"val_loss": v_loss / v_seen, "val_accuracy": v_correct / v_seen, "val_skipped_images": int(v_skipped)}
 

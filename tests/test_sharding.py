@@ -52,3 +52,24 @@ def test_too_few_samples_is_an_error():
         sharding.batches(3, 0, 4, 1, seed=0, epoch=0)
     with pytest.raises(ValueError, match="batch size of 2 or more"):
         sharding.batches(5, 1, 2, 1, seed=0, epoch=0)
+
+
+@pytest.mark.parametrize("counts,size", [((5, 5, 5, 5), 2), ((5, 5, 4), 2), ((6,), 3), ((3, 3, 3, 3, 3, 3), 3)])
+def test_the_shard_and_tfrecord_readers_share_one_rank_plan(counts, size):
+    """The PyTorch shard reader and the TFRecord reader give each rank the same files, the same record stride and
+    the same record count (sharding.file_share); they differ only in how they cut steps (every record, or full
+    batches)."""
+    import pathlib
+
+    from payloads.pytorch import shards
+    from payloads.tensorflow import tfrecords
+
+    files = [pathlib.Path(f"f{i}") for i in range(len(counts))]
+    seen = []
+    for rank in range(size):
+        torch_plan = shards.plan(counts, rank, size, batch=1)
+        tf_plan = tfrecords.plan(files, counts, rank, size, batch=1)
+        assert [files[i] for i in torch_plan.files] == list(tf_plan.files)
+        assert (torch_plan.stride, torch_plan.samples) == (tf_plan.record_shard, tf_plan.samples)
+        seen.append(torch_plan.samples)
+    assert sum(seen) == sum(counts)  # every record read by exactly one rank

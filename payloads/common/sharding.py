@@ -13,6 +13,7 @@ same number of near-equal batches, none larger than the batch size.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -52,3 +53,18 @@ def batches(
             "a step short: use a batch size of 2 or more, or a sample count divisible by the process count"
         )
     return split
+
+
+def file_share(counts: Sequence[int], rank: int, size: int) -> tuple[tuple[int, ...], bool, list[int]]:
+    """How the ranks share a set of record files (WebDataset shards, TFRecord files) of `counts` records each:
+    (the indices of the files rank `rank` opens, whether it keeps every size-th record of their stream, the
+    records each rank reads). A file count that is a multiple of the ranks gives each rank whole files
+    (files[rank::size]: no rank reads another's bytes); otherwise every rank reads every file and keeps every
+    size-th record."""
+    if not 0 <= rank < size:
+        raise ValueError(f"rank {rank} is outside 0..{size - 1}")
+    n = len(counts)
+    if n % size == 0:
+        return tuple(range(rank, n, size)), False, [sum(counts[r::size]) for r in range(size)]
+    total = sum(counts)
+    return tuple(range(n)), True, [len(range(r, total, size)) for r in range(size)]

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..common import manifest
+from ..common import manifest, sharding
 from ..common.errors import ConfigError
 from ..common.manifest import TRAIN, VALIDATION, WEBDATASET
 from . import decoders
@@ -118,20 +118,13 @@ class RankPlan:
 
 
 def plan(counts: Sequence[int], rank: int, size: int, batch: int) -> RankPlan:
-    if not 0 <= rank < size:
-        raise ValueError(f"rank {rank} is outside 0..{size - 1}")
-    n = len(counts)
-    if n % size == 0:
-        per_rank = [sum(counts[r::size]) for r in range(size)]
-        files, stride = tuple(range(rank, n, size)), False
-    else:
-        total = sum(counts)
-        per_rank = [len(range(r, total, size)) for r in range(size)]
-        files, stride = tuple(range(n)), True
+    """This rank's files (sharding.file_share) and its batch sizes: as many steps as the largest share needs, the
+    same count on every rank."""
+    files, stride, per_rank = sharding.file_share(counts, rank, size)
     steps = math.ceil(max(per_rank) / batch)
     if min(per_rank) < steps:
         raise ConfigError(
-            f"{sum(counts)} samples in {n} shard(s) leave one of {size} processes {min(per_rank)} samples, fewer than "
+            f"{sum(counts)} samples in {len(counts)} shard(s) leave one of {size} processes {min(per_rank)} samples, fewer than "
             f"the {steps} steps the largest part needs at batch {batch}: use a larger batch or fewer processes, "
             "or prepare a multiple of the process count of shards"
         )

@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..common import sharding
 from ..common.errors import ConfigError
 
 TRAIN, VALIDATION = "train", "validation"
@@ -82,21 +83,16 @@ class Plan:
 
 
 def plan(files: Sequence[pathlib.Path], counts: Sequence[int], rank: int, size: int, batch: int) -> Plan:
-    """Which files this rank reads and how many steps all ranks run (see the module docstring)."""
-    if len(files) % size == 0:
-        per_rank = [sum(counts[r::size]) for r in range(size)]
-        mine, record_shard = tuple(files[rank::size]), False
-    else:
-        total = sum(counts)
-        per_rank = [len(range(r, total, size)) for r in range(size)]
-        mine, record_shard = tuple(files), True
+    """Which files this rank reads (sharding.file_share, as the PyTorch shard reader) and how many full batches
+    all ranks run (see the module docstring)."""
+    mine, record_shard, per_rank = sharding.file_share(counts, rank, size)
     steps = min(per_rank) // batch
     if steps == 0:
         raise ConfigError(
             f"{sum(counts)} records in {len(files)} shard(s) give a rank only {min(per_rank)} samples, fewer than "
             f"one batch of {batch}: use a smaller batch, fewer processes, or more data"
         )
-    return Plan(mine, record_shard, per_rank[rank], steps)
+    return Plan(tuple(files[i] for i in mine), record_shard, per_rank[rank], steps)
 
 
 def example(image: bytes, label: int) -> bytes:

@@ -98,7 +98,7 @@ def _stop(signalled: bool = False) -> preempt.Preemption:
 def _run(cfg, backend, model, opt, stop=None, step: int = 0):
     """A run in epoch 1 at `step` (0-based) of STEPS, whose only concern is its checkpoints (the loop's
     Checkpoints, with `stop` as its SIGTERM flag and clock)."""
-    settings = runtime.Settings("cpu", "fp32", False, False, False, 8, 1, 0.1, 1.0, 1, 0)
+    settings = runtime.Settings("cpu", "fp32", False, False, False, 8, 1, 0.1, 1.0, 1, 0, None)
     run = loop.Run(cfg, settings, backend, torch.device("cpu"), None, loop.Task(), model=model, trained=model)
     run.optimizer, run.steps_per_epoch, run.steps, run.step = opt, STEPS, STEPS, step
     concern = concerns.Checkpoints(run)

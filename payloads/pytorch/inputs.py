@@ -221,11 +221,12 @@ def build(
     broadcast_object=None,
     local_size: int = 1,
     channels_last: bool | None = None,
+    decoder: str | None = None,
 ) -> Inputs:
     """The train (and validation, when the data has it) batches of this rank; every input problem is
     raised here as a ConfigError, before training. `batch` is the per-process batch of one step; `local_size`
-    the processes on this node, which share its --cache-dir; `channels_last` the resolved memory format (runtime.
-    Settings; the configuration's, off where it leaves it to the device, when not given)."""
+    the processes on this node, which share its --cache-dir; `channels_last` and `decoder` as start-up resolved
+    them (runtime.Settings; when not given, the configuration's, with a device's default off)."""
     channels_last = bool(cfg.channels_last if channels_last is None else channels_last)
     gpu_decode = bool(getattr(cfg, "gpu_decode", False))
     if gpu_decode and cfg.data != "shards":
@@ -240,7 +241,7 @@ def build(
             None,
             cfg.num_classes,
         )
-    decoder = decoder_of(cfg)
+    decoder = decoder or decoder_of(cfg)
     if cfg.data == "shards":
         train_split, val_split, num_classes = shards.datasets(cfg.data_dir)
         make = shards.gpu_loader if gpu_decode else shards.loader

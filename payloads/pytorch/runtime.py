@@ -13,7 +13,7 @@ import re
 import torch
 
 from ..common import config, devices, watchdog
-from . import affinity, models, precision
+from . import affinity, inputs, models, precision
 
 log = logging.getLogger("payloads.pytorch")
 
@@ -44,6 +44,7 @@ class Settings:
     lr_scale: float  # the global batch's multiple of it: processes (or Adasum's) x backward passes
     threads: int  # intra-op threads of this process
     workers: int
+    decoder: str | None  # the CPU JPEG decoder for images read from files (--decoder auto: the fastest installed)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -76,6 +77,7 @@ def resolve(cfg: config.TrainConfig, backend) -> tuple[torch.device, precision.P
         lr_scale=scale * cfg.backward_passes_per_step,
         threads=torch.get_num_threads(),
         workers=cfg.workers,
+        decoder=inputs.decoder_of(cfg) if cfg.data in ("imagefolder", "shards") else None,
     )
     return device, chosen, settings
 

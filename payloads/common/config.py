@@ -91,6 +91,8 @@ class TrainConfig:
     straggler_every: int = 50  # steps between the ranks' comparisons of their step's parts (stragglers.Phases)
     # PyTorch: minutes between mid-epoch checkpoints; "auto" = from the measured checkpoint cost (preemption.py)
     checkpoint_every_minutes: float | str = preemption.AUTO
+    # PyTorch: steps between the ranks' comparisons of their parameters (payloads/pytorch/sentinel.py); 0 = off
+    replica_check_every: int = 100
 
     @property
     def checkpoint_dir(self) -> pathlib.Path:
@@ -147,6 +149,7 @@ class TrainConfig:
             "warmup_epochs",
             "momentum",
             "straggler_every",
+            "replica_check_every",
         )
         if self.base_lr is not None and self.base_lr <= 0:
             raise ConfigError(f"--base-lr must be positive, got {self.base_lr}")
@@ -517,6 +520,14 @@ def _pytorch(g, c: Declared) -> None:
         action=argparse.BooleanOptionalAction,
         default=d.channels_last,
         help="NHWC memory format (default: on with a GPU)",
+    )
+    g.add_argument(
+        "--replica-check-every",
+        type=int,
+        default=d.replica_check_every,
+        help="steps between the ranks' bitwise comparison of their parameters (and before every epoch's "
+        "checkpoint); a rank that differs, or whose loss or gradients are not finite, is named and the run rolls "
+        "back to the last agreed checkpoint; 0 = off",
     )
     g.add_argument(
         "--backend",

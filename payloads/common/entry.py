@@ -1,5 +1,6 @@
 """Every payload's entry point ends the same way: its log lines on stdout, a configuration or data error as one
-line and exit code 2, a SIGTERM's stop (preemption.py) as its line and exit code 75, otherwise 0."""
+line and exit code 2, a SIGTERM's stop (preemption.py) as its line and exit code 75, replicas that went wrong and
+stayed wrong (payloads/pytorch/sentinel.py) as its line and exit code 70, otherwise 0."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import sys
 from collections.abc import Callable
 
 from . import preemption
-from .errors import ConfigError, say
+from .errors import ConfigError, ReplicaFault, say
 
 CONFIG_ERROR = 2
+REPLICA_FAULT = 70  # sysexits.h EX_SOFTWARE: a node's numbers went wrong; the health check before a resume
 
 
 def run_main(body: Callable[[], object]) -> int:
@@ -24,4 +26,7 @@ def run_main(body: Callable[[], object]) -> int:
     except preemption.Stopped as e:
         say(str(e))  # every rank says it: all stopped at the same step
         return preemption.EXIT_CODE
+    except ReplicaFault as e:
+        say(f"error: {e} (exit {REPLICA_FAULT})")  # every rank says it: all decided at the same check
+        return REPLICA_FAULT
     return 0

@@ -2,6 +2,10 @@ class ConfigError(ValueError):
     """Bad input (command line, data, checkpoint): the message names the problem and the fix."""
 
 
+class ReplicaFault(Exception):
+    """The data-parallel replicas went wrong and rolling back did not hold (payloads/pytorch/sentinel.py)."""
+
+
 def say(line: str, stream=None) -> None:
     """Writes one whole line to stderr (or `stream`) in a single write. Every rank of a job shares one pipe, and
     print() writes the text and its newline separately, so two ranks' lines could run together on one line.

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from ..common.concerns import Checkpoints, Stragglers, Watch
 from ..common.metrics import MetricsFile, finish
 from . import models, runtime
+from .sentinel import Replicas
 
 log = logging.getLogger("payloads.pytorch")
 PROGRESS_EVERY = 25  # steps between the progress bar's loss readings (each one waits for the device)
@@ -67,6 +68,8 @@ class Progress:
         self.bar = None
 
     def epoch_start(self, run) -> None:
+        if self.bar is not None:
+            self.bar.close()  # an epoch left by a rollback (sentinel.py)
         self.bar = self.bar_of(total=run.steps, initial=run.skip, desc=f"epoch {run.epoch + 1}/{run.cfg.epochs}")
 
     def step_end(self, run) -> None:
@@ -139,5 +142,6 @@ class Outputs:
 
 def for_run(run, watch: Watch, stragglers: Stragglers, clock: Clock) -> list:
     """The run's concerns, in the order each event reaches them: the watchdog first (a step is done before it is
-    compared or checkpointed), the outputs last (they record what the others measured)."""
-    return [watch, stragglers, Checkpoints(run), clock, Progress(run), Outputs(run, clock)]
+    compared or checkpointed), the replicas' check before the checkpoints (a checkpoint is written agreed), the
+    outputs last (they record what the others measured)."""
+    return [watch, stragglers, Replicas(run), Checkpoints(run), clock, Progress(run), Outputs(run, clock)]

@@ -39,7 +39,7 @@ import torch
 from ..common import concerns as common_concerns
 from ..common import config, schedule
 from ..common.concerns import Events
-from . import backends, checkpoints, concerns, runtime
+from . import backends, checkpoints, concerns, runtime, sentinel
 
 log = logging.getLogger("payloads.pytorch")
 
@@ -210,8 +210,13 @@ def train(task: Task, cfg: config.TrainConfig) -> dict:
     run = start(task, cfg, time.perf_counter())
     with ending(run):
         run.fire("run_start")
-        for epoch in range(run.start.epoch, cfg.epochs):
-            train_epoch(run, epoch, run.start.step if epoch == run.start.epoch else 0)
+        epoch, skip = run.start
+        while epoch < cfg.epochs:
+            try:
+                train_epoch(run, epoch, skip)
+                epoch, skip = epoch + 1, 0
+            except sentinel.Rollback:  # every rank at the same step: back to the last agreed checkpoint
+                epoch, skip = next(c for c in run.concerns if isinstance(c, sentinel.Replicas)).rollback(run)
     run.doing("finishing")
     run.fire("summary")
     run.backend.shutdown()

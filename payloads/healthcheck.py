@@ -772,7 +772,7 @@ def train_steps(hvd, torch, device, args, channels_last: bool) -> dict:
                 batch_size=args.batch_size,
                 synthetic_samples=args.batch_size * hvd.size() * args.train_steps,
                 epochs=1,
-                base_lr=0.01,
+                base_lr=0.01 / hvd.size(),  # the payload scales it by the processes: 0.01 on any cluster
                 warmup_epochs=0,
                 lr_decay_epochs=(),
                 seed=0,
@@ -788,24 +788,25 @@ def train_steps(hvd, torch, device, args, channels_last: bool) -> dict:
                 checkpoint_every_minutes=0,
             )
             resolved = runtime.resolve(cfg, backend)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            digests = []
+            seconds, digests = 0.0, []
             # The first half and its save; a fresh run restores it and trains the rest (one step: no save).
             for until in (half, None) if half else (None,):
                 task = FirstSteps()
                 task.until = until
                 run = loop.prepare(task, cfg, backend, *resolved)
                 run.concerns = [Losses()]
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
                 loop.train_epoch(run, 0, run.start.step)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                seconds += time.perf_counter() - start  # the steps (and the epoch's sums), not the set-up
                 digests.append(models.parameters_digest(run.model))
                 if until is not None:
-                    checkpoints.save(cfg, backend, 0, run.model, run.optimizer, run.scaler, half, run.steps_per_epoch)
+                    checkpoints.save(cfg, backend, 0, run.model, run.optimizer, run.scaler, half, run.steps)
                     checkpoints.finish_checkpoints(backend)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-        status["seconds"] = time.perf_counter() - start
+        status["seconds"] = seconds
         status["digest"], status["digest_at_save"] = digests[-1], digests[0]
     except Exception as e:  # noqa: BLE001 - any failure is the finding: reported by part and rank, not raised
         traceback.print_exc()

@@ -100,7 +100,7 @@ def _run(cfg, backend, model, opt, stop=None, step: int = 0):
     Checkpoints, with `stop` as its SIGTERM flag and clock)."""
     settings = runtime.Settings("cpu", "fp32", False, False, False, 8, 1, 0.1, 1.0, 1, 0, None)
     run = loop.Run(cfg, settings, backend, torch.device("cpu"), None, loop.Task(), model=model, trained=model)
-    run.optimizer, run.steps_per_epoch, run.steps, run.step = opt, STEPS, STEPS, step
+    run.optimizer, run.steps, run.step = opt, STEPS, step
     concern = concerns.Checkpoints(run)
     concern.stop = stop or _stop()
     run.concerns = [concern]

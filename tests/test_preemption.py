@@ -104,3 +104,22 @@ def test_a_rank_line_reaches_the_shared_pipe_in_one_write(monkeypatch):
         text = got.read().decode()
     assert writes == [(line + "\n").encode(), "error: ünïcode\n".encode()]
     assert text.splitlines() == [line, "error: ünïcode"]
+
+
+@pytest.mark.launches
+def test_a_sigterm_at_an_epochs_last_step_stops_at_that_epochs_checkpoint(tmp_path):
+    """No agreement after an epoch's last step: the epoch ends (its record, its checkpoint), then the ranks agree
+    once more and stop there, with the same line and exit code; the same command resumes at epoch 2."""
+    from helpers import metrics, stopped_run, train
+
+    out = tmp_path / "out"
+    proc, seconds = stopped_run(out, ARGS, "horovod", [1], after=40)  # 40 steps per epoch: its last one
+    text = proc.stdout + proc.stderr
+    lines = [line for line in text.splitlines() if "stopped by " in line and "run the same command again" in line]
+    assert proc.returncode != 0 and len(lines) == 2, text[-3000:]
+    assert all("checkpoint-epoch-0001.pt" in line and f"(exit {preemption.EXIT_CODE})" in line for line in lines)
+    assert [p.name for _, p in checkpoint.list_checkpoints(out / "checkpoints", ".pt")] == ["checkpoint-epoch-0001.pt"]
+    assert [e["epoch"] for e in metrics(out)["epochs"]] == [1]
+    resumed = train(2, ARGS + ["--output-dir", str(out)])
+    assert "(1 epochs done)" in resumed.stdout + resumed.stderr
+    assert [e["epoch"] for e in metrics(out)["epochs"]] == [1, 2]

@@ -332,7 +332,7 @@ def test_sigterm_mid_epoch_stops_and_resumes_exactly_with_batch_norm(tiles, tmp_
     """Issue 31 item 3 for land cover: a SIGTERM to one rank mid-epoch stops both ranks at one step with a
     checkpoint; resumed, the run ends bitwise equal to the uninterrupted one. BatchNorm (the default norm) on
     purpose: its running statistics are per rank until the epoch's end averages them, so the checkpoint must
-    give each rank its own back (runtime.rank_buffers), or the final weights differ."""
+    give each rank its own back (checkpoints.rank_buffers), or the final weights differ."""
     # One epoch of 40 steps of 2 x 8 patches: the signal goes once the heartbeats show 10 steps, where tests/stop_at
     # holds rank 1 until it arrives, so both stop at step 10. One epoch, not two: running statistics forget where
     # they started (momentum 0.1), and a second epoch washed the missing per-rank restore out below float32's

@@ -2,17 +2,16 @@
 comparison, and checkpoints with the SIGTERM stop and the checkpoint clock. Each is one object with a method per
 event it attaches to; a loop holds them in a list and fires the events in order (`Events.fire`).
 
-The events (payloads/pytorch/loop.py fires them from its loop, payloads/tensorflow/train.py from its custom loop,
-payloads/keras/train.py through one Keras callback, KerasEvents in payloads/tensorflow/runtime.py):
-
-    run_start, epoch_start, doing(what), step_end, epoch_end, epoch_record(record), validation_step,
-    checkpoint, log(record), after_epoch, run_end, stopped, close, finished
+The events these attach to, fired by payloads/pytorch/loop.py from its loop, payloads/tensorflow/train.py from its
+custom loop and payloads/keras/train.py through one Keras callback (KerasEvents): doing(what), run_start,
+step_end, epoch_end, epoch_record(record), validation_step, checkpoint, after_epoch, run_end, stopped, close,
+finished. The PyTorch loop fires a few more for its own concerns (epoch_start, epoch_done, summary: loop.py).
 
 What a concern reads from the run: `cfg`, `log` (the framework's logger), `backend` (rank, size,
-broadcast_object(obj, name), allgather_object(obj, name)), `root`, `epoch`, `step` (the step just trained, 0-based in its epoch), `steps` (the
-epoch's), `sum_floats(values, name)` (one sum over ranks of host numbers) and `saver` (the framework's
-checkpoints: save, path, finish, settle). A framework's own concerns (PyTorch's clock, progress and outputs:
-payloads/pytorch/concerns.py) sit in the same list."""
+broadcast_object(obj, name), allgather_object(obj, name)), `root`, `epoch`, `step` (the step just trained,
+0-based in its epoch), `steps` (the epoch's), `sum_floats(values, name)` (one sum over ranks of host numbers) and
+`saver` (the framework's checkpoints: save, path, finish, settle). A framework's own concerns (PyTorch's sentinel,
+clock, progress and outputs: payloads/pytorch/concerns.py) sit in the same list."""
 
 from __future__ import annotations
 

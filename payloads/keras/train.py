@@ -32,7 +32,7 @@ log = logging.getLogger("payloads.keras")
 GROUPS = (*config.COMMON, config.CLASSIFICATION_INPUT, config.HOROVOD, config.TENSORFLOW)
 
 
-def lr_callback(cfg, hvd, scale: float, steps: int):
+def lr_callback(cfg, hvd, base_lr: float, scale: float, steps: int):
     """Horovod's per-batch LR callback driven by payloads/common/schedule.py (linear warm-up from the base LR
     to base x scale over --warmup-epochs, then 10x down at each --lr-decay-epochs), so that the Keras,
     TensorFlow and PyTorch payloads train on the same LR at every step. Horovod's stock warm-up callback
@@ -45,7 +45,7 @@ def lr_callback(cfg, hvd, scale: float, steps: int):
         return schedule.learning_rate(1.0, scale, epoch, step, steps, cfg.warmup_epochs, cfg.lr_decay_epochs)
 
     return hvd.callbacks.LearningRateScheduleCallback(
-        initial_lr=cfg.base_lr,
+        initial_lr=base_lr,
         multiplier=multiplier,
         start_epoch=0,
         staircase=False,
@@ -61,9 +61,10 @@ def run(cfg: config.TrainConfig) -> dict:
 
     from ..tensorflow import data, models, runtime
 
-    root, device, batch, model, scale, threads, cfg = runtime.start(cfg, hvd_tf)
-    state = runtime.Run(cfg, hvd_tf, model)  # the watchdog, stragglers and checkpoints (payloads/common/concerns.py)
-    scaled_lr = cfg.base_lr * scale
+    root, device, batch, model, scale, threads, settings = runtime.start(cfg, hvd_tf)
+    # The watchdog, stragglers and checkpoints (payloads/common/concerns.py).
+    state = runtime.Run(cfg, hvd_tf, settings, model)
+    scaled_lr = settings.base_lr * scale
     optimizer = hvd.DistributedOptimizer(
         tf.keras.optimizers.SGD(learning_rate=scaled_lr, momentum=cfg.momentum),
         compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
@@ -101,14 +102,14 @@ def run(cfg: config.TrainConfig) -> dict:
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
         # Before our recorder: it sees the averaged epoch metrics.
         hvd.callbacks.MetricAverageCallback(),
-        lr_callback(cfg, hvd, scale, inputs.steps),
+        lr_callback(cfg, hvd, settings.base_lr, scale, inputs.steps),
         recorder,
     ]
     metrics = None
     if root:
-        metrics = MetricsFile(
-            cfg.metrics_path, {"config": cfg.to_json(), "world": runtime.world(cfg, hvd_tf, device, model, inputs)}
-        )
+        world = runtime.world(cfg, hvd_tf, settings, model, inputs)
+        record = {"config": settings.config_record(cfg), "world": world, "resolved": settings.to_json()}
+        metrics = MetricsFile(cfg.metrics_path, record)
         recorder.metrics = metrics
         callbacks.append(tf.keras.callbacks.TensorBoard(log_dir=str(cfg.tensorboard_dir), update_freq="epoch"))
         log.info(
@@ -120,6 +121,7 @@ def run(cfg: config.TrainConfig) -> dict:
             device,
             cfg.output_dir,
         )
+        log.info("resolved: %s", settings.line())
     # preemption.Stopped is raised out of fit() by the callbacks, on every rank after the same step.
     with concerns.ending(state):
         state.fire("run_start")

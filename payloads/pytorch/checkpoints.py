@@ -309,7 +309,7 @@ class Saver:
             run.optimizer,
             run.scaler,
             step,
-            run.steps_per_epoch,
+            run.steps,
             wait=wait,
             config=run.config_record(),
         )

@@ -31,7 +31,7 @@ class Classification(loop.Task):
             broadcast_object=lambda obj: backend.broadcast_object(obj, name="image_listing"),
             local_size=backend.local_size(),
             channels_last=run.settings.channels_last,
-            decoder=run.settings.decoder,
+            decoder=None if cfg.gpu_decode else run.settings.decoder,  # the CPU decoder, as resolved
         )
         self.num_classes = self.data.num_classes
         self.has_validation = self.data.val is not None

@@ -103,7 +103,7 @@ class Outputs:
         if os.environ.get("HOROVOD_TIMELINE"):
             log.info("Horovod timeline: %s", os.environ["HOROVOD_TIMELINE"])
 
-    def log(self, run, record: dict) -> None:
+    def epoch_done(self, run, record: dict) -> None:
         self.images += record["images"]
         self.seconds += record["epoch_seconds"]
         if not run.root:

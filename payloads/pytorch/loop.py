@@ -1,28 +1,28 @@
 """The PyTorch training loop every PyTorch payload runs: `train(task, cfg)`.
 
 What differs per payload is a Task (its data for an epoch, its model, the loss and sums of one step, its evaluation,
-its lines and scalars): payloads/pytorch/train.py (classification) and payloads/segmentation/train.py (land cover).
-What every run does around the step is a Concern (concerns.py), one object per concern attached to named events:
-the stall watchdog, stragglers, checkpoints with the SIGTERM stop and the checkpoint clock, the steady-state clock,
-the progress bar, and the outputs (metrics.json, TensorBoard, MLflow, the log lines). The run's state travels as
-one object, Run; the configuration is parsed once and frozen, and what start-up decides from it is
-Run.settings (runtime.Settings). docs/payload-contract.md shows how a task and a concern are written.
+its lines and scalars): payloads/pytorch/classification.py and payloads/segmentation/train.py (land cover).
+What every run does around the step is a concern, one object attached to named events (payloads/common/
+concerns.py: the stall watchdog, stragglers, checkpoints with the SIGTERM stop and the checkpoint clock; concerns.py
+here: the replica sentinel, the steady-state clock, the progress bar, the outputs). The run's state travels as one
+object, Run; the configuration is parsed once and frozen, and what start-up decides from it is Run.settings
+(runtime.Settings). docs/payload-contract.md shows how a task and a concern are written.
 
-One epoch, as the events fire (every rank, in this order):
+One epoch, in this order on every rank (task.X: the task's methods; the rest are events):
 
-    epoch_start
-    doing("input")                     for each step:  doing("compute"), the task's step (doing("exchange")
-                                                        inside DDP's backward), doing("exchange"), optimizer step,
-                                                        step_end, doing("input")
-    epoch_end                          the epoch's steps are done (stragglers' last window, clock, bar)
-    epoch_record(record)               concerns add to the epoch's record (per-rank phase times)
-    doing("validation"), the task's evaluation (validation_step after each batch)
-    checkpoint                         the epoch's checkpoint
-    log(record)                        metrics.json, TensorBoard, the epoch's line
-    after_epoch                        a SIGTERM during the epoch's end stops here, at that checkpoint
+    task.epoch_start, epoch_start, doing("input"), task.batches
+    for each step:      doing("compute"), LR, zero_grad, task.step (doing("exchange") inside DDP's backward),
+                        doing("exchange"), the optimizer step, step_end, doing("input")
+    epoch_end           the epoch's steps are done (stragglers' last window, clock, bar)
+    task.train_record, epoch_record(record)    the epoch's sums over ranks; concerns add to the record
+    task.epoch_end      (land cover averages BatchNorm's statistics)
+    doing("validation"), task.evaluate (validation_step after each batch), when the data has a validation split
+    checkpoint          the replicas' check, then the epoch's checkpoint
+    epoch_done(record)  metrics.json, TensorBoard, the epoch's line
+    after_epoch         a SIGTERM during the epoch's end stops here, at that checkpoint
 
-Around the epochs: run_start (after restore); at the end run_end (the last write complete), summary, finished; on
-a stop, stopped; always close.
+Around the epochs: run_start after the restore (outputs: metrics.json's run record, the opening lines); then
+run_end (the last checkpoint write complete) and close; then summary and finished. On a stop: stopped, close.
 """
 
 from __future__ import annotations
@@ -133,7 +133,6 @@ class Run(Events):
     trained: Any = None
     optimizer: Any = None
     scaler: Any = None
-    steps_per_epoch: int = 0
     start: checkpoints.Position = checkpoints.Position(0, 0)
     epoch: int = 0
     step: int = 0
@@ -189,7 +188,7 @@ def prepare(task: Task, cfg: config.TrainConfig, backend, device, prec, settings
     """A run with no concerns yet, ready for its first step: the task's data and model, the optimizer and loss
     scaler, and the newest checkpoint restored (its position in run.start). The health check calls it too."""
     run = Run(cfg, settings, backend, device, prec, task)
-    run.steps_per_epoch = task.load(run)
+    run.steps = task.load(run)
     torch.manual_seed(cfg.seed)
     model = task.model(run).to(device)
     if settings.channels_last:
@@ -198,7 +197,7 @@ def prepare(task: Task, cfg: config.TrainConfig, backend, device, prec, settings
     # `model` stays the plain module (checkpoints, digest); `trained` is what the steps run (DDP's wrapper).
     trained, optimizer = backend.wrap(model, optimizer, cfg, device)
     scaler = prec.grad_scaler(cfg.loss_scale_init)
-    run.start = checkpoints.restore(cfg, backend, model, optimizer, scaler, run.steps_per_epoch)
+    run.start = checkpoints.restore(cfg, backend, model, optimizer, scaler, run.steps)
     # Compiled after the weights are final: the compiled module shares them, and checkpoints keep the plain names.
     run.model, run.trained = model, torch.compile(trained) if cfg.compile else trained
     run.optimizer, run.scaler = optimizer, scaler
@@ -232,14 +231,15 @@ def ending(run: Run):
 def train_epoch(run: Run, epoch: int, skip: int = 0) -> None:
     """One epoch, or its rest from step `skip`, then its evaluation, checkpoint and record."""
     cfg, task, settings = run.cfg, run.task, run.settings
-    run.epoch, run.skip, run.steps = epoch, skip, run.steps_per_epoch
+    run.epoch, run.skip = epoch, skip
     run.lr = settings.base_lr * settings.lr_scale
     run.trained.train()
     task.epoch_start(run)
     run.fire("epoch_start")
     started = time.perf_counter()
     run.doing("input")
-    batches = task.batches(run, epoch, skip)
+    batches = iter(task.batches(run, epoch, skip))
+    # A generator's clean-up (a prefetch thread) runs even when a stop or a rollback leaves the epoch.
     with contextlib.closing(batches) if hasattr(batches, "close") else contextlib.nullcontext():
         for step, batch in enumerate(batches, start=skip):
             run.step = step
@@ -269,5 +269,5 @@ def train_epoch(run: Run, epoch: int, skip: int = 0) -> None:
         with torch.no_grad():
             record.update(task.evaluate(run, epoch))
     run.fire("checkpoint")
-    run.fire("log", record)
+    run.fire("epoch_done", record)
     run.fire("after_epoch")

@@ -63,6 +63,7 @@ def resolve(cfg: config.TrainConfig, backend) -> tuple[torch.device, precision.P
     if cfg.amp is None and device.type == "cuda" and chosen.name == "fp32":
         log.info("mixed precision off: --adasum steps on unscaled gradients and this GPU's native dtype is fp16")
     batch = cfg.per_process_batch(backend.size())
+    files = cfg.data in ("imagefolder", "shards")  # images decoded from files
     # Goyal et al.: LR scales with the global batch (processes x backward passes); Adasum has its own rule.
     scale = backend.adasum_lr_scale(device) if cfg.adasum else backend.size()
     settings = Settings(
@@ -76,10 +77,18 @@ def resolve(cfg: config.TrainConfig, backend) -> tuple[torch.device, precision.P
         base_lr=cfg.lr_for(batch),
         lr_scale=scale * cfg.backward_passes_per_step,
         threads=torch.get_num_threads(),
-        workers=cfg.workers,
-        decoder=inputs.decoder_of(cfg) if cfg.data in ("imagefolder", "shards") else None,
+        workers=cfg.workers if files else 0,  # synthetic images and land cover's blocks need no loader workers
+        decoder=_decoder(cfg, device) if files else None,
     )
     return device, chosen, settings
+
+
+def _decoder(cfg: config.TrainConfig, device: torch.device) -> str:
+    """The JPEG decoder the training images go through: nvJPEG with --gpu-decode on a GPU (torchvision's CPU
+    decoder in the training process without one), else the decode workers' CPU decoder."""
+    if cfg.gpu_decode:
+        return "nvjpeg" if device.type == "cuda" else "torchvision (cpu, --gpu-decode without a GPU)"
+    return inputs.decoder_of(cfg)
 
 
 def _device(cfg: config.TrainConfig, backend) -> torch.device:

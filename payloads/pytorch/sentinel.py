@@ -133,7 +133,7 @@ class Replicas:
                 "(python -m payloads.healthcheck), then resume"
             )
         cfg = dataclasses.replace(run.cfg, resume=True)  # the agreed checkpoint, even in a --no-resume run
-        position = checkpoints.restore(cfg, run.backend, run.model, run.optimizer, run.scaler, run.steps_per_epoch)
+        position = checkpoints.restore(cfg, run.backend, run.model, run.optimizer, run.scaler, run.steps)
         if run.root:
             log.warning("replica check: rolled back to %s; training goes on from there", target)
         self._report(run, None)

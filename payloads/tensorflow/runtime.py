@@ -30,7 +30,34 @@ class Start(NamedTuple):
     model: object  # tf.keras.Model, same initial weights on every rank
     scale: float  # LR multiplier for the global batch (lr_scale)
     threads: Threads  # what this process's thread pools were sized to
-    cfg: config.TrainConfig  # the configuration resolved for this device and batch (amp, base_lr): a new object
+    settings: Settings  # what start-up resolved from the configuration (which stays as parsed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What start-up decided for this device and batch, the loops' source for them (the TensorFlow side of
+    payloads/pytorch/runtime.Settings): logged in the first lines and written to metrics.json as run.resolved."""
+
+    device: str
+    precision: str  # the Keras mixed-precision policy
+    amp: bool
+    batch: int  # per process
+    base_lr: float  # one process at its batch (--base-lr, or Goyal et al.'s 0.1 x batch / 256)
+    lr_scale: float  # the global batch's multiple of it
+    threads: dict
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def line(self) -> str:
+        return ", ".join(f"{k} {v}" for k, v in self.to_json().items())
+
+    def config_record(self, cfg) -> dict:
+        """The configuration as metrics.json and checkpoints record it: the options, with what a None default
+        and the default LR became."""
+        record = cfg.to_json()
+        record.update({k: v for k, v in (("amp", self.amp), ("base_lr", self.base_lr)) if k in record})
+        return record
 
 
 class Threads(NamedTuple):
@@ -70,16 +97,17 @@ def start(cfg, hvd) -> Start:
 
     hvd.init()
     cfg.check_adasum_world(hvd.size(), hvd.mpi_enabled())
-    device, threads = setup(cfg, hvd)
+    device, threads, amp = setup(cfg, hvd)
     model = models.build(cfg.model, cfg.num_classes, cfg.image_size)
-    batch = cfg.per_process_batch(hvd.size())
-    amp = cfg.amp if cfg.amp is not None else device.startswith("GPU")
-    resolved = dataclasses.replace(cfg, amp=amp, base_lr=cfg.lr_for(batch))
-    return Start(hvd.rank() == 0, device, batch, model, lr_scale(cfg, hvd, device), threads, resolved)
+    batch, scale = cfg.per_process_batch(hvd.size()), lr_scale(cfg, hvd, device)
+    policy = tf.keras.mixed_precision.global_policy().name
+    settings = Settings(device, policy, amp, batch, cfg.lr_for(batch), scale, threads._asdict())
+    return Start(hvd.rank() == 0, device, batch, model, scale, threads, settings)
 
 
-def setup(cfg, hvd) -> tuple[str, Threads]:
-    """Pin this process's GPU, threads, precision and XLA; returns the device it trains on and its threads.
+def setup(cfg, hvd) -> tuple[str, Threads, bool]:
+    """Pin this process's GPU, threads, precision and XLA; returns the device it trains on, its threads and
+    whether it trains in mixed precision.
     Runs before TensorFlow's runtime starts: thread pools cannot be resized after."""
     gpus = tf.config.list_physical_devices("GPU")
     cuda = tf.sysconfig.get_build_info().get("cuda_version")
@@ -105,7 +133,7 @@ def setup(cfg, hvd) -> tuple[str, Threads]:
         # Auto-clustering: XLA compiles the model's ops and leaves Horovod's collectives to TensorFlow.
         tf.config.optimizer.set_jit("autoclustering")
     tf.keras.utils.set_random_seed(cfg.seed)  # same initial weights on every rank
-    return (f"GPU:{hvd.local_rank()}" if gpus else "CPU"), threads
+    return (f"GPU:{hvd.local_rank()}" if gpus else "CPU"), threads, amp
 
 
 def precision(amp: bool, gpu: bool) -> str:
@@ -152,14 +180,23 @@ class Position(NamedTuple):
     steps_per_epoch: int | None = None
 
 
-def save(cfg, hvd, epochs_done: int, model, optimizer, step: int = 0, steps_per_epoch: int | None = None) -> float:
+def save(
+    cfg,
+    hvd,
+    epochs_done: int,
+    model,
+    optimizer,
+    step: int = 0,
+    steps_per_epoch: int | None = None,
+    config: dict | None = None,
+) -> float:
     """Rank 0 writes the checkpoint: after `epochs_done` epochs and, mid-epoch, `step` steps of the next one. Every
     rank calls it, so that a full output folder ends every rank with rank 0's one line (checkpoint.on_root).
     Returns the seconds the job waited for it (the checkpoint clock's cost: preemption.py)."""
     started = time.perf_counter()
     checkpoint.on_root(
         hvd.rank() == 0,
-        lambda: _write(cfg, hvd, epochs_done, model, optimizer, step, steps_per_epoch),
+        lambda: _write(cfg, hvd, epochs_done, model, optimizer, step, steps_per_epoch, config),
         lambda failure: hvd.broadcast_object(failure, root_rank=0, name="saved"),
     )
     return time.perf_counter() - started
@@ -169,7 +206,7 @@ def checkpoint_path(cfg, epochs_done: int, step: int = 0) -> pathlib.Path:
     return checkpoint.path_for(cfg.checkpoint_dir, epochs_done, SUFFIX, step)
 
 
-def _write(cfg, hvd, epochs_done: int, model, optimizer, step: int = 0, steps_per_epoch: int | None = None) -> None:
+def _write(cfg, hvd, epochs_done: int, model, optimizer, step=0, steps_per_epoch=None, config=None) -> None:
     arrays = {f"model/{i:05d}": w for i, w in enumerate(model.get_weights())}
     arrays.update({f"optimizer/{i:05d}": v.numpy() for i, v in enumerate(optimizer.variables)})
     meta = {
@@ -179,7 +216,7 @@ def _write(cfg, hvd, epochs_done: int, model, optimizer, step: int = 0, steps_pe
         # The input is rebuilt from these on resume, not stored (data.py: the synthetic order is a function of
         # seed, epoch and rank; TFRecords are reshuffled from the epoch the run starts at).
         "data_order": {"seed": cfg.seed, "epoch": epochs_done, "skip": step},
-        "config": cfg.to_json(),
+        "config": config if config is not None else cfg.to_json(),
         "world_size": hvd.size(),
     }
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
@@ -269,7 +306,8 @@ class Saver:
     """The TensorFlow payloads' checkpoints for concerns.Checkpoints: rank 0 writes them before save() returns."""
 
     def save(self, run, epochs_done: int, step: int = 0, wait: bool = False) -> float:
-        return save(run.cfg, run.hvd, epochs_done, run.model, run.optimizer, step, run.steps)
+        config = run.settings.config_record(run.cfg) if run.settings is not None else None
+        return save(run.cfg, run.hvd, epochs_done, run.model, run.optimizer, step, run.steps, config)
 
     def path(self, run, epochs_done: int, step: int = 0) -> pathlib.Path:
         return checkpoint_path(run.cfg, epochs_done, step)
@@ -290,6 +328,7 @@ class Run(concerns.Events):
     log: ClassVar[logging.Logger] = log  # the concerns' lines
     cfg: config.TrainConfig
     hvd: object
+    settings: Settings | None = None
     model: object = None
     optimizer: object = None
     steps: int = 0
@@ -313,7 +352,7 @@ class Run(concerns.Events):
         return self.hvd.allreduce(tf.constant(values, tf.float64), op=self.hvd.Sum, name=name).numpy().tolist()
 
 
-def world(cfg, hvd, device: str, model, inputs) -> dict:
+def world(cfg, hvd, settings: Settings, model, inputs) -> dict:
     """The run record's hardware and software half. Threads and precision are read back from TensorFlow
     and from the training dataset, so the record shows what the run got, not what was asked for."""
     from . import models
@@ -322,7 +361,7 @@ def world(cfg, hvd, device: str, model, inputs) -> dict:
     return {
         "processes": hvd.size(),
         "local_processes": hvd.local_size(),
-        "device": device,
+        "device": settings.device,
         "tensorflow": tf.__version__,
         "keras": _keras_version(),
         "horovod_controller": "mpi" if hvd.mpi_enabled() else "gloo",
@@ -335,7 +374,7 @@ def world(cfg, hvd, device: str, model, inputs) -> dict:
             "cores_available": available_cores(),
         },
         "precision": tf.keras.mixed_precision.global_policy().name,
-        "mixed_precision": bool(cfg.amp),
+        "mixed_precision": settings.amp,
         "xla": cfg.xla,
         "synthetic": inputs.description or None,
         "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS") != "0",

@@ -74,9 +74,10 @@ def run(cfg: config.TrainConfig) -> dict:
 
     from . import data, models, runtime
 
-    root, device, batch, model, scale, threads, cfg = runtime.start(cfg, hvd)
-    state = runtime.Run(cfg, hvd, model)  # the watchdog, stragglers and checkpoints (payloads/common/concerns.py)
-    optimizer = tf.keras.optimizers.SGD(learning_rate=cfg.base_lr * scale, momentum=cfg.momentum)
+    root, device, batch, model, scale, threads, settings = runtime.start(cfg, hvd)
+    # The watchdog, stragglers and checkpoints (payloads/common/concerns.py).
+    state = runtime.Run(cfg, hvd, settings, model)
+    optimizer = tf.keras.optimizers.SGD(learning_rate=settings.base_lr * scale, momentum=cfg.momentum)
     if runtime.loss_scaling():
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
     position = runtime.restore(cfg, hvd, model, optimizer)
@@ -90,9 +91,9 @@ def run(cfg: config.TrainConfig) -> dict:
 
     metrics = writer = None
     if root:
-        metrics = MetricsFile(
-            cfg.metrics_path, {"config": cfg.to_json(), "world": runtime.world(cfg, hvd, device, model, inputs)}
-        )
+        world = runtime.world(cfg, hvd, settings, model, inputs)
+        record = {"config": settings.config_record(cfg), "world": world, "resolved": settings.to_json()}
+        metrics = MetricsFile(cfg.metrics_path, record)
         writer = tf.summary.create_file_writer(str(cfg.tensorboard_dir))
         log.info(
             "training %s on %s data, %d process(es) x batch %d, %s, outputs in %s",
@@ -103,6 +104,7 @@ def run(cfg: config.TrainConfig) -> dict:
             device,
             cfg.output_dir,
         )
+        log.info("resolved: %s", settings.line())
 
     batches = iter(inputs.train)  # from step `start_step` of the first epoch on
     total_images, total_seconds = 0, 0.0
@@ -149,7 +151,7 @@ def train_epoch(state, tf, epoch: int, skip: int, inputs, batches, step, scale: 
 
     from . import data
 
-    cfg, hvd = state.cfg, state.hvd
+    cfg, hvd, base_lr = state.cfg, state.hvd, state.settings.base_lr
     state.epoch = epoch
     # Sums stay on the device until the epoch ends: reading a GPU value every step would wait for it.
     loss_sum, correct, seen = tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64), 0
@@ -160,9 +162,9 @@ def train_epoch(state, tf, epoch: int, skip: int, inputs, batches, step, scale: 
         disable=not (state.root and cfg.progress),
     )
     start = time.perf_counter()
-    lr = cfg.base_lr * scale
+    lr = base_lr * scale
     for i in range(skip, inputs.steps):
-        lr = schedule.learning_rate(cfg.base_lr, scale, epoch, i, inputs.steps, cfg.warmup_epochs, cfg.lr_decay_epochs)
+        lr = schedule.learning_rate(base_lr, scale, epoch, i, inputs.steps, cfg.warmup_epochs, cfg.lr_decay_epochs)
         state.optimizer.learning_rate.assign(lr)
         state.doing("input")
         try:

@@ -73,6 +73,23 @@ NCCL_CONF = {
 # every rank entered (a dead link under NCCL) is not a stall to Horovod: the job's limits.timeout ends that.
 STALL_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "600"}
 
+# A job stopped by Azure ML (a cancel, a low-priority preemption) is stopped through mpirun, whose daemons send
+# each rank SIGCONT, then SIGTERM odls_base_sigkill_timeout seconds later, then SIGKILL as long again (Open MPI
+# 4.1: default 1 s, `ompi_info --param odls base --level 9`; the sequence is measured in
+# tests/launcher/test_interconnect.py). SIGTERM cannot be forwarded instead (ess_base_forward_signals refuses it).
+# So the payloads take SIGCONT as the stop (payloads/common/preemption.py, STOP_ON_SIGCONT), and 30 s each way
+# leave the stop (the ranks agree, rank 0 writes the mid-epoch checkpoint to the output mount) a minute before
+# SIGKILL, where the default left it two seconds.
+MPI_STOP_ENV = {"OMPI_MCA_odls_base_sigkill_timeout": "30", "TRAINING_STOP_ON_SIGCONT": "1"}
+
+# Every cluster job polls Azure's Scheduled Events (payloads/common/preemption.ScheduledEvents): a Preempt event
+# comes at least 30 s before the eviction, so the stop starts before the signal. The instance metadata service's
+# address from inside an Azure ML job: reachable or not there is for the first low-priority job to show
+# (docs/status.md); the payloads leave an endpoint that does not answer alone.
+SCHEDULED_EVENTS_ENV = {
+    "TRAINING_SCHEDULED_EVENTS": "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01"
+}
+
 # torch.distributed's Gloo on eth0, for the reason MPI_TCP_ENV names eth0: docker0's subnet is the same on every
 # node. GLOO_SOCKET_IFNAME is the variable torch.distributed reads for Gloo's interface (torch.distributed docs,
 # "Common environment variables").
@@ -115,9 +132,10 @@ def environment(cluster: dict, processes_per_node: int, distribution: str = "mpi
     size = vm_sizes.lookup(cluster["vm_size"])
     env = {
         "NCCL_DEBUG": "WARN",
-        **({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0", **STALL_ENV} if mpi else GLOO_ENV),
+        **({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0", **STALL_ENV, **MPI_STOP_ENV} if mpi else GLOO_ENV),
         GPUS_PER_NODE: str(cluster["gpus_per_node"]),
         VM_SIZE: cluster["vm_size"],
+        **SCHEDULED_EVENTS_ENV,
     }
     which = kind(cluster)
     if which == "cpu":

@@ -4,6 +4,7 @@ under DDP here and under Horovod in tests/launcher/test_drill.py, with two real 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -123,3 +124,91 @@ def test_a_sigterm_at_an_epochs_last_step_stops_at_that_epochs_checkpoint(tmp_pa
     resumed = train(2, ARGS + ["--output-dir", str(out)])
     assert "(1 epochs done)" in resumed.stdout + resumed.stderr
     assert [e["epoch"] for e in metrics(out)["epochs"]] == [1, 2]
+
+
+class _Events:
+    """A stand-in for Azure's instance metadata service: Scheduled Events as the documentation shows them."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        self.events, self.headers = [], []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.headers.append(self.headers.get("Metadata"))
+                body = json.dumps({"DocumentIncarnation": len(outer.events), "Events": outer.events}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}/metadata/scheduledevents?api-version=2020-07-01"
+
+
+def _preempt(resources: list[str]) -> dict:
+    return {
+        "EventId": "602d9444-d2cd-49c7-8624-8643e7171297",
+        "EventType": "Preempt",
+        "ResourceType": "VirtualMachine",
+        "Resources": resources,
+        "EventStatus": "Scheduled",
+        "NotBefore": "Mon, 19 Sep 2016 18:29:47 GMT",
+        "Description": "",
+        "EventSource": "Platform",
+        "DurationInSeconds": -1,
+    }
+
+
+@pytest.mark.launches
+def test_a_scheduled_preempt_event_stops_every_rank_with_a_checkpoint_before_any_signal(tmp_path):
+    """Azure announces a Spot eviction at least 30 s ahead (Scheduled Events' Preempt): each rank polls the
+    endpoint the launcher names (TRAINING_SCHEDULED_EVENTS) and the event stops the run as a SIGTERM would, at a
+    step every rank agrees on, with the mid-epoch checkpoint and exit 75. No signal is sent."""
+    import subprocess
+    import time
+
+    from helpers import ROOT, _beat, horovodrun, stop_at_env
+
+    events = _Events()
+    out = tmp_path / "out"
+    env = {**stop_at_env(10, [0, 1]), preemption.SCHEDULED_EVENTS: events.url}
+    cmd = horovodrun(2, ARGS + ["--output-dir", str(out)])
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((b := _beat(out, r)) and b["steps"] >= 10 for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, "no progress"
+            time.sleep(0.1)
+        assert proc.poll() is None and events.headers, "nobody polled before the event"
+        events.events.append(_preempt([]))
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        events.server.shutdown()
+    text = stdout + stderr
+    lines = [ln for ln in text.splitlines() if "stopped by Scheduled Event Preempt: wrote" in ln]
+    assert proc.returncode != 0 and len(lines) == 2, text[-3000:]
+    assert all("checkpoint-epoch-0000-step-000010.pt" in ln and "(exit 75)" in ln for ln in lines), lines
+    assert set(events.headers) == {"true"}  # the header the metadata service requires
+
+
+def test_only_an_event_that_ends_this_vm_stops_it():
+    stop = preemption.Preemption(0, 0)
+    mine = preemption.ScheduledEvents("http://unused", stop, vm_name="vm-3")
+    assert mine.ending({"Events": [_preempt(["vm-7"])]}) is None
+    assert mine.ending({"Events": [{**_preempt(["vm-3"]), "EventType": "Reboot"}]}) is None
+    assert mine.ending({"Events": [_preempt(["vm-7", "vm-3"])]}) == "Preempt"
+    assert mine.ending({"Events": [{**_preempt([]), "EventType": "Terminate"}]}) == "Terminate"
+    unnamed = preemption.ScheduledEvents("http://unused", stop)  # this VM's name unknown: any ending event
+    assert unnamed.ending({"Events": [_preempt(["vm-7"])]}) == "Preempt"
+    stop.notice("Scheduled Event Preempt")
+    assert stop.stop_line("x.pt", 1.0).startswith("stopped by Scheduled Event Preempt: wrote x.pt in 1.0s")

@@ -129,6 +129,7 @@ class Checkpoints:
 
     def __init__(self, run):
         self.stop = preempt.Preemption(run.backend.rank(), run.cfg.checkpoint_every_minutes)
+        self.events: preempt.ScheduledEvents | None = None
 
     def agree(self, run) -> str | None:
         """One sum of three host numbers over ranks: no device sync."""
@@ -136,6 +137,7 @@ class Checkpoints:
 
     def run_start(self, run) -> None:
         self.stop.install()
+        self.events = preempt.ScheduledEvents.from_env(self.stop)  # Azure's earlier notice, where the job has it
 
     def step_end(self, run) -> None:
         if self.stop.due() and run.step + 1 < run.steps:
@@ -179,4 +181,6 @@ class Checkpoints:
     def close(self, run) -> None:
         """Whatever the ending: SIGTERM's handler goes, and rank 0's write in flight ends complete or not at all."""
         self.stop.uninstall()
+        if self.events is not None:
+            self.events.close()
         run.saver.settle()

@@ -28,12 +28,21 @@ writes it) over COST_FRACTION, never below FLOOR_MINUTES: a checkpoint that take
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import signal
+import threading
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 
 EXIT_CODE = 75  # sysexits.h EX_TEMPFAIL: stopped with a checkpoint, run again to resume
+# The launcher sets it for jobs mpirun starts (launcher/interconnect.py MPI_STOP_ENV): SIGCONT is mpirun's stop.
+STOP_ON_SIGCONT = "TRAINING_STOP_ON_SIGCONT"
+MPIRUN_STOP = "mpirun's stop (SIGCONT, SIGTERM to follow)"
 AUTO = "auto"
+log = logging.getLogger("payloads")
 AGREE_SECONDS = 2.0  # target time between agreements: the stop comes this long (at most) after the signal
 MAX_EVERY = 500
 FLOOR_MINUTES = 10.0
@@ -64,7 +73,7 @@ class Preemption:
 
     def __init__(self, rank: int, every_minutes: float | str = AUTO, clock: Callable[[], float] = time.monotonic):
         self.rank, self.minutes, self.clock = rank, every_minutes, clock
-        self.signalled: int | None = None
+        self.signalled: int | str | None = None  # the signal, or an announced end (notice)
         self.every = 1  # steps between agreements: rank 0's choice, the same on every rank after each agreement
         self.since = 0  # steps since the last agreement
         self.write_seconds: float | None = None  # the last checkpoint's measured cost
@@ -75,14 +84,25 @@ class Preemption:
     def _handler(self, signum, frame) -> None:
         self.signalled = signum  # a store only: signal-safe
 
-    def install(self) -> Preemption:
-        self._previous = signal.signal(signal.SIGTERM, self._handler)
+    def _mpirun_stopping(self, signum, frame) -> None:
+        if self.signalled is None:
+            self.signalled = MPIRUN_STOP  # a store only: signal-safe
+
+    def install(self, environ=None) -> Preemption:
+        """Take SIGTERM; under mpirun with STOP_ON_SIGCONT set (the launcher's MPI jobs), SIGCONT too: Open MPI's
+        daemons stop a job with SIGCONT, then SIGTERM odls_base_sigkill_timeout seconds later, then SIGKILL as long
+        again (Open MPI 4.1, orte/mca/odls; tests/launcher/test_interconnect.py measures it), so SIGCONT is the
+        first word a rank gets and the stop starts there."""
+        environ = os.environ if environ is None else environ
+        self._previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, self._handler)}
+        if environ.get(STOP_ON_SIGCONT) == "1" and "OMPI_COMM_WORLD_RANK" in environ:
+            self._previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, self._mpirun_stopping)
         return self
 
     def uninstall(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        for signum, previous in (self._previous or {}).items():
+            signal.signal(signum, previous)
+        self._previous = None
 
     # ---- the clock
     def interval(self) -> float | None:
@@ -128,9 +148,88 @@ class Preemption:
         """One agreement: `exchange` sums a list of floats over ranks (one small collective)."""
         return self.settle(exchange(self.proposal()))
 
+    def notice(self, reason: str) -> None:
+        """An announced end of this VM (ScheduledEvents): the same stop as a SIGTERM, named by `reason`."""
+        self.signalled = reason
+
     def stop_line(self, where: str, seconds: float) -> str:
-        name = signal.Signals(self.signalled).name if self.signalled else "a signal on another rank"
+        if isinstance(self.signalled, str):
+            name = self.signalled
+        else:
+            name = signal.Signals(self.signalled).name if self.signalled else "a signal on another rank"
         return (
             f"stopped by {name}: wrote {where} in {seconds:.1f}s; run the same command again (same output folder) "
             f"to resume at that step (exit {EXIT_CODE})"
         )
+
+
+# Azure's Scheduled Events (learn.microsoft.com/azure/virtual-machines/linux/scheduled-events): the instance
+# metadata service lists what will happen to this VM, a Spot/low-priority eviction (Preempt) at least 30 s ahead,
+# a deletion (Terminate) with its own notice. The launcher gives Azure ML jobs this variable (launcher/
+# interconnect.py); where it is set, every rank polls it and an event that ends its VM stops the run as a SIGTERM
+# would, before the signal.
+SCHEDULED_EVENTS = "TRAINING_SCHEDULED_EVENTS"
+ENDING_EVENTS = ("Preempt", "Terminate")
+POLL_SECONDS = 5.0
+VM_NAME_URL = "http://169.254.169.254/metadata/instance/compute/name?api-version=2021-02-01&format=text"
+
+
+class ScheduledEvents:
+    """A daemon thread polling the Scheduled Events endpoint every POLL_SECONDS; the first event that ends this VM
+    (ENDING_EVENTS naming this VM, or naming no VM, or any where this VM's name is unknown) calls
+    stop.notice(). An endpoint that does not answer three times in a row is left alone, with one log line: the
+    stop then comes by SIGTERM only."""
+
+    def __init__(self, url: str, stop: Preemption, vm_name: str | None = None):
+        self.url, self.stop, self.vm_name = url, stop, vm_name
+        self._ended = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scheduled-events", daemon=True)
+
+    @classmethod
+    def from_env(cls, stop: Preemption, environ=None) -> ScheduledEvents | None:
+        url = (os.environ if environ is None else environ).get(SCHEDULED_EVENTS)
+        return cls(url, stop).start() if url else None
+
+    def start(self) -> ScheduledEvents:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._ended.set()
+
+    def _get(self, url: str) -> bytes:
+        request = urllib.request.Request(url, headers={"Metadata": "true"})
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.read()
+
+    def ending(self, document: dict) -> str | None:
+        """The type of the first event in `document` that ends this VM, or None."""
+        for event in document.get("Events") or []:
+            names = event.get("Resources") or []
+            if event.get("EventType") in ENDING_EVENTS and (not names or not self.vm_name or self.vm_name in names):
+                return event["EventType"]
+        return None
+
+    def _run(self) -> None:
+        failures = 0
+        if self.vm_name is None and "169.254.169.254" in self.url:
+            try:
+                self.vm_name = self._get(VM_NAME_URL).decode().strip() or None
+            except (OSError, ValueError):
+                self.vm_name = None
+        while not self._ended.is_set():
+            try:
+                found = self.ending(json.loads(self._get(self.url)))
+                failures = 0
+            except (OSError, ValueError) as e:
+                failures += 1
+                if failures == 3:
+                    log.warning(
+                        "Scheduled Events at %s do not answer (%s): a preemption is met by SIGTERM", self.url, e
+                    )
+                    return
+                found = None
+            if found:
+                self.stop.notice(f"Scheduled Event {found}")
+                return
+            self._ended.wait(POLL_SECONDS)

@@ -319,7 +319,9 @@ def test_ddp_jobs_get_the_same_nccl_settings_and_no_mpi_ones(size):
     mpi = interconnect.environment(cluster(size), procs)
     ddp = interconnect.environment(cluster(size), procs, "pytorch")
     assert not [k for k in ddp if k.startswith(("OMPI_", "HOROVOD_", "UCX_"))]
-    assert {k: v for k, v in mpi.items() if not k.startswith(("OMPI_", "HOROVOD_"))} == {
+    assert not [k for k in ddp if k in interconnect.MPI_STOP_ENV]  # torchrun sends SIGTERM itself
+    mpi_only = ("OMPI_", "HOROVOD_", *interconnect.MPI_STOP_ENV)
+    assert {k: v for k, v in mpi.items() if not k.startswith(mpi_only)} == {
         k: v for k, v in ddp.items() if k not in interconnect.GLOO_ENV
     }
     assert ddp["GLOO_SOCKET_IFNAME"] == "eth0"
@@ -344,3 +346,100 @@ def test_cpu_cluster_ddp_environment_trains_two_processes_over_gloo_on_eth0(tmp_
         helpers.torchrun(2, args), cwd=helpers.ROOT, env=base, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode != 0 and "docker9" in proc.stdout + proc.stderr
+
+
+# ---- a stop under mpirun: SIGTERM, then SIGKILL after odls_base_sigkill_timeout ------------------------------
+
+STOP_ARGS = helpers.TINY + ["--synthetic-samples", "8192", "--batch-size", "2", "--max-steps-per-epoch", "40"]
+STOP_ARGS += ["--epochs", "2", "--checkpoint-every-minutes", "0"]
+
+
+def _stopped_under_mpirun(out, job_env: dict) -> tuple[subprocess.CompletedProcess, list]:
+    """The payload's 2 ranks under a real mpirun with `job_env` over the tests' environment; both ranks wait at
+    step 10 (tests/stop_at) and their stop's checkpoint write is held 3 s; mpirun gets the SIGTERM (what Azure
+    ML signals), once both heartbeats show 10 steps."""
+    import signal
+    import time
+
+    from payloads.common import checkpoint
+
+    env = {**helpers.stop_at_env(10, [0, 1]), **job_env, "STOP_SAVE_SECONDS": "3"}
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = ["mpirun", *root, "--oversubscribe", "--bind-to", "none", "-np", "2", sys.executable, "-m"]
+    cmd += ["payloads.pytorch.train", *STOP_ARGS, "--output-dir", str(out)]
+    proc = subprocess.Popen(cmd, cwd=helpers.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((b := helpers._beat(out, r)) and b["steps"] >= 10 for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, "no progress"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), checkpoint.list_checkpoints(
+        out / "checkpoints", ".pt"
+    )
+
+
+SIGNALS = """
+import os, signal, sys, time
+def say(signum, frame):
+    sys.stdout.write(f"{os.environ['OMPI_COMM_WORLD_RANK']} {signal.Signals(signum).name} {time.time():.2f}\\n")
+    sys.stdout.flush()
+for s in (signal.SIGCONT, signal.SIGTERM):
+    signal.signal(s, say)
+sys.stdout.write("ready\\n"); sys.stdout.flush()
+time.sleep(60)
+"""
+
+
+@pytest.mark.launches
+@needs_mpi
+def test_mpirun_stops_ranks_with_sigcont_then_sigterm_after_the_grace():
+    """What the payloads' SIGCONT stop rests on: Open MPI's mpirun, signalled, sends each rank SIGCONT at once and
+    SIGTERM odls_base_sigkill_timeout seconds later (then SIGKILL): measured here with a 3 s grace."""
+    import signal
+    import time
+
+    env = {**helpers.env(), **OLD_IMAGE_ENV, "OMPI_MCA_odls_base_sigkill_timeout": "3"}
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = ["mpirun", *root, "--oversubscribe", "--bind-to", "none", "-np", "2", sys.executable, "-c", SIGNALS]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(4)  # both ranks up (their "ready" lines reach us only at the end: mpirun holds the output)
+        sent = time.time()
+        proc.send_signal(signal.SIGTERM)
+        stdout, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    got = [line.split() for line in stdout.splitlines() if line.split()[1:2] in (["SIGCONT"], ["SIGTERM"])]
+    for rank in ("0", "1"):
+        mine = {name: float(t) - sent for r, name, t in got if r == rank}
+        assert mine.keys() == {"SIGCONT", "SIGTERM"}, stdout
+        assert mine["SIGCONT"] < 1.5 and 2.5 < mine["SIGTERM"] - mine["SIGCONT"] < 5, mine
+
+
+@pytest.mark.launches
+@needs_mpi
+def test_a_stop_through_mpirun_leaves_the_mid_epoch_checkpoint_with_the_jobs_settings(tmp_path):
+    """The payload's 2 ranks under mpirun with every MPI job's settings (MPI_STOP_ENV; its grace cut to 8 s here to
+    keep the test short): mpirun's SIGCONT starts the stop, the ranks agree, rank 0 writes the mid-epoch checkpoint
+    (held 3 s, a slow output mount) and every rank says so, before SIGTERM. With Open MPI's defaults (the control:
+    no SIGCONT stop, 1 s from SIGTERM to SIGKILL) the write is cut short and nothing is left to resume from."""
+    env = interconnect.environment(cluster("Standard_D4s_v5"), 2)
+    assert {k: env[k] for k in interconnect.MPI_STOP_ENV} == {
+        "OMPI_MCA_odls_base_sigkill_timeout": "30",
+        "TRAINING_STOP_ON_SIGCONT": "1",
+    }
+    proc, kept = _stopped_under_mpirun(tmp_path / "job", {**env, "OMPI_MCA_odls_base_sigkill_timeout": "8"})
+    text = proc.stdout + proc.stderr
+    lines = [ln for ln in text.splitlines() if "stopped by mpirun's stop (SIGCONT, SIGTERM to follow): wrote" in ln]
+    assert len(lines) == 2 and all("checkpoint-epoch-0000-step-000010.pt" in ln for ln in lines), text[-3000:]
+    assert [p.name for _, p in kept] == ["checkpoint-epoch-0000-step-000010.pt"]  # complete, marker and all
+
+    default = {k: v for k, v in env.items() if k not in interconnect.MPI_STOP_ENV}
+    proc, kept = _stopped_under_mpirun(tmp_path / "default", default)
+    assert "stopped by" not in proc.stdout + proc.stderr and kept == [], proc.stdout[-2000:]

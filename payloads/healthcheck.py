@@ -42,6 +42,7 @@ import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -206,8 +207,35 @@ def parse(argv=None) -> argparse.Namespace:
     return args
 
 
+# Where a job writes on a node: the container's root and temporary folder (the decoded cache's default home),
+# shared memory (the loaders' batches), and Azure's local NVMe or resource disk where the node has one.
+DISK_PLACES = ("/", tempfile.gettempdir(), "/dev/shm", "/mnt", "/mnt/resource", "/mnt/nvme")
+
+
+def disks(places=DISK_PLACES) -> list[dict]:
+    """Free and total space of each place that exists, one entry per file system (the first place naming it)."""
+    seen, found = set(), []
+    for place in places:
+        try:
+            device = os.stat(place).st_dev
+            usage = shutil.disk_usage(place)
+        except OSError:
+            continue
+        if device in seen:
+            continue
+        seen.add(device)
+        found.append(
+            {"path": place, "free_gbytes": round(usage.free / 1e9, 1), "total_gbytes": round(usage.total / 1e9, 1)}
+        )
+    return found
+
+
+def disks_line(entries: list[dict]) -> str:
+    return ", ".join(f"{d['path']} {d['free_gbytes']:g} of {d['total_gbytes']:g} GB free" for d in entries) or "none"
+
+
 def node_facts(torch) -> dict:
-    """What this process sees of its node: versions ('none' where absent) and InfiniBand devices."""
+    """What this process sees of its node: versions ('none' where absent), InfiniBand devices and disks."""
     gpu = torch.cuda.is_available()
     nccl = "none"
     if gpu:
@@ -227,6 +255,7 @@ def node_facts(torch) -> dict:
         "nccl": nccl,
         "gpus_visible": torch.cuda.device_count() if gpu else 0,
         "infiniband_devices": sorted(p.name for p in ib.iterdir()) if ib.is_dir() else [],
+        "disks": disks(),
     }
 
 
@@ -730,7 +759,15 @@ def train_steps(hvd, torch, device, args, channels_last: bool) -> dict:
     payload's own (payloads/pytorch/loop.py: its set-up, fused SGD, loss scaler, memory format and step, on
     synthetic batches that differ per rank), stopped halfway by a mid-epoch checkpoint that a fresh run restores
     and trains on from, as a resumed job does. The parameters are digested at the save and at the end."""
-    status = {"rank": hvd.rank(), "failed": None, "error": None, "losses": [], "seconds": None, "digest": None}
+    status = {
+        "rank": hvd.rank(),
+        "failed": None,
+        "error": None,
+        "losses": [],
+        "seconds": None,
+        "digest": None,
+        "cpus": None,
+    }
     try:
         # The payload imports torchvision to build these models; an image where that import breaks fails here.
         from .pytorch import models
@@ -742,10 +779,8 @@ def train_steps(hvd, torch, device, args, channels_last: bool) -> dict:
         status.update(failed="import", error=_error(e))
         return status
     try:
-        import tempfile
-
         from .common.config import TrainConfig
-        from .pytorch import backends, checkpoints, loop, runtime
+        from .pytorch import affinity, backends, checkpoints, loop, runtime
         from .pytorch.classification import Classification
 
         class Losses:
@@ -807,6 +842,7 @@ def train_steps(hvd, torch, device, args, channels_last: bool) -> dict:
                     checkpoints.save(cfg, backend, 0, run.model, run.optimizer, run.scaler, half, run.steps)
                     checkpoints.finish_checkpoints(backend)
         status["seconds"] = seconds
+        status["cpus"] = affinity.ranges(os.sched_getaffinity(0))  # as the payload's set-up bound this rank
         status["digest"], status["digest_at_save"] = digests[-1], digests[0]
     except Exception as e:  # noqa: BLE001 - any failure is the finding: reported by part and rank, not raised
         traceback.print_exc()
@@ -957,6 +993,11 @@ def main(argv=None) -> int:
                 f"{f['gpus_visible']} GPUs, InfiniBand devices: {', '.join(f['infiniband_devices']) or 'none'}"
                 + (f"; MISMATCH: {f['driver_mismatch']}" if f.get("driver_mismatch") else "")
             )
+            say(f"node {f['host']} disks: {disks_line(f['disks'])}")
+        say(
+            "CPU binding for training (the payload's own, runtime.resolve): "
+            + "; ".join(f"rank {s['rank']} on {hosts[s['rank']]}: {s.get('cpus') or '?'}" for s in statuses)
+        )
         for r in results:
             say(
                 f"allreduce {r['mbytes']:>7.1f} MB: {r['median_seconds'] * 1e3:8.2f} ms (median), "
@@ -989,6 +1030,7 @@ def main(argv=None) -> int:
             "expected": args.expected,
             "node_verdicts": node_verdicts,
             "training": training,
+            "cpu_binding": [{"rank": st["rank"], "host": hosts[st["rank"]], "cpus": st["cpus"]} for st in statuses],
             "failures": failures,
             "passed": all_ok,
         }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 import re
 import socket
@@ -26,7 +27,7 @@ from helpers import ROOT, TINY, train
 from payloads import healthcheck
 from payloads.common import devices
 from payloads.common.errors import ConfigError
-from payloads.pytorch import models
+from payloads.pytorch import affinity, models
 
 pytestmark = pytest.mark.launches  # horovodrun runs: one at a time under xdist (tests/conftest.py)
 
@@ -85,6 +86,22 @@ def test_passes_above_the_floor_and_reports_what_it_saw(tmp_path):
     assert (node["driver"], node["cuda"], node["nccl"], node["gpus_visible"]) == ("none", "none", "none", 0)
     assert node["infiniband_devices"] == []
     assert "driver none, CUDA none, NCCL none, 0 GPUs, InfiniBand devices: none" in proc.stdout
+    # each node's disks (root, temporary folder, shared memory: one entry per file system) and each rank's CPUs
+    import shutil
+    import tempfile
+
+    places = {d["path"]: d for d in node["disks"]}
+    assert "/" in places and places["/"]["total_gbytes"] == round(shutil.disk_usage("/").total / 1e9, 1)
+    assert tempfile.gettempdir() in places or os.stat(tempfile.gettempdir()).st_dev in {
+        os.stat(d).st_dev for d in places
+    }
+    assert f"node {node['host']} disks: / " in proc.stdout and " GB free" in proc.stdout
+    cpus = affinity.ranges(os.sched_getaffinity(0))
+    assert report["cpu_binding"] == [{"rank": r, "host": node["host"], "cpus": cpus} for r in (0, 1)]
+    assert (
+        f"CPU binding for training (the payload's own, runtime.resolve): rank 0 on {node['host']}: {cpus}"
+        in proc.stdout
+    )
     # the training part, with the PyTorch payload's CPU defaults: full precision, default memory format
     t = report["training"]
     assert (t["model"], t["steps"], t["precision"], t["memory_format"]) == ("tiny_cnn", 5, "fp32", "contiguous")

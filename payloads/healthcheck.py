@@ -792,7 +792,8 @@ def train_steps(hvd, torch, device, args, channels_last: bool) -> dict:
         class FirstSteps(Classification):
             """The payload's classification task, its epoch cut after `until` steps (None: to the end)."""
 
-            until: int | None = None
+            def __init__(self, until: int | None):
+                self.until = until
 
             def batches(self, run, epoch, skip):
                 return itertools.islice(super().batches(run, epoch, skip), None, self.until and self.until - skip)
@@ -826,9 +827,7 @@ def train_steps(hvd, torch, device, args, channels_last: bool) -> dict:
             seconds, digests = 0.0, []
             # The first half and its save; a fresh run restores it and trains the rest (one step: no save).
             for until in (half, None) if half else (None,):
-                task = FirstSteps()
-                task.until = until
-                run = loop.prepare(task, cfg, backend, *resolved)
+                run = loop.prepare(FirstSteps(until), cfg, backend, *resolved)
                 run.concerns = [Losses()]
                 if device.type == "cuda":
                     torch.cuda.synchronize()

@@ -176,6 +176,19 @@ def stop_at_env(after: int, ranks: list[int], within: pathlib.Path | None = None
     return hook_env("stop_at", STOP_AT=str(after), STOP_RANKS=",".join(map(str, ranks)), STOP_IN=str(within or ""))
 
 
+def wait_for_steps(proc: subprocess.Popen, out: pathlib.Path, steps: int, timeout: float = 120) -> list[dict]:
+    """Until both ranks' heartbeats in `out` show `steps` steps (the process still running); their heartbeats."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        beats = [_beat(out, r) for r in (0, 1)]
+        if all(b and b["steps"] >= steps for b in beats):
+            return beats
+        assert proc.poll() is None and time.monotonic() < deadline, "no progress"
+        time.sleep(0.1)
+
+
 def stopped_run(
     out: pathlib.Path, args: list[str], backend: str, signalled: list[int], payload: str = "pytorch", after: int = 10
 ) -> tuple[subprocess.CompletedProcess, float]:
@@ -191,13 +204,7 @@ def stopped_run(
     e = stop_at_env(after, signalled)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            beats = [_beat(out, r) for r in (0, 1)]
-            if all(b and b["steps"] >= after for b in beats):
-                break
-            assert proc.poll() is None and time.monotonic() < deadline, "no progress"
-            time.sleep(0.1)
+        beats = wait_for_steps(proc, out, after)
         for r in signalled:
             os.kill(beats[r]["pid"], signal.SIGTERM)
         sent = time.monotonic()

@@ -173,9 +173,8 @@ def test_a_scheduled_preempt_event_stops_every_rank_with_a_checkpoint_before_any
     endpoint the launcher names (TRAINING_SCHEDULED_EVENTS) and the event stops the run as a SIGTERM would, at a
     step every rank agrees on, with the mid-epoch checkpoint and exit 75. No signal is sent."""
     import subprocess
-    import time
 
-    from helpers import ROOT, _beat, horovodrun, stop_at_env
+    from helpers import ROOT, horovodrun, stop_at_env, wait_for_steps
 
     events = _Events()
     out = tmp_path / "out"
@@ -183,10 +182,7 @@ def test_a_scheduled_preempt_event_stops_every_rank_with_a_checkpoint_before_any
     cmd = horovodrun(2, ARGS + ["--output-dir", str(out)])
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not all((b := _beat(out, r)) and b["steps"] >= 10 for r in (0, 1)):
-            assert proc.poll() is None and time.monotonic() < deadline, "no progress"
-            time.sleep(0.1)
+        wait_for_steps(proc, out, 10)
         assert proc.poll() is None and events.headers, "nobody polled before the event"
         events.events.append(_preempt([]))
         stdout, stderr = proc.communicate(timeout=60)

@@ -938,7 +938,7 @@ def test_pause_writes_the_position_on_the_clock_and_stops_on_a_signal(tmp_path):
         model=model,
         optimizer=optimizer,
         saver=runtime.Saver(),
-        settings=None,
+        settings=runtime.Settings("CPU", "float32", False, 8, 0.1, 1.0, {}),
         log=runtime.log,
         root=True,
         epoch=1,

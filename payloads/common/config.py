@@ -239,6 +239,26 @@ class TrainConfig:
         return {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in d.items()}
 
 
+class Resolved:
+    """What a payload's start-up resolved from the configuration (payloads/pytorch/runtime.Settings,
+    payloads/tensorflow/runtime.Settings: frozen dataclasses with this behaviour): metrics.json's run.resolved,
+    the `resolved:` line, and the configuration as metrics.json and checkpoints record it, whose None defaults and
+    default LR show what they became (the fields named in RECORDED)."""
+
+    RECORDED: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def line(self) -> str:
+        return ", ".join(f"{k} {v}" for k, v in self.to_json().items())
+
+    def config_record(self, cfg: TrainConfig) -> dict:
+        record = cfg.to_json()
+        record.update({k: getattr(self, k) for k in self.RECORDED if k in record})
+        return record
+
+
 def check_output_dir(path: pathlib.Path) -> None:
     """--output-dir must be a folder this process can create and write: found before Horovod or a framework starts
     (a TensorFlow traceback after start-up otherwise). Creates it; writes and removes one probe file."""

@@ -150,7 +150,8 @@ class Preemption:
 
     def notice(self, reason: str) -> None:
         """An announced end of this VM (ScheduledEvents): the same stop as a SIGTERM, named by `reason`."""
-        self.signalled = reason
+        if self.signalled is None:
+            self.signalled = reason
 
     def stop_line(self, where: str, seconds: float) -> str:
         if isinstance(self.signalled, str):

@@ -242,7 +242,7 @@ def save(
     Each save first waits for the write before it: that write's failure is raised here on every rank (the one
     broadcast every save makes), and the end of training does the same for the last (finish_checkpoints). Returns
     the seconds the job waited: the snapshot, any wait for the previous write, and with `wait` the write. `config`:
-    the configuration as the run resolved it (loop.Run.config_record); the parsed one where not given."""
+    the configuration as the run resolved it (runtime.Settings.config_record); the parsed one where not given."""
     started = time.perf_counter()
     rngs = backend.allgather_object(rng_state(), "rng_states")
     # Each rank's own floating buffers (BatchNorm's running statistics are per rank under both backends): a resume
@@ -311,7 +311,7 @@ class Saver:
             step,
             run.steps,
             wait=wait,
-            config=run.config_record(),
+            config=run.settings.config_record(run.cfg),
         )
 
     def path(self, run, epochs_done: int, step: int = 0):

@@ -95,7 +95,7 @@ class Outputs:
         if not run.root:
             return
         world = {**runtime.world(run.backend, run.model, run.device, run.settings, run.cfg), **run.task.world(run)}
-        record = {"config": run.config_record(), **run.task.run_record(run), "world": world}
+        record = {"config": run.settings.config_record(run.cfg), **run.task.run_record(run), "world": world}
         self.metrics = MetricsFile(run.cfg.metrics_path, {**record, "resolved": run.settings.to_json()})
         self.writer = runtime.summary_writer(run.cfg.tensorboard_dir)
         run.task.log.info("%s", run.task.opening(run))

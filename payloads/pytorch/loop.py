@@ -158,18 +158,6 @@ class Run(Events):
             self.doing("exchange")
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
-    def config_record(self) -> dict:
-        """The configuration as metrics.json and checkpoints record it: the options with the values start-up
-        resolved (a None default shows what it became), as these files always had them."""
-        record = self.cfg.to_json()
-        resolved = {
-            "amp": self.settings.amp,
-            "channels_last": self.settings.channels_last,
-            "base_lr": self.settings.base_lr,
-        }
-        record.update({k: v for k, v in resolved.items() if k in record})
-        return record
-
 
 def start(task: Task, cfg: config.TrainConfig, started: float) -> Run:
     """Everything before the first step: the backend, the watchdog (from here on a rank that stops making progress

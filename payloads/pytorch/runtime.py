@@ -29,7 +29,7 @@ def torch_version(version: str | None = None) -> tuple[int, int]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class Settings(config.Resolved):
     """What start-up decided from the configuration and this process's world: the one record the loop reads
     (never the configuration's None defaults), logged in the run's first lines and written to metrics.json."""
 
@@ -46,11 +46,7 @@ class Settings:
     workers: int
     decoder: str | None  # the CPU JPEG decoder for images read from files (--decoder auto: the fastest installed)
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def line(self) -> str:
-        return ", ".join(f"{k} {v}" for k, v in self.to_json().items())
+    RECORDED = ("amp", "channels_last", "base_lr")  # written back into the recorded config, as always
 
 
 def resolve(cfg: config.TrainConfig, backend) -> tuple[torch.device, precision.Precision, Settings]:

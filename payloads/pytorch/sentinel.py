@@ -64,7 +64,6 @@ class Replicas:
         self.verified = (run.start.epoch, run.start.step)  # the position of the last check every rank passed
         self.findings: list[dict] = []
         self._first_bad = torch.full((), -1, dtype=torch.int64, device=run.device)  # this rank's first bad step
-        self._step = torch.zeros((), dtype=torch.int64, device=run.device)
         self._finite = torch.ones((), dtype=torch.bool, device=run.device)  # this step's gradients so far
         self._hooks = []
         if self.every and run.scaler is None:  # with fp16's scaler, non-finite gradients are its overflows
@@ -78,9 +77,8 @@ class Replicas:
         if not self.every:
             return
         finite = self._finite & torch.isfinite(run.last.loss.detach()).all()
-        self._first_bad = torch.where((self._first_bad < 0) & ~finite, self._step, self._first_bad)
+        self._first_bad = torch.where((self._first_bad < 0) & ~finite, self.steps, self._first_bad)
         self._finite.fill_(True)
-        self._step += 1
         self.steps += 1
         if self.steps % self.every == 0:
             done = run.step + 1

@@ -34,7 +34,7 @@ class Start(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class Settings(config.Resolved):
     """What start-up decided for this device and batch, the loops' source for them (the TensorFlow side of
     payloads/pytorch/runtime.Settings): logged in the first lines and written to metrics.json as run.resolved."""
 
@@ -46,18 +46,7 @@ class Settings:
     lr_scale: float  # the global batch's multiple of it
     threads: dict
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def line(self) -> str:
-        return ", ".join(f"{k} {v}" for k, v in self.to_json().items())
-
-    def config_record(self, cfg) -> dict:
-        """The configuration as metrics.json and checkpoints record it: the options, with what a None default
-        and the default LR became."""
-        record = cfg.to_json()
-        record.update({k: v for k, v in (("amp", self.amp), ("base_lr", self.base_lr)) if k in record})
-        return record
+    RECORDED = ("amp", "base_lr")  # written back into the recorded config, as always
 
 
 class Threads(NamedTuple):
@@ -306,7 +295,7 @@ class Saver:
     """The TensorFlow payloads' checkpoints for concerns.Checkpoints: rank 0 writes them before save() returns."""
 
     def save(self, run, epochs_done: int, step: int = 0, wait: bool = False) -> float:
-        config = run.settings.config_record(run.cfg) if run.settings is not None else None
+        config = run.settings.config_record(run.cfg)
         return save(run.cfg, run.hvd, epochs_done, run.model, run.optimizer, step, run.steps, config)
 
     def path(self, run, epochs_done: int, step: int = 0) -> pathlib.Path:
@@ -328,7 +317,7 @@ class Run(concerns.Events):
     log: ClassVar[logging.Logger] = log  # the concerns' lines
     cfg: config.TrainConfig
     hvd: object
-    settings: Settings | None = None
+    settings: Settings
     model: object = None
     optimizer: object = None
     steps: int = 0

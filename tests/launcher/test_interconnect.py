@@ -359,7 +359,6 @@ def _stopped_under_mpirun(out, job_env: dict) -> tuple[subprocess.CompletedProce
     step 10 (tests/stop_at) and their stop's checkpoint write is held 3 s; mpirun gets the SIGTERM (what Azure
     ML signals), once both heartbeats show 10 steps."""
     import signal
-    import time
 
     from payloads.common import checkpoint
 
@@ -369,10 +368,7 @@ def _stopped_under_mpirun(out, job_env: dict) -> tuple[subprocess.CompletedProce
     cmd += ["payloads.pytorch.train", *STOP_ARGS, "--output-dir", str(out)]
     proc = subprocess.Popen(cmd, cwd=helpers.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not all((b := helpers._beat(out, r)) and b["steps"] >= 10 for r in (0, 1)):
-            assert proc.poll() is None and time.monotonic() < deadline, "no progress"
-            time.sleep(0.1)
+        helpers.wait_for_steps(proc, out, 10)
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=120)
     finally:

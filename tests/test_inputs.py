@@ -221,7 +221,7 @@ def test_shard_decoding_runs_in_worker_processes_with_one_intra_op_thread_each(s
         px = images.numpy().astype(np.int64)
         pids |= set((px[:, 0, 0, 0] << 16 | px[:, 0, 0, 1] << 8 | px[:, 0, 0, 2]).tolist())
         threads |= set(px[:, 0, 1, 0].tolist())
-    workers = {p.pid for p in shards.pool(2)._pool}
+    workers = set(shards.ring.workers(2).pids)
     assert os.getpid() not in pids and pids <= workers and pids, (pids, workers, os.getpid())
     assert threads == {1}
     # With --workers 0 the same work runs in this process (the CPU-only test configuration).
@@ -292,9 +292,8 @@ def _png(pixels: np.ndarray) -> bytes:
 @pytest.mark.launches
 def test_a_process_that_ran_both_loaders_exits():
     """The uint8 test above with 2 workers, alone in a process of its own (no xdist worker, which skips atexit): it
-    ran a DataLoader's forkserver workers and the shard pool (0 workers start neither), and the pool's terminate()
-    at exit hung on its task queue's lock. The shard pool's exit hook kills its workers instead
-    (shards._close_pools)."""
+    ran a DataLoader's forkserver workers and the shard loader's decode workers (0 workers start neither), which
+    ignore SIGTERM: the exit hook kills them (ring._end_workers)."""
     test = f"{__file__}::test_uint8_leaves_the_class_folder_and_shard_loaders[2]"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", test],

@@ -1,6 +1,7 @@
 """Every payload's entry point ends the same way: its log lines on stdout, a configuration or data error as one
 line and exit code 2, a SIGTERM's stop (preemption.py) as its line and exit code 75, replicas that went wrong and
-stayed wrong (payloads/pytorch/sentinel.py) as its line and exit code 70, otherwise 0."""
+stayed wrong (payloads/pytorch/sentinel.py) as its line and exit code 70, a broken input pipeline (a decode
+worker that died) as its line and exit code 74, otherwise 0."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import sys
 from collections.abc import Callable
 
 from . import preemption
-from .errors import ConfigError, ReplicaFault, say
+from .errors import ConfigError, InputFault, ReplicaFault, say
 
 CONFIG_ERROR = 2
 REPLICA_FAULT = 70  # sysexits.h EX_SOFTWARE: a node's numbers went wrong; the health check before a resume
+INPUT_FAULT = 74  # sysexits.h EX_IOERR: a decode worker died (killed for memory, a crash in a decoder)
 
 
 def run_main(body: Callable[[], object]) -> int:
@@ -26,6 +28,9 @@ def run_main(body: Callable[[], object]) -> int:
     except preemption.Stopped as e:
         say(str(e))  # every rank says it: all stopped at the same step
         return preemption.EXIT_CODE
+    except InputFault as e:
+        say(f"error: {e} (exit {INPUT_FAULT})")
+        return INPUT_FAULT
     except ReplicaFault as e:
         say(f"error: {e} (exit {REPLICA_FAULT})")  # every rank says it: all decided at the same check
         return REPLICA_FAULT

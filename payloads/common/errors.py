@@ -2,6 +2,10 @@ class ConfigError(ValueError):
     """Bad input (command line, data, checkpoint): the message names the problem and the fix."""
 
 
+class InputFault(Exception):
+    """The input pipeline broke under the run (a decode worker died): not the configuration, not the replicas."""
+
+
 class ReplicaFault(Exception):
     """The data-parallel replicas went wrong and rolling back did not hold (payloads/pytorch/sentinel.py)."""
 

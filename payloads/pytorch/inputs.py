@@ -10,7 +10,7 @@ undecodable images dropped from the step (--skip-corrupt-images).
 - synthetic: a pool of uint8 images made once on the device (data.SyntheticImages), indexed per step
   there: no host work and no host-to-device copy per step, the GPU's ceiling (as Horovod's benchmark).
 - imagefolder: a DataLoader with worker processes (forkserver) yielding uint8 batches;
-- shards: shards.ShardLoader, decoding in worker processes with one intra-op thread each.
+- shards: shards.ShardLoader, decoding in worker processes (one intra-op thread each) into shared slots.
 Real data goes through `Prefetched`: pinned uint8 host batches copied on a side CUDA stream while the
 previous step runs, normalised there, handed over with record_stream (NVIDIA DeepLearningExamples'
 PrefetchedWrapper); on a CPU the same steps run without streams.
@@ -75,9 +75,14 @@ class Prefetched:
             return
         stream = torch.cuda.Stream(self.device)
         ready = None
+        fence = getattr(self.host, "fence", None)  # a loader that reuses its host buffers (shards.ShardLoader)
         for images, labels, skipped in self.host:
             with torch.cuda.stream(stream):
                 nxt = self._to_device(images, labels)
+            if fence is not None:
+                copied = torch.cuda.Event()
+                copied.record(stream)
+                fence(copied)
             if ready is not None:
                 yield ready
             compute = torch.cuda.current_stream(self.device)
@@ -251,7 +256,7 @@ def build(
 
         train = make(train_split, cfg, rank, size, batch, True, device, decoder=decoder)
         val = make(val_split, cfg, rank, size, batch, False, device, decoder=decoder) if val_split is not None else None
-        shards.check_cache_room([train, val], local_size)
+        shards.check_cache_room([train, val], local_size)  # indexes the files: before anything is trained
         return Inputs(wrap(train), wrap(val) if val is not None else None, num_classes)
     if cfg.data != "imagefolder":
         raise ConfigError(

@@ -1,6 +1,7 @@
 """The PyTorch shard reader: images -> shards -> tensors, rank split, shuffling, in-memory cache."""
 
 import os
+import socket
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from PIL import Image
 from datatools import prepare
 from payloads.common import manifest
 from payloads.common.errors import ConfigError
-from payloads.pytorch import shards
+from payloads.pytorch import decodedcache, decoders, shards, shardset
 
 
 # Transforms called in the loader's own reader thread (workers=0): they need not be importable by a worker.
@@ -87,7 +88,7 @@ def test_augmentation_is_fixed_by_seed_epoch_and_sample_not_by_worker(one_per_cl
     def run(epoch, workers):
         loader = shards.ShardLoader(train, 0, 1, 6, seed=1, transform=shards.Transform(16, train=True), workers=workers)
         loader.set_epoch(epoch)
-        return [(x, y) for x, y, _ in loader]
+        return [(x.clone(), y) for x, y, _ in loader]  # a batch is its slot's view until the next one
 
     a, b, c, inline = run(0, 1), run(0, 3), run(1, 2), run(0, 0)  # worker processes, or none
     assert all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
@@ -140,10 +141,10 @@ def test_the_cache_is_a_file_in_cache_dir_removed_with_its_loader(tmp_path):
     loader = shards.ShardLoader(train, 0, 1, 1, 0, transform=pixels, cache=True, cache_dir=folder, workers=0)
     first = sorted((int(y), x.numpy().tobytes()) for xs, ys, _ in loader for x, y in zip(xs, ys))
     (kept,) = folder.iterdir()
-    assert kept.name.startswith(f"decoded-{shards.socket.gethostname()}-{shards.os.getpid()}-rank0-")
-    assert kept.stat().st_size == loader.cache.nbytes == sum(len(b) for _, b in first)
-    estimate = shards.estimate_cache_bytes(loader)
-    assert loader.cache.nbytes <= estimate <= 1.5 * loader.cache.nbytes, (estimate, loader.cache.nbytes)
+    assert kept.name.startswith(f"decoded-{socket.gethostname()}-{os.getpid()}-rank0-")
+    # Its size is exact before epoch 1 (the images' headers): a page of status bytes, then the decoded images.
+    assert loader.cache.nbytes == sum(len(b) for _, b in first)
+    assert kept.stat().st_size == loader.cache_bytes() == 4096 + loader.cache.nbytes
     loader.set_epoch(1)
     assert sorted((int(y), x.numpy().tobytes()) for xs, ys, _ in loader for x, y in zip(xs, ys)) == first
     del loader
@@ -159,9 +160,9 @@ def test_a_cache_left_by_a_killed_run_is_removed_and_a_live_ones_kept(tmp_path):
 
     dead = subprocess.Popen(["true"])
     dead.wait()
-    host = shards.socket.gethostname()
+    host = socket.gethostname()
     stale = tmp_path / f"decoded-{host}-{dead.pid}-rank0-x.u8"
-    live = tmp_path / f"decoded-{host}-{shards.os.getpid()}-rank1-y.u8"
+    live = tmp_path / f"decoded-{host}-{os.getpid()}-rank1-y.u8"
     other = tmp_path / f"decoded-otherhost-{dead.pid}-rank0-z.u8"  # another node's, on a shared folder
     for f in (stale, live, other):
         f.write_bytes(b"x")
@@ -170,17 +171,18 @@ def test_a_cache_left_by_a_killed_run_is_removed_and_a_live_ones_kept(tmp_path):
 
 
 def test_a_cache_that_cannot_fit_is_refused_before_epoch_1_with_the_figure_and_the_fix(tmp_path, monkeypatch):
-    """A write into a shared-memory mapping past a full tmpfs is a SIGBUS, after the slowest epoch: the size
-    (estimate x the node's processes) is checked against the folder's free space before anything is read."""
+    """The node's processes' caches (each exact, from the images' headers) are checked against the folder's free
+    space before anything is decoded."""
     train = _eight_images(tmp_path)
     loader = shards.ShardLoader(train, 0, 1, 4, 0, transform=pixels, cache=True, cache_dir=tmp_path, workers=0)
-    need = shards.estimate_cache_bytes(loader)
-    real = shards.os.statvfs
+    need = loader.cache_bytes()
+    assert need == 4096 + sum(h * w * 3 for h, w in loader.index.dims.tolist()) and need > 4096
+    real = os.statvfs
 
     class Small:
         f_frsize, f_bavail = 1, need * 8 - 1  # room for 7 processes' caches, not 8
 
-    monkeypatch.setattr(shards.os, "statvfs", lambda path: Small() if str(path) == str(tmp_path) else real(path))
+    monkeypatch.setattr(decodedcache.os, "statvfs", lambda path: Small() if str(path) == str(tmp_path) else real(path))
     assert shards.check_cache_room([loader], 7) == need
     with pytest.raises(ConfigError) as e:
         shards.check_cache_room([loader, None], 8)
@@ -196,26 +198,22 @@ def test_a_cache_that_cannot_fit_is_refused_before_epoch_1_with_the_figure_and_t
     assert shards.check_cache_room([off], 8) == 0  # no --cache-decoded: nothing to check
 
 
-def test_a_full_folder_during_epoch_1_drops_the_cache_and_training_goes_on(tmp_path, monkeypatch, caplog):
-    """The estimate can be low, or another job can fill the disk: the cache file is written with plain writes, so
-    a full folder is an OSError (never a SIGBUS), and the loader goes on decoding every epoch."""
+def test_a_full_folder_at_epoch_1_drops_the_cache_and_training_goes_on(tmp_path, monkeypatch, caplog):
+    """Another job can fill the disk after the check: the cache file's room is reserved when it is made
+    (posix_fallocate), so a full folder is an OSError then, never a SIGBUS in a worker's mapping, and the loader goes
+    on decoding every epoch."""
     import errno
 
     train = _eight_images(tmp_path)
     loader = shards.ShardLoader(train, 0, 1, 1, 0, transform=pixels, cache=True, cache_dir=tmp_path, workers=0)
-    real_add = shards.DecodedCache.add
-    added = []
 
-    def add(self, kept):
-        if added:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        added.append(len(kept))
-        real_add(self, kept)
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(shards.DecodedCache, "add", add)
+    monkeypatch.setattr(decodedcache.os, "posix_fallocate", full)
     first = sorted((int(y), x.numpy().tobytes()) for xs, ys, _ in loader for x, y in zip(xs, ys))
     assert len(first) == 8 and loader.cache is None and not loader.cache_wanted
-    assert not list(tmp_path.glob("decoded-*")), "the partial file is removed"
+    assert not list(tmp_path.glob("decoded-*")), "the file is removed"
     assert "--cache-decoded is off for rank 0: the folder is full" in caplog.text
     loader.set_epoch(1)
     assert sorted((int(y), x.numpy().tobytes()) for xs, ys, _ in loader for x, y in zip(xs, ys)) == first
@@ -254,10 +252,11 @@ def test_the_index_gives_read_shards_samples_in_its_order_with_the_same_bytes(tm
     train, _, _ = shards.open_set(tmp_path / "out" / "webdataset")
     for f in train.files:
         streamed = [(s.key, s.label, s.data) for s in shards.read_shard(f)]
-        index = shards.index_shard(str(f))
-        refs = [shards.Ref(str(f), offset, size) for _, _, offset, size in index]
-        assert [(k, label) for k, label, _, _ in index] == [(k, label) for k, label, _ in streamed]
-        assert shards.read_bytes(refs) == [data for _, _, data in streamed]
+        index = shards.index_shard(str(f), dims=True)
+        assert [(k, label) for k, label, *_ in index] == [(k, label) for k, label, _ in streamed]
+        assert _read(f, index) == [data for _, _, data in streamed]
+        # The header's (height, width) is the decoded image's, JPEG and PNG alike: the cache's layout.
+        assert [(h, w) for *_, h, w in index] == [decoders.pillow(d).shape[:2] for _, _, d in streamed]
 
 
 def test_the_training_process_reads_no_image_bytes(tmp_path, monkeypatch):
@@ -270,8 +269,8 @@ def test_the_training_process_reads_no_image_bytes(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("image bytes read in the training process")
 
-    for name in ("read_bytes", "read_shard"):
-        monkeypatch.setattr(shards, name, refuse)
+    monkeypatch.setattr(shardset, "read_at", refuse)
+    monkeypatch.setattr(shards, "read_shard", refuse)
     in_workers = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=shards.Transform(8, train=True), workers=2)
     assert sorted(y for batch in _labels(in_workers) for y in batch) == list(range(8))
     inline = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=label_only, workers=0)
@@ -297,24 +296,31 @@ def test_an_empty_image_member_gives_way_to_the_next_suffix_as_in_the_stream(tmp
     streamed = [(s.key, s.label, s.data) for s in shards.read_shard(shard)]
     index = shards.index_shard(str(shard))
     assert [(k, label) for k, label, _, _ in index] == [(k, label) for k, label, _ in streamed] == [("a", 2), ("b", 1)]
-    assert shards.read_bytes([shards.Ref(str(shard), o, n) for _, _, o, n in index]) == [png, png]
+    assert _read(shard, index) == [png, png]
 
 
 def test_short_reads_are_read_on_and_a_changed_shard_is_named(tmp_path, monkeypatch):
-    """pread may return less than asked (a FUSE mount, a signal): read_bytes reads on. A shard rewritten after it
-    was indexed would be read at stale offsets: the file's size and time, kept in each reference, catch it."""
+    """pread may return less than asked (a FUSE mount, a signal): the reader reads on. A shard rewritten after it
+    was indexed would be read at stale offsets: the file's size and time, kept in the index, catch it."""
     train = _eight_images(tmp_path)
-    loader = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=label_only, workers=0)
-    whole = [s.data for s in shards.read_shard(train.files[0])]
-    refs = [s.data for s in next(loader._indexed([0]))]
+    loader = shards.ShardLoader(train, 0, 1, 4, seed=0, transform=label_only, workers=0, shuffle=False)
+    whole = sorted(int(y) for _, ys, _ in loader for y in ys)
     real = os.pread
-    monkeypatch.setattr(shards.os, "pread", lambda fd, n, offset: real(fd, min(n, 7), offset))
-    assert shards.read_bytes(refs) == whole
+    monkeypatch.setattr(shardset.os, "pread", lambda fd, n, offset: real(fd, min(n, 7), offset))
+    assert sorted(int(y) for _, ys, _ in loader for y in ys) == whole == list(range(8))
+    assert _read(train.files[0], shards.index_shard(str(train.files[0]))) == [
+        s.data for s in shards.read_shard(train.files[0])
+    ]
     monkeypatch.undo()
     st = os.stat(train.files[0])
     os.utime(train.files[0], ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     with pytest.raises(ConfigError, match="changed under a running job"):
-        shards.read_bytes(refs)
+        _labels(loader)
+
+
+def _read(path, index) -> list[bytes]:
+    with open(path, "rb") as f:
+        return [shardset.read_at(f, offset, size, path) for _, _, offset, size, *_ in index]
 
 
 def _png_bytes() -> bytes:

@@ -1,0 +1,142 @@
+"""--cache-decoded: a rank's decoded images in one file in --cache-dir, filled by the decode workers themselves.
+
+Each image's place in the file is known before epoch 1 from its header (shardset.index_shard with dims): the file
+starts with one status byte per sample (0 not kept, 1 kept, 2 undecodable), then the decoded images in key order.
+Its full size is reserved when it is made (posix_fallocate), so the size check before epoch 1 is exact and a
+full folder is met then, never as a bus error in a mapping; every worker maps it and writes the images it decodes
+in the first whole epoch; later epochs read them back and shuffle the whole cache. Named for host, process and
+rank, removed when its loader goes; a killed run's file is removed by the next run on that host.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import socket
+import tempfile
+import weakref
+
+import numpy as np
+
+from ..common.errors import ConfigError
+from .shardset import Index
+
+CACHE_PREFIX = "decoded-"
+ABSENT, KEPT, UNDECODABLE = 0, 1, 2
+PAGE = 4096
+
+
+class Layout:
+    """Where each sample's decoded image lies in the cache file (offsets by index position), and its order."""
+
+    def __init__(self, index: Index):
+        n = len(index)
+        self.by_key = np.array(sorted(range(n), key=index.keys.__getitem__), np.int64)
+        sizes = index.dims[:, 0] * index.dims[:, 1] * 3
+        self.header = -(-n // PAGE) * PAGE
+        ordered = sizes[self.by_key]
+        self.offsets = np.empty(n, np.int64)
+        self.offsets[self.by_key] = self.header + np.concatenate([[0], np.cumsum(ordered)[:-1]]) if n else []
+        self.dims = index.dims
+        self.nbytes = int(sizes.sum())  # the decoded images
+
+    @property
+    def file_bytes(self) -> int:
+        return self.header + self.nbytes
+
+
+class DecodedCache:
+    """The parent's handle of the cache file: made with its room reserved (OSError ENOSPC when the folder is
+    full), removed when the loader goes. `complete` once a whole epoch has passed every sample through."""
+
+    def __init__(self, folder: pathlib.Path, rank: int, layout: Layout):
+        remove_stale(folder)
+        name = f"{CACHE_PREFIX}{socket.gethostname()}-{os.getpid()}-rank{rank}-"
+        fd, self.path = tempfile.mkstemp(prefix=name, suffix=".u8", dir=folder)
+        try:
+            os.posix_fallocate(fd, 0, max(1, layout.file_bytes))
+        except OSError:
+            _remove(self.path)
+            raise
+        finally:
+            os.close(fd)
+        weakref.finalize(self, _remove, self.path)
+        self.layout, self.nbytes, self.complete = layout, layout.nbytes, False
+
+    def __len__(self) -> int:
+        return len(self.layout.by_key)
+
+
+class Mapped:
+    """A worker's (or the inline loader's) mapping of the cache file: status bytes and images, read and written."""
+
+    def __init__(self, path: str, layout: Layout):
+        self.map = np.memmap(path, np.uint8, mode="r+")
+        self.layout = layout
+        self.status = self.map[: len(layout.by_key)]
+
+    def image(self, p: int) -> np.ndarray:
+        h, w = self.layout.dims[p]
+        at = int(self.layout.offsets[p])
+        return self.map[at : at + h * w * 3].reshape(h, w, 3)
+
+    def keep(self, p: int, image: np.ndarray) -> None:
+        """Writes a decoded image to its place; one whose shape differs from its header's stays out (decoded from
+        its shard in every epoch)."""
+        if image.shape == (*self.layout.dims[p], 3) and image.dtype == np.uint8:
+            self.image(p)[...] = image
+            self.status[p] = KEPT
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def remove_stale(folder: pathlib.Path) -> None:
+    """Cache files of this host whose process no longer runs (a killed or preempted run)."""
+    host = socket.gethostname()
+    for f in pathlib.Path(folder).glob(f"{CACHE_PREFIX}{host}-*-rank*.u8"):
+        pid = f.name[len(CACHE_PREFIX) + len(host) + 1 :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            _remove(str(f))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def check_room(loaders, local_size: int) -> int:
+    """Before epoch 1: the decoded cache of every split of this rank (exact, from the images' headers), times the
+    processes on this node (one folder per node), must fit the free space of --cache-dir. Returns this rank's
+    bytes."""
+    wanted = [x for x in loaders if x is not None and x.cache_wanted]
+    if not wanted:
+        return 0
+    folder = wanted[0].cache_dir  # every loader of the run gets the same --cache-dir
+    if not folder.is_dir():
+        raise ConfigError(f"--cache-dir {folder}: no such folder (create it, or pick a folder on a local disk)")
+    per_rank = sum(x.cache_bytes() for x in wanted)
+    node = per_rank * local_size
+    st = os.statvfs(folder)
+    free = st.f_bavail * st.f_frsize
+    if node > free:
+        raise ConfigError(
+            f"--cache-decoded: the decoded images need {_size(per_rank)} per process x {local_size} "
+            f"process(es) on this node = {_size(node)} in {folder}, which has {_size(free)} "
+            "free: pass --cache-dir on a local disk with that room (on Azure ML, the node's local NVMe disk), "
+            "train more nodes (each keeps only its part), or drop --cache-decoded (every epoch then decodes)"
+        )
+    return per_rank
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

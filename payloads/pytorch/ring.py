@@ -1,0 +1,282 @@
+"""Decode worker processes and the shared batch slots they fill.
+
+`Slots`: a ring of fixed-size batch slots in one file in /dev/shm, mapped by the training process and by every
+worker. Its room is reserved when it is made (posix_fallocate), so a full /dev/shm is one clear error at start,
+never a bus error in the middle of an epoch; on a GPU the training process registers the mapping as pinned memory
+(cudaHostRegister), so a slot is copied to the device without a staging copy.
+
+`Workers`: the process's decode workers (forkserver: forking after Horovod's thread and Gloo's sockets exist is
+unsafe), one pipe each. The training process sends each worker a loader's `Decoder` once, then per step only
+(loader, epoch, step, slot, mode); the worker derives the step's samples itself, writes the batch into the slot
+and answers with the count. No pixels, task objects or descriptors cross a pipe, and no pool thread runs in the
+training process. A worker's death is noticed at the next wait on it (its process sentinel) and ends the run with
+one line naming it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import ctypes
+import errno
+import logging
+import mmap
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import tempfile
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..common.errors import ConfigError, InputFault
+
+log = logging.getLogger(__name__)
+
+ALIGN = 4096  # each field of a slot starts on a page: registration and DMA like page-aligned buffers
+
+
+def shm_folder() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The fields of one slot: (name, dtype, shape) each, laid out page-aligned."""
+
+    fields: tuple[tuple[str, str, tuple[int, ...]], ...]
+
+    @property
+    def offsets(self) -> dict[str, int]:
+        out, at = {}, 0
+        for name, dtype, shape in self.fields:
+            out[name] = at
+            at += _aligned(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        name, dtype, shape = self.fields[-1]
+        return self.offsets[name] + _aligned(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+class Slots:
+    """`count` slots of `layout` in one shared file. The maker creates and reserves it; workers attach by path."""
+
+    def __init__(self, path: str, layout: Layout, count: int, create: bool = False):
+        self.path, self.layout, self.count = path, layout, count
+        size = layout.nbytes * count
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+        try:
+            if create:
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                except OSError as e:
+                    os.unlink(path)
+                    if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    st = os.statvfs(os.path.dirname(path))
+                    raise ConfigError(
+                        f"the loader's {count} shared batch slots need {size / 2**20:.0f} MiB in "
+                        f"{os.path.dirname(path)}, which has {st.f_bavail * st.f_frsize / 2**20:.0f} MiB free: give "
+                        "the container more shared memory (the job's resources.shm_size, docker --shm-size), or "
+                        "lower --batch-size or --workers"
+                    ) from None
+            self.map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.pinned = False
+
+    def view(self, slot: int) -> dict[str, np.ndarray]:
+        base = slot * self.layout.nbytes
+        offsets = self.layout.offsets
+        return {
+            name: np.frombuffer(self.map, dtype, int(np.prod(shape, dtype=np.int64)), base + offsets[name]).reshape(
+                shape
+            )
+            for name, dtype, shape in self.layout.fields
+        }
+
+    def pin(self) -> None:
+        """Registers the mapping with CUDA as page-locked host memory (the training process on a GPU)."""
+        import torch
+
+        self._buf = ctypes.c_char.from_buffer(self.map)
+        err = torch.cuda.cudart().cudaHostRegister(ctypes.addressof(self._buf), len(self.map), 0)
+        if int(err) != 0:
+            log.warning("cudaHostRegister of %s failed (%s): batches are copied from pageable memory", self.path, err)
+            return
+        self.pinned = True
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def make_slots(layout: Layout, count: int, tag: str) -> Slots:
+    fd, path = tempfile.mkstemp(prefix=f"batches-{os.getpid()}-{tag}-", dir=shm_folder())
+    os.close(fd)
+    os.unlink(path)
+    return Slots(path, layout, count, create=True)
+
+
+# ------------------------------------------------------------------------------------------------ workers
+
+
+def _worker_main(conn, number: int) -> None:
+    # One intra-op thread: the worker count is the parallelism (DataLoader workers do the same). SIGTERM is the
+    # job's stop, which the training process agrees on and ends; the workers end with it (killed at its exit).
+    import torch
+
+    torch.set_num_threads(1)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    loaders: dict[int, object] = {}
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        kind, tag = msg[0], msg[1]
+        try:
+            if kind == "step":
+                _, _, epoch, step, slot, mode = msg
+                conn.send(("done", tag, *loaders[tag].run(epoch, step, slot, mode)))
+            elif kind == "call":
+                conn.send(("done", tag, msg[2](*msg[3])))
+            elif kind == "open":
+                loaders[tag] = msg[2]
+                msg[2].attach()
+                conn.send(("done", tag))
+            elif kind == "close":
+                loaders.pop(tag, None)
+        except ConfigError as e:
+            conn.send(("error", tag, str(e)))
+        except Exception:  # noqa: BLE001 - sent to the training process, which ends the run with it
+            conn.send(("crash", tag, traceback.format_exc()))
+
+
+class Workers:
+    """`n` decode processes, each with its own pipe. Every message names its sender (a loader's id, or "call"), and
+    each sender's messages to one worker are answered in order; answers for another sender met while waiting are
+    kept for it (the training and validation loaders share the workers)."""
+
+    def __init__(self, n: int):
+        ctx = multiprocessing.get_context("forkserver")
+        self.conns, self.procs = [], []
+        for i in range(n):
+            here, there = ctx.Pipe()
+            p = ctx.Process(target=_worker_main, args=(there, i), daemon=True, name=f"decode-{i}")
+            p.start()
+            there.close()
+            self.conns.append(here)
+            self.procs.append(p)
+        self.kept: dict[tuple[int, object], collections.deque] = collections.defaultdict(collections.deque)
+        self.closed: set = set()
+
+    def __len__(self) -> int:
+        return len(self.procs)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def send(self, w: int, msg) -> None:
+        try:
+            self.conns[w].send(msg)
+        except (BrokenPipeError, ConnectionResetError):
+            raise self._died(w) from None
+
+    def recv(self, w: int, tag):
+        """The next answer of worker `w` to `tag`; InputFault if it died, the ConfigError it met, or its crash."""
+        kept = self.kept[(w, tag)]
+        while not kept:
+            answer = self._next(w)
+            if answer[1] not in self.closed:
+                self.kept[(w, answer[1])].append(answer)
+        answer = kept.popleft()
+        if answer[0] == "error":
+            raise ConfigError(answer[2])
+        if answer[0] == "crash":
+            raise InputFault(f"decode worker {w} (pid {self.procs[w].pid}) failed:\n{answer[2]}")
+        return answer[2:]
+
+    def _next(self, w: int):
+        conn, proc = self.conns[w], self.procs[w]
+        while True:
+            ready = multiprocessing.connection.wait([conn, proc.sentinel])
+            if conn in ready:
+                try:
+                    return conn.recv()
+                except EOFError:
+                    raise self._died(w) from None
+            if proc.sentinel in ready:
+                proc.join(timeout=1)
+                raise self._died(w)
+
+    def close(self, tag) -> None:
+        """`tag` sends nothing more: its workers' copies go, and its answers still to come are dropped."""
+        self.closed.add(tag)
+        for w in range(len(self)):
+            self.kept.pop((w, tag), None)
+            try:
+                self.conns[w].send(("close", tag))
+            except OSError:
+                pass  # gone at exit
+
+    def call(self, fn, args_per_worker: list[tuple]) -> list:
+        """fn(*args) for each entry, spread over the workers in turn; the results in the entries' order."""
+        n = len(self)
+        for i, args in enumerate(args_per_worker):
+            self.send(i % n, ("call", "call", fn, args))
+        return [self.recv(i % n, "call")[0] for i in range(len(args_per_worker))]
+
+    def open(self, tag, coder) -> None:
+        """Gives every worker its copy of a loader's decoder, which maps the slots, before the first step."""
+        for w in range(len(self)):
+            self.send(w, ("open", tag, coder))
+        for w in range(len(self)):
+            self.recv(w, tag)
+
+    def _died(self, w: int) -> InputFault:
+        p = self.procs[w]
+        code = p.exitcode
+        how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited ({code})"
+        hint = " (the node's memory ran out?)" if code == -signal.SIGKILL else ""
+        return InputFault(f"decode worker {w} (pid {p.pid}) {how}{hint}: the run stops; see the node's log")
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+        for p in self.procs:
+            p.join(timeout=5)
+        for c in self.conns:
+            c.close()
+
+
+_groups: dict[int, Workers] = {}
+
+
+def workers(n: int) -> Workers:
+    """The process's `n` decode workers, started once and shared by its loaders (training and validation)."""
+    group = _groups.get(n)
+    if group is None or not all(p.is_alive() for p in group.procs):
+        group = _groups[n] = Workers(n)
+    return group
+
+
+@atexit.register
+def _end_workers() -> None:
+    # They ignore SIGTERM (the stop is the training process's), so they are killed, not asked.
+    for group in _groups.values():
+        group.kill()
+    _groups.clear()

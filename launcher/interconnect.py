@@ -82,6 +82,13 @@ STALL_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_T
 # SIGKILL, where the default left it two seconds.
 MPI_STOP_ENV = {"OMPI_MCA_odls_base_sigkill_timeout": "30", "TRAINING_STOP_ON_SIGCONT": "1"}
 
+# Open MPI binds each rank it starts: to a core with up to two processes, to a socket or NUMA node in turn with
+# more (Open MPI 4.1's rmaps defaults), whatever GPU the rank drives. On ND H100 v5 that put half of a node's ranks
+# on the other socket's CPUs, which the payload's binding to its GPU's CPUs (payloads/pytorch/affinity.py) could
+# only keep; with two CPU processes per node, one core each under OMP_NUM_THREADS of half the node. No binding
+# from mpirun: the payloads bind each rank to its share of its GPU's NUMA node.
+MPI_BIND_ENV = {"OMPI_MCA_hwloc_base_binding_policy": "none"}
+
 # Every cluster job polls Azure's Scheduled Events (payloads/common/preemption.ScheduledEvents): a Preempt event
 # comes at least 30 s before the eviction, so the stop starts before the signal. The instance metadata service's
 # address from inside an Azure ML job: reachable or not there is for the first low-priority job to show
@@ -132,7 +139,7 @@ def environment(cluster: dict, processes_per_node: int, distribution: str = "mpi
     size = vm_sizes.lookup(cluster["vm_size"])
     env = {
         "NCCL_DEBUG": "WARN",
-        **({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0", **STALL_ENV, **MPI_STOP_ENV} if mpi else GLOO_ENV),
+        **({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0", **STALL_ENV, **MPI_STOP_ENV, **MPI_BIND_ENV} if mpi else GLOO_ENV),
         GPUS_PER_NODE: str(cluster["gpus_per_node"]),
         VM_SIZE: cluster["vm_size"],
         **SCHEDULED_EVENTS_ENV,

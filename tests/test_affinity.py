@@ -75,7 +75,7 @@ class FakeNVML(types.ModuleType):
 def machine(monkeypatch):
     """A node with GPUS GPUs and 4 * NODE CPUs; returns its state: allowed (the process's affinity), set (the
     sched_setaffinity calls) and nvml (the fake module, installed)."""
-    state = SimpleNamespace(allowed=set(range(4 * NODE)), set=[], cpu_count=4 * NODE)
+    state = SimpleNamespace(allowed=set(range(4 * NODE)), set=[], cpu_count=4 * NODE, cpuset=set(range(4 * NODE)))
     state.nvml = FakeNVML({g: set(range(g // 2 * NODE, (g // 2 + 1) * NODE)) for g in range(GPUS)})
 
     def properties(device):
@@ -94,6 +94,7 @@ def machine(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(state.allowed))
     monkeypatch.setattr(os, "sched_setaffinity", setaffinity)
     monkeypatch.setattr(affinity, "threads", lambda: [])
+    monkeypatch.setattr(affinity, "container_cpus", lambda: set(state.cpuset))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv(affinity.OPT_OUT, raising=False)
     return state
@@ -114,7 +115,7 @@ def test_the_mask_is_read_across_words():
 def test_a_gpu_whose_cpus_span_two_words_gets_them_all(machine):
     """192 CPUs: NVML is asked for 3 words and CPUs 96-119 (word 1) are not lost."""
     machine.cpu_count = 192
-    machine.allowed = set(range(192))
+    machine.allowed = machine.cpuset = set(range(192))
     machine.nvml.near[0] = set(range(24)) | set(range(96, 120))
     record = affinity.bind_to_gpu(0)
     assert 3 in machine.nvml.calls  # cpuSetSize
@@ -136,7 +137,7 @@ def test_the_gpu_is_found_by_its_bus_id_not_its_index(machine, monkeypatch):
 
 def test_the_new_set_is_the_gpus_cpus_the_process_may_use(machine):
     """A cgroup or launcher allowing 0-11 and 30-40: GPU 3's CPUs are 24-47, so 30-40, never 24-47."""
-    machine.allowed = set(range(12)) | set(range(30, 41))
+    machine.allowed = machine.cpuset = set(range(12)) | set(range(30, 41))
     record = affinity.bind_to_gpu(3)
     assert own(machine) == [set(range(30, 41))]
     assert record == {"numa_cpus": 24, "cpus": "30-40", "why": "bound to GPU 00000004:00:00.0's CPUs allowed here"}
@@ -149,12 +150,38 @@ def test_a_narrower_binding_of_the_launchers_is_kept(machine):
     assert record["why"] == "already within GPU 00000004:00:00.0's CPUs (25-26)"
 
 
-def test_no_allowed_cpu_near_the_gpu_leaves_the_affinity_alone(machine):
-    machine.allowed = set(range(12))  # bound to another socket by the launcher
+def test_a_launchers_binding_off_the_gpus_node_is_replaced_but_the_container_is_never_left(machine):
+    """Open MPI with more than two processes binds them to sockets or NUMA nodes in turn: rank 3 on node 1's GPU
+    was bound to node 0's CPUs. It is moved to its GPU's node; a container whose cpuset excludes that node keeps
+    the rank where it is."""
+    machine.allowed = set(range(12))  # bound to another NUMA node by the launcher
+    record = affinity.bind_to_gpu(3)
+    assert own(machine) == [set(range(24, 48))] and record["cpus"] == "24-47"
+    assert record["why"] == "bound to GPU 00000004:00:00.0's CPUs, away from the launcher's 0-11"
+    machine.set.clear()
+    machine.allowed = machine.cpuset = set(range(12))
     record = affinity.bind_to_gpu(3)
     assert machine.set == [] and machine.allowed == set(range(12))
     assert record["cpus"] is None and record["numa_cpus"] == 24
-    assert record["why"] == "none of GPU 00000004:00:00.0's CPUs (24-47) is allowed to this process (0-11): unchanged"
+    assert record["why"] == "none of GPU 00000004:00:00.0's CPUs (24-47) is allowed to this container (0-11): unchanged"
+
+
+def test_the_ranks_of_a_node_split_their_numa_nodes_cpus_and_mpis_binding_is_undone(machine):
+    """8 ranks on 8 GPUs, two per NUMA node of 24 CPUs: each rank gets 12, disjoint, together every CPU, each on
+    its own GPU's node, whatever Open MPI's round-robin binding by NUMA node had left it on."""
+    parts = []
+    for rank in range(GPUS):
+        machine.allowed = set(range((rank % 4) * NODE, (rank % 4 + 1) * NODE))  # --bind-to numa, --map-by numa
+        record = affinity.bind_to_gpu(rank, local_size=GPUS)
+        parts.append(machine.allowed)
+        assert record["numa_cpus"] == NODE and "(1/2 of them)" in record["why"], record
+        assert machine.allowed <= set(range(rank // 2 * NODE, (rank // 2 + 1) * NODE))
+    assert [len(p) for p in parts] == [NODE // 2] * GPUS
+    assert set().union(*parts) == set(range(4 * NODE)) and sum(map(len, parts)) == 4 * NODE
+    assert parts[1] == set(range(12, 24)) and parts[2] == set(range(24, 36))
+    # One process on an 8-GPU node shares with nobody: its GPU's whole node.
+    machine.allowed = set(range(4 * NODE))
+    assert affinity.bind_to_gpu(0, local_size=1)["cpus"] == "0-23"
 
 
 def test_without_pynvml_nothing_changes(machine, monkeypatch):
@@ -209,8 +236,9 @@ def test_this_process_threads_are_listed():
 
 
 def test_setup_binds_after_choosing_the_gpu_and_caps_the_threads(machine, monkeypatch, caplog):
-    """runtime.resolve on a fake CUDA node: local rank 1 of 2 takes GPU 1, is bound to its node's 24 CPUs before
-    setup returns, and the default thread count (96 CPUs / 2 processes = 48) comes down to those 24."""
+    """runtime.resolve on a fake CUDA node: local rank 1 of 2 takes GPU 1, is bound to its half of the node's 24 CPUs
+    (GPU 0, local rank 0's, has the same node) before setup returns, and the default thread count (96 CPUs / 2
+    processes = 48) comes down to those 12."""
     from payloads.common.config import TrainConfig
 
     order = []
@@ -219,13 +247,25 @@ def test_setup_binds_after_choosing_the_gpu_and_caps_the_threads(machine, monkey
     monkeypatch.setattr(torch, "set_num_threads", lambda n: order.append(("threads", n)))
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     monkeypatch.setattr(
-        affinity, "bind_to_gpu", lambda d, bind=affinity.bind_to_gpu: order.append(("bind", d)) or bind(d)
+        affinity,
+        "bind_to_gpu",
+        lambda d, bind=affinity.bind_to_gpu, **kw: order.append(("bind", d)) or bind(d, **kw),
     )
     backend = SimpleNamespace(local_rank=lambda: 1, local_size=lambda: 2, size=lambda: 2)
     cfg = TrainConfig(amp=False, amp_dtype="fp16")
     with caplog.at_level(logging.INFO, logger="payloads.pytorch"):
         device, _, settings = runtime.resolve(cfg, backend)
     assert device == torch.device("cuda", 1) and settings.channels_last  # the GPU's default
-    assert order == [("threads", 48), ("set_device", 1), ("bind", 1), ("threads", 24)]
-    assert own(machine) == [set(range(24))]
-    assert "CPU affinity 0-23: bound to GPU 00000002:00:00.0's CPUs" in caplog.text
+    assert order == [("threads", 48), ("set_device", 1), ("bind", 1), ("threads", 12)]
+    assert own(machine) == [set(range(12, 24))]
+    assert "CPU affinity 12-23: bound to GPU 00000002:00:00.0's CPUs (1/2 of them)" in caplog.text
+
+
+def test_the_container_cpuset_is_read_from_the_cgroup(tmp_path, monkeypatch):
+    v2 = tmp_path / "cpuset.cpus.effective"
+    v2.write_text("0-2,5,7-8\n")
+    monkeypatch.setattr(affinity, "CGROUP_CPUSETS", (str(tmp_path / "absent"), str(v2)))
+    assert affinity.container_cpus() == {0, 1, 2, 5, 7, 8}
+    assert affinity.ranges(affinity.parse_ranges("0-2,5,7-8")) == "0-2,5,7-8"
+    monkeypatch.setattr(affinity, "CGROUP_CPUSETS", (str(tmp_path / "absent"),))
+    assert affinity.container_cpus() == os.sched_getaffinity(0)

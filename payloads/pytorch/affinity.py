@@ -1,12 +1,16 @@
-"""Each rank's CPUs follow its GPU: before any loader or decode worker starts, the process is bound to the CPUs
-NVML names as its GPU's (the GPU's NUMA node on a multi-socket machine), so that pinned buffers, decoding and the
-host-to-device copies stay on the GPU's socket (docs/pytorch-gpu.md#cpu-affinity).
+"""Each rank's CPUs follow its GPU: before any loader or decode worker starts, the process is bound to its share of
+the CPUs NVML names as its GPU's (the GPU's NUMA node), so that pinned buffers, decoding and the host-to-device
+copies stay on the GPU's socket (docs/pytorch-gpu.md#cpu-affinity). The GPUs of one node's ranks that share a NUMA
+node share its CPUs in equal, disjoint parts (ND H100 v5: 4 GPUs and 48 vCPUs per node, 12 each), so one rank's
+decode workers never take another's cores.
 
 NVML comes from nvidia-ml-py (import name `pynvml`), which is optional: without it, or without a GPU, or when NVML
-fails, nothing changes and the record says why. The GPU is found by its PCI bus id, not its index: CUDA's indices
-follow CUDA_VISIBLE_DEVICES, NVML's do not. The new set is the GPU's CPUs that the process may already use (the
-launcher's binding, the cgroup's or container's cpuset): it is never widened. PAYLOAD_GPU_AFFINITY=0 turns it off,
-for a binding of one's own (mpirun --bind-to/--map-by, numactl, taskset)."""
+fails, nothing changes and the record says why. GPUs are found by their PCI bus id, not an index: CUDA's indices
+follow CUDA_VISIBLE_DEVICES, NVML's do not. The new set never leaves the container's cpuset (the cgroup's
+cpuset.cpus.effective; the process's affinity where that cannot be read). A launcher's binding inside the rank's
+share is kept; one outside it is replaced: Open MPI binds more than two processes to a socket or NUMA node in turn
+(rank 1 to the second one, whatever its GPU), which left half the ranks of a node on the wrong NUMA node.
+PAYLOAD_GPU_AFFINITY=0 turns it off, for a binding of one's own (mpirun --bind-to/--map-by, numactl, taskset)."""
 
 from __future__ import annotations
 
@@ -42,20 +46,61 @@ def pci_bus_id(device: int) -> str:
     return f"{p.pci_domain_id:08X}:{p.pci_bus_id:02X}:{p.pci_device_id:02X}.0"
 
 
-def gpu_cpus(pynvml, bus_id: str) -> set[int]:
-    """The CPUs NVML names as near the GPU at `bus_id`. Raises pynvml.NVMLError when NVML fails (no driver
+def gpu_cpus(pynvml, bus_ids: list[str]) -> list[set[int]]:
+    """The CPUs NVML names as near each GPU of `bus_ids`. Raises pynvml.NVMLError when NVML fails (no driver
     library, an unknown bus id)."""
     pynvml.nvmlInit()
     try:
-        # bytes: every nvidia-ml-py takes them (the newer ones also take str)
-        handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus_id.encode())
         size = max(os.cpu_count() or 1, max(os.sched_getaffinity(0), default=0) + 1)
-        return mask_to_cpus(pynvml.nvmlDeviceGetCpuAffinity(handle, -(-size // WORD)))
+        # bytes: every nvidia-ml-py takes them (the newer ones also take str)
+        return [
+            mask_to_cpus(
+                pynvml.nvmlDeviceGetCpuAffinity(pynvml.nvmlDeviceGetHandleByPciBusId(b.encode()), -(-size // WORD))
+            )
+            for b in bus_ids
+        ]
     finally:
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError:
             pass
+
+
+CGROUP_CPUSETS = ("/sys/fs/cgroup/cpuset.cpus.effective", "/sys/fs/cgroup/cpuset/cpuset.effective_cpus")
+
+
+def parse_ranges(text: str) -> set[int]:
+    """ "0-2,5,7-8" -> {0, 1, 2, 5, 7, 8} (the kernel's cpulist form; ranges() writes it)."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def container_cpus() -> set[int]:
+    """The CPUs the container may use (cgroup v2, then v1); this process's affinity where neither reads."""
+    for path in CGROUP_CPUSETS:
+        try:
+            with open(path) as f:
+                cpus = parse_ranges(f.read())
+        except (OSError, ValueError):
+            continue
+        if cpus:
+            return cpus
+    return os.sched_getaffinity(0)
+
+
+def share(near: dict[int, set[int]], device: int) -> tuple[set[int], int]:
+    """`device`'s part of its NUMA node's CPUs among the node's ranks whose GPUs have the same CPUs (near[d] for
+    local rank d's GPU): equal contiguous parts in CPU order. Returns (the part, how many share the node)."""
+    mine = near[device]
+    peers = sorted(d for d in near if near[d] == mine)
+    if len(peers) <= 1:
+        return set(mine), 1
+    ordered, k, m = sorted(mine), peers.index(device), len(peers)
+    return set(ordered[k * len(ordered) // m : (k + 1) * len(ordered) // m]), m
 
 
 def threads() -> list[int]:
@@ -67,11 +112,12 @@ def threads() -> list[int]:
         return []
 
 
-def bind_to_gpu(device: int | None, environ=None) -> dict:
-    """Bind this process to the CPUs near CUDA device `device` that it may already use. Returns what it did:
+def bind_to_gpu(device: int | None, environ=None, local_size: int = 1) -> dict:
+    """Bind this process to its share of the CPUs near CUDA device `device` (the GPUs of local ranks 0 to
+    local_size - 1 that have the same CPUs share them), within the container's cpuset. Returns what it did:
     numa_cpus (how many CPUs NVML names for the GPU; None when not asked), cpus (the set now in force, as ranges;
-    None when the affinity was left alone) and why. Never raises for NVML or the OS: a failure is a warning and
-    the affinity stays as it was."""
+    None when the affinity was left alone) and why. Never raises for NVML or the OS: a failure is a warning and the
+    affinity stays as it was."""
     record = {"numa_cpus": None, "cpus": None, "why": ""}
     env = os.environ if environ is None else environ
     if env.get(OPT_OUT, "").strip() == "0":
@@ -84,35 +130,35 @@ def bind_to_gpu(device: int | None, environ=None) -> dict:
         record["why"] = "this OS has no sched_setaffinity"
         return record
     try:
-        bus_id = pci_bus_id(device)
+        local = sorted(set(range(local_size)) | {device})  # the GPUs of this node's ranks
+        buses = {d: pci_bus_id(d) for d in local}
     except (AttributeError, RuntimeError) as e:  # a torch older than 2.4 has no PCI numbers
         record["why"] = f"no PCI bus id for CUDA device {device}: {e}"
         return record
+    bus_id = buses[device]
     try:
         import pynvml  # optional (nvidia-ml-py): imported here so that the payloads run without it
     except ImportError:
         record["why"] = "pynvml not installed (pip install nvidia-ml-py)"
         return record
     try:
-        near = gpu_cpus(pynvml, bus_id)
+        near = dict(zip(local, gpu_cpus(pynvml, [buses[d] for d in local])))
     except pynvml.NVMLError as e:  # and its subclasses (NVMLError_LibraryNotFound, ...): never stops training
         record["why"] = f"NVML failed for GPU {bus_id}: {type(e).__name__}: {e}"
         log.warning("CPU affinity left unchanged: %s", record["why"])
         return record
-    record["numa_cpus"] = len(near)
-    allowed = os.sched_getaffinity(0)
-    cpus = near & allowed  # never wider than what the launcher, cgroup or container allowed
-    if not near:
+    record["numa_cpus"] = len(near[device])
+    part, sharing = share(near, device)
+    allowed, current = container_cpus(), os.sched_getaffinity(0)
+    cpus = part & allowed  # never wider than what the cgroup or container allowed
+    whose = f"GPU {bus_id}'s CPUs" + (f" (1/{sharing} of them)" if sharing > 1 else "")
+    if not near[device]:
         record["why"] = f"NVML names no CPUs for GPU {bus_id}"
     elif not cpus:
+        record["why"] = f"none of {whose} ({ranges(part)}) is allowed to this container ({ranges(allowed)}): unchanged"
+    elif current <= cpus:
         record["why"] = (
-            f"none of GPU {bus_id}'s CPUs ({ranges(near)}) is allowed to this process ({ranges(allowed)}): unchanged"
-        )
-    elif cpus == allowed:
-        record["why"] = (
-            f"already within GPU {bus_id}'s CPUs ({ranges(allowed)})"
-            if allowed < near
-            else f"already GPU {bus_id}'s CPUs ({ranges(allowed)})"
+            f"already within {whose} ({ranges(current)})" if current < cpus else f"already {whose} ({ranges(current)})"
         )
     else:
         try:
@@ -127,5 +173,6 @@ def bind_to_gpu(device: int | None, environ=None) -> dict:
             except OSError:  # a thread that ended meanwhile
                 pass
         record["cpus"] = ranges(cpus)
-        record["why"] = f"bound to GPU {bus_id}'s CPUs" + (" allowed here" if cpus < near else "")
+        moved = "" if current & part else f", away from the launcher's {ranges(current)}"
+        record["why"] = f"bound to {whose}" + (" allowed here" if cpus < part else "") + moved
     return record

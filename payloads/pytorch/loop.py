@@ -186,6 +186,7 @@ def prepare(task: Task, cfg: config.TrainConfig, backend, device, prec, settings
     trained, optimizer = backend.wrap(model, optimizer, cfg, device)
     scaler = prec.grad_scaler(cfg.loss_scale_init)
     run.start = checkpoints.restore(cfg, backend, model, optimizer, scaler, run.steps)
+    runtime.scaler_in_kernel(optimizer, scaler)
     # Compiled after the weights are final: the compiled module shares them, and checkpoints keep the plain names.
     run.model, run.trained = model, torch.compile(trained) if cfg.compile else trained
     run.optimizer, run.scaler = optimizer, scaler

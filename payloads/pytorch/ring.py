@@ -216,7 +216,8 @@ class Workers:
             if conn in ready:
                 try:
                     return conn.recv()
-                except EOFError:
+                except (EOFError, ConnectionResetError):
+                    proc.join(timeout=1)
                     raise self._died(w) from None
             if proc.sentinel in ready:
                 proc.join(timeout=1)
@@ -270,6 +271,8 @@ def workers(n: int) -> Workers:
     """The process's `n` decode workers, started once and shared by its loaders (training and validation)."""
     group = _groups.get(n)
     if group is None or not all(p.is_alive() for p in group.procs):
+        if group is not None:
+            group.kill()  # the rest of a set one of which died: they ignore SIGTERM, so they go now
         group = _groups[n] = Workers(n)
     return group
 

@@ -104,7 +104,7 @@ def _device(cfg: config.TrainConfig, backend) -> torch.device:
         return torch.device("cpu")
     torch.cuda.set_device(backend.local_rank())
     # Before any loader or decode worker exists, so that they start on the GPU's CPUs (affinity.py).
-    bound = affinity.bind_to_gpu(backend.local_rank())
+    bound = affinity.bind_to_gpu(backend.local_rank(), local_size=backend.local_size())
     log.info("CPU affinity %s: %s", bound["cpus"] or "unchanged", bound["why"])
     if bound["cpus"] and threads > len(os.sched_getaffinity(0)):
         # --threads or the node's CPUs per process may be more: no more intra-op threads than CPUs allowed.
@@ -118,18 +118,31 @@ def optimizer(cfg: config.TrainConfig, model: torch.nn.Module, lr: float, device
     kwargs = dict(lr=lr, momentum=cfg.momentum)
     groups = parameter_groups(model, cfg.weight_decay)
     try:
-        opt = torch.optim.SGD(groups, fused=True, **kwargs)
-        # GradScaler hands a fused optimizer its found-inf flag and always calls its step, which then skips the
-        # update in the kernel; but fused SGD's first step creates the momentum buffers with empty_like before
-        # that kernel (torch/optim/sgd.py, _fused_sgd), so an overflowing first step (fp16's usual start) leaves
-        # them uninitialised: NaN weights, different on every rank (seen under DDP here). Without the flag,
-        # GradScaler skips step() on overflow, as it does for every other optimizer (and for Horovod's, whose
-        # wrapper never had the flag).
-        opt._step_supports_amp_scaling = False
-        return opt
+        return torch.optim.SGD(groups, fused=True, **kwargs)
     except (RuntimeError, ValueError, TypeError) as e:  # a device or dtype without a fused kernel
         log.info("fused SGD unavailable on %s (%s): using the foreach implementation", device, e)
         return torch.optim.SGD(groups, foreach=True, **kwargs)
+
+
+def scaler_in_kernel(optimizer, scaler) -> None:
+    """fp16's loss scaler without a host sync per step: GradScaler hands a fused optimizer its found-inf flag and
+    the kernel skips the update on overflow, where for any other optimizer it reads the flag on the host (.item(),
+    which drains the GPU every step). Fused SGD's first step would make its momentum buffers with empty_like before
+    that kernel (torch/optim/sgd.py, _fused_sgd), so an overflowing first step (fp16's usual start) would leave
+    them uninitialised (NaN weights, different on every rank: seen under DDP); they are made here as zeros, in each
+    parameter's layout, after any checkpoint is restored. A zero buffer gives the same first update as none (with
+    no dampening, 0 * momentum + grad is grad, bit for bit)."""
+    if scaler is None or not all(g.get("fused") for g in optimizer.param_groups):
+        optimizer._step_supports_amp_scaling = False  # GradScaler skips step() on overflow, as for any optimizer
+        return
+    for group in optimizer.param_groups:
+        if group["momentum"] == 0:
+            continue
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    optimizer._step_supports_amp_scaling = True
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:

@@ -195,7 +195,7 @@ class Decoder:
         path = self.index.paths[i]
         f = files.get(i)
         if f is None:
-            f = files[i] = shardset._open_shard(path)
+            f = files[i] = shardset.open_shard(path)
             st = shardset.os.fstat(f.fileno())
             if (st.st_size, st.st_mtime_ns) != self.index.stamps[i]:
                 raise ConfigError(

@@ -94,7 +94,7 @@ def plan(counts: Sequence[int], rank: int, size: int, batch: int) -> RankPlan:
 IMAGE_SUFFIXES = ("jpg", "png", "jpeg")  # read_shard's preference order
 
 
-def _open_shard(path) -> object:
+def open_shard(path) -> object:
     try:
         return open(path, "rb")
     except OSError as e:
@@ -120,7 +120,7 @@ def index_shard(path: str, dims: bool = False) -> list[tuple]:
     from webdataset.tariterators import base_plus_ext
 
     out: list[tuple[str, int, int, int]] = []
-    with _open_shard(path) as f:
+    with open_shard(path) as f:
         end = os.fstat(f.fileno()).st_size
         key, members = None, {}
 
@@ -193,7 +193,7 @@ def read_shard(path: pathlib.Path) -> Iterator[Sample]:
     """Samples of one tar shard, streamed (works on a blobfuse mount: sequential reads only)."""
     from webdataset.tariterators import group_by_keys, tar_file_expander
 
-    with _open_shard(path) as f:
+    with open_shard(path) as f:
         try:
             for s in group_by_keys(tar_file_expander([{"url": str(path), "stream": f}])):
                 data = s.get("jpg") or s.get("png") or s.get("jpeg")

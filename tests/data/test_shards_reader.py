@@ -166,7 +166,7 @@ def test_a_cache_left_by_a_killed_run_is_removed_and_a_live_ones_kept(tmp_path):
     other = tmp_path / f"decoded-otherhost-{dead.pid}-rank0-z.u8"  # another node's, on a shared folder
     for f in (stale, live, other):
         f.write_bytes(b"x")
-    shards.remove_stale(tmp_path)
+    decodedcache.remove_stale(tmp_path)
     assert not stale.exists() and live.exists() and other.exists()
 
 

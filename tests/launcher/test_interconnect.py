@@ -439,3 +439,31 @@ def test_a_stop_through_mpirun_leaves_the_mid_epoch_checkpoint_with_the_jobs_set
     default = {k: v for k, v in env.items() if k not in interconnect.MPI_STOP_ENV}
     proc, kept = _stopped_under_mpirun(tmp_path / "default", default)
     assert "stopped by" not in proc.stdout + proc.stderr and kept == [], proc.stdout[-2000:]
+
+
+AFFINITY = "import os; print('cpus', len(os.sched_getaffinity(0)), flush=True)"
+
+
+@pytest.mark.launches
+def test_mpi_jobs_leave_the_ranks_unbound_for_the_payload_to_bind():
+    """Open MPI binds two processes to a core each (more to sockets or NUMA nodes in turn), whatever their GPU;
+    the jobs' MPI_BIND_ENV turns that off (a real mpirun, no --bind-to given, as Azure ML starts it), and the
+    payload binds each rank to its GPU's CPUs (tests/test_affinity.py)."""
+    cpus = len(os.sched_getaffinity(0))
+    if cpus < 2:
+        pytest.skip("one CPU: a binding to a core cannot be told from none")
+    env = interconnect.environment(cluster("Standard_ND96isr_H100_v5"), 8)
+    assert {k: env[k] for k in interconnect.MPI_BIND_ENV} == {"OMPI_MCA_hwloc_base_binding_policy": "none"}
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    seen = {}
+    for name, extra in (("default", {}), ("job", interconnect.MPI_BIND_ENV)):
+        proc = subprocess.run(
+            ["mpirun", *root, "-np", "2", sys.executable, "-c", AFFINITY],
+            env={**os.environ, **extra},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        seen[name] = sorted(int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("cpus"))
+    assert seen == {"default": [1, 1], "job": [cpus, cpus]}, seen

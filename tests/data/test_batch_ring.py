@@ -1,0 +1,119 @@
+"""The shard loader's decode workers and shared batch slots (payloads/pytorch/ring.py): what the training process
+does per step, what it gets when a worker dies or /dev/shm is full, prefetch across epochs, two loaders on one
+set of workers."""
+
+import errno
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+from conftest import write_tree
+
+from datatools import prepare
+from payloads.common.errors import ConfigError, InputFault
+from payloads.pytorch import ring, shards, shardset
+
+
+@pytest.fixture(scope="module")
+def train(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ring")
+    write_tree(root / "img", classes=[f"c{i}" for i in range(6)], per_class=4)
+    prepare.run(root / "img", root / "out", shards=4, formats=["webdataset"], progress=False)
+    return shards.open_set(root / "out" / "webdataset")[0]
+
+
+def _loader(train, workers=2, shuffle=True, **kw):
+    return shards.ShardLoader(
+        train, 0, 1, 4, seed=5, transform=shards.Transform(8, train=shuffle), shuffle=shuffle, workers=workers, **kw
+    )
+
+
+def _epoch(loader, epoch, skip=0):
+    loader.set_epoch(epoch, skip)
+    return [(x.clone(), y.clone()) for x, y, _ in loader]
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
+
+
+def test_the_next_epoch_is_decoding_before_it_is_asked_for_and_a_wrong_guess_costs_nothing_but_time(train):
+    """After an epoch's last batch the loader has already sent the next epoch's first steps to the workers (they
+    decode during validation and the checkpoint); what it then hands out equals a fresh loader's, and a resume
+    that asks for another epoch or step drops the guess and gets the right batches."""
+    loader, fresh = _loader(train), _loader(train, workers=0)
+    first = _epoch(loader, 0)
+    assert [(e, s) for e, s, *_ in loader.sent] == [(1, s) for s in range(min(len(loader), loader.slot_count))]
+    assert _same(_epoch(loader, 1), _epoch(fresh, 1))
+    assert _same(_epoch(loader, 3, skip=2), _epoch(fresh, 3, skip=2))  # not epoch 2: the guess is dropped
+    assert _same(_epoch(loader, 0), first) and len(first) == len(loader) == 6
+    # The batch handed out is a view of its slot: the training process copied no pixels.
+    loader.set_epoch(0)
+    x, _, _ = next(iter(loader))
+    slots = {v["images"].__array_interface__["data"][0] for v in loader.views}
+    assert x.data_ptr() in slots
+
+
+def test_a_training_and_a_validation_loader_share_the_workers_with_their_answers_kept_apart(train):
+    """Both loaders keep steps in flight on the same workers; batches taken in turns are each loader's own."""
+    a, b = _loader(train), _loader(train, shuffle=False)
+    want_a, want_b = _epoch(_loader(train, workers=0), 0), _epoch(_loader(train, workers=0, shuffle=False), 0)
+    assert a.group is None or a.group is b.group
+    got_a, got_b = [], []
+    for (xa, ya, _), (xb, yb, _) in zip(a, b):
+        got_a.append((xa.clone(), ya.clone()))
+        got_b.append((xb.clone(), yb.clone()))
+    assert a.group is b.group is ring.workers(2)
+    assert _same(got_a, want_a) and _same(got_b, want_b)
+
+
+def test_a_worker_that_dies_ends_the_run_with_one_line_naming_it(train):
+    loader = _loader(train, workers=3)
+    it = iter(loader)
+    next(it)
+    victim = loader.group.pids[1]
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(InputFault) as e:
+        for _ in it:
+            pass
+    text = str(e.value)
+    assert f"decode worker 1 (pid {victim}) was killed by SIGKILL" in text and "\n" not in text
+    assert ring.workers(3).pids[1] != victim  # the next loader of this process gets a new set
+
+
+def test_a_full_dev_shm_is_refused_at_start_with_the_figure_and_the_fix(train, monkeypatch):
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ring.os, "posix_fallocate", full)
+    with pytest.raises(ConfigError) as e:
+        next(iter(_loader(train)))
+    text = str(e.value)
+    assert "shared batch slots need" in text and "MiB free" in text and "shm_size" in text
+    assert not [f for f in os.listdir(ring.shm_folder()) if f.startswith(f"batches-{os.getpid()}-")]
+
+
+def test_the_order_is_the_shard_stream_through_the_shuffle_buffer(train):
+    """The workers derive each step from (seed, epoch, rank, step) (shardset.epoch_order); against the stream the
+    order is defined on, read with read_shard: the plan's files in the epoch's order, then the buffer."""
+    for rank, size in ((0, 1), (1, 3)):  # whole files, and every size-th record (4 files, 3 ranks)
+        rank_plan = shards.plan(train.counts, rank, size, 2)
+        stream = [s for f in train.files for s in shardset.read_shard(f)]
+        starts = np.concatenate([[0], np.cumsum(train.counts)])
+        for epoch in (0, 1):
+            files = list(rank_plan.files)
+            if not rank_plan.stride:
+                files = [files[i] for i in np.random.default_rng([9, epoch, rank]).permutation(len(files))]
+            mine = [
+                stream[i]
+                for f in files
+                for i in range(starts[f], starts[f + 1])
+                if not rank_plan.stride or i % size == rank
+            ]
+            want = [s.key for s in shardset.shuffled(iter(mine), 3, np.random.default_rng([9, epoch, rank, 1]))]
+            loader = shards.ShardLoader(train, rank, size, 2, 9, shards.Transform(8, True), shuffle_buffer=3, workers=0)
+            index = loader._index()
+            got = shardset.epoch_order(index, rank_plan, 9, epoch, rank, True, 3)
+            assert [index.keys[p] for p in got] == want

@@ -3,8 +3,9 @@
 Each image's place in the file is known before epoch 1 from its header (shardset.index_shard with dims): the file
 starts with one status byte per sample (0 not kept, 1 kept, 2 undecodable), then the decoded images in key order.
 Its full size is reserved when it is made (posix_fallocate), so the size check before epoch 1 is exact and a
-full folder is met then, never as a bus error in a mapping; every worker maps it and writes the images it decodes
-in the first whole epoch; later epochs read them back and shuffle the whole cache. Named for host, process and
+full folder is met then, never as a bus error in a mapping. Every worker writes the images it decodes in the first
+whole epoch to their places (pwrite) and maps the file; later epochs shuffle the whole cache and read the images
+from the mapping. Named for host, process and
 rank, removed when its loader goes; a killed run's file is removed by the next run on that host.
 """
 
@@ -72,6 +73,8 @@ class Mapped:
 
     def __init__(self, path: str, layout: Layout):
         self.map = np.memmap(path, np.uint8, mode="r+")
+        self.fd = os.open(path, os.O_RDWR)
+        weakref.finalize(self, os.close, self.fd)
         self.layout = layout
         self.status = self.map[: len(layout.by_key)]
 
@@ -84,7 +87,8 @@ class Mapped:
         """Writes a decoded image to its place; one whose shape differs from its header's stays out (decoded from
         its shard in every epoch)."""
         if image.shape == (*self.layout.dims[p], 3) and image.dtype == np.uint8:
-            self.image(p)[...] = image
+            # pwrite, not a store through the mapping: no page fault per page of a file not yet in memory
+            os.pwrite(self.fd, np.ascontiguousarray(image).data, int(self.layout.offsets[p]))
             self.status[p] = KEPT
 
 

@@ -18,8 +18,9 @@ Needs Python 3.11 or 3.12 with torch and torchvision, and benchmarks/requirement
 3. The input pipeline alone: images/sec of the shard reader per decoder, from JPEG shards pre-resized to 256 px
    (shorter side) as the shards job's are (datatools.prepare --resize 256), with `--workers` decode processes
    (12 = the vCPUs per GPU of ND H100 v5), after each epoch's first batch, and the seconds to that first batch.
-4. Real data: the payload on those shards with `--workers`, its ratio to (2) and each epoch's images/sec; then
-   again with --cache-decoded, as the shards job runs.
+4. Real data: the payload on those shards with `--workers`, its ratio to (2), each epoch's images/sec and its
+   step-only rate (images over the epoch's time outside input waits); then with --cache-decoded, as the shards
+   job runs (epoch 1 fills the cache, later epochs read it), and with --gpu-decode (nvJPEG).
 The payload runs in one process: under `horovodrun -np 1 --gloo` where Horovod is installed, else as a plain
 `python -m payloads.pytorch.train`, which trains alone (backends.Single); the checkout goes first on its
 PYTHONPATH (extended, never replaced).
@@ -160,6 +161,23 @@ def payload_args(sizes: Sizes, device: str, data: list[str], epochs: int = 1) ->
     return args + data
 
 
+def real_cases(quick: bool, work: str) -> list[tuple[str, list[str]]]:
+    """The real-data rows: decoding every epoch; as the shards job runs (--cache-decoded: epoch 1 decodes and keeps,
+    later epochs crop the kept images from a file in `work`); JPEGs decoded on the GPU (--gpu-decode)."""
+    cases = [("", [])]
+    if not quick:
+        cases += [(", --cache-decoded", ["--cache-decoded", "--cache-dir", work]), (", --gpu-decode", ["--gpu-decode"])]
+    return cases
+
+
+def step_only(run: dict) -> list[float]:
+    """Each epoch's images/sec over its time outside input waits: what the steps alone would deliver."""
+    return [
+        round(rate * seconds / max(seconds - waits, 1e-9), 1)
+        for rate, seconds, waits in zip(run["epoch_images_per_sec"], run["epoch_seconds"], run["epoch_input_seconds"])
+    ]
+
+
 def plan(sizes: Sizes, device: str, workers: int, compiled: bool | None, quick: bool) -> dict:
     """What the benchmark will run: the ceiling cases and the payload rows' commands (with placeholders for the
     folders it makes), and the payload's PYTHONPATH."""
@@ -176,7 +194,7 @@ def plan(sizes: Sizes, device: str, workers: int, compiled: bool | None, quick: 
         "payload": {
             "synthetic": payload_command(synthetic, "OUT"),
             **({} if quick else {f"synthetic {other_dtype(device)}": payload_command(other, "OUT")}),
-            "real": payload_command(real, "OUT"),
+            **{f"real{label}": payload_command(real + extra, "OUT") for label, extra in real_cases(quick, "WORK")},
         },
         "shards": f"datatools.prepare --resize {sizes.shard_side}, {sizes.images} generated photos",
         "pythonpath": payload_env()["PYTHONPATH"],
@@ -452,28 +470,26 @@ def main(argv=None) -> int:
                 since,
             )
         shard_args = ["--data", "shards", "--data-dir", str(shard_dir), "--workers", str(args.workers)]
-        # Decoding every epoch, then as the shards job runs (--cache-decoded: epoch 1 decodes, later epochs crop the
-        # decoded images from a file in --cache-dir, here the machine's temporary folder).
-        for cached in (False, True) if not args.quick else (False,):
+        for label, extra in real_cases(args.quick, work):
             since = time.perf_counter()
-            extra = ["--cache-decoded", "--cache-dir", work] if cached else []
             real = payload(payload_args(sizes, device, shard_args + extra, sizes.real_epochs))
             ratio = real["total_images_per_sec"] / synthetic["total_images_per_sec"]
             epochs = ", ".join(f"{r:.0f}" for r in real["epoch_images_per_sec"])
             waits = ", ".join(f"{w:.2f}" for w in real["epoch_input_seconds"])
             add(
                 {
-                    "what": f"payload real data ({sizes.shard_side} px shards, {args.workers} workers"
-                    + (", --cache-decoded)" if cached else ")"),
+                    "what": f"payload real data ({sizes.shard_side} px shards, {args.workers} workers{label})",
                     "images_per_sec": real["total_images_per_sec"],
                     "kind": "real",
-                    "cache_decoded": cached,
+                    "cache_decoded": "--cache-decoded" in extra,
+                    "gpu_decode": "--gpu-decode" in extra,
                     "note": f"{ratio:.0%} of synthetic; epochs {epochs}; waits for input {waits} s",
                     "ratio_to_synthetic": ratio,
                     "epoch_images_per_sec": real["epoch_images_per_sec"],
                     # Where an epoch's time went beyond the steps: input waits against the epoch's seconds.
                     "epoch_seconds": real["epoch_seconds"],
                     "epoch_input_seconds": real["epoch_input_seconds"],
+                    "step_only_images_per_sec": step_only(real),
                 },
                 since,
             )

@@ -20,7 +20,8 @@ Needs Python 3.11 or 3.12 with torch and torchvision, and benchmarks/requirement
    (12 = the vCPUs per GPU of ND H100 v5), after each epoch's first batch, and the seconds to that first batch.
 4. Real data: the payload on those shards with `--workers`, its ratio to (2), each epoch's images/sec and its
    step-only rate (images over the epoch's time outside input waits); then with --cache-decoded, as the shards
-   job runs (epoch 1 fills the cache, later epochs read it), and with --gpu-decode (nvJPEG).
+   job runs (epoch 1 fills the cache, later epochs read it), with --gpu-decode (nvJPEG), and with --loader dali
+   where DALI is installed (requirements-gpu-box.txt carries it).
 The payload runs in one process: under `horovodrun -np 1 --gloo` where Horovod is installed, else as a plain
 `python -m payloads.pytorch.train`, which trains alone (backends.Single); the checkout goes first on its
 PYTHONPATH (extended, never replaced).
@@ -167,6 +168,8 @@ def real_cases(quick: bool, work: str) -> list[tuple[str, list[str]]]:
     cases = [("", [])]
     if not quick:
         cases += [(", --cache-decoded", ["--cache-decoded", "--cache-dir", work]), (", --gpu-decode", ["--gpu-decode"])]
+        if importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali"):
+            cases.append((", --loader dali", ["--loader", "dali"]))  # decoding on the GPU (mixed), in C++ threads
     return cases
 
 

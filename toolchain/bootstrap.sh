@@ -25,7 +25,7 @@ else
 fi
 
 STAMP="$VENV/.bootstrap-stamp"
-WANT=$(cat "$ROOT/requirements.txt" "$ROOT/payloads/requirements.txt" "$ROOT/payloads/requirements-tensorflow.txt" "$ROOT/constraints.txt" "$ROOT/infra/requirements.txt" "$ROOT/policy/requirements.txt" "$ROOT/launcher/requirements.txt" "$ROOT/benchmarks/requirements.txt" "$ROOT/toolchain/build_horovod.sh" "$ROOT/toolchain/patch_horovod.py" \
+WANT=$(cat "$ROOT/requirements.txt" "$ROOT/payloads/requirements.txt" "$ROOT/payloads/gpu-requirements.txt" "$ROOT/payloads/requirements-tensorflow.txt" "$ROOT/constraints.txt" "$ROOT/infra/requirements.txt" "$ROOT/policy/requirements.txt" "$ROOT/launcher/requirements.txt" "$ROOT/benchmarks/requirements.txt" "$ROOT/toolchain/build_horovod.sh" "$ROOT/toolchain/patch_horovod.py" \
             "$ROOT/toolchain/bootstrap.sh" "$ROOT/infra/pyproject.toml" | sha256sum | cut -d' ' -f1)
 
 # `trainingplatform` is installed editable (infra/pyproject.toml): from this checkout, not from another clone

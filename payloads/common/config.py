@@ -29,6 +29,9 @@ DEVICE_DEPENDENT: dict[str, tuple[tuple[str, ...], ...]] = {
     "gpu_decode": (("--gpu-decode",), ()),  # off by default; without a GPU it runs its CPU fallback
 }
 
+# The PyTorch shard loaders (payloads/pytorch/shards.py, dali.py).
+LOADERS = ("workers", "dali")
+
 # PyTorch's collective layers (payloads/pytorch/backends.py); Horovod is the default.
 BACKENDS = ("horovod", "ddp")
 
@@ -78,6 +81,7 @@ class TrainConfig:
     shuffle_buffer: int = 5000  # shards: samples held for shuffling per process
     decoder: str = "auto"  # PyTorch: the CPU JPEG decoder (payloads/pytorch/decoders.py)
     gpu_decode: bool = False  # PyTorch shards: decode JPEGs on the GPU (nvJPEG through torchvision)
+    loader: str = "workers"  # PyTorch shards: the decode worker processes, or NVIDIA DALI's pipeline
     cache_decoded: bool = False  # shards: keep the decoded images after epoch 1 (a memory-mapped file)
     cache_dir: pathlib.Path | None = None  # where that file lives; None = the temporary folder (TMPDIR, /tmp)
     progress: bool = True
@@ -586,6 +590,13 @@ def _pytorch_classification(g, c: Declared) -> None:
         default=d.gpu_decode,
         help="--data shards: decode JPEGs on the GPU (nvJPEG through torchvision); without a GPU, "
         "torchvision's CPU decoder runs the same path",
+    )
+    g.add_argument(
+        "--loader",
+        choices=LOADERS,
+        default=d.loader,
+        help="--data shards: decode in worker processes into shared batch slots (workers), or with NVIDIA DALI's "
+        "pipeline (dali: C++ threads, JPEGs decoded on the GPU where there is one; pip install nvidia-dali-cuda130)",
     )
     g.add_argument(
         "--shuffle-buffer",

@@ -10,7 +10,8 @@ undecodable images dropped from the step (--skip-corrupt-images).
 - synthetic: a pool of uint8 images made once on the device (data.SyntheticImages), indexed per step
   there: no host work and no host-to-device copy per step, the GPU's ceiling (as Horovod's benchmark).
 - imagefolder: a DataLoader with worker processes (forkserver) yielding uint8 batches;
-- shards: shards.ShardLoader, decoding in worker processes (one intra-op thread each) into shared slots.
+- shards: shards.ShardLoader, decoding in worker processes (one intra-op thread each) into shared slots; or with
+  --loader dali, NVIDIA DALI's pipeline (dali.py), which hands over device batches itself.
 Real data goes through `Prefetched`: pinned uint8 host batches copied on a side CUDA stream while the
 previous step runs, normalised there, handed over with record_stream (NVIDIA DeepLearningExamples'
 PrefetchedWrapper); on a CPU the same steps run without streams.
@@ -239,6 +240,14 @@ def build(
             f"--gpu-decode applies to --data shards (JPEGs decoded by nvJPEG on the GPU); with "
             f"--data {cfg.data} drop --gpu-decode"
         )
+    if getattr(cfg, "loader", "workers") == "dali":
+        from . import dali
+
+        dali.check(cfg)
+        train_split, val_split, num_classes = shards.datasets(cfg.data_dir)
+        train = dali.Batches(train_split, cfg, rank, size, batch, True, device, channels_last)
+        val = dali.Batches(val_split, cfg, rank, size, batch, False, device, channels_last) if val_split else None
+        return Inputs(train, val, num_classes)
     if cfg.data == "synthetic":
         images = data.SyntheticImages(cfg.synthetic_samples, cfg.num_classes, cfg.image_size, cfg.seed, device=device)
         return Inputs(

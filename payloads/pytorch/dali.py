@@ -1,0 +1,166 @@
+"""--loader dali: the shard set through NVIDIA DALI (NVIDIA DeepLearningExamples' loader for ResNet-50).
+
+DALI reads the same WebDataset shards (its webdataset reader, one shard of the samples per rank), decodes in C++
+threads inside the training process (no GIL, no worker processes; `--workers` is its thread count) and, on a GPU,
+decodes JPEGs with the `mixed` backend (Huffman on the CPU, the rest on the GPU; the hardware decoder of A100/H100
+where DALI uses it); the crop, flip and normalisation (ImageNet's mean and std) run in the pipeline too, on the
+device, and the batches arrive as float Nx3xHxW there (channels_last when asked). Without a GPU the same pipeline
+runs on the CPU (the tests run it so).
+
+What differs from the worker processes (shards.py), on purpose or as DALI does it:
+- The crops are DALI's (its random resized crop and resize), not Pillow's: the same distribution, other pixels.
+- Equal steps on every rank: DALI gives each rank a contiguous part of the samples (sizes differing by at most
+  one) and every rank runs ceil(largest part / batch) steps, the last batches filled with repeated samples.
+- Each epoch builds its pipeline seeded by (seed, epoch), so an epoch is the same whatever happened before it; a
+  mid-epoch resume runs the epoch's first `skip` steps through the pipeline and drops them (their decoding is
+  spent again, the remaining steps are the straight run's). The next epoch's pipeline is built when it starts:
+  no prefetch across epochs.
+- No --cache-decoded, --gpu-decode or --skip-corrupt-images (an undecodable image stops the run, naming DALI's
+  error); refused before training.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from ..common.errors import ConfigError
+from . import data
+
+log = logging.getLogger(__name__)
+
+LABEL_BYTES = 12  # a .cls member's ASCII digits, padded: up to 12 digits of class index
+INSTALL = "pip install nvidia-dali-cuda130 (the GPU image has it)"
+
+
+def check(cfg) -> None:
+    """What --loader dali cannot do, refused before anything is read."""
+    if cfg.data != "shards":
+        raise ConfigError("--loader dali reads WebDataset shards: use --data shards, or drop --loader dali")
+    for flag, on in (
+        ("--cache-decoded", cfg.cache_decoded),
+        ("--gpu-decode", cfg.gpu_decode),
+        ("--skip-corrupt-images", cfg.skip_corrupt_images),
+    ):
+        if on:
+            raise ConfigError(f"{flag} is an option of --loader workers; DALI has its own path: drop {flag}")
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"--loader dali needs NVIDIA DALI, which is not installed: {INSTALL}") from None
+
+
+def labels_of(padded: torch.Tensor) -> torch.Tensor:
+    """int64 labels from the .cls members' ASCII digits (one row per sample, padded with zero bytes)."""
+    x = padded.to(torch.int64)
+    digit = (x >= 48) & (x <= 57)
+    value = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+    for j in range(x.shape[1]):
+        value = torch.where(digit[:, j], value * 10 + (x[:, j] - 48), value)
+    return value
+
+
+def _pipeline(files, rank, size, batch, threads, device_id, seed, train, shuffle, buffer, side):
+    from nvidia.dali import fn, pipeline_def, types
+
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=device_id, seed=seed, prefetch_queue_depth=2)
+    def pipe():
+        jpegs, cls = fn.readers.webdataset(
+            paths=files,
+            ext=["jpg;png;jpeg", "cls"],
+            missing_component_behavior="error",
+            random_shuffle=shuffle,
+            initial_fill=max(buffer, 1),
+            shard_id=rank,
+            num_shards=size,
+            pad_last_batch=True,
+            name="Reader",
+        )
+        images = fn.decoders.image(jpegs, device="mixed" if device_id is not None else "cpu", output_type=types.RGB)
+        if train:
+            images = fn.random_resized_crop(
+                images, size=[side, side], random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3], antialias=True
+            )
+            mirror = fn.random.coin_flip(probability=0.5)
+        else:
+            images = fn.resize(images, resize_shorter=int(side * 256 / 224), antialias=True)
+            mirror = 0
+        images = fn.crop_mirror_normalize(
+            images,
+            dtype=types.FLOAT,
+            output_layout="HWC",
+            crop=[side, side],
+            mean=[m * 255 for m in data.MEAN],
+            std=[s * 255 for s in data.STD],
+            mirror=mirror,
+        )
+        return images, fn.pad(cls, fill_value=0, shape=[LABEL_BYTES])
+
+    return pipe()
+
+
+class Batches:
+    """This rank's steps of one split through DALI: (float Nx3xHxW on the device, int64 labels there, 0)."""
+
+    def __init__(self, split, cfg, rank: int, size: int, batch: int, shuffle: bool, device, channels_last: bool):
+        self.files, self.rank, self.size, self.batch = [str(f) for f in split.files], rank, size, batch
+        self.shuffle, self.device, self.channels_last = shuffle, device, channels_last
+        self.seed, self.buffer, self.side, self.threads = (
+            cfg.seed,
+            cfg.shuffle_buffer,
+            cfg.image_size,
+            max(1, cfg.workers),
+        )
+        largest = math.ceil(len(split) / size)  # DALI's parts differ by at most one sample
+        if largest < 1:
+            raise ConfigError(f"{len(split)} samples cannot be split over {size} processes: prepare more samples")
+        steps = math.ceil(largest / batch)
+        max_steps = cfg.max_steps_per_epoch if shuffle else 0
+        self.steps = min(steps, max_steps) if max_steps else steps
+        self.epoch = self.skip = 0
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.epoch, self.skip = epoch, skip
+
+    def __iter__(self):
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+        seed = (self.seed * 1_000_003 + self.epoch) % 2**31  # the epoch's own, whatever ran before it
+        device_id = self.device.index if self.device.type == "cuda" else None
+        pipe = _pipeline(
+            self.files,
+            self.rank,
+            self.size,
+            self.batch,
+            self.threads,
+            device_id,
+            seed,
+            self.shuffle,  # training: random crops and flips; validation: the centre crop
+            self.shuffle,
+            self.buffer,
+            self.side,
+        )
+        try:
+            pipe.build()
+        except RuntimeError as e:
+            raise ConfigError(f"DALI could not read the shards in {self.files[0]}...: {e}") from None
+        batches = DALIGenericIterator(
+            [pipe], ["images", "labels"], reader_name="Reader", last_batch_policy=LastBatchPolicy.FILL
+        )
+        try:
+            for step, out in enumerate(batches):
+                if step >= self.steps:
+                    break
+                if step < self.skip:
+                    continue
+                images = out[0]["images"].permute(0, 3, 1, 2)  # NHWC in memory: a channels_last NCHW view
+                if not self.channels_last:
+                    images = images.contiguous()
+                yield images, labels_of(out[0]["labels"]).to(self.device), 0
+        finally:
+            del batches, pipe

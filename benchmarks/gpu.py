@@ -205,10 +205,20 @@ def plan(sizes: Sizes, device: str, workers: int, compiled: bool | None, quick: 
 
 
 def ceiling(
-    device: str, model_name: str, batch: int, image_size: int, dtype: str, compiled: bool, warmup: int, steps: int
+    device: str,
+    model_name: str,
+    batch: int,
+    image_size: int,
+    dtype: str,
+    compiled: bool,
+    warmup: int,
+    steps: int,
+    host_flag: bool = False,
 ) -> float:
     """Images/sec of the payload's training step on a fixed batch on the device (no input pipeline, no Horovod):
-    its model, optimizer (runtime.optimizer) and step (runtime.optimizer_step, fp16's loss scaler included)."""
+    its model, optimizer (runtime.optimizer) and step (runtime.optimizer_step, fp16's loss scaler included, its
+    found-inf flag read in the fused kernel as runtime.scaler_in_kernel sets it; `host_flag`: read on the host,
+    one sync per step, as before)."""
     import torch
     import torch.nn.functional as F
 
@@ -223,6 +233,9 @@ def ceiling(
     opt = runtime.optimizer(cfg, model, 0.1, dev)
     prec = Precision(dtype, dev.type)
     scaler = prec.grad_scaler(cfg.loss_scale_init)
+    runtime.scaler_in_kernel(opt, scaler)
+    if host_flag:
+        opt._step_supports_amp_scaling = False  # GradScaler reads found-inf with .item() and skips step() itself
     alone = backends.Single()  # one process: the gradients are the average already
     step_model = torch.compile(model) if compiled else model
     x = torch.randn(batch, 3, image_size, image_size, device=dev).contiguous(memory_format=torch.channels_last)
@@ -415,6 +428,24 @@ def main(argv=None) -> int:
                 "dtype": dtype,
                 "loss_scaler": dtype == "fp16",
                 "compiled": compiled,
+            },
+            since,
+        )
+
+    if not args.quick:  # fp16 with the flag read on the host: what the scaler in the kernel saves per step
+        since = time.perf_counter()
+        batch = sizes.batches[-1]
+        rate = ceiling(device, model, batch, size, "fp16", False, warmup, steps, host_flag=True)
+        add(
+            {
+                "what": f"ceiling {model} batch {batch} fp16, found-inf read on the host",
+                "images_per_sec": rate,
+                "kind": "ceiling",
+                "batch": batch,
+                "dtype": "fp16",
+                "loss_scaler": True,
+                "compiled": False,
+                "host_flag": True,
             },
             since,
         )

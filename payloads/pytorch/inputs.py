@@ -266,6 +266,8 @@ def build(
         train = make(train_split, cfg, rank, size, batch, True, device, decoder=decoder)
         val = make(val_split, cfg, rank, size, batch, False, device, decoder=decoder) if val_split is not None else None
         shards.check_cache_room([train, val], local_size)  # indexes the files: before anything is trained
+        if val is not None:
+            val.prefetch()  # its first pass decodes during epoch 1, later ones after each pass
         return Inputs(wrap(train), wrap(val) if val is not None else None, num_classes)
     if cfg.data != "imagefolder":
         raise ConfigError(

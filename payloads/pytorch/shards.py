@@ -395,6 +395,13 @@ class ShardLoader:
             self._release()
         self._send()  # the next epoch's first steps decode while this one's validation and checkpoint run
 
+    def prefetch(self) -> None:
+        """Starts the workers on this loader's next pass now (the validation loader: during the first epoch)."""
+        self._start()
+        if self.workers and not self.sent:
+            self.next_task = (self.epoch, self.skip, self._mode())
+            self._send()
+
     def _send(self) -> None:
         """Fills every free slot with the next task: this epoch's steps, then the next epoch's (not after a
         filling epoch: the next one reads the cache, complete only when this one's last step is done)."""

@@ -54,6 +54,11 @@ def test_the_next_epoch_is_decoding_before_it_is_asked_for_and_a_wrong_guess_cos
     x, _, _ = next(iter(loader))
     slots = {v["images"].__array_interface__["data"][0] for v in loader.views}
     assert x.data_ptr() in slots
+    # The validation loader starts its first pass when asked (inputs.build asks at start), before iterating.
+    val = _loader(train, shuffle=False)
+    val.prefetch()
+    assert [(e, s) for e, s, *_ in val.sent][:2] == [(0, 0), (0, 1)]
+    assert _same(_epoch(val, 0), _epoch(_loader(train, workers=0, shuffle=False), 0))
 
 
 def test_a_training_and_a_validation_loader_share_the_workers_with_their_answers_kept_apart(train):

@@ -173,6 +173,10 @@ def real_cases(quick: bool, work: str) -> list[tuple[str, list[str]]]:
     return cases
 
 
+TINY_SIDE = 24  # shards of 24 px images: decoding nearly free, the crop upscales; what is left is the rest
+TRAINER_CPUS = "TRAINING_TRAINER_CPUS"  # payloads/pytorch/ring.py: the training process's own cores
+
+
 def step_only(run: dict) -> list[float]:
     """Each epoch's images/sec over its time outside input waits: what the steps alone would deliver."""
     return [
@@ -321,7 +325,7 @@ def shards(work: pathlib.Path, images: int, size: int) -> pathlib.Path:
     from datatools import prepare
 
     tree = photos(work, images, classes=100, workers=os.cpu_count() or 1)
-    out = work / "shards"
+    out = work / f"shards-{size}"
     prepare.main(
         [
             "--image-dir",
@@ -527,6 +531,36 @@ def main(argv=None) -> int:
                 },
                 since,
             )
+
+        if not args.quick:
+            # Where a real-data step's time goes beyond decoding: the same loader on images that cost nearly nothing
+            # to decode (the training process's own part), then the trainer on cores of its own, the workers on the
+            # rest (TRAINING_TRAINER_CPUS: 2, its thread and the collectives').
+            since = time.perf_counter()
+            tiny_dir = shards(pathlib.Path(work), sizes.images, TINY_SIDE)
+            facts["tiny_shards_seconds"] = round(time.perf_counter() - since, 1)
+            tiny_args = ["--data", "shards", "--data-dir", str(tiny_dir), "--workers", str(args.workers)]
+            for label, data_args, env_extra in (
+                (f"{TINY_SIDE} px shards: decoding nearly free", tiny_args, None),
+                ("trainer on 2 cores of its own, workers on the rest", shard_args, {TRAINER_CPUS: "2"}),
+            ):
+                since = time.perf_counter()
+                real = payload(payload_args(sizes, device, data_args, sizes.real_epochs), env_extra)
+                add(
+                    {
+                        "what": f"payload real data, {label}",
+                        "images_per_sec": real["total_images_per_sec"],
+                        "kind": "real",
+                        "note": f"{real['total_images_per_sec'] / synthetic['total_images_per_sec']:.0%} of synthetic",
+                        "ratio_to_synthetic": real["total_images_per_sec"] / synthetic["total_images_per_sec"],
+                        "epoch_images_per_sec": real["epoch_images_per_sec"],
+                        "epoch_seconds": real["epoch_seconds"],
+                        "epoch_input_seconds": real["epoch_input_seconds"],
+                        "step_only_images_per_sec": step_only(real),
+                        **({"env": env_extra} if env_extra else {}),
+                    },
+                    since,
+                )
 
     save()
     facts["seconds"] = time.perf_counter() - started

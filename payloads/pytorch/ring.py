@@ -164,6 +164,35 @@ def _worker_main(conn, number: int) -> None:
             conn.send(("crash", tag, traceback.format_exc()))
 
 
+TRAINER_CPUS = "TRAINING_TRAINER_CPUS"
+
+
+def separate(pids: list[int], environ=None) -> dict | None:
+    """TRAINING_TRAINER_CPUS=n: the training process keeps the first n of its CPUs, the decode workers get the
+    rest, so that decoding never takes the core that launches the GPU's work (a GPU benchmark row measures it).
+    Unset or 0: all share the process's CPUs. Returns {"trainer": cpus, "workers": cpus} when it split them."""
+    from .affinity import threads
+
+    n = int((os.environ if environ is None else environ).get(TRAINER_CPUS, "0") or 0)
+    if n <= 0:
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) <= n:
+        log.warning(
+            "%s=%d: this process has %d CPUs, none left for the workers; left shared", TRAINER_CPUS, n, len(cpus)
+        )
+        return None
+    mine, theirs = set(cpus[:n]), set(cpus[n:])
+    for pid in pids:
+        os.sched_setaffinity(pid, theirs)
+    for tid in [0, *threads()]:
+        try:
+            os.sched_setaffinity(tid, mine)
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return {"trainer": mine, "workers": theirs}
+
+
 class Workers:
     """`n` decode processes, each with its own pipe. Every message names its sender (a loader's id, or "call"), and
     each sender's messages to one worker are answered in order; answers for another sender met while waiting are
@@ -181,6 +210,7 @@ class Workers:
             self.procs.append(p)
         self.kept: dict[tuple[int, object], collections.deque] = collections.defaultdict(collections.deque)
         self.closed: set = set()
+        separate(self.pids)
 
     def __len__(self) -> int:
         return len(self.procs)

@@ -123,3 +123,29 @@ def test_the_order_is_the_shard_stream_through_the_shuffle_buffer(train):
             index = loader._index()
             got = shardset.epoch_order(index, rank_plan, 9, epoch, rank, True, 3)
             assert [index.keys[p] for p in got] == want
+
+
+def test_the_trainer_can_keep_cores_of_its_own_with_the_workers_on_the_rest(train, monkeypatch):
+    """TRAINING_TRAINER_CPUS=n (a GPU benchmark row): the training process keeps its first n CPUs, the decode
+    workers get the others, and a loader through them still gives the same batches."""
+    from payloads.pytorch import affinity
+
+    before = os.sched_getaffinity(0)
+    if len(before) < 2:
+        pytest.skip("one CPU: nothing to split")
+    monkeypatch.setenv(ring.TRAINER_CPUS, "1")
+    group = ring.Workers(2)
+    try:
+        first = min(before)
+        assert os.sched_getaffinity(0) == {first}
+        assert all(os.sched_getaffinity(pid) == before - {first} for pid in group.pids)
+        assert ring.separate(group.pids, {ring.TRAINER_CPUS: str(len(before))}) is None  # none left: shared
+        assert ring.separate(group.pids, {}) is None
+    finally:
+        group.kill()
+        for tid in [0, *affinity.threads()]:
+            try:
+                os.sched_setaffinity(tid, before)
+            except OSError:
+                pass
+    assert os.sched_getaffinity(0) == before

@@ -71,6 +71,7 @@ done
 # 9FC7 DD38 854A E2D8 8D81 803C 0EBF CD88", the same install page's earlier edition): one primary key, that one.
 # `install-docker verify FILE` runs the check alone (tests/infra/test_wayin.py runs it on keys of its own).
 DOCKER_KEY_FINGERPRINT = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
+CLOUD_INIT_WAIT = "WaitForCloudInit"  # the jump host's first extension: the login extension's apt waits for cloud-init's
 DOCKER_PACKAGES = ("docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-ce-rootless-extras")
 DOCKER_INSTALL = (
     r"""#!/bin/sh
@@ -330,8 +331,30 @@ class WayIn(pulumi.ComponentResource):
         # users need "Virtual Machine User Login" (or, for sudo, "Virtual Machine Administrator Login") on the VM,
         # and Bastion's native client Reader on the VM, its NIC and the Bastion (private.py grants them). The VM's
         # system-assigned identity above is the extension's requirement ("System-assigned managed identity").
+        # The login extension installs its package with apt (aadsshlogin), while cloud-init is still installing the
+        # jump host's packages, Docker's repository and the Azure CLI with apt: one of them meets dpkg's lock and the
+        # extension fails, and `pulumi up` with it (Azure/azure-linux-extensions#1318). So a first extension waits
+        # for cloud-init to finish (`cloud-init status --wait`), and the login extension is provisioned after it,
+        # in Azure's order (provisionAfterExtensions) and Pulumi's (depends_on).
+        waited = compute.VirtualMachineExtension(
+            f"{self._name}-jumphost-cloud-init-done",
+            resource_group_name=self._rg,
+            location=self._location,
+            vm_name=self.jump_host.name,
+            vm_extension_name=CLOUD_INIT_WAIT,
+            publisher="Microsoft.Azure.Extensions",
+            type="CustomScript",
+            type_handler_version="2.1",
+            auto_upgrade_minor_version=True,
+            # Its result is cloud-init's: an error there is reported by the image's own checks (install-docker,
+            # the CLI), not by failing the stack; only the ordering matters here.
+            settings={"commandToExecute": "sh -c 'cloud-init status --wait >/dev/null 2>&1; exit 0'"},
+            tags=self._tags,
+            opts=child,
+        )
         compute.VirtualMachineExtension(
             f"{self._name}-jumphost-entra-login",
+            provision_after_extensions=[CLOUD_INIT_WAIT],
             resource_group_name=self._rg,
             location=self._location,
             vm_name=self.jump_host.name,
@@ -341,7 +364,7 @@ class WayIn(pulumi.ComponentResource):
             type_handler_version="1.0",
             auto_upgrade_minor_version=True,
             tags=self._tags,
-            opts=child,
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[waited])),
         )
         self.shutdown: devtestlab.GlobalSchedule | None = None
         if cfg.jump_host_shutdown_time is not None:

@@ -165,6 +165,16 @@ def test_bastion_and_jump_host(prod):
         "AADSSHLoginForLinux",
         vm.inputs.get("vmName", "wayin-jumphost"),
     )
+    # Both install with apt: cloud-init (packages, Docker's repository, the Azure CLI) and the login extension
+    # (aadsshlogin). Run together, one meets dpkg's lock (Azure/azure-linux-extensions#1318): the login extension
+    # comes after one that waits for cloud-init, in Azure's order and in Pulumi's.
+    assert "packages:" in wayin.CLOUD_INIT and "apt" in wayin.CLOUD_INIT
+    wait = one(mocks, "VirtualMachineExtension", "wayin-jumphost-cloud-init-done").inputs
+    assert (wait["publisher"], wait["type"]) == ("Microsoft.Azure.Extensions", "CustomScript")
+    assert "cloud-init status --wait" in wait["settings"]["commandToExecute"]
+    assert wait["vmName"] == ext["vmName"]
+    assert ext["provisionAfterExtensions"] == [wait["vmExtensionName"]]
+    assert "wayin-jumphost-cloud-init-done" in mocks.depends_on("wayin-jumphost-entra-login")
     # Users sign in with Entra ID: "Virtual Machine User Login" on the VM, Administrator Login for jumpHostAdmins
     # only (https://learn.microsoft.com/entra/identity/devices/howto-vm-sign-in-azure-ad-linux; item 6 below).
     assert (access.ROLES["Virtual Machine User Login"], vm.id) in _roles_of(mocks, mocked.DEPLOYER)

@@ -35,6 +35,7 @@ import uuid
 from dataclasses import dataclass
 
 import pulumi
+import pulumi.dynamic
 from pulumi_azure_native import authorization
 
 from .config import ConfigError, Principal
@@ -228,6 +229,43 @@ def quota_reader_role_id(prefix: str, stack: str, subscription_id: str) -> str:
     return str(uuid.uuid5(_NAMESPACE, "|".join(("quota-reader", subscription_id.lower(), prefix, stack))))
 
 
+# A custom role just written is not yet known to every replica of Azure's authorization service: an assignment made
+# at once can fail with RoleDefinitionDoesNotExist, and a role deleted at once after its assignments can fail with
+# RoleDefinitionHasAssignments. The first `up` and the last `destroy` of every stack would meet it. A pause between
+# them, in both directions: assignments wait after the role is created, the role waits after they are deleted.
+ROLE_SETTLE_SECONDS = {"create": 120, "delete": 60}
+
+
+class _PauseProvider(pulumi.dynamic.ResourceProvider):
+    """Waits on create and on delete (Pulumi's dynamic provider: no plugin to install, nothing on Azure)."""
+
+    def create(self, props):
+        _sleep(float(props["create_seconds"]))
+        return pulumi.dynamic.CreateResult(id_=str(uuid.uuid4()), outs=props)
+
+    def diff(self, _id, olds, news):
+        changed = olds.get("after") != news.get("after")  # what it waits for was replaced: wait again
+        return pulumi.dynamic.DiffResult(changes=changed, replaces=["after"] if changed else [])
+
+    def delete(self, _id, props):
+        _sleep(float(props["delete_seconds"]))
+
+
+def _sleep(seconds: float) -> None:
+    import time
+
+    time.sleep(seconds)
+
+
+class Pause(pulumi.dynamic.Resource):
+    """A wait of its own in the dependency graph: resources that depend on it start `create_seconds` after what it
+    depends on was created; on destroy, what it depends on is deleted `delete_seconds` after them."""
+
+    def __init__(self, name: str, after: pulumi.Input[str], seconds: dict, opts: pulumi.ResourceOptions | None = None):
+        props = {"after": after, "create_seconds": seconds["create"], "delete_seconds": seconds["delete"]}
+        super().__init__(_PauseProvider(), name, props, opts)
+
+
 class QuotaReaders(pulumi.ComponentResource):
     """A custom role holding QUOTA_READ_ACTIONS at the subscription, assigned there to each of the platform's users.
 
@@ -262,6 +300,13 @@ class QuotaReaders(pulumi.ComponentResource):
             assignable_scopes=[scope],
             opts=pulumi.ResourceOptions(parent=self),
         )
+        # Assignments wait until the new role has reached Azure's replicas (ROLE_SETTLE_SECONDS).
+        self.settled = Pause(
+            f"{name}-role-settled",
+            self.definition.id,
+            ROLE_SETTLE_SECONDS,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.definition]),
+        )
         self.assignments: dict[str, authorization.RoleAssignment] = {}
         for u in users:
             self.assignments[u.object_id] = authorization.RoleAssignment(
@@ -272,6 +317,6 @@ class QuotaReaders(pulumi.ComponentResource):
                 scope=scope,
                 role_definition_id=definition_id,
                 description=f"Azure ML quota reader: user-{u.object_id}",
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.definition], delete_before_replace=True),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.settled], delete_before_replace=True),
             )
         self.register_outputs({})

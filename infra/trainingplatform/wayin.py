@@ -71,7 +71,9 @@ done
 # 9FC7 DD38 854A E2D8 8D81 803C 0EBF CD88", the same install page's earlier edition): one primary key, that one.
 # `install-docker verify FILE` runs the check alone (tests/infra/test_wayin.py runs it on keys of its own).
 DOCKER_KEY_FINGERPRINT = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
-CLOUD_INIT_WAIT = "WaitForCloudInit"  # the jump host's first extension: the login extension's apt waits for cloud-init's
+CLOUD_INIT_WAIT = (
+    "WaitForCloudInit"  # the jump host's first extension: the login extension's apt waits for cloud-init's
+)
 DOCKER_PACKAGES = ("docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-ce-rootless-extras")
 DOCKER_INSTALL = (
     r"""#!/bin/sh

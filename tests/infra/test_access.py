@@ -339,7 +339,12 @@ def test_users_read_azure_mls_quota_through_a_narrow_role_of_the_stacks_own(dev,
     assert grant.inputs["roleDefinitionId"] == (
         f"{subscription}/providers/Microsoft.Authorization/roleDefinitions/{role['roleDefinitionId']}"
     )
-    assert "quota-role" in mocks.depends_on(grant.name)
+    # A custom role just written is not yet on every replica of Azure's authorization service: the assignment waits
+    # for the pause after the role (create), and on destroy the role waits for the pause after the assignments.
+    assert mocks.depends_on(grant.name) == {"quota-role-settled"}
+    assert mocks.depends_on("quota-role-settled") == {"quota-role"}
+    pause = one(mocks, "dynamic:Resource", "quota-role-settled").inputs
+    assert pause["create_seconds"] >= 60 and pause["delete_seconds"] >= 30
     assert mocks.options[grant.name].delete_before_replace is True
     # The same on every `up`; another stack has a role of its own (destroying one never takes the other's away).
     again = _run(dev_raw, dev_data)
@@ -389,3 +394,18 @@ def test_each_user_reads_the_status_log_on_the_log_analytics_workspace_alone(dev
         )
         assert r.name == f"access-user-{r.inputs['principalId']}-reads-status-log"
     assert access.ROLES["Log Analytics Reader"] == reader
+
+
+def test_the_pause_waits_on_create_and_on_delete_and_again_when_its_role_is_replaced(monkeypatch):
+    """The dynamic provider's own methods, as the Pulumi engine calls them during `up` and `destroy`."""
+    slept = []
+    monkeypatch.setattr(access, "_sleep", slept.append)
+    provider = access._PauseProvider()
+    props = {"after": "/subscriptions/s/roleDefinitions/a", "create_seconds": 120, "delete_seconds": 60}
+    created = provider.create(props)
+    assert slept == [120.0] and created.outs == props
+    assert provider.diff(created.id, props, dict(props)).changes is False
+    replaced = provider.diff(created.id, props, {**props, "after": "/subscriptions/s/roleDefinitions/b"})
+    assert replaced.changes is True and replaced.replaces == ["after"]
+    provider.delete(created.id, props)
+    assert slept == [120.0, 60.0]

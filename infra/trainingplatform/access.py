@@ -49,6 +49,8 @@ ROLES = {
     "AzureML Data Scientist": "f6c7c914-8db3-469d-8ca1-694a8f32e121",
     "AcrPull": "7f951dda-4ed3-4680-a7ca-43fe172d538d",
     "AcrPush": "8311e382-0749-4cb8-b61a-304f252e45ec",
+    # `az acr build`'s quick runs: "Provides the ability to manage ACR tasks"; it grants no push or pull itself.
+    "Container Registry Tasks Contributor": "fb382eab-e894-4461-af04-94435c366c3f",
     "Reader": "acdd72a7-3385-48ef-bd42-f606fba81ae7",
     # Querying the stack's Log Analytics workspace (the cost ledger's status log, program.py assigns it there alone):
     # "Log Analytics Reader can view and search all monitoring data as well as and view monitoring settings"

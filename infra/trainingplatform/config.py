@@ -89,8 +89,9 @@ class PlatformConfig:
     mount_nfs: bool = True
     # How people reach a private platform from outside its VNet (config `access`; wayin.py).
     access: AccessConfig | None = None
-    # Who may push images (AcrPush; config `imageBuilders`); None: the principal that runs `pulumi up`. Every
-    # user gets AcrPull only (program.py).
+    # Who may push images (AcrPush; config `imageBuilders`). None: with a private registry, the users (they build
+    # the images from inside the VNet, and nobody else could); with a public one, nobody by this grant (the deployer
+    # pushes as Owner). Every other user gets AcrPull only (program.py).
     image_builders: tuple[Principal, ...] | None = None
     # A custom role that reads Azure ML's quota at the subscription (usages, VM sizes, quotas), given to `users`, so
     # that the submission's quota check works for them (config `quotaReaderRole`; access.QuotaReaders). The deployer
@@ -605,8 +606,9 @@ def load(
     builders = read_principals(r, raw, "imageBuilders", "")
     if builders is None and acr_public is False:
         r.warnings.append(
-            "imageBuilders is not set: nobody gets AcrPush on the private registry, so only an Owner or Contributor "
-            "of it can push the training images from inside the VNet; list who builds them (a group: "
+            "imageBuilders is not set: every principal in users gets AcrPush on the private registry (someone "
+            "must push the training images from inside the VNet, and every job pulls them), so any of them can "
+            "overwrite an image the jobs run; list who builds them to narrow it (a group: "
             "imageBuilders: [{objectId: <group id>, type: Group}]; docs/private-access.md, \"Images\")"
         )
     if r.problems:

@@ -153,11 +153,29 @@ def build(
         # runs (learn.microsoft.com/azure/container-registry/container-registry-roles: AcrPush "Push artifacts to
         # or pull artifacts from a registry"; AcrPull "Pull artifacts from a registry").
         grants.append(Grant(f"{label}-pulls-images", "AcrPull", u.object_id, registry.registry.id, u.type))
-    # Who builds and pushes the images (config imageBuilders; absent: nobody by this grant).
-    for b in cfg.image_builders or ():
+    # Who builds and pushes the images (config imageBuilders). Absent with a private registry: the users, since
+    # images are pushed from inside the VNet and every job pulls one; absent with a public one: nobody by this grant.
+    builders = cfg.image_builders
+    if builders is None and not cfg.registry_public_access:
+        builders = users
+    for b in builders or ():
         grants.append(
             Grant(f"builder-{b.object_id}-pushes-images", "AcrPush", b.object_id, registry.registry.id, b.type)
         )
+        if cfg.registry_public_access:
+            # `az acr build` (docs/images.md, the public profile's build) queues an ACR Tasks run, which AcrPush
+            # does not allow: Container Registry Tasks Contributor (registries/scheduleRun/action and the runs'
+            # logs). A private registry has no Tasks path (shared agents cannot reach it): docker push from the
+            # jump host, AcrPush alone.
+            grants.append(
+                Grant(
+                    f"builder-{b.object_id}-runs-builds",
+                    "Container Registry Tasks Contributor",
+                    b.object_id,
+                    registry.registry.id,
+                    b.type,
+                )
+            )
     # The studio reads the datastores' accounts and the workspace storage (not the NFS share: no datastore).
     studio_links = [links[0], links[1], *(link for k, link in ws.links.items() if k.startswith("storage"))]
     grants += private.grants(

@@ -293,17 +293,19 @@ def test_the_way_in_is_part_of_every_life_of_the_stack(prod_raw, prod_data_out):
 # ---- item 3: images are pushed from inside the VNet ----
 
 
-def test_only_image_builders_can_push_and_every_user_pulls(prod, prod_raw, prod_data_out, dev):
-    # Issue 28, item 18. ACR's built-in roles (learn.microsoft.com/azure/container-registry/container-registry-roles):
-    # AcrPush "Push artifacts to or pull artifacts from a registry", AcrPull "Pull artifacts from a registry". A user
-    # with AcrPush can overwrite any tag every job runs, so only config imageBuilders get it, in every profile.
+def test_only_image_builders_can_push_and_every_user_pulls(prod, prod_raw, prod_data_out, dev, dev_raw, dev_data):
+    # Issue 28, item 18; issue 43, items 8-9. ACR's built-in roles (learn.microsoft.com/azure/container-registry/
+    # container-registry-roles): AcrPush "Push artifacts to or pull artifacts from a registry", AcrPull "Pull
+    # artifacts from a registry". A user with AcrPush can overwrite any tag every job runs, so imageBuilders get it;
+    # with a private registry and no imageBuilders, the users (images are pushed from inside the VNet: without it no
+    # non-Owner could, and every job pulls one); with a public one, nobody by this grant.
     mocks, _ = prod
     acr = one(mocks, "Registry", "registry-acr")
     assert acr.inputs["publicNetworkAccess"] == "Disabled"
     push, pull = access.ROLES["AcrPush"], access.ROLES["AcrPull"]
-    assert (pull, acr.id) in _roles_of(mocks, mocked.DEPLOYER)
-    for m in (mocks, dev[0]):
-        assert not [r for r in m.of_type("RoleAssignment") if r.inputs["roleDefinitionId"].endswith(push)]
+    tasks = BUILT_IN_ROLES["Container Registry Tasks Contributor"]
+    assert {role for role, scope in _roles_of(mocks, mocked.DEPLOYER) if scope == acr.id} == {pull, push}
+    assert not [r for r in dev[0].of_type("RoleAssignment") if r.inputs["roleDefinitionId"].endswith(push)]
     listed = _run(
         prod_raw,
         prod_data_out,
@@ -318,6 +320,14 @@ def test_only_image_builders_can_push_and_every_user_pulls(prod, prod_raw, prod_
     assert pushers == {(TEAM, "Group", acr.id)}
     for user in (ALICE, BOB):
         assert {role for role, scope in _roles_of(listed, user) if scope == acr.id} == {pull}, user
+    # No Tasks role on a private registry: `az acr build` cannot reach it (docker push from the jump host).
+    assert not [r for r in listed.of_type("RoleAssignment") if r.inputs["roleDefinitionId"].endswith(tasks)]
+    # A public registry: the builders build with `az acr build` (docs/images.md), whose quick runs need Container
+    # Registry Tasks Contributor, which AcrPush does not include ("registries/scheduleRun/action").
+    raw = dict(copy.deepcopy(dev_raw[0]), imageBuilders=[{"objectId": TEAM, "type": "Group"}])
+    public = mocked.run(raw, "dev", dev_raw[1], data_outputs=dev_data[1])[0]
+    dev_acr = one(public, "Registry", "registry-acr")
+    assert {role for role, scope in _roles_of(public, TEAM) if scope == dev_acr.id} == {push, tasks}
     # The jump host resolves the registry privately: its VNet is the one the registry's zone is linked to.
     zone = next(r for r in mocks.of_type("PrivateZone") if r.inputs["privateZoneName"] == "privatelink.azurecr.io")
     links = [
@@ -335,11 +345,9 @@ def test_only_image_builders_can_push_and_every_user_pulls(prod, prod_raw, prod_
 
 def test_a_private_registry_without_builders_is_warned_about(prod_raw):
     cfg = _load(copy.deepcopy(prod_raw[0]))
-    assert any(w.startswith("imageBuilders is not set: nobody gets AcrPush") for w in cfg.warnings)
+    assert any(w.startswith("imageBuilders is not set: every principal in users gets AcrPush") for w in cfg.warnings)
     raw = dict(copy.deepcopy(prod_raw[0]), imageBuilders=[{"objectId": TEAM, "type": "Group"}])
     assert not any("imageBuilders" in w for w in _load(raw).warnings)
-    bad = dict(copy.deepcopy(prod_raw[0]), imageBuilders=[{"objectId": "builders", "type": "Group"}])
-    assert "imageBuilders[0].objectId = 'builders': an Entra object id (a GUID)" in _problems(bad)
 
 
 # ---- item 12: the studio's data preview ----
@@ -477,6 +485,9 @@ BUILT_IN_ROLES = {
     "AzureML Data Scientist": "f6c7c914-8db3-469d-8ca1-694a8f32e121",
     "AcrPull": "7f951dda-4ed3-4680-a7ca-43fe172d538d",
     "AcrPush": "8311e382-0749-4cb8-b61a-304f252e45ec",
+    # learn.microsoft.com/azure/role-based-access-control/built-in-roles/containers, Container Registry Tasks
+    # Contributor: "Provides the ability to manage ACR tasks..." | fb382eab-e894-4461-af04-94435c366c3f
+    "Container Registry Tasks Contributor": "fb382eab-e894-4461-af04-94435c366c3f",
     "Desktop Virtualization Power On Contributor": "489581de-a3bd-480d-9518-53dea7416b33",
     # learn.microsoft.com/azure/role-based-access-control/built-in-roles/monitor, Log Analytics Reader:
     # "id": "/providers/Microsoft.Authorization/roleDefinitions/73c42c96-874c-492b-b04d-ab87d138a893"

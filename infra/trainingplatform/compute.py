@@ -104,8 +104,7 @@ class ComputeClusters(pulumi.ComponentResource):
                 properties=ml.AmlComputeArgs(
                     compute_type="AmlCompute",
                     disable_local_auth=True,
-                    description=f"{c.size.gpus}x {c.size.gpu_model or 'CPU'}"
-                    f"{', InfiniBand ' + c.size.infiniband if c.size.infiniband else ''}",
+                    description=summary(c.size),
                     properties=ml.AmlComputePropertiesArgs(
                         vm_size=c.vm_size,
                         vm_priority=priority(c),
@@ -150,3 +149,9 @@ def describe(c: Cluster, compute_name: pulumi.Input[str]) -> dict:
         "low_priority": c.low_priority,
         "vcpus_per_node": s.vcpus,
     }
+
+
+def summary(size) -> str:
+    """A cluster's one-line description: its GPUs and interconnect, or its vCPUs for a CPU size."""
+    what = f"{size.gpus}x {size.gpu_model}" if size.gpus else f"{size.vcpus} vCPUs, no GPU"
+    return what + (f", InfiniBand {size.infiniband}" if size.infiniband else "")

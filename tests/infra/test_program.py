@@ -326,3 +326,12 @@ def test_outputs_are_complete_and_hold_no_secrets(dev):
     text = repr(outputs).lower()
     for secret_word in ("key", "password", "connectionstring", "sas"):
         assert secret_word not in text.replace("keyvault", ""), secret_word
+
+
+def test_a_clusters_description_names_its_gpus_or_its_cpus():
+    """The cluster summary (AmlCompute description): a CPU size said "0x CPU" before."""
+    from trainingplatform import compute, vm_sizes
+
+    gpu, cpu = vm_sizes.lookup("Standard_ND96isr_H100_v5"), vm_sizes.lookup("Standard_D4s_v5")
+    assert compute.summary(gpu).startswith(f"8x {gpu.gpu_model}, InfiniBand ")
+    assert compute.summary(cpu) == f"{cpu.vcpus} vCPUs, no GPU" and "0x" not in compute.summary(cpu)

@@ -50,6 +50,7 @@ PLATFORM_ROLES = (
     "AzureML Data Scientist",
     "AcrPull",
     "AcrPush",
+    "Container Registry Tasks Contributor",
     "Desktop Virtualization Power On Contributor",
     "Log Analytics Reader",
     "Reader",

@@ -11,7 +11,7 @@ What differs from the worker processes (shards.py), on purpose or as DALI does i
 - The crops are DALI's (its random resized crop and resize), not Pillow's: the same distribution, other pixels.
 - Equal steps on every rank: DALI gives each rank a contiguous part of the samples (sizes differing by at most
   one) and every rank runs ceil(largest part / batch) steps, the last batches filled with repeated samples.
-- Each epoch builds its pipeline seeded by (seed, epoch), so an epoch is the same whatever happened before it; a
+- Each epoch builds its pipeline seeded by (seed, epoch, rank), so an epoch is the same whatever happened before it; a
   mid-epoch resume runs the epoch's first `skip` steps through the pipeline and drops them (their decoding is
   spent again, the remaining steps are the straight run's). The next epoch's pipeline is built when it starts:
   no prefetch across epochs.
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import pathlib
 
 import torch
 
@@ -130,7 +131,8 @@ class Batches:
     def __iter__(self):
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-        seed = (self.seed * 1_000_003 + self.epoch) % 2**31  # the epoch's own, whatever ran before it
+        # The epoch's own, whatever ran before it, and the rank's own: ranks draw different crops and buffers.
+        seed = ((self.seed * 1_000_003 + self.epoch) * 1_009 + self.rank) % 2**31
         device_id = self.device.index if self.device.type == "cuda" else None
         pipe = _pipeline(
             self.files,
@@ -147,8 +149,11 @@ class Batches:
         )
         try:
             pipe.build()
-        except RuntimeError as e:
-            raise ConfigError(f"DALI could not read the shards in {self.files[0]}...: {e}") from None
+        except RuntimeError as e:  # its reader's index of the tars, a decoder or the device it was given
+            raise ConfigError(
+                f"DALI's pipeline did not start (over {len(self.files)} shards in {pathlib.Path(self.files[0]).parent}): "
+                f"{e}"
+            ) from None
         batches = DALIGenericIterator(
             [pipe], ["images", "labels"], reader_name="Reader", last_batch_policy=LastBatchPolicy.FILL
         )

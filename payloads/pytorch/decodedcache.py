@@ -6,11 +6,13 @@ Its full size is reserved when it is made (posix_fallocate), so the size check b
 full folder is met then, never as a bus error in a mapping. Every worker writes the images it decodes in the first
 whole epoch to their places (pwrite) and maps the file; later epochs shuffle the whole cache and read the images
 from the mapping. Named for host, process and
-rank, removed when its loader goes; a killed run's file is removed by the next run on that host.
+rank and locked while its run lives, removed when its loader goes; a killed run's file (no lock held) is removed by
+the next run on that host.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pathlib
 import socket
@@ -20,7 +22,7 @@ import weakref
 import numpy as np
 
 from ..common.errors import ConfigError
-from .shardset import Index
+from .shardset import Index, key_order
 
 CACHE_PREFIX = "decoded-"
 ABSENT, KEPT, UNDECODABLE = 0, 1, 2
@@ -32,7 +34,7 @@ class Layout:
 
     def __init__(self, index: Index):
         n = len(index)
-        self.by_key = np.array(sorted(range(n), key=index.keys.__getitem__), np.int64)
+        self.by_key = key_order(index)
         sizes = index.dims[:, 0] * index.dims[:, 1] * 3
         self.header = -(-n // PAGE) * PAGE
         ordered = sizes[self.by_key]
@@ -55,13 +57,13 @@ class DecodedCache:
         name = f"{CACHE_PREFIX}{socket.gethostname()}-{os.getpid()}-rank{rank}-"
         fd, self.path = tempfile.mkstemp(prefix=name, suffix=".u8", dir=folder)
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while the run lives: remove_stale's test
             os.posix_fallocate(fd, 0, max(1, layout.file_bytes))
         except OSError:
+            os.close(fd)
             _remove(self.path)
             raise
-        finally:
-            os.close(fd)
-        weakref.finalize(self, _remove, self.path)
+        weakref.finalize(self, _close_and_remove, fd, self.path)
         self.layout, self.nbytes, self.complete = layout, layout.nbytes, False
 
     def __len__(self) -> int:
@@ -99,23 +101,27 @@ def _remove(path: str) -> None:
         pass
 
 
+def _close_and_remove(fd: int, path: str) -> None:
+    os.close(fd)
+    _remove(path)
+
+
 def remove_stale(folder: pathlib.Path) -> None:
-    """Cache files of this host whose process no longer runs (a killed or preempted run)."""
+    """Cache files of this host that no process holds (a killed or preempted run). Not judged by the process id in
+    the name: in a new container the ids start again, and a killed run's id is often a live process's."""
     host = socket.gethostname()
     for f in pathlib.Path(folder).glob(f"{CACHE_PREFIX}{host}-*-rank*.u8"):
-        pid = f.name[len(CACHE_PREFIX) + len(host) + 1 :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            _remove(str(f))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        try:
+            fd = os.open(f, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a live run's
+        finally:
+            os.close(fd)
+        _remove(str(f))
 
 
 def check_room(loaders, local_size: int) -> int:

@@ -27,6 +27,7 @@ import os
 import signal
 import tempfile
 import traceback
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,11 +109,14 @@ class Slots:
         import torch
 
         self._buf = ctypes.c_char.from_buffer(self.map)
-        err = torch.cuda.cudart().cudaHostRegister(ctypes.addressof(self._buf), len(self.map), 0)
+        cudart = torch.cuda.cudart()
+        address = ctypes.addressof(self._buf)
+        err = cudart.cudaHostRegister(address, len(self.map), 0)
         if int(err) != 0:
             log.warning("cudaHostRegister of %s failed (%s): batches are copied from pageable memory", self.path, err)
             return
         self.pinned = True
+        weakref.finalize(self, cudart.cudaHostUnregister, address)  # before the mapping goes with this object
 
     def unlink(self) -> None:
         try:
@@ -265,10 +269,24 @@ class Workers:
 
     def call(self, fn, args_per_worker: list[tuple]) -> list:
         """fn(*args) for each entry, spread over the workers in turn; the results in the entries' order."""
-        n = len(self)
-        for i, args in enumerate(args_per_worker):
-            self.send(i % n, ("call", "call", fn, args))
-        return [self.recv(i % n, "call")[0] for i in range(len(args_per_worker))]
+        n, todo = len(self), list(args_per_worker)
+        window = 2 * n  # two calls in flight per worker: answers (an index of a tar file) can fill a pipe
+        for i in range(min(window, len(todo))):
+            self.send(i % n, ("call", "call", fn, todo[i]))
+        out = []
+        try:
+            for i in range(len(todo)):
+                out.append(self.recv(i % n, "call")[0])
+                if i + window < len(todo):
+                    self.send((i + window) % n, ("call", "call", fn, todo[i + window]))
+        except ConfigError:
+            for j in range(len(out) + 1, min(len(todo), len(out) + window)):  # the calls still in flight
+                try:
+                    self.recv(j % n, "call")
+                except ConfigError:
+                    pass
+            raise
+        return out
 
     def open(self, tag, coder) -> None:
         """Gives every worker its copy of a loader's decoder, which maps the slots, before the first step."""
@@ -279,6 +297,7 @@ class Workers:
 
     def _died(self, w: int) -> InputFault:
         p = self.procs[w]
+        p.join(timeout=1)  # reaped, so that its exit code is known
         code = p.exitcode
         how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited ({code})"
         hint = " (the node's memory ran out?)" if code == -signal.SIGKILL else ""

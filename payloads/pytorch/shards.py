@@ -110,6 +110,11 @@ class Decoder:
         self.decoder_name, self.encoded = loader.decoder, loader.encoded
         self.starts = np.concatenate([[0], np.cumsum(loader.sizes)]).astype(np.int64)
         self.cache = (cache.path, cache.layout) if cache is not None else None
+        # With --cache-decoded every epoch is a full shuffle in key order, whether its pixels come from the shards or
+        # the cache: the order then depends on (seed, epoch, rank) only, so a resume (a new, empty cache) or a
+        # rollback into the filling epoch repeats the straight run. Decided by the configuration, not by whether the
+        # cache file could be made.
+        self.full_shuffle = loader.full_shuffle
         self.slots: tuple | None = None  # (path, layout, count) of the ring, set by the loader
         self._attached = False
 
@@ -129,15 +134,15 @@ class Decoder:
         self._order: tuple = (None, None)
         self._attached = True
 
-    def order(self, epoch: int, cached: bool) -> np.ndarray:
-        if self._order[0] != (epoch, cached):
-            if cached:
-                got = shardset.cached_order(self._cached.layout.by_key, self.seed, epoch, self.rank, self.shuffle)
+    def order(self, epoch: int) -> np.ndarray:
+        if self._order[0] != epoch:
+            if self.full_shuffle:
+                got = shardset.cached_order(shardset.key_order(self.index), self.seed, epoch, self.rank, self.shuffle)
             else:
                 got = shardset.epoch_order(
                     self.index, self.plan, self.seed, epoch, self.rank, self.shuffle, self.buffer
                 )
-            self._order = ((epoch, cached), got)
+            self._order = (epoch, got)
         return self._order[1]
 
     def run(self, epoch: int, step: int, slot: int, mode: int) -> tuple[int, int, list]:
@@ -148,7 +153,7 @@ class Decoder:
     def decode(self, epoch: int, step: int, mode: int, sink) -> tuple[int, list]:
         self.attach()
         index = self.index
-        positions = self.order(epoch, mode == CACHED)[self.starts[step] : self.starts[step + 1]]
+        positions = self.order(epoch)[self.starts[step] : self.starts[step + 1]]
         kept, skipped, files = 0, [], {}
         try:
             for p in positions.tolist():
@@ -240,6 +245,7 @@ class ShardLoader:
         self.sizes = self.plan.batch_sizes[:max_steps] if max_steps else self.plan.batch_sizes
         # A truncated epoch never reads the whole part, so there is nothing complete to keep.
         self.cache_wanted = cache and len(self.sizes) == len(self.plan.batch_sizes)
+        self.full_shuffle = bool(self.cache_wanted) and shuffle  # the order of every epoch (Decoder.full_shuffle)
         if cache and not self.cache_wanted:
             log.warning("--cache-decoded is off: --max-steps-per-epoch stops epochs before the data is read whole")
         if cache and encoded:
@@ -292,20 +298,20 @@ class ShardLoader:
                 self.cache = decodedcache.DecodedCache(self.cache_dir, self.rank, decodedcache.Layout(index))
             except OSError as e:
                 self._drop_cache(e)
-        self.coder = Decoder(self, self.cache)
-        if self.workers == 0:
-            return
-        slots = ring.make_slots(self._slot_layout(), self.slot_count, f"rank{self.rank}-{self.id}")
-        self.coder.slots = (slots.path, slots.layout, slots.count)
-        try:
-            self.group.open(self.id, self.coder)
-        finally:
-            slots.unlink()  # mapped by every worker and by this process: gone with the last of them
-        if self.pin:
-            slots.pin()
-        self.slots, self.views = slots, [slots.view(k) for k in range(slots.count)]
-        self.free.extend(range(slots.count))
-        weakref.finalize(self, self.group.close, self.id)
+        coder = Decoder(self, self.cache)
+        if self.workers > 0:
+            slots = ring.make_slots(self._slot_layout(), self.slot_count, f"rank{self.rank}-{self.id}")
+            coder.slots = (slots.path, slots.layout, slots.count)
+            try:
+                self.group.open(self.id, coder)
+            finally:
+                slots.unlink()  # mapped by every worker and by this process: gone with the last of them
+            if self.pin:
+                slots.pin()
+            self.slots, self.views = slots, [slots.view(k) for k in range(slots.count)]
+            self.free.extend(range(slots.count))
+            weakref.finalize(self, self.group.close, self.id)
+        self.coder = coder  # last: a start that failed is tried again, not left half made
 
     def _slot_layout(self) -> ring.Layout:
         side = getattr(self.transform, "size", None)
@@ -386,7 +392,11 @@ class ShardLoader:
                 self._send()
                 epoch, sent_step, _, slot, w = self.sent.popleft()
                 assert (epoch, sent_step) == (self.epoch, step), (epoch, sent_step, self.epoch, step)
-                _, kept, skipped = self.group.recv(w, self.id)
+                try:
+                    _, kept, skipped = self.group.recv(w, self.id)
+                except BaseException:
+                    self.free.append(slot)  # the step failed: its slot is free again, whatever comes next
+                    raise
                 self._release()
                 self.held = slot
                 self._checked(kept, skipped)
@@ -426,7 +436,8 @@ class ShardLoader:
                 self.group.recv(w, self.id)
             except ConfigError:
                 pass  # a step nobody asks for: its error does not matter
-            self.free.append(slot)
+            finally:
+                self.free.append(slot)
 
     def _release(self) -> None:
         if self.held is not None:

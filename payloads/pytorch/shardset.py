@@ -298,8 +298,14 @@ def epoch_order(index: Index, rank_plan: RankPlan, seed: int, epoch: int, rank: 
     return np.fromiter(stream, np.int64, len(index))
 
 
+def key_order(index: Index) -> np.ndarray:
+    """The rank's samples' positions in key order (the decoded cache's layout)."""
+    return np.array(sorted(range(len(index)), key=index.keys.__getitem__), np.int64)
+
+
 def cached_order(by_key: np.ndarray, seed: int, epoch: int, rank: int, shuffle: bool) -> np.ndarray:
-    """The epoch's order once every sample is in the decoded cache: a full shuffle of the samples in key order."""
+    """The epoch's order with --cache-decoded, in every epoch (the one that fills the cache, and a resumed or
+    rolled-back one whose cache is not complete yet, too): a full shuffle of the samples in key order."""
     if not shuffle:
         return by_key
     return by_key[np.random.default_rng([seed, epoch, rank, 1]).permutation(len(by_key))]

@@ -149,3 +149,24 @@ def test_the_trainer_can_keep_cores_of_its_own_with_the_workers_on_the_rest(trai
             except OSError:
                 pass
     assert os.sched_getaffinity(0) == before
+
+
+def test_with_the_cache_a_resumed_epoch_repeats_the_straight_one(train, tmp_path):
+    """--cache-decoded: every epoch is a full shuffle in key order, whether its pixels come from the shards or the
+    cache, so a resume mid-epoch (a new process, an empty cache) trains the straight run's remaining steps."""
+    straight = _loader(train, cache=True, cache_dir=tmp_path)
+    _epoch(straight, 0)  # fills the cache
+    second = _epoch(straight, 1)  # read from it
+    assert straight.cache.complete
+    resumed = _loader(train, cache=True, cache_dir=tmp_path)
+    assert _same(_epoch(resumed, 1, skip=2), second[2:]) and not resumed.cache.complete
+
+
+def test_many_calls_with_large_answers_do_not_fill_the_pipes():
+    """Indexing sends one call per tar file (1,024 for ImageNet on one GPU) and each answer is tens of KB: with every
+    call sent before any answer was read, a worker blocked writing its answers and the training process blocked
+    writing calls. At most two calls are in flight per worker."""
+    group = ring.workers(2)
+    answers = group.call(bytes, [(b"x" * 4000,)] * 300)  # 1.2 MB each way through two pipes of 64 KiB
+    assert len(answers) == 300 and {len(a) for a in answers} == {4000}
+    assert all(p.is_alive() for p in group.procs)

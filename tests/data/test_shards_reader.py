@@ -1,6 +1,7 @@
 """The PyTorch shard reader: images -> shards -> tensors, rank split, shuffling, in-memory cache."""
 
 import os
+import pathlib
 import socket
 
 import numpy as np
@@ -156,18 +157,27 @@ def test_the_cache_is_a_file_in_cache_dir_removed_with_its_loader(tmp_path):
 
 @pytest.mark.launches
 def test_a_cache_left_by_a_killed_run_is_removed_and_a_live_ones_kept(tmp_path):
-    import subprocess
+    """A live run holds a lock on its file; a killed run's lock went with its process. The process id in the name
+    does not decide: a new container numbers its processes from 1 again, so a killed run's id is often a live
+    process's (here: this one's)."""
+    import fcntl
 
-    dead = subprocess.Popen(["true"])
-    dead.wait()
     host = socket.gethostname()
-    stale = tmp_path / f"decoded-{host}-{dead.pid}-rank0-x.u8"
+    stale = tmp_path / f"decoded-{host}-{os.getpid()}-rank0-x.u8"  # a killed run's, with a live process's id
     live = tmp_path / f"decoded-{host}-{os.getpid()}-rank1-y.u8"
-    other = tmp_path / f"decoded-otherhost-{dead.pid}-rank0-z.u8"  # another node's, on a shared folder
+    other = tmp_path / f"decoded-otherhost-{os.getpid()}-rank0-z.u8"  # another node's, on a shared folder
     for f in (stale, live, other):
         f.write_bytes(b"x")
+    with open(live, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        decodedcache.remove_stale(tmp_path)
+        assert not stale.exists() and live.exists() and other.exists()
+    # A cache of this process is locked from its making to its removal.
+    train = _eight_images(tmp_path / "set")
+    loader = shards.ShardLoader(train, 0, 1, 1, 0, transform=pixels, cache=True, cache_dir=tmp_path, workers=0)
+    next(iter(loader))
     decodedcache.remove_stale(tmp_path)
-    assert not stale.exists() and live.exists() and other.exists()
+    assert pathlib.Path(loader.cache.path).exists()
 
 
 def test_a_cache_that_cannot_fit_is_refused_before_epoch_1_with_the_figure_and_the_fix(tmp_path, monkeypatch):

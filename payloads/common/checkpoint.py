@@ -155,7 +155,8 @@ def free_bytes(folder: pathlib.Path) -> int | None:
     return usage.free if usage.total > 0 else None
 
 
-def _size(n: float) -> str:
+def size_text(n: float) -> str:
+    """A byte count as people read it in an error line: 1.5 GB, 312.0 MB, 4 kB."""
     for unit, scale in (("GB", 1e9), ("MB", 1e6)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
@@ -169,10 +170,12 @@ def full_message(path: pathlib.Path, size: int, free: int | None, keep: int | No
     fewer = ""
     if keep is not None and keep != 1:
         fewer = f", or keep fewer checkpoints (--keep-checkpoints {keep}{' keeps all' if keep == 0 else ''} now)"
-    free_text = f"{_size(free)} is free" if free is not None else "the file system reports no free figure"
-    need = f"{path.name} needs {_size(needed_bytes(size))} ({_size(size)} and a margin)"
+    free_text = f"{size_text(free)} is free" if free is not None else "the file system reports no free figure"
+    need = f"{path.name} needs {size_text(needed_bytes(size))} ({size_text(size)} and a margin)"
     problem = (
-        f"writing {path.name} ({_size(size)}) failed: {failed}; now {free_text}" if failed else f"{need}, {free_text}"
+        f"writing {path.name} ({size_text(size)}) failed: {failed}; now {free_text}"
+        if failed
+        else f"{need}, {free_text}"
     )
     return (
         f"the output folder {path.parent} is full: {problem}; its {len(kept)} complete checkpoint(s) are kept"

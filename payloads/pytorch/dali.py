@@ -102,7 +102,7 @@ def _pipeline(files, rank, size, batch, threads, device_id, seed, train, shuffle
     return pipe()
 
 
-class Batches:
+class Batches(data.EpochSteps):
     """This rank's steps of one split through DALI: (float Nx3xHxW on the device, int64 labels there, 0)."""
 
     def __init__(self, split, cfg, rank: int, size: int, batch: int, shuffle: bool, device, channels_last: bool):
@@ -117,16 +117,7 @@ class Batches:
         largest = math.ceil(len(split) / size)  # DALI's parts differ by at most one sample
         if largest < 1:
             raise ConfigError(f"{len(split)} samples cannot be split over {size} processes: prepare more samples")
-        steps = math.ceil(largest / batch)
-        max_steps = cfg.max_steps_per_epoch if shuffle else 0
-        self.steps = min(steps, max_steps) if max_steps else steps
-        self.epoch = self.skip = 0
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def set_epoch(self, epoch: int, skip: int = 0) -> None:
-        self.epoch, self.skip = epoch, skip
+        self.limit(math.ceil(largest / batch), cfg.max_steps_per_epoch if shuffle else 0)
 
     def __iter__(self):
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy

@@ -76,6 +76,23 @@ def _bell(h: torch.Tensor) -> torch.Tensor:
     return (h & 255) + ((h >> 8) & 255) + ((h >> 16) & 255) + (h >> 24) - 510
 
 
+class EpochSteps:
+    """A loader's steps per epoch (`len()`, equal on every rank, at most --max-steps-per-epoch) and the epoch it is
+    set to (`set_epoch(epoch, skip)`: `skip`, the steps a mid-epoch checkpoint already trained)."""
+
+    steps = 0
+    epoch = skip = 0
+
+    def limit(self, steps: int, max_steps: int) -> None:
+        self.steps = min(steps, max_steps) if max_steps else steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.epoch, self.skip = epoch, skip
+
+
 class SyntheticImages(Dataset):
     """A learnable stand-in for ImageNet: each class a smooth random 8x8 pattern, each image its class
     pattern plus per-pixel noise, as uint8 HxWx3. Every value comes from an integer hash of (seed, what,

@@ -21,6 +21,7 @@ import weakref
 
 import numpy as np
 
+from ..common.checkpoint import size_text
 from ..common.errors import ConfigError
 from .shardset import Index, key_order
 
@@ -140,13 +141,9 @@ def check_room(loaders, local_size: int) -> int:
     free = st.f_bavail * st.f_frsize
     if node > free:
         raise ConfigError(
-            f"--cache-decoded: the decoded images need {_size(per_rank)} per process x {local_size} "
-            f"process(es) on this node = {_size(node)} in {folder}, which has {_size(free)} "
+            f"--cache-decoded: the decoded images need {size_text(per_rank)} per process x {local_size} "
+            f"process(es) on this node = {size_text(node)} in {folder}, which has {size_text(free)} "
             "free: pass --cache-dir on a local disk with that room (on Azure ML, the node's local NVMe disk), "
             "train more nodes (each keeps only its part), or drop --cache-decoded (every epoch then decodes)"
         )
     return per_rank
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

@@ -95,7 +95,7 @@ class Prefetched:
             yield ready
 
 
-class SyntheticBatches:
+class SyntheticBatches(data.EpochSteps):
     """This rank's steps over SyntheticImages held on the device: each epoch's sample indices (sharded
     as common/sharding.py does) go to the device once; a step is a gather and the normalisation."""
 
@@ -114,15 +114,7 @@ class SyntheticBatches:
         except ValueError as e:
             raise ConfigError(f"{e} (data set of {len(images)} samples)") from None
         self.images, self.args, self.channels_last = images, (len(images), rank, size, batch, seed), channels_last
-        steps = sharding.steps_per_epoch(len(images), size, batch)
-        self.steps = min(steps, max_steps) if max_steps else steps
-        self.epoch = self.skip = 0
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def set_epoch(self, epoch: int, skip: int = 0) -> None:
-        self.epoch, self.skip = epoch, skip
+        self.limit(sharding.steps_per_epoch(len(images), size, batch), max_steps)
 
     def __iter__(self) -> Iterator[Batch]:
         parts = sharding.batches(*self.args, epoch=self.epoch)[self.skip : self.steps]

@@ -31,7 +31,7 @@ import torch
 
 from ..common.errors import ConfigError
 from . import decodedcache, decoders, ring, shardset
-from .data import Transform, collate, normalize
+from .data import EpochSteps, Transform, collate, normalize
 from .decodedcache import check_room as check_cache_room  # noqa: F401 - the loader's API
 from .shardset import (  # noqa: F401 - the loader's API
     IMAGE_SUFFIXES,
@@ -210,7 +210,7 @@ class Decoder:
         return shardset.read_at(f, int(self.index.offset[p]), int(self.index.size[p]), path)
 
 
-class ShardLoader:
+class ShardLoader(EpochSteps):
     """This rank's batches of one split: (uint8 NxHxWx3 images, int64 labels, skipped) per step, `len()` steps
     per epoch. `workers` decode processes (0: decode in this process, any transform's output shape)."""
 
@@ -243,6 +243,7 @@ class ShardLoader:
         self.slot_count = max(prefetch, workers + 1) + 2  # the workers' queue, the batch held, the one being copied
         self.decoder = decoders.resolve(decoder)
         self.sizes = self.plan.batch_sizes[:max_steps] if max_steps else self.plan.batch_sizes
+        self.steps = len(self.sizes)  # a resumed epoch's skipped steps are neither read nor decoded
         # A truncated epoch never reads the whole part, so there is nothing complete to keep.
         self.cache_wanted = cache and len(self.sizes) == len(self.plan.batch_sizes)
         self.full_shuffle = bool(self.cache_wanted) and shuffle  # the order of every epoch (Decoder.full_shuffle)
@@ -256,21 +257,12 @@ class ShardLoader:
         self.cache: decodedcache.DecodedCache | None = None
         self.coder: Decoder | None = None
         self.group: ring.Workers | None = None
-        self.epoch = self.skip = 0
         # Ring state: free slots, tasks sent (epoch, step, mode, slot, worker) in order, the next task to send.
         self.free: collections.deque = collections.deque()
         self.sent: collections.deque = collections.deque()
         self.next_task: tuple | None = None
         self.fences: dict[int, object] = {}
         self.held: int | None = None
-
-    def __len__(self) -> int:
-        return len(self.sizes)
-
-    def set_epoch(self, epoch: int, skip: int = 0) -> None:
-        """`skip`: the epoch's first steps were trained before a mid-epoch checkpoint: the rest of the epoch gets
-        the same samples and crops, and the skipped ones are neither read nor decoded."""
-        self.epoch, self.skip = epoch, skip
 
     # -- start-up: the index, the cache file, the slots, the workers' copies of the decoder
     def _index(self) -> shardset.Index:

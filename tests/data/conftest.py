@@ -46,6 +46,19 @@ def tree(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- Azurite
 
+
+@pytest.fixture(scope="module")
+def one_per_class(tmp_path_factory):
+    """30 classes of one image each, as 6 WebDataset shards: a label names its image, so tests can follow every
+    sample."""
+    from datatools import prepare
+
+    root = tmp_path_factory.mktemp("ids")
+    write_tree(root / "img", classes=[f"c{i:02d}" for i in range(30)], per_class=1)
+    prepare.run(root / "img", root / "out", shards=6, formats=["webdataset"], progress=False)
+    return root / "out" / "webdataset"
+
+
 import base64  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402

@@ -170,3 +170,38 @@ def test_many_calls_with_large_answers_do_not_fill_the_pipes():
     answers = group.call(bytes, [(b"x" * 4000,)] * 300)  # 1.2 MB each way through two pipes of 64 KiB
     assert len(answers) == 300 and {len(a) for a in answers} == {4000}
     assert all(p.is_alive() for p in group.procs)
+
+
+def test_a_slot_waits_for_its_fence_before_a_worker_writes_it_again(train, monkeypatch):
+    """On a GPU, Prefetched and GpuDecoded fence the slot of each batch with a CUDA event recorded after its copy;
+    here a stand-in event records when it is waited on. Every fenced slot is waited on before its next task."""
+    loader, events = _loader(train), []
+
+    class Fence:
+        def __init__(self, slot):
+            self.slot = slot
+
+        def synchronize(self):
+            events.append(("synced", self.slot))
+
+    real_send = ring.Workers.send
+
+    def send(self, w, msg):
+        if msg[0] == "step" and msg[1] == loader.id:
+            events.append(("sent", msg[4]))
+        real_send(self, w, msg)
+
+    monkeypatch.setattr(ring.Workers, "send", send)
+    for epoch in (0, 1, 2):
+        loader.set_epoch(epoch)
+        for _ in loader:
+            events.append(("fenced", loader.held))
+            loader.fence(Fence(loader.held))
+    reused = 0
+    for slot in range(loader.slot_count):
+        mine = [kind for kind, s in events if s == slot]
+        for i, kind in enumerate(mine):
+            if kind == "fenced" and "sent" in mine[i:]:
+                reused += 1
+                assert mine[i + 1 : mine.index("sent", i)] == ["synced"], (slot, mine)
+    assert reused >= len(loader)  # slots were written again after being fenced, every time after the wait

@@ -7,10 +7,8 @@ import math
 
 import pytest
 import torch
-from conftest import write_tree
 from helpers import TINY, metrics, train
 
-from datatools import prepare
 from payloads.common.config import TrainConfig
 from payloads.common.errors import ConfigError
 from payloads.pytorch import dali, data, inputs
@@ -20,12 +18,8 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
-def shard_dir(tmp_path_factory):
-    """30 classes of one image each: a label names its sample."""
-    root = tmp_path_factory.mktemp("dali")
-    write_tree(root / "img", classes=[f"c{i:02d}" for i in range(30)], per_class=1)
-    prepare.run(root / "img", root / "out", shards=3, formats=["webdataset"], progress=False)
-    return root / "out" / "webdataset"
+def shard_dir(one_per_class):
+    return one_per_class
 
 
 def _cfg(shard_dir, **kw):

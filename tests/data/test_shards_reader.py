@@ -25,15 +25,6 @@ def label_only(img, rng):
     return np.zeros((1, 1, 3), np.uint8)
 
 
-@pytest.fixture(scope="module")
-def one_per_class(tmp_path_factory):
-    """30 classes of one image each: a label names its image, so the tests can follow every sample."""
-    root = tmp_path_factory.mktemp("ids")
-    write_tree(root / "img", classes=[f"c{i:02d}" for i in range(30)], per_class=1)
-    prepare.run(root / "img", root / "out", shards=6, formats=["webdataset"], progress=False)
-    return root / "out" / "webdataset"
-
-
 def _labels(loader) -> list[list[int]]:
     return [b[1].tolist() for b in loader]
 

@@ -33,17 +33,7 @@ from ..common.errors import ConfigError
 from . import decodedcache, decoders, ring, shardset
 from .data import EpochSteps, Transform, collate, normalize
 from .decodedcache import check_room as check_cache_room  # noqa: F401 - the loader's API
-from .shardset import (  # noqa: F401 - the loader's API
-    IMAGE_SUFFIXES,
-    RankPlan,
-    Sample,
-    ShardSplit,
-    index_shard,
-    open_set,
-    plan,
-    read_shard,
-    shuffled,
-)
+from .shardset import ShardSplit, index_shard, open_set, plan, read_shard  # noqa: F401 - the loader's API
 
 log = logging.getLogger(__name__)
 

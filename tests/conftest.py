@@ -22,32 +22,13 @@ LAUNCHES = "launches"
 # one: they run one after another in a group of their own, on the other worker, beside the in-process tests, so
 # the launches' group keeps both cores for the runs that use both and the other core is not left idle.
 ONE_CORE = "one_core"
+# The file counting the session's training launches (conftest._count_launch), shared by xdist's workers.
+LAUNCH_COUNT = "TEST_LAUNCH_COUNT"
 
 
 def _worker(config) -> bool:
     """True in a pytest-xdist worker: the controller alone owns the session's shared files and verdicts."""
     return hasattr(config, "workerinput")
-
-
-def _yield_sleeps() -> None:
-    """Every process the tests start gets tests/yield_sleeps (LD_PRELOAD): sched_yield sleeps 50 us, so a rank
-    spinning on it while it waits for its peer (Horovod's PyTorch synchronize) leaves the core to the processes
-    that work. Measured on a set of 32 launch tests: 10% less wall time, 7% less CPU. Built here with the C
-    compiler Horovod's build needs; without one, or with TEST_YIELD_SLEEPS=0, the processes spin as on a cluster."""
-    if os.environ.get("TEST_YIELD_SLEEPS", "1") == "0" or "yield_sleeps.so" in os.environ.get("LD_PRELOAD", ""):
-        return
-    source = pathlib.Path(__file__).with_name("yield_sleeps") / "yield_sleeps.c"
-    library = pathlib.Path(tempfile.mkdtemp(prefix="yield-sleeps-")) / "yield_sleeps.so"
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None:
-        return
-    built = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(library), str(source)], capture_output=True)
-    if built.returncode == 0:
-        os.environ["LD_PRELOAD"] = " ".join(filter(None, [os.environ.get("LD_PRELOAD", ""), str(library)]))
-        _made.append(library.parent)  # removed at the end (pytest_unconfigure); xdist's workers inherit it
-
-
-_made: list[pathlib.Path] = []
 
 
 def pytest_configure(config):
@@ -57,9 +38,12 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", f"{ONE_CORE}: a launch keeping about one core busy; serially with its kind, beside the launches"
     )
-    _yield_sleeps()
     # The platform program reads the Azure CLI's login (trainingplatform/access.py); tests never see this machine's.
     os.environ["AZURE_CONFIG_DIR"] = tempfile.mkdtemp(prefix="no-azure-cli-")
+    if LAUNCH_COUNT not in os.environ:
+        fd, path = tempfile.mkstemp(prefix="launch-count-")
+        os.close(fd)
+        os.environ[LAUNCH_COUNT] = path
     # Every payload launch of the session (helpers.record_launch), for the device rule below.
     if "TEST_LAUNCH_LOG" not in os.environ:
         fd, path = tempfile.mkstemp(prefix="launches-", suffix=".jsonl")
@@ -136,16 +120,25 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
 
 
-def pytest_unconfigure(config):
-    import warm_start
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The number of training launches the tests made, by program: with --durations, where the suite's time goes."""
+    import collections
 
-    warm_start.stop_all()  # the servers forking warm-started ranks (tests/warm_start.py); each also ends with us
-    for folder in _made:
-        shutil.rmtree(folder, ignore_errors=True)
+    path = os.environ.get(LAUNCH_COUNT)
+    if _worker(config) or not path or not os.path.exists(path):
+        return
+    with open(path) as f:
+        counts = collections.Counter(line.strip() for line in f if line.strip())
+    detail = ", ".join(f"{n} {program}" for program, n in counts.most_common())
+    terminalreporter.write_line(f"training launches: {sum(counts.values())}" + (f" ({detail})" if detail else ""))
+
+
+def pytest_unconfigure(config):
     shutil.rmtree(os.environ.pop("AZURE_CONFIG_DIR", ""), ignore_errors=True)
-    path = os.environ.pop("TEST_LAUNCH_LOG", None)
-    if path and os.path.basename(path).startswith("launches-") and not _worker(config):
-        os.unlink(path)
+    for variable, prefix in (("TEST_LAUNCH_LOG", "launches-"), (LAUNCH_COUNT, "launch-count-")):
+        path = os.environ.pop(variable, None)
+        if path and os.path.basename(path).startswith(prefix) and not _worker(config):
+            os.unlink(path)
 
 
 # What starts training processes: these programs, or Python running a payload or the launcher's local target.
@@ -165,6 +158,17 @@ def _starts_training(args) -> bool:
     return python and (" payloads." in text or "--target local" in text or " benchmarks." in text)
 
 
+def _count_launch(args) -> None:
+    """One line per training launch a test starts (its program's name) in the session's count file: CI prints the
+    total (pytest_terminal_summary), the figure that says what the suite costs."""
+    path = os.environ.get(LAUNCH_COUNT)
+    if path:
+        argv = [str(a) for a in (args if isinstance(args, (list, tuple)) else [args])]
+        program = next((os.path.basename(a) for a in argv if os.path.basename(a) in _TRAINING_PROGRAMS), "python")
+        with open(path, "a") as f:
+            f.write(program + "\n")
+
+
 _running: dict = {"item": None}  # the test being set up, run or torn down (fixtures of any scope included)
 
 
@@ -180,7 +184,10 @@ def _guarded_popen_init(real):
 
     def init(self, args, *a, **kw):
         item = _running["item"]
-        if item is not None and not item.get_closest_marker(LAUNCHES) and _starts_training(args):
+        starts = _starts_training(args)
+        if starts:
+            _count_launch(args)
+        if item is not None and not item.get_closest_marker(LAUNCHES) and starts:
             shown = args if isinstance(args, str) else " ".join(map(str, args))
             pytest.fail(
                 f"{item.nodeid} starts training processes ({shown[:200]}) without the `{LAUNCHES}` marker: add "

@@ -8,9 +8,6 @@ from collections.abc import Callable
 
 
 def after_import(name: str, then: Callable) -> None:
-    if name in sys.modules:  # imported before start-up ended: a warm-started rank (tests/warm_start.py) preloads it
-        then(sys.modules[name])
-        return
     sys.meta_path.insert(0, _After(name, then))
 
 

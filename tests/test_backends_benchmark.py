@@ -13,7 +13,7 @@ import torch
 
 from benchmarks import _backend_common as common
 from benchmarks import backends, planner
-from tests.helpers import ROOT, env, python
+from tests.helpers import ROOT, env
 
 pytestmark = pytest.mark.launches  # the quick benchmark and its refusals start horovodrun and torchrun
 
@@ -22,8 +22,7 @@ pytestmark = pytest.mark.launches  # the quick benchmark and its refusals start 
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("backends") / "backends.json"
     proc = subprocess.run(
-        # its Horovod loops warm-started (helpers.python); torchrun starts the DDP and PS processes cold
-        [python(), "-m", "benchmarks.backends", "--quick", "--max-np", "2", "--json", str(out)],
+        [sys.executable, "-m", "benchmarks.backends", "--quick", "--max-np", "2", "--json", str(out)],
         cwd=ROOT,
         env=env(),
         capture_output=True,
@@ -40,7 +39,6 @@ def quick(tmp_path_factory):
 def test_quick_run_reports_every_backend_with_its_process_count(quick):
     stdout, data = quick
     assert data["quick"] is True and data["config"]["model"] == "resnet18" and data["config"]["threads"] == 1
-    assert "load average" in data["machine"]["load_before"] and "load average" in data["machine"]["load_after"]
     assert set(data["results"]) == {"1", "2"}
     assert data["results"]["1"]["single"]["median"] > 0
     row = data["results"]["2"]
@@ -53,9 +51,7 @@ def test_quick_run_reports_every_backend_with_its_process_count(quick):
     }
     for b, r in row.items():
         assert r["median"] > 0 and len(r["runs"]) == 1
-        assert r["efficiency"] == pytest.approx(r["median"] / (2 * data["results"]["1"]["single"]["median"]))
         assert b in stdout
-    assert "load before" in stdout and "load after" in stdout
 
 
 @pytest.mark.one_core

@@ -2,9 +2,10 @@
 
 import json
 import subprocess
+import sys
 
 import pytest
-from helpers import ROOT, env, python
+from helpers import ROOT, env
 
 # starts training processes, one at a time: serial under xdist beside the launches (tests/conftest.py)
 pytestmark = [pytest.mark.launches, pytest.mark.one_core]
@@ -15,7 +16,7 @@ def test_gpu_benchmark_runs_on_a_cpu_and_writes_every_row(tmp_path):
     GPU user never finds it broken."""
     out = tmp_path / "gpu.json"
     proc = subprocess.run(
-        [python(), "-m", "benchmarks.gpu", "--quick", "--device", "cpu", "--workers", "1", "--json", str(out)],
+        [sys.executable, "-m", "benchmarks.gpu", "--quick", "--device", "cpu", "--workers", "1", "--json", str(out)],
         cwd=ROOT,
         env=env(),
         capture_output=True,

@@ -13,17 +13,12 @@ import sys
 import pytest
 import same_numbers
 import torch
-from helpers import ROOT, TINY, env, final_weights, metrics, python_m, train
+from helpers import ROOT, TINY, env, final_weights, max_diff, metrics, python_m, train
 
 from payloads.common import config
 from payloads.common.errors import ConfigError
 
 FP32 = TINY + ["--epochs", "2", "--no-amp", "--no-channels-last"]
-
-
-def _max_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
 def ddp(np_: int, args: list[str], **kw):
@@ -61,13 +56,13 @@ def fp32(tmp_path_factory):
 @pytest.mark.launches
 def test_two_ddp_processes_average_exactly_and_agree_with_horovod(fp32, tmp_path):
     two, one, control = fp32
-    diff = _max_diff(two, one)
-    away = _max_diff(control, one)
+    diff = max_diff(two, one)
+    away = max_diff(control, one)
     # The same run under Horovod, from the same seed and shards.
     train(2, FP32 + ["--batch-size", "16", "--base-lr", "0.05", "--output-dir", str(tmp_path / "horovod")])
     m = metrics(tmp_path / "horovod")
     assert m["run"]["world"]["backend"] == "horovod" and m["summary"]["ranks_identical"] is True
-    between = _max_diff(two, final_weights(tmp_path / "horovod"))
+    between = max_diff(two, final_weights(tmp_path / "horovod"))
     print(f"max |DDP 2 - 1 process| = {diff:.3g}; |DDP - Horovod| = {between:.3g}; unaveraged control {away:.3g}")
     assert diff < 1e-5, f"2 DDP processes differ from 1 process by {diff}"
     assert between < 1e-5, f"DDP and Horovod runs of the same seed differ by {between}"
@@ -88,7 +83,7 @@ def test_backward_passes_per_step_accumulate_then_average(fp32, tmp_path):
     assert m["summary"]["ranks_identical"] is True
     assert m["epochs"][0]["images"] == 128, "every sample once per epoch, micro-batches included"
     assert m["run"]["config"]["backward_passes_per_step"] == 2
-    diff = _max_diff(final_weights(out), one)
+    diff = max_diff(final_weights(out), one)
     print(f"max |DDP 2 x 2 x 8 - 1 x 32| = {diff:.3g}")
     assert diff < 1e-5, diff
 
@@ -100,8 +95,8 @@ def test_fp16_allreduce_averages_through_the_compression_hook(fp32, tmp_path):
     two, one, control = fp32
     out = _averaging_run(tmp_path, FP32 + ["--fp16-allreduce"])
     got = final_weights(out)
-    diff, away = _max_diff(got, one), _max_diff(control, one)
-    compressed = _max_diff(got, two)
+    diff, away = max_diff(got, one), max_diff(control, one)
+    compressed = max_diff(got, two)
     print(
         f"fp16 allreduce: max |DDP 2 - 1 process| = {diff:.3g}; vs fp32 allreduce {compressed:.3g}; control {away:.3g}"
     )
@@ -120,7 +115,7 @@ def test_device_defaults_channels_last_and_bf16_autocast_average(tmp_path):
     world = metrics(out)["run"]["world"]
     assert world["memory_format"] == "channels_last" and world["precision"] == "bf16" and not world["loss_scaler"]
     one, control = _references(tmp_path, flags)
-    diff, away = _max_diff(final_weights(out), one), _max_diff(control, one)
+    diff, away = max_diff(final_weights(out), one), max_diff(control, one)
     print(f"channels_last + bf16: max |DDP 2 - 1 process| = {diff:.3g}; control {away:.3g}")
     assert diff < 5e-3, diff
     assert away > 10 * 5e-3, away
@@ -160,7 +155,7 @@ def test_resume_equals_straight_and_checkpoints_cross_backends(tmp_path):
     assert m["summary"]["ranks_identical"] is True and m["summary"]["epochs_run"] == 1
     assert m["run"]["world"]["precision"] == "fp16" and m["run"]["world"]["loss_scaler"] is True
     a, b = final_weights(straight), final_weights(resumed)
-    assert all(torch.equal(a[k], b[k]) for k in a), f"max diff {_max_diff(a, b)}"
+    assert all(torch.equal(a[k], b[k]) for k in a), f"max diff {max_diff(a, b)}"
     same_numbers.check("classification/ddp/fp16-scaler", straight)
     same_numbers.check("classification/ddp/fp16-scaler-resumed", resumed)
 
@@ -172,7 +167,7 @@ def test_resume_equals_straight_and_checkpoints_cross_backends(tmp_path):
         m = metrics(out)
         assert m["summary"]["ranks_identical"] is True and m["summary"]["epochs_run"] == 1, out.name
         assert m["run"]["world"]["backend"] == backend
-        diff = _max_diff(final_weights(out), a)
+        diff = max_diff(final_weights(out), a)
         print(f"{out.name}: max |resumed across backends - straight DDP| = {diff:.3g}")
         assert diff < 1e-5, (out.name, diff)
 

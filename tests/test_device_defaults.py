@@ -11,14 +11,9 @@ import subprocess
 
 import pytest
 import torch
-from helpers import ROOT, TINY, env, final_weights, horovodrun, metrics, train
+from helpers import ROOT, TINY, env, final_weights, horovodrun, max_diff, metrics, train
 
 pytestmark = pytest.mark.launches  # starts training processes: serial under xdist (tests/conftest.py)
-
-
-def _max_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
 def _averaging_holds(
@@ -34,8 +29,8 @@ def _averaging_holds(
     m = metrics(two)
     assert m["summary"]["ranks_identical"] is True, "ranks ended with different weights"
     train(1, references + ["--batch-size", "32", "--base-lr", "0.1", "--output-dir", str(one)])
-    diff = _max_diff(final_weights(two), final_weights(one))
-    away = _max_diff(final_weights(control), final_weights(one))
+    diff = max_diff(final_weights(two), final_weights(one))
+    away = max_diff(final_weights(control), final_weights(one))
     print(f"{flags}: max |2-process - 1-process| = {diff:.3g} (tolerance {tolerance:g}); unaveraged control {away:.3g}")
     assert diff < tolerance, f"2 processes differ from 1 process by {diff} with {flags}"
     assert away > margin * tolerance, f"the control ({away}) is not beyond the tolerance: the test could not see it"
@@ -62,7 +57,7 @@ def test_channels_last_resume_equals_a_straight_run(tmp_path, cuda_fused_sgd_rul
     proc = train(2, args + ["--epochs", "3", "--output-dir", str(resumed)])
     assert "resuming from" in proc.stdout
     a, b = final_weights(straight), final_weights(resumed)
-    assert all(torch.equal(a[k], b[k]) for k in a), f"max diff {_max_diff(a, b)}"
+    assert all(torch.equal(a[k], b[k]) for k in a), f"max diff {max_diff(a, b)}"
     assert metrics(resumed)["summary"]["ranks_identical"] is True
     checked = cuda_fused_sgd_rule()
     assert len(checked) == 6 and min(checked) > 0, f"fused SGD calls checked per process: {checked}"
@@ -90,7 +85,7 @@ def test_channels_last_with_backward_passes_per_step(tmp_path):
     )
     assert metrics(two)["summary"]["ranks_identical"] is True
     train(1, common + ["--batch-size", "32", "--base-lr", "0.2", "--output-dir", str(one)])
-    diff = _max_diff(final_weights(two), final_weights(one))
+    diff = max_diff(final_weights(two), final_weights(one))
     assert diff < 1e-5, diff
 
 
@@ -111,7 +106,7 @@ def test_channels_last_with_adasum_equals_the_contiguous_adasum_run(tmp_path):
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert metrics(out)["summary"]["ranks_identical"] is True
         runs[layout] = final_weights(out)
-    diff = _max_diff(runs["--channels-last"], runs["--no-channels-last"])
+    diff = max_diff(runs["--channels-last"], runs["--no-channels-last"])
     assert diff < 1e-5, diff
 
 
@@ -152,7 +147,7 @@ def test_fp16_loss_scaler_state_is_restored_on_every_rank(tmp_path):
     assert m["summary"]["ranks_identical"] is True
     assert m["run"]["world"]["precision"] == "fp16" and m["run"]["world"]["loss_scaler"] is True
     a, b = final_weights(straight), final_weights(resumed)
-    assert all(torch.equal(a[k], b[k]) for k in a), f"max diff {_max_diff(a, b)}"
+    assert all(torch.equal(a[k], b[k]) for k in a), f"max diff {max_diff(a, b)}"
 
 
 def test_compiled_model_averages_like_the_eager_one(tmp_path):

@@ -10,16 +10,11 @@ import psutil
 import pytest
 import same_numbers
 import torch
-from helpers import ROOT, TINY, env, final_weights, horovodrun, metrics, train
+from helpers import ROOT, TINY, env, final_weights, horovodrun, max_diff, metrics, train
 
 from payloads.pytorch.models import parameters_digest
 
 pytestmark = pytest.mark.launches  # starts training processes: serial under xdist (tests/conftest.py)
-
-
-def _max_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
 def test_two_processes_average_gradients_exactly(tmp_path):
@@ -44,12 +39,12 @@ def test_two_processes_average_gradients_exactly(tmp_path):
 
     # Same global batch (32) in one process, same effective LR (2 x 0.05): equal within float error.
     train(1, common + ["--batch-size", "32", "--base-lr", "0.1", "--output-dir", str(one)])
-    diff = _max_diff(final_weights(two), final_weights(one))
+    diff = max_diff(final_weights(two), final_weights(one))
     assert diff < 1e-5, f"2-process weights differ from the 1-process run by {diff}"
 
     # Control: what no averaging would look like (each rank stepping on its own half-batch).
     train(1, common + ["--batch-size", "16", "--base-lr", "0.1", "--output-dir", str(unaveraged)])
-    control = _max_diff(final_weights(unaveraged), final_weights(one))
+    control = max_diff(final_weights(unaveraged), final_weights(one))
     print(f"max |2-process - 1-process| = {diff:.3g}; unaveraged control = {control:.3g}")
     assert control > 100 * max(diff, 1e-7), (control, diff)
     same_numbers.check("classification/alone/fp32", one)
@@ -152,7 +147,7 @@ def test_backward_passes_per_step_accumulate_then_average_across_processes(tmp_p
     assert m["summary"]["ranks_identical"] is True
     assert m["epochs"][0]["images"] == 128, "every sample once per epoch, micro-batches included"
     train(1, common + ["--batch-size", "32", "--base-lr", "0.2", "--output-dir", str(one)])
-    diff = _max_diff(final_weights(two), final_weights(one))
+    diff = max_diff(final_weights(two), final_weights(one))
     assert diff < 1e-5, f"2 processes x 2 passes differ from 1 process x 32 by {diff}"
     # The local half: 4 micro-batches of 8 in one process is the same step as one batch of 32
     # (each micro-batch's mean loss is weighted by its share of the batch).
@@ -161,7 +156,7 @@ def test_backward_passes_per_step_accumulate_then_average_across_processes(tmp_p
         common
         + ["--batch-size", "8", "--backward-passes-per-step", "4", "--base-lr", "0.05", "--output-dir", str(micro)],
     )
-    local = _max_diff(final_weights(micro), final_weights(one))
+    local = max_diff(final_weights(micro), final_weights(one))
     assert local < 1e-5, f"1 process x 4 passes differs from 1 process x 32 by {local}"
     print(f"max |2x2x8 - 1x32| = {diff:.3g}; |1x4x8 - 1x32| = {local:.3g}")
     same_numbers.check("classification/horovod/backward-passes-2", two)
@@ -244,10 +239,10 @@ def test_adasum_two_processes_follow_adasums_definition(tmp_path):
     assert m["run"]["config"]["amp"] is False
     got = final_weights(out)
     adasum = _reference_two_ranks(_adasum_pair, 2, 16, 0.05)
-    diff = _max_diff(got, adasum)
+    diff = max_diff(got, adasum)
     # Controls: the other ways two deltas could have been combined are measurably elsewhere.
-    mean = _max_diff(got, _reference_two_ranks(lambda a, b: (a + b) / 2, 2, 16, 0.05))
-    total = _max_diff(got, _reference_two_ranks(lambda a, b: a + b, 2, 16, 0.05))
+    mean = max_diff(got, _reference_two_ranks(lambda a, b: (a + b) / 2, 2, 16, 0.05))
+    total = max_diff(got, _reference_two_ranks(lambda a, b: a + b, 2, 16, 0.05))
     print(f"max |payload - Adasum reference| = {diff:.3g}; vs mean of deltas {mean:.3g}; vs sum {total:.3g}")
     assert diff < 1e-5, f"Adasum run differs from Adasum's definition by {diff}"
     assert min(mean, total) > 100 * max(diff, 1e-7), (diff, mean, total)
@@ -272,6 +267,6 @@ def test_adasum_two_processes_follow_adasums_definition(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert metrics(micro)["summary"]["ranks_identical"] is True
     assert metrics(micro)["run"]["config"]["backward_passes_per_step"] == 2
-    micro_diff = _max_diff(final_weights(micro), adasum)
+    micro_diff = max_diff(final_weights(micro), adasum)
     print(f"Adasum with 2 passes x 8 vs the reference: {micro_diff:.3g}")
     assert micro_diff < 1e-5, micro_diff

@@ -33,9 +33,8 @@ pytestmark = pytest.mark.launches  # horovodrun runs: one at a time under xdist 
 
 
 def healthcheck_run(
-    tmp_path, *args: str, env: dict | None = None, np: int = 2, sizes: str = "1,2", warm: bool | None = None
+    tmp_path, *args: str, env: dict | None = None, np: int = 2, sizes: str = "1,2"
 ) -> subprocess.CompletedProcess:
-    """warm=False for a fault in an import a warm-started rank has already done (torch._dynamo: tests/warm_start.py)."""
     cmd = [
         str(pathlib.Path(sys.executable).with_name("horovodrun")),
         "-np",
@@ -43,7 +42,7 @@ def healthcheck_run(
         "-H",
         f"localhost:{np}",
         "--gloo",
-        *helpers.python_m("payloads.healthcheck", warm),
+        *helpers.python_m("payloads.healthcheck"),
         "--sizes-mb",
         sizes,
         "--iterations",
@@ -203,9 +202,7 @@ def test_a_rank_whose_weights_drift_fails_the_agreement(tmp_path):
 @pytest.mark.parametrize("model,part", [("tiny_cnn", "step"), ("resnet18", "import")])
 def test_a_broken_torch_dynamo_fails_the_check_where_bandwidth_alone_passes(tmp_path, model, part):
     """tiny_cnn meets it in the optimizer; resnet18 already in torchvision's import, as the payload would."""
-    proc = healthcheck_run(
-        tmp_path, "--min-busbw", "0.0001", "--model", model, env=fault(tmp_path, BROKEN_DYNAMO), warm=False
-    )
+    proc = healthcheck_run(tmp_path, "--min-busbw", "0.0001", "--model", model, env=fault(tmp_path, BROKEN_DYNAMO))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "allreduce.json").read_text())
     assert report["bandwidth"]["ok"] is True and all(r["correct"] for r in report["results"]), "bandwidth passed"
@@ -224,7 +221,7 @@ def test_a_broken_torch_dynamo_fails_the_check_where_bandwidth_alone_passes(tmp_
 def test_one_failing_rank_is_named_and_the_others_do_not_hang(tmp_path):
     """Only rank 1 fails (before its first step): rank 0's gradient allreduces still complete (Horovod's join)."""
     code = "if os.environ['HOROVOD_RANK'] == '1':\n" + textwrap.indent(BROKEN_DYNAMO, "    ")
-    proc = healthcheck_run(tmp_path, "--model", "tiny_cnn", env=fault(tmp_path, code), warm=False)
+    proc = healthcheck_run(tmp_path, "--model", "tiny_cnn", env=fault(tmp_path, code))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     t = json.loads((tmp_path / "allreduce.json").read_text())["training"]
     assert t["errors"] == [

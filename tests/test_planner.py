@@ -96,15 +96,3 @@ def test_efficiency_now_falls_below_100_percent_from_8_to_64_gpus():
             assert 0.5 < with_term < 0.95, (n, hierarchical, with_term)
     effs = [planner.efficiency(n, 8, 256, 3000, planner.RESNET50_BYTES, h100, True) for n in (8, 16, 32, 64)]
     assert effs == sorted(effs, reverse=True)
-
-
-def test_this_machines_measurements_are_within_their_noise_of_the_term():
-    """benchmarks/results: at 2 processes the Horovod step exceeds 2 independent processes' step by its
-    measured allreduce, within about 16 ms on the two configurations measured over 8+ steps (the 224 px
-    ResNet-50 run has 4 steps of 18 s: its +0.37 s is 2% of a step, inside its noise). The fitted term adds
-    6.5 ms at 2 processes: no more than that noise, so this machine neither confirms nor contradicts it."""
-    residuals = planner.local_residuals()
-    for name in ("scaling-local.json", "frameworks-pytorch.json"):
-        assert abs(residuals[name]) < 0.02, (name, residuals[name])
-        assert abs(residuals[name] - planner.SYNC_SECONDS) < 0.025
-    assert 0.002 < planner.SYNC_SECONDS < 0.02

@@ -13,8 +13,8 @@ from helpers import TINY, check_resume_is_exact
 
 from payloads.common import checkpoint, preemption
 
-# 40 steps per epoch (2 processes x batch 2 of 8192 samples, capped): the SIGTERM goes once the heartbeats show 10
-# steps, where tests/stop_at holds the signalled ranks until it arrives, so the stop is at step 10 of epoch 1.
+# 40 steps per epoch (2 processes x batch 2 of 8192 samples, capped): the signalled ranks signal themselves at a chosen
+# step (tests/stop_at); the agreement window is the payload's.
 # --checkpoint-every-minutes 0: only the signal checkpoints mid-epoch.
 ARGS = TINY + [
     "--synthetic-samples",
@@ -111,12 +111,12 @@ def test_a_rank_line_reaches_the_shared_pipe_in_one_write(monkeypatch):
 def test_a_sigterm_at_an_epochs_last_step_stops_at_that_epochs_checkpoint(tmp_path):
     """No agreement after an epoch's last step: the epoch ends (its record, its checkpoint), then the ranks agree
     once more and stop there, with the same line and exit code; the same command resumes at epoch 2."""
-    from helpers import metrics, stopped_run, train
+    from helpers import metrics, stop_lines, stopped_run, train
 
     out = tmp_path / "out"
-    proc, seconds = stopped_run(out, ARGS, "horovod", [1], after=40)  # 40 steps per epoch: its last one
+    proc = stopped_run(out, ARGS, "horovod", [1], after=40)  # 40 steps per epoch: its last one
     text = proc.stdout + proc.stderr
-    lines = [line for line in text.splitlines() if "stopped by " in line and "run the same command again" in line]
+    lines = stop_lines(text)
     assert proc.returncode != 0 and len(lines) == 2, text[-3000:]
     assert all("checkpoint-epoch-0001.pt" in line and f"(exit {preemption.EXIT_CODE})" in line for line in lines)
     assert [p.name for _, p in checkpoint.list_checkpoints(out / "checkpoints", ".pt")] == ["checkpoint-epoch-0001.pt"]
@@ -171,19 +171,24 @@ def _preempt(resources: list[str]) -> dict:
 def test_a_scheduled_preempt_event_stops_every_rank_with_a_checkpoint_before_any_signal(tmp_path):
     """Azure announces a Spot eviction at least 30 s ahead (Scheduled Events' Preempt): each rank polls the
     endpoint the launcher names (TRAINING_SCHEDULED_EVENTS) and the event stops the run as a SIGTERM would, at a
-    step every rank agrees on, with the mid-epoch checkpoint and exit 75. No signal is sent."""
+    step every rank agrees on, with the mid-epoch checkpoint and exit 75. No signal is sent: tests/stop_at holds
+    both ranks after step 1 until the event's notice reaches them (the payload's own poll, every POLL_SECONDS), so
+    the first agreement is the stop's."""
     import subprocess
+    import time
 
-    from helpers import ROOT, horovodrun, stop_at_env, wait_for_steps
+    from helpers import ROOT, horovodrun, stop_at_env
 
     events = _Events()
     out = tmp_path / "out"
-    env = {**stop_at_env(10, [0, 1]), preemption.SCHEDULED_EVENTS: events.url}
+    env = {**stop_at_env(1, [0, 1], hold=True), preemption.SCHEDULED_EVENTS: events.url}
     cmd = horovodrun(2, ARGS + ["--output-dir", str(out)])
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for_steps(proc, out, 10)
-        assert proc.poll() is None and events.headers, "nobody polled before the event"
+        deadline = time.monotonic() + 120
+        while len(events.headers) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # both ranks' first polls: they poll from the start of training
+        assert proc.poll() is None and len(events.headers) >= 2, "the ranks did not poll before the event"
         events.events.append(_preempt([]))
         stdout, stderr = proc.communicate(timeout=60)
     finally:
@@ -193,7 +198,7 @@ def test_a_scheduled_preempt_event_stops_every_rank_with_a_checkpoint_before_any
     text = stdout + stderr
     lines = [ln for ln in text.splitlines() if "stopped by Scheduled Event Preempt: wrote" in ln]
     assert proc.returncode != 0 and len(lines) == 2, text[-3000:]
-    assert all("checkpoint-epoch-0000-step-000010.pt" in ln and "(exit 75)" in ln for ln in lines), lines
+    assert all("checkpoint-epoch-0000-step-000001.pt" in ln and "(exit 75)" in ln for ln in lines), lines
     assert set(events.headers) == {"true"}  # the header the metadata service requires
 
 
@@ -208,3 +213,49 @@ def test_only_an_event_that_ends_this_vm_stops_it():
     assert unnamed.ending({"Events": [_preempt(["vm-7"])]}) == "Preempt"
     stop.notice("Scheduled Event Preempt")
     assert stop.stop_line("x.pt", 1.0).startswith("stopped by Scheduled Event Preempt: wrote x.pt in 1.0s")
+
+
+@pytest.mark.launches
+def test_a_sigterm_with_the_payloads_own_agreement_window_stops_at_one_step_and_resumes_bitwise_equal(tmp_path):
+    """No hook at all (issue 42, item 5): rank 1 gets SIGTERM from outside once its heartbeat shows training under
+    way, and the ranks go on to the end of the agreement window rank 0's clock chose (up to MAX_EVERY steps, about
+    AGREE_SECONDS), where both stop, name the same checkpoint and exit 75 within the 30 s grace; resumed, the run
+    ends bitwise equal to the uninterrupted one. Epochs of 800 steps hold a window; where the signal lands (mid-epoch
+    or an epoch's end) is the machine's speed's, and either must resume exactly. --stall-timeout 10: heartbeats
+    every 2.5 s."""
+    import subprocess
+    import time
+
+    import torch
+    from helpers import ROOT, env, final_weights, horovodrun, record_launch, stop_lines, train, wait_for_steps
+
+    args = TINY + ["--synthetic-samples", "8192", "--batch-size", "2", "--max-steps-per-epoch", "800"]
+    args += ["--epochs", "2", "--checkpoint-every-minutes", "0", "--stall-timeout", "10"]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    train(2, args + ["--output-dir", str(straight)])
+    cmd = horovodrun(2, args + ["--output-dir", str(stopped)])
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        beats = wait_for_steps(proc, stopped, 1)
+        os.kill(beats[1]["pid"], signal.SIGTERM)
+        sent = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=120)
+        seconds = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    record_launch(2, args, "pytorch", proc.returncode)
+    text = stdout + stderr
+    lines = stop_lines(text)
+    assert proc.returncode != 0 and len(lines) == 2, text[-4000:]
+    assert sum("stopped by SIGTERM" in line for line in lines) == 1, lines  # rank 0: by the agreement
+    assert seconds < 30, seconds  # the grace assumed for Azure ML (preemption.py)
+    found = checkpoint.latest(stopped / "checkpoints", ".pt")
+    assert found and all(found[1].name in line for line in lines), (found, lines)
+    epochs, step = checkpoint.position(found[1])
+    assert epochs * 800 + step >= beats[1]["steps"], (found[1].name, beats[1])  # at or after the signal's step
+
+    resumed = train(2, args + ["--output-dir", str(stopped)])
+    assert "resuming from" in resumed.stdout + resumed.stderr
+    a, b = final_weights(straight), final_weights(stopped)
+    assert a.keys() == b.keys() and not [k for k in a if not torch.equal(a[k], b[k])]

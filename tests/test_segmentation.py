@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import same_numbers
 import torch
-from helpers import check_resume_is_exact, final_weights, metrics, train
+from helpers import check_resume_is_exact, final_weights, max_diff, metrics, train
 
 from datatools.landcover import prepare, synthetic
 from payloads.segmentation import data, labels, models, tiling
@@ -45,11 +45,6 @@ def _with(args: list[str], values: dict[str, str]) -> list[str]:
 
 def seg(np_: int, args: list[str], check: bool = True):
     return train(np_, args, payload="segmentation", check=check)
-
-
-def _max_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
 def _weights(out: pathlib.Path, epoch: int) -> dict:
@@ -97,11 +92,11 @@ def test_two_processes_learn_and_average_exactly(straight, tiles, tmp_path):
     common = SEG + ["--data-dir", str(tiles), "--epochs", "1", "--base-lr", "0.1"]
     seg(1, common + ["--batch-size", str(2 * BATCH), "--output-dir", str(one)])
     two = _weights(out, epoch=1)
-    diff = _max_diff(two, final_weights(one))
+    diff = max_diff(two, final_weights(one))
     assert diff < 1e-4, f"2-process weights differ from the 1-process run by {diff}"
     # control: what no averaging looks like (one process stepping on a half batch)
     seg(1, common + ["--batch-size", str(BATCH), "--output-dir", str(unaveraged)])
-    control = _max_diff(final_weights(unaveraged), final_weights(one))
+    control = max_diff(final_weights(unaveraged), final_weights(one))
     print(f"max |2-process - 1-process| = {diff:.3g}; unaveraged control = {control:.3g}")
     assert control > 100 * max(diff, 1e-7), (control, diff)
     same_numbers.check("landcover/horovod", out)
@@ -114,7 +109,7 @@ def test_resume_equals_a_straight_run(straight, tmp_path):
     proc = seg(2, args + ["--epochs", "3", "--output-dir", str(tmp_path)])
     assert "resuming from" in proc.stdout
     a, b = final_weights(out), final_weights(tmp_path)
-    assert all(torch.equal(a[k], b[k]) for k in a), f"max diff {_max_diff(a, b)}"
+    assert all(torch.equal(a[k], b[k]) for k in a), f"max diff {max_diff(a, b)}"
     assert [e["epoch"] for e in metrics(tmp_path)["epochs"]] == [1, 2, 3]
     assert metrics(tmp_path)["epochs"][-1]["val_confusion_matrix"] == metrics(out)["epochs"][-1]["val_confusion_matrix"]
 
@@ -129,7 +124,7 @@ def test_ddp_backend_ranks_agree_and_equal_the_horovod_run(straight, tmp_path):
     assert m["summary"]["ranks_identical"] is True
     assert m["run"]["world"]["backend"] == "ddp" and m["run"]["world"]["processes"] == 2
     assert m["epochs"][0]["train_blocks_read_per_rank"] == [4, 4]
-    diff = _max_diff(final_weights(ddp_out), _weights(out, epoch=1))
+    diff = max_diff(final_weights(ddp_out), _weights(out, epoch=1))
     print(f"max |DDP - Horovod| after one epoch = {diff:.3g}")
     assert diff < 1e-4, diff
     same_numbers.check("landcover/ddp", ddp_out)
@@ -333,8 +328,8 @@ def test_sigterm_mid_epoch_stops_and_resumes_exactly_with_batch_norm(tiles, tmp_
     checkpoint; resumed, the run ends bitwise equal to the uninterrupted one. BatchNorm (the default norm) on
     purpose: its running statistics are per rank until the epoch's end averages them, so the checkpoint must
     give each rank its own back (checkpoints.rank_buffers), or the final weights differ."""
-    # One epoch of 40 steps of 2 x 8 patches: the signal goes once the heartbeats show 10 steps, where tests/stop_at
-    # holds rank 1 until it arrives, so both stop at step 10. One epoch, not two: running statistics forget where
+    # One epoch of 40 steps of 2 x 8 patches: rank 1 signals itself after step 1 (tests/stop_at), where the first
+    # agreement stops both ranks. One epoch, not two: running statistics forget where
     # they started (momentum 0.1), and a second epoch washed the missing per-rank restore out below float32's
     # resolution (the test passed with it removed); with one it fails.
     args = _with(SEG, {"--norm": "batch", "--patches-per-epoch": "640"})

@@ -5,7 +5,7 @@ mid-epoch stops every rank at one step with a checkpoint the run resumes from at
 
 import numpy as np
 import pytest
-from helpers import TINY, metrics, stopped_run, train
+from helpers import TINY, metrics, stop_lines, stopped_run, train
 
 from payloads.common import schedule
 
@@ -747,9 +747,8 @@ def test_thread_plan_sizes_pools_from_cores_per_local_process(tmp_path, monkeypa
 # The threads a two-process run records: tests/test_tracking.py, in its TensorFlow and Keras runs.
 
 
-# SIGTERM mid-epoch (issue 31; payloads/common/preemption.py). 20 steps an epoch (2 processes x batch 2): the
-# signal goes once both ranks' heartbeats show 3 steps, where tests/stop_at holds rank 1 until it arrives and the
-# ranks agree after every step, so both stop at step 3 of the first epoch on any machine. The watchdog keeps its
+# SIGTERM mid-epoch (issue 31; payloads/common/preemption.py). 20 steps an epoch (2 processes x batch 2): rank 1
+# signals itself after step 1 (tests/stop_at), where the first agreement stops both ranks. The watchdog keeps its
 # default limit: a short one ended runs when the machine was loaded (the end of Keras' fit() took over 4 s under a
 # load of 7 on 2 cores). --checkpoint-every-minutes 0: only the signal checkpoints mid-epoch.
 STOP_STEPS = 20
@@ -775,20 +774,19 @@ def test_sigterm_mid_epoch_stops_both_ranks_at_one_step_and_the_run_resumes_ther
 
     out = tmp_path / "out"
     # Only rank 1 gets the signal: the agreement stops rank 0 at the same step.
-    proc, seconds = stopped_run(out, PREEMPTED, backend="horovod", signalled=[1], payload=payload, after=3)
+    proc = stopped_run(out, PREEMPTED, backend="horovod", signalled=[1], payload=payload)
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0, text[-3000:]
     # Every rank says it, each on its own line: the signalled one by name, the other as stopped by the agreement.
-    lines = [line for line in text.splitlines() if "stopped by " in line and "run the same command again" in line]
+    lines = stop_lines(text)
     assert len(lines) == 2, text[-4000:]
     assert all(line.count("stopped by") == 1 and line.endswith(f"(exit {preemption.EXIT_CODE})") for line in lines)
     assert sorted("stopped by SIGTERM" in line for line in lines) == [False, True], lines
-    assert seconds < 30, seconds  # the grace assumed for Azure ML (preemption.py)
     found = checkpoint.latest(out / "checkpoints", ".npz")
     assert found, text[-3000:]
     path = found[1]
     epochs, step = checkpoint.position(path)
-    assert (epochs, step) == (0, 3), path.name  # where the signal found the ranks
+    assert (epochs, step) == (0, 1), path.name  # the first agreement after the signal
     assert all(path.name in line for line in lines), lines
     meta = runtime.read_meta(path)
     assert (meta["epoch"], meta["step"], meta["steps_per_epoch"]) == (0, step, STOP_STEPS)

@@ -13,7 +13,9 @@ quiet() { { grep -v "is neither a file nor a directory" || true; } >&2; }
 # Azurite (npm), the Azure Storage emulator the data transfer tests run against: pinned in
 # toolchain/package-lock.json, installed into toolchain/node_modules (gitignored). Checked on every run, apart
 # from the Python stamp below; without npm the tests that need it skip and say why.
-if command -v npm >/dev/null 2>&1; then
+if [ "${1:-all}" = local ]; then
+    :   # the local job needs no Azurite
+elif command -v npm >/dev/null 2>&1; then
     if ! cmp -s "$ROOT/toolchain/package-lock.json" "$ROOT/toolchain/node_modules/.installed-lock" 2>/dev/null; then
         log "installing Azurite (npm ci in toolchain/)"
         (cd "$ROOT/toolchain" && npm ci --no-audit --no-fund --loglevel=error >&2) ||
@@ -24,9 +26,27 @@ else
     log "npm not found: Azurite is not installed and the data transfer tests will skip (install Node.js and npm to run them)"
 fi
 
+# Two parts, each with a stamp of what went into it:
+#   local: what the local job needs (scripts/train-local, train-landcover): the payloads' and the launcher's pins,
+#          Horovod's PyTorch part. A bare machine trains first; nothing else is downloaded or compiled for it.
+#   all:   everything .venv holds (requirements.txt: TensorFlow, DALI, Pulumi, the tests' tools) and Horovod's
+#          TensorFlow part beside the PyTorch one (scripts/test, review-infra). A complete install covers local.
+PART=${1:-all}
+case $PART in local|all) ;; *) log "usage: toolchain/bootstrap.sh [local|all]"; exit 2 ;; esac
+LOCAL_REQS=("$ROOT/payloads/requirements.txt" "$ROOT/launcher/requirements.txt")
+digest() { cat "$@" "$ROOT/constraints.txt" "$ROOT/toolchain/build_horovod.sh" "$ROOT/toolchain/patch_horovod.py" \
+               "$ROOT/toolchain/bootstrap.sh" "$ROOT/infra/pyproject.toml" | sha256sum | cut -d' ' -f1; }
 STAMP="$VENV/.bootstrap-stamp"
-WANT=$(cat "$ROOT/requirements.txt" "$ROOT/payloads/requirements.txt" "$ROOT/payloads/gpu-requirements.txt" "$ROOT/payloads/requirements-tensorflow.txt" "$ROOT/constraints.txt" "$ROOT/infra/requirements.txt" "$ROOT/policy/requirements.txt" "$ROOT/launcher/requirements.txt" "$ROOT/benchmarks/requirements.txt" "$ROOT/toolchain/build_horovod.sh" "$ROOT/toolchain/patch_horovod.py" \
-            "$ROOT/toolchain/bootstrap.sh" "$ROOT/infra/pyproject.toml" | sha256sum | cut -d' ' -f1)
+WANT=$(digest "$ROOT/requirements.txt" "$ROOT/payloads/requirements.txt" "$ROOT/payloads/gpu-requirements.txt" \
+              "$ROOT/payloads/requirements-tensorflow.txt" "$ROOT/infra/requirements.txt" "$ROOT/policy/requirements.txt" \
+              "$ROOT/launcher/requirements.txt" "$ROOT/benchmarks/requirements.txt")
+STAMP_LOCAL="$VENV/.bootstrap-stamp-local"
+WANT_LOCAL=$(digest "${LOCAL_REQS[@]}")
+done_already() {
+    [ -x "$VENV/bin/horovodrun" ] || return 1
+    [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && return 0
+    [ "$PART" = local ] && [ -f "$STAMP_LOCAL" ] && [ "$(cat "$STAMP_LOCAL")" = "$WANT_LOCAL" ]
+}
 
 # `trainingplatform` is installed editable (infra/pyproject.toml): from this checkout, not from another clone
 # that shares the venv (a linked .venv, as the disk-space message suggests).
@@ -42,7 +62,7 @@ sys.exit(0 if spec and spec.origin and os.path.dirname(os.path.realpath(spec.ori
 PY
 }
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$VENV/bin/horovodrun" ]; then
+if done_already; then
     platform_is_ours || { log "installing trainingplatform from $ROOT/infra"; install_platform; }
     exit 0
 fi
@@ -78,24 +98,61 @@ if ! compgen -G "$VENV/lib/python3*/site-packages/torch" >/dev/null; then
         exit 1
     fi
 fi
-log "installing requirements.txt (torch is a large download on a machine without a local copy)"
+
+# ---- what this run will do, and how long that takes, said before it starts
+torch_pin=$(sed -n 's/^torch==\([^ ]*\).*/\1/p' "$ROOT/payloads/requirements.txt")
+tf_pin=$(sed -n 's/^tensorflow-cpu==\([^ ]*\).*/\1/p' "$ROOT/payloads/requirements-tensorflow.txt")
+has_module() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)" 2>/dev/null; }
+# A framework's Horovod part is compiled unless the wheel cache has one for its pinned version (build_horovod.sh
+# writes key.txt beside each part; Open MPI's version is left out of this guess).
+part_cached() { grep -qs -- " $1=$2[+ ]" "${HOROVOD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/azure-horovod-training/wheels}"/*/key.txt; }
+jobs=$("$ROOT/toolchain/build_horovod.sh" --jobs 2>/dev/null || echo 1)
+# Measured from a bare 2-core machine (docs/benchmarks.md#set-up): downloads and installs of the local part,
+# then the rest; each Horovod part's compile with 2 jobs (scaled here by the jobs this machine runs).
+DOWNLOAD_LOCAL_S=${BOOTSTRAP_DOWNLOAD_LOCAL_S:-300} DOWNLOAD_REST_S=${BOOTSTRAP_DOWNLOAD_REST_S:-150}
+COMPILE_TORCH_S=300 COMPILE_TF_S=300
+plan=() seconds=0
+if ! has_module torch; then plan+=("download and install the local job's packages"); seconds=$(( seconds + DOWNLOAD_LOCAL_S )); fi
+if [ "$PART" = all ] && ! has_module tensorflow; then plan+=("download and install the rest (TensorFlow, Pulumi, DALI, the test tools)"); seconds=$(( seconds + DOWNLOAD_REST_S )); fi
+if ! part_cached torch "$torch_pin"; then plan+=("compile Horovod's PyTorch part"); seconds=$(( seconds + COMPILE_TORCH_S * 2 / jobs )); fi
+if [ "$PART" = all ] && ! part_cached tf "$tf_pin"; then plan+=("compile Horovod's TensorFlow part"); seconds=$(( seconds + COMPILE_TF_S * 2 / jobs )); fi
+if [ ${#plan[@]} -eq 0 ]; then plan=("install the pinned packages and the cached Horovod wheel"); seconds=60; fi
+log "setting up $VENV ($PART): about $(( (seconds + 59) / 60 )) minutes on $(nproc) cores: $(IFS=';'; echo "${plan[*]}" | sed 's/;/; /g')"
+
+quiet_pip() { "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1 | quiet; }
 # pip byte-compiles what it installs, and that stays: where PYTHONDONTWRITEBYTECODE is set (this workplace's
 # machines) Python never writes a .pyc itself, so with --no-compile every process compiled every module it
 # imported, every time (tried: set-up 226 -> 191 s, the tests 1.7 times slower).
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$ROOT/requirements.txt" -c "$ROOT/constraints.txt" 2>&1 | quiet
+# torch first (with what importing it may touch), so that Horovod's PyTorch part compiles while pip fetches the rest.
+log "installing torch $torch_pin (a large download: its CUDA libraries come with it)"
+quiet_pip torch torchvision numpy -c "$ROOT/constraints.txt"
+BUILD_LOG=$(mktemp)
+PYTHON="$VENV/bin/python" HOROVOD_FRAMEWORKS=torch "$ROOT/toolchain/build_horovod.sh" >"$BUILD_LOG.out" 2>"$BUILD_LOG" &
+build=$!
+log "installing the local job's packages (payloads/, launcher/)"
+quiet_pip "${LOCAL_REQS[@]/#/-r}" -c "$ROOT/constraints.txt"
+if [ "$PART" = all ]; then
+    log "installing the rest of requirements.txt (TensorFlow, Pulumi, DALI, the test tools)"
+    quiet_pip -r "$ROOT/requirements.txt" -c "$ROOT/constraints.txt"
+fi
 # The platform's library (infra/pyproject.toml): `import trainingplatform` for the launcher, policy and tests.
 install_platform
-
-WHEEL=$(PYTHON="$VENV/bin/python" "$ROOT/toolchain/build_horovod.sh" | tail -1)
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$WHEEL" 2>&1 | quiet
+log "waiting for Horovod's PyTorch part (log: $BUILD_LOG)"
+wait "$build" || { cat "$BUILD_LOG" >&2; log "Horovod's PyTorch part failed to build"; exit 1; }
+FRAMEWORKS=torch
+[ "$PART" = all ] && has_module tensorflow && FRAMEWORKS="torch tf"
+WHEEL=$(PYTHON="$VENV/bin/python" HOROVOD_FRAMEWORKS=$FRAMEWORKS "$ROOT/toolchain/build_horovod.sh" | tail -1)
+rm -f "$BUILD_LOG" "$BUILD_LOG.out"
+quiet_pip --no-deps --force-reinstall "$WHEEL"
 
 # Refuse an environment that would train without working collectives.
 CHECK=$(TF_CPP_MIN_LOG_LEVEL=2 "$VENV/bin/horovodrun" --check-build)
 NEED=("PyTorch" "Gloo")
-"$VENV/bin/python" -c "import tensorflow" 2>/dev/null && NEED+=("TensorFlow")
+[ "$FRAMEWORKS" = "torch tf" ] && NEED+=("TensorFlow")
 command -v mpicxx >/dev/null 2>&1 && NEED+=("MPI")
 for need in "${NEED[@]}"; do
     grep -q "\[X\] $need" <<<"$CHECK" || { echo "$CHECK" >&2; log "Horovod was built without $need"; exit 1; }
 done
-echo "$WANT" >"$STAMP"
-log "environment ready in $(( $(date +%s) - start ))s: $VENV"
+echo "$WANT_LOCAL" >"$STAMP_LOCAL"
+[ "$PART" = all ] && echo "$WANT" >"$STAMP"
+log "environment ready in $(( $(date +%s) - start ))s: $VENV ($PART)"

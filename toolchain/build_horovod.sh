@@ -100,37 +100,91 @@ PY
 then CXX_STD=20; fi
 
 PYTAG=$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-KEY=$( { echo "$HOROVOD_VERSION r$BUILD_REVISION $PYTAG torch=$TORCH tf=$TF mpi=$MPI gpu=$GPU_OPS cxx=$CXX_STD"; cat "$HERE/patch_horovod.py"; } | sha256sum | cut -c1-16)
-OUT="$CACHE/$KEY"
-if ls "$OUT"/horovod-*.whl >/dev/null 2>&1; then
-    log "cached wheel for torch=$TORCH tf=$TF mpi=$MPI gpu=${GPU_OPS:-off} ($OUT)"
-    ls "$OUT"/horovod-*.whl
+# Each framework's extension is built on its own and cached under a key of what went into it (its framework's
+# version, MPI, GPU operations, the C++ standard, the patches): the PyTorch part the local job needs is built
+# first and alone, and adding TensorFlow later compiles only TensorFlow's part. Horovod links its common code into
+# each extension (horovod/torch/mpi_lib_v2*.so, horovod/tensorflow/mpi_lib*.so), so two one-framework wheels of
+# the same sources merge into the wheel a two-framework build makes.
+PARTS=()
+[ "$TORCH" = none ] || PARTS+=(torch)
+[ "$TF" = none ] || PARTS+=(tf)
+if [ -n "${HOROVOD_FRAMEWORKS:-}" ]; then   # a subset of what imports: "torch", "tf" or "torch tf"
+    PARTS=()
+    for part in $HOROVOD_FRAMEWORKS; do
+        case $part in
+            torch) [ "$TORCH" != none ] || { log "HOROVOD_FRAMEWORKS=$HOROVOD_FRAMEWORKS: torch does not import in $PYTHON"; exit 2; } ;;
+            tf) [ "$TF" != none ] || { log "HOROVOD_FRAMEWORKS=$HOROVOD_FRAMEWORKS: tensorflow does not import in $PYTHON"; exit 2; } ;;
+            *) log "HOROVOD_FRAMEWORKS=$HOROVOD_FRAMEWORKS: each word is torch or tf"; exit 2 ;;
+        esac
+        PARTS+=("$part")
+    done
+fi
+part_line() {   # what one framework's part is built from (its cache folder's key.txt: bootstrap.sh reads it)
+    local version=$TORCH; [ "$1" = tf ] && version=$TF
+    echo "$HOROVOD_VERSION r$BUILD_REVISION $PYTAG $1=$version mpi=$MPI gpu=$GPU_OPS cxx=$CXX_STD"
+}
+part_key() { { part_line "$1"; cat "$HERE/patch_horovod.py"; } | sha256sum | cut -c1-16; }
+# `build_horovod.sh --plan`: the parts a build would compile (not cached), one per line; bootstrap.sh says so first.
+if [ "${1:-}" = "--plan" ]; then
+    for part in "${PARTS[@]}"; do ls "$CACHE/$(part_key "$part")"/horovod-*.whl >/dev/null 2>&1 || echo "$part"; done
     exit 0
 fi
 
 JOBS=${HOROVOD_BUILD_JOBS:-$(build_jobs)}
-log "building Horovod $HOROVOD_VERSION for torch=$TORCH tf=$TF mpi=$MPI gpu=${GPU_OPS:-off}, C++$CXX_STD, $JOBS parallel jobs (about 3-5 minutes)"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 if [ -n "$SDIST" ]; then
-    log "from $SDIST (no download)"
     cp "$SDIST" "$WORK/"
-else
-    "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$WORK" 2>&1 | { grep -v "is neither a file nor a directory" || true; } >&2
 fi
-tar -xzf "$WORK/horovod-$HOROVOD_VERSION.tar.gz" -C "$WORK"
-SRC="$WORK/horovod-$HOROVOD_VERSION"
-CPU_ONLY=()
-[ -n "$GPU_OPS" ] || CPU_ONLY=(--cpu-only)
-"$PYTHON" "$HERE/patch_horovod.py" "$SRC" --cxx-standard "$CXX_STD" "${CPU_ONLY[@]}" >&2
+
+build_part() {   # build_part torch|tf: prints the part's cached wheel
+    local part=$1 out with_torch=none with_tf=none src
+    out="$CACHE/$(part_key "$part")"
+    if ls "$out"/horovod-*.whl >/dev/null 2>&1; then
+        log "cached $part part for torch=$TORCH tf=$TF mpi=$MPI gpu=${GPU_OPS:-off} ($out)"
+        ls "$out"/horovod-*.whl
+        return
+    fi
+    if [ "$part" = torch ]; then with_torch=$TORCH; else with_tf=$TF; fi
+    log "building Horovod $HOROVOD_VERSION's $part part (torch=$with_torch tf=$with_tf mpi=$MPI gpu=${GPU_OPS:-off}), C++$CXX_STD, $JOBS parallel jobs (about 5 minutes on 2 cores)"
+    if [ ! -f "$WORK/horovod-$HOROVOD_VERSION.tar.gz" ]; then
+        "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$WORK" 2>&1 | { grep -v "is neither a file nor a directory" || true; } >&2
+    elif [ -n "$SDIST" ]; then
+        log "from $SDIST (no download)"
+    fi
+    src="$WORK/$part/horovod-$HOROVOD_VERSION"
+    mkdir -p "$WORK/$part"
+    tar -xzf "$WORK/horovod-$HOROVOD_VERSION.tar.gz" -C "$WORK/$part"
+    local cpu_only=()
+    [ -n "$GPU_OPS" ] || cpu_only=(--cpu-only)
+    "$PYTHON" "$HERE/patch_horovod.py" "$src" --cxx-standard "$CXX_STD" "${cpu_only[@]}" >&2
+    local build_env=(
+        "$(flag PYTORCH "$with_torch")" "$(flag TENSORFLOW "$with_tf")" "$(flag MPI "$MPI")"
+        HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_GLOO=1
+        CMAKE_POLICY_VERSION_MINIMUM=3.5                # CMake 4 refuses the bundled third_party's old minimums
+        MAKEFLAGS="-j$JOBS"
+        "${GPU_ENV[@]}"
+    )
+    log "env: ${build_env[*]}"
+    # --no-build-isolation: Horovod must compile against the torch/tensorflow already installed in $PYTHON.
+    env "${build_env[@]}" "$PYTHON" -m pip wheel --no-deps --no-build-isolation -w "$WORK/$part/dist" "$src" >"$WORK/$part/build.log" 2>&1 || {
+        # The first error (CMake's configure, a compiler's) is often far above the traceback that ends the log.
+        { grep -n -m1 -B3 -A25 "CMake Error" "$WORK/$part/build.log" || grep -n -m1 -B3 -A12 -E "[^-]error:|Error [0-9]+" "$WORK/$part/build.log"; } >&2 || true
+        log "... the log's end:"
+        tail -40 "$WORK/$part/build.log" >&2
+        cp "$WORK/$part/build.log" "${TMPDIR:-/tmp}/horovod-build-$part.log"
+        log "build failed; the full log is ${TMPDIR:-/tmp}/horovod-build-$part.log"
+        exit 1
+    }
+    mkdir -p "$out"
+    cp "$WORK/$part"/dist/horovod-*.whl "$out/"
+    part_line "$part" >"$out/key.txt"
+    log "built $(ls "$out"/horovod-*.whl)"
+    ls "$out"/horovod-*.whl
+}
 
 flag() { if [ "$2" != none ]; then echo "HOROVOD_WITH_$1=1"; else echo "HOROVOD_WITHOUT_$1=1"; fi; }
-BUILD_ENV=(
-    "$(flag PYTORCH "$TORCH")" "$(flag TENSORFLOW "$TF")" "$(flag MPI "$MPI")"
-    HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_GLOO=1
-    CMAKE_POLICY_VERSION_MINIMUM=3.5                # CMake 4 refuses the bundled third_party's old minimums
-    MAKEFLAGS="-j$JOBS"
-)
+GPU_ENV=()
 if [ -n "$GPU_OPS" ] && [ -z "${HOROVOD_CUDA_HOME:-}" ]; then
     # A CUDA runtime image has /usr/local/cuda without the compiler; /usr/bin/nvcc is often a link into the toolkit.
     CUDA_DEFAULT=${HOROVOD_CUDA_DEFAULT:-/usr/local/cuda}   # replaced by the tests
@@ -141,29 +195,54 @@ if [ -n "$GPU_OPS" ] && [ -z "${HOROVOD_CUDA_HOME:-}" ]; then
 fi
 if [ -n "$GPU_OPS" ]; then
     # CUDA_HOME too: torch otherwise guesses it from `which nvcc` and hands Horovod a path without cudart.
-    BUILD_ENV+=(HOROVOD_GPU_OPERATIONS="$GPU_OPS" HOROVOD_CUDA_HOME="${HOROVOD_CUDA_HOME:-/usr/local/cuda}"
-                CUDA_HOME="${HOROVOD_CUDA_HOME:-/usr/local/cuda}"
-                # CUDA 13 builds sm_75 and newer only: T4, A100, A10, H100/H200.
-                HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-75,80,86,90}")
+    GPU_ENV+=(HOROVOD_GPU_OPERATIONS="$GPU_OPS" HOROVOD_CUDA_HOME="${HOROVOD_CUDA_HOME:-/usr/local/cuda}"
+              CUDA_HOME="${HOROVOD_CUDA_HOME:-/usr/local/cuda}"
+              # CUDA 13 builds sm_75 and newer only: T4, A100, A10, H100/H200.
+              HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-75,80,86,90}")
     if [ "$GPU_OPS" = NCCL ] && [ -z "${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_INCLUDE:-}" ]; then
         # Link against the NCCL that torch's wheel brings (nvidia-nccl-*), so both load the same library.
         NCCL_DIR=$("$PYTHON" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])')
         [ -e "$NCCL_DIR/lib/libnccl.so" ] || ln -s libnccl.so.2 "$NCCL_DIR/lib/libnccl.so"
-        BUILD_ENV+=(HOROVOD_NCCL_INCLUDE="$NCCL_DIR/include" HOROVOD_NCCL_LIB="$NCCL_DIR/lib" HOROVOD_NCCL_LINK=SHARED)
+        GPU_ENV+=(HOROVOD_NCCL_INCLUDE="$NCCL_DIR/include" HOROVOD_NCCL_LIB="$NCCL_DIR/lib" HOROVOD_NCCL_LINK=SHARED)
     fi
 fi
-log "env: ${BUILD_ENV[*]}"
-# --no-build-isolation: Horovod must compile against the torch/tensorflow already installed in $PYTHON.
-env "${BUILD_ENV[@]}" "$PYTHON" -m pip wheel --no-deps --no-build-isolation -w "$WORK/dist" "$SRC" >"$WORK/build.log" 2>&1 || {
-    # The first error (CMake's configure, a compiler's) is often far above the traceback that ends the log.
-    { grep -n -m1 -B3 -A25 "CMake Error" "$WORK/build.log" || grep -n -m1 -B3 -A12 -E "[^-]error:|Error [0-9]+" "$WORK/build.log"; } >&2 || true
-    log "... the log's end:"
-    tail -40 "$WORK/build.log" >&2
-    log "build failed; the full log was $WORK/build.log"
-    trap - EXIT
-    exit 1
-}
-mkdir -p "$OUT"
-cp "$WORK"/dist/horovod-*.whl "$OUT/"
-log "built $(ls "$OUT"/horovod-*.whl)"
+
+WHEELS_BUILT=()
+for part in "${PARTS[@]}"; do
+    WHEELS_BUILT+=("$(build_part "$part" | tail -1)")
+done
+if [ ${#WHEELS_BUILT[@]} -eq 1 ]; then
+    echo "${WHEELS_BUILT[0]}"
+    exit 0
+fi
+# Two parts: one wheel holding both extensions (the same sources; only the .so files differ), its RECORD rewritten.
+OUT="$CACHE/$( { for part in "${PARTS[@]}"; do part_key "$part"; done; } | sha256sum | cut -c1-16)"
+if ! ls "$OUT"/horovod-*.whl >/dev/null 2>&1; then
+    mkdir -p "$OUT"
+    "$PYTHON" - "$OUT" "${WHEELS_BUILT[@]}" <<'PY' >&2
+import base64, hashlib, os, sys, zipfile
+
+out, first, *rest = sys.argv[1:]
+names, entries = set(), []
+for wheel in (first, *rest):
+    with zipfile.ZipFile(wheel) as z:
+        for info in z.infolist():
+            if info.filename not in names and not info.filename.endswith(".dist-info/RECORD"):
+                names.add(info.filename)
+                entries.append((info, z.read(info)))
+record = next(i.filename for i in zipfile.ZipFile(first).infolist() if i.filename.endswith(".dist-info/RECORD"))
+lines = []
+for info, data in entries:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    lines.append(f"{info.filename},sha256={digest},{len(data)}")
+lines.append(f"{record},,")
+target = os.path.join(out, os.path.basename(first))
+with zipfile.ZipFile(target + ".part", "w", zipfile.ZIP_DEFLATED) as z:
+    for info, data in entries:
+        z.writestr(info, data)
+    z.writestr(record, "\n".join(lines) + "\n")
+os.replace(target + ".part", target)
+print(f"[build_horovod] merged {len(sys.argv) - 2} parts into {target}")
+PY
+fi
 ls "$OUT"/horovod-*.whl

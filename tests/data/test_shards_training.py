@@ -5,7 +5,7 @@ import re
 
 import numpy as np
 import pytest
-from helpers import TINY, metrics, train
+from helpers import TINY, max_diff, metrics, train
 from PIL import Image
 
 from datatools import prepare
@@ -193,7 +193,7 @@ def test_gpu_decode_runs_its_cpu_fallback_in_two_processes(tmp_path):
         runs[name] = final_weights(out)
 
     def diff(a, b):
-        return max((runs[a][k].double() - runs[b][k].double()).abs().max().item() for k in runs[a])
+        return max_diff(runs[a], runs[b])
 
     near, far = diff("gpu", "cpu"), diff("gpu", "other")
     print(f"--gpu-decode fallback vs CPU decoder: {near:.3g}; vs another seed: {far:.3g}")

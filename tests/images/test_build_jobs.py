@@ -246,3 +246,79 @@ def test_a_machine_without_a_cxx_compiler_is_told_before_anything_is_built(tmp_p
     proc, calls, _ = _offline_build(tmp_path, _sdist(tmp_path), path=_path_without_cxx(tmp_path, versioned=()))
     assert proc.returncode == 2 and "no C++ compiler" in proc.stderr and "apt-get install g++" in proc.stderr
     assert "pip wheel" not in calls
+
+
+def test_each_framework_part_is_compiled_once_and_two_parts_merge_into_one_wheel(tmp_path):
+    """The local job needs Horovod's PyTorch part alone (bootstrap.sh local); adding TensorFlow later compiles only
+    TensorFlow's part, and the wheel installed then holds both extensions with a RECORD that matches its files.
+    `pip wheel` is a shim that writes a one-framework wheel as Horovod's build would (the framework's extension and
+    the shared Python), by the HOROVOD_WITH_* flags it is given."""
+    import base64
+    import hashlib
+    import zipfile
+
+    calls = tmp_path / "calls.log"
+    maker = tmp_path / "make_wheel.py"
+    maker.write_text(
+        "import os, sys, zipfile\n"
+        "out = sys.argv[1]; os.makedirs(out, exist_ok=True)\n"
+        "so = {'PYTORCH': 'horovod/torch/mpi_lib_v2.cpython-311-x86_64-linux-gnu.so',\n"
+        "      'TENSORFLOW': 'horovod/tensorflow/mpi_lib.cpython-311-x86_64-linux-gnu.so'}\n"
+        "with zipfile.ZipFile(os.path.join(out, 'horovod-0.28.1-cp311-cp311-linux_x86_64.whl'), 'w') as z:\n"
+        "    z.writestr('horovod/__init__.py', '# shared\\n')\n"
+        "    for fw, name in so.items():\n"
+        "        if os.environ.get('HOROVOD_WITH_' + fw) == '1':\n"
+        "            z.writestr(name, fw * 100)\n"
+        "            open(sys.argv[2], 'a').write('compiled ' + fw + '\\n')\n"
+        "    z.writestr('horovod-0.28.1.dist-info/RECORD', 'stale\\n')\n"
+    )
+    shim = tmp_path / "python"
+    shim.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$1 $2 $3" = "-m pip wheel" ]; then for a in "$@"; do [ "$prev" = -w ] && out=$a; prev=$a; done\n'
+        f'  exec {ROOT}/.venv/bin/python {maker} "$out" {calls}; fi\n'
+        'case "$1" in *patch_horovod.py) exit 0;; esac\n'
+        'if [ "$1" = -c ]; then case "$2" in *tensorflow.__version__*) echo 2.15.1; exit 0;;\n'
+        '  *torch.__version__*) echo 2.14.1; exit 0;; "import torch"|"import tensorflow") exit 0;; esac; fi\n'
+        f'exec {ROOT}/.venv/bin/python "$@"\n'
+    )
+    shim.chmod(0o755)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")},
+        "PYTHON": str(shim),
+        "HOROVOD_WHEEL_CACHE": str(tmp_path / "cache"),
+        "HOROVOD_SDIST": str(_sdist(tmp_path)),
+        "HOROVOD_BUILD_JOBS": "1",
+    }
+
+    def build(*args, **extra):
+        proc = subprocess.run(["bash", str(SCRIPT), *args], env={**env, **extra}, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip().splitlines()
+
+    def compiled():
+        return calls.read_text().splitlines() if calls.exists() else []
+
+    def members(wheel):
+        with zipfile.ZipFile(wheel) as z:
+            return {i.filename: z.read(i) for i in z.infolist()}
+
+    assert build("--plan") == ["torch", "tf"]
+    torch_only = build(HOROVOD_FRAMEWORKS="torch")[-1]
+    assert compiled() == ["compiled PYTORCH"]
+    assert not any("tensorflow/" in name for name in members(torch_only))
+    assert build("--plan") == ["tf"]  # the PyTorch part is cached
+
+    both = build()[-1]
+    assert compiled() == ["compiled PYTORCH", "compiled TENSORFLOW"]  # TensorFlow's part alone was compiled
+    assert build("--plan") == [] and build()[-1] == both and len(compiled()) == 2  # and nothing again
+    files = members(both)
+    assert {"horovod/torch/mpi_lib_v2.cpython-311-x86_64-linux-gnu.so",
+            "horovod/tensorflow/mpi_lib.cpython-311-x86_64-linux-gnu.so", "horovod/__init__.py"} < files.keys()  # fmt: skip
+    record = dict(line.split(",", 1) for line in files.pop("horovod-0.28.1.dist-info/RECORD").decode().splitlines())
+    assert record.pop("horovod-0.28.1.dist-info/RECORD") == ","
+    assert record.keys() == files.keys()
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        assert record[name] == f"sha256={digest},{len(data)}", name

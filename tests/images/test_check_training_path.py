@@ -12,7 +12,6 @@ import subprocess
 import sys
 import tempfile
 
-import helpers
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -26,12 +25,11 @@ check = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(check)
 
 
-def run_check(*args, env_extra=None, timeout=1800, python=None) -> subprocess.CompletedProcess:
-    """The check as an image build runs it; its PyTorch step's two ranks warm-started (helpers.python) unless
-    `python` says otherwise."""
+def run_check(*args, env_extra=None, timeout=1800) -> subprocess.CompletedProcess:
+    """The check as an image build runs it."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env_extra or {})}
     return subprocess.run(
-        [python or helpers.python(), str(SCRIPT), *args],
+        [sys.executable, str(SCRIPT), *args],
         capture_output=True,
         text=True,
         env=env,
@@ -52,7 +50,6 @@ def _step_with(site: pathlib.Path, monkeypatch) -> list[str]:
     """The check's two-process step (check_step, as main() runs it) with `site`'s sitecustomize in the workers."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
-    monkeypatch.setattr(sys, "executable", helpers.python())  # the step's ranks warm-started
     return check.check_step("pytorch", HOROVODRUN, 600)
 
 
@@ -83,16 +80,15 @@ def test_a_resume_that_seeds_the_optimizer_with_horovods_zero_step_fails_the_che
         "    backends.Horovod.broadcast_optimizer_state = (\n"
         "        lambda self, opt: self.hvd.broadcast_optimizer_state(opt, root_rank=0))\n"
     )
-    # The ranks' temporary folder: this one, or the session's where a warm-start server had already read that one.
-    folders = [tmp_path / "tmp", pathlib.Path(tempfile.gettempdir())]
-    folders[0].mkdir()
+    folder = tmp_path / "tmp"  # the ranks' temporary folder
+    folder.mkdir()
 
     def left() -> set[pathlib.Path]:
-        return {p for folder in folders for p in folder.iterdir() if p.name.startswith("check-")}
+        return {p for p in folder.iterdir() if p.name.startswith("check-")}
 
     before = left()
-    monkeypatch.setenv("TMPDIR", str(folders[0]))
-    monkeypatch.setattr(tempfile, "tempdir", str(folders[0]))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
     # The step alone, from here: the rest of the check (imports, --check-build) is the passing test's.
     problems = _step_with(site, monkeypatch)
     assert len(problems) == 1 and "the two-process pytorch optimizer step failed" in problems[0], problems
@@ -120,8 +116,7 @@ def test_an_rc1_interpreter_fails_the_check_naming_the_cause_where_check_build_p
     )
     assert step.returncode != 0 and "get_int_max_str_digits" in step.stderr, step.stderr[-2000:]
 
-    # Cold: the rc1 interpreter's fault is in torch's import, which a warm rank inherits from its server.
-    proc = run_check("--framework", "pytorch", *LOCAL_REQUIRE, env_extra=env, python=sys.executable)
+    proc = run_check("--framework", "pytorch", *LOCAL_REQUIRE, env_extra=env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     # what the images checked before, run by the check in the same interpreter: Horovod's extensions load
     assert "[check] horovodrun --check-build (PyTorch, Gloo" in proc.stdout

@@ -214,7 +214,7 @@ def test_cpu_cluster_environment_runs_the_health_check_under_mpirun(tmp_path):
     proc = mpirun(
         env,
         [
-            helpers.python(),
+            sys.executable,
             "-m",
             "payloads.healthcheck",
             "--sizes-mb",
@@ -304,7 +304,7 @@ def test_a_gpu_cluster_job_on_a_node_without_visible_gpus_fails_naming_the_drive
     two ranks stop at start-up with the cause, instead of measuring (or training) on the CPU."""
     env = interconnect.environment(cluster("Standard_NC24ads_A100_v4"), 1)
     report = tmp_path / "allreduce.json"
-    proc = mpirun(env, [helpers.python(), "-m", "payloads.healthcheck", "--sizes-mb", "1", "--output", str(report)])
+    proc = mpirun(env, [sys.executable, "-m", "payloads.healthcheck", "--sizes-mb", "1", "--output", str(report)])
     assert proc.returncode != 0
     assert "this node should have 1 GPUs (TRAINING_GPUS_PER_NODE" in proc.stderr
     assert "NVIDIA driver" in proc.stderr and not report.exists()
@@ -355,20 +355,20 @@ STOP_ARGS += ["--epochs", "2", "--checkpoint-every-minutes", "0"]
 
 
 def _stopped_under_mpirun(out, job_env: dict) -> tuple[subprocess.CompletedProcess, list]:
-    """The payload's 2 ranks under a real mpirun with `job_env` over the tests' environment; both ranks wait at
-    step 10 (tests/stop_at) and their stop's checkpoint write is held 3 s; mpirun gets the SIGTERM (what Azure
-    ML signals), once both heartbeats show 10 steps."""
+    """The payload's 2 ranks under a real mpirun with `job_env` over the tests' environment; both ranks wait after
+    step 1 (tests/stop_at, STOP_HOLD) and their stop's checkpoint write is held 3 s; mpirun gets the SIGTERM (what
+    Azure ML signals), once both heartbeats show that step."""
     import signal
 
     from payloads.common import checkpoint
 
-    env = {**helpers.stop_at_env(10, [0, 1]), **job_env, "STOP_SAVE_SECONDS": "3"}
+    env = {**helpers.stop_at_env(1, [0, 1], hold=True), **job_env, "STOP_SAVE_SECONDS": "3"}
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     cmd = ["mpirun", *root, "--oversubscribe", "--bind-to", "none", "-np", "2", sys.executable, "-m"]
     cmd += ["payloads.pytorch.train", *STOP_ARGS, "--output-dir", str(out)]
     proc = subprocess.Popen(cmd, cwd=helpers.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        helpers.wait_for_steps(proc, out, 10)
+        helpers.wait_for_steps(proc, out, 1)
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
@@ -433,8 +433,8 @@ def test_a_stop_through_mpirun_leaves_the_mid_epoch_checkpoint_with_the_jobs_set
     proc, kept = _stopped_under_mpirun(tmp_path / "job", {**env, "OMPI_MCA_odls_base_sigkill_timeout": "8"})
     text = proc.stdout + proc.stderr
     lines = [ln for ln in text.splitlines() if "stopped by mpirun's stop (SIGCONT, SIGTERM to follow): wrote" in ln]
-    assert len(lines) == 2 and all("checkpoint-epoch-0000-step-000010.pt" in ln for ln in lines), text[-3000:]
-    assert [p.name for _, p in kept] == ["checkpoint-epoch-0000-step-000010.pt"]  # complete, marker and all
+    assert len(lines) == 2 and all("checkpoint-epoch-0000-step-000001.pt" in ln for ln in lines), text[-3000:]
+    assert [p.name for _, p in kept] == ["checkpoint-epoch-0000-step-000001.pt"]  # complete, marker and all
 
     default = {k: v for k, v in env.items() if k not in interconnect.MPI_STOP_ENV}
     proc, kept = _stopped_under_mpirun(tmp_path / "default", default)

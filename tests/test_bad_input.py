@@ -82,12 +82,12 @@ def _tree(root: pathlib.Path, classes=3, per_class=8) -> pathlib.Path:
     return root
 
 
-@pytest.mark.launches
-def test_global_batch_below_world_size_fails_the_distributed_job(tmp_path):
-    proc = train(2, TINY + ["--global-batch-size", "1", "--epochs", "1", "--output-dir", str(tmp_path)], check=False)
-    assert proc.returncode != 0
-    assert "--global-batch-size 1 is below the number of processes (2)" in proc.stderr + proc.stdout
-    assert not (tmp_path / "checkpoints").exists(), "nothing may be trained or written"
+def test_a_global_batch_the_processes_cannot_share_is_refused_naming_the_fix():
+    """In-process: how a refusal ends a two-process job is the missing data folder's test below."""
+    with pytest.raises(ConfigError, match=r"--global-batch-size 1 is below the number of processes \(2\)"):
+        parse("--global-batch-size", "1").per_process_batch(2)
+    with pytest.raises(ConfigError, match="does not divide evenly over 2 processes: use a multiple of 2, e.g. 2"):
+        parse("--global-batch-size", "3").per_process_batch(2)
 
 
 @pytest.mark.launches
@@ -109,6 +109,7 @@ def test_missing_data_dir_fails_the_distributed_job(tmp_path):
     )
     assert proc.returncode != 0
     assert "missing does not exist" in proc.stderr + proc.stdout
+    assert not (tmp_path / "out" / "checkpoints").exists(), "nothing may be trained or written"
 
 
 @pytest.mark.launches

@@ -54,6 +54,7 @@ def fp32(tmp_path_factory):
 
 
 @pytest.mark.launches
+@pytest.mark.one_core  # DDP ranks wait without spinning: about one core (tests/README.md)
 def test_two_ddp_processes_average_exactly_and_agree_with_horovod(fp32, tmp_path):
     two, one, control = fp32
     diff = max_diff(two, one)
@@ -70,6 +71,7 @@ def test_two_ddp_processes_average_exactly_and_agree_with_horovod(fp32, tmp_path
 
 
 @pytest.mark.launches
+@pytest.mark.one_core  # DDP ranks wait without spinning: about one core (tests/README.md)
 def test_backward_passes_per_step_accumulate_then_average(fp32, tmp_path):
     """2 processes x 2 micro-batches of 8 (no_sync on the first) = 1 process x 32, at the same LR: base 0.025 x 2
     processes x 2 passes = 0.1."""
@@ -89,6 +91,7 @@ def test_backward_passes_per_step_accumulate_then_average(fp32, tmp_path):
 
 
 @pytest.mark.launches
+@pytest.mark.one_core  # DDP ranks wait without spinning: about one core (tests/README.md)
 def test_fp16_allreduce_averages_through_the_compression_hook(fp32, tmp_path):
     """--fp16-allreduce: DDP's fp16_compress_hook rounds each gradient bucket to fp16 on the wire (11 significant
     bits), so the run is near the 1-process one, not at it; and not at the uncompressed DDP run either."""
@@ -106,6 +109,7 @@ def test_fp16_allreduce_averages_through_the_compression_hook(fp32, tmp_path):
 
 
 @pytest.mark.launches
+@pytest.mark.one_core  # DDP ranks wait without spinning: about one core (tests/README.md)
 def test_device_defaults_channels_last_and_bf16_autocast_average(tmp_path):
     """What a GPU switches on by default, here on the CPU: channels_last and mixed precision (bf16 on a CPU, no
     loss scaler), across two DDP processes. bf16 keeps 8 significant bits: the tolerance is
@@ -123,6 +127,7 @@ def test_device_defaults_channels_last_and_bf16_autocast_average(tmp_path):
 
 
 @pytest.mark.launches
+@pytest.mark.one_core  # DDP ranks wait without spinning: about one core (tests/README.md)
 def test_resume_equals_straight_and_checkpoints_cross_backends(tmp_path):
     """fp16 with its loss scaler (the T4/V100 path), started at 2^24 so that the scale backs off in epoch 1: a rank
     resumed at another scale would unscale the averaged gradient by another factor and drift from the others.
@@ -173,6 +178,7 @@ def test_resume_equals_straight_and_checkpoints_cross_backends(tmp_path):
 
 
 @pytest.mark.launches
+@pytest.mark.one_core  # DDP ranks wait without spinning: about one core (tests/README.md)
 def test_options_ddp_lacks_are_refused_naming_the_backend(tmp_path):
     proc = subprocess.run(
         [*python_m("payloads.pytorch.train"), "--backend", "ddp", "--adasum"],

@@ -258,6 +258,11 @@ def test_every_job_has_a_timeout_that_azure_ml_sends(dev_outputs, job):
     assert seconds > int(filled["environment_variables"]["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"])
 
 
+# mpirun's grace between its SIGCONT and SIGTERM (MPI_STOP_ENV: 30 s) also runs when a rank fails: mpirun then
+# takes about twice the grace to end, every rank already gone (measured: 61 s for a health check refused at
+# start-up). Cut to 3 s where a test is about something else.
+SHORT_GRACE = {"OMPI_MCA_odls_base_sigkill_timeout": "3"}
+
 STALLED = """
 import time, horovod.torch as hvd, torch
 hvd.init()
@@ -278,6 +283,7 @@ def test_a_stalled_rank_ends_the_job_instead_of_hanging():
     env = interconnect.environment(cluster("Standard_D4s_v5"), 2)
     assert {"HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"} <= set(env)
     env.update(HOROVOD_STALL_CHECK_TIME_SECONDS="2", HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="5")
+    env.update(SHORT_GRACE)
     start = time.monotonic()
     proc = mpirun(env, [sys.executable, "-c", STALLED], timeout=110)
     assert proc.returncode != 0 and "allreduce returned" not in proc.stdout
@@ -302,7 +308,7 @@ def test_launcher_and_payloads_name_the_same_variables():
 def test_a_gpu_cluster_job_on_a_node_without_visible_gpus_fails_naming_the_driver(tmp_path):
     """The environment of an NC24ads_A100_v4 job (1 GPU per node) on this GPU-less machine: the health check's
     two ranks stop at start-up with the cause, instead of measuring (or training) on the CPU."""
-    env = interconnect.environment(cluster("Standard_NC24ads_A100_v4"), 1)
+    env = {**interconnect.environment(cluster("Standard_NC24ads_A100_v4"), 1), **SHORT_GRACE}
     report = tmp_path / "allreduce.json"
     proc = mpirun(env, [sys.executable, "-m", "payloads.healthcheck", "--sizes-mb", "1", "--output", str(report)])
     assert proc.returncode != 0

@@ -68,6 +68,27 @@ if done_already; then
 fi
 
 start=$(date +%s)
+# ---- what this run will do, and how long that takes, said before it starts
+torch_pin=$(sed -n 's/^torch==\([^ ]*\).*/\1/p' "$ROOT/payloads/requirements.txt")
+tf_pin=$(sed -n 's/^tensorflow-cpu==\([^ ]*\).*/\1/p' "$ROOT/payloads/requirements-tensorflow.txt")
+has_module() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)" 2>/dev/null; }
+# A framework's Horovod part is compiled unless the wheel cache has one for its pinned version (build_horovod.sh
+# writes key.txt beside each part; Open MPI's version is left out of this guess).
+part_cached() { grep -qs -- " $1=$2[+ ]" "${HOROVOD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/azure-horovod-training/wheels}"/*/key.txt; }
+jobs=$("$ROOT/toolchain/build_horovod.sh" --jobs 2>/dev/null || echo 1)
+# Measured from a bare 2-core machine, rounded up (docs/benchmarks.md#set-up-and-ci): the local part's downloads
+# and installs (75 s), the rest's; each Horovod part's compile with 2 jobs (the PyTorch part 150 s, overlapping
+# the local part's second half), scaled here by the jobs this machine runs. The network sets the first two.
+DOWNLOAD_LOCAL_S=90 DOWNLOAD_REST_S=150
+COMPILE_TORCH_S=160 COMPILE_TF_S=300
+plan=() seconds=0
+if ! has_module torch; then plan+=("download and install the local job's packages"); seconds=$(( seconds + DOWNLOAD_LOCAL_S )); fi
+if [ "$PART" = all ] && ! has_module tensorflow; then plan+=("download and install the rest (TensorFlow, Pulumi, DALI, the test tools)"); seconds=$(( seconds + DOWNLOAD_REST_S )); fi
+if ! part_cached torch "$torch_pin"; then plan+=("compile Horovod's PyTorch part"); seconds=$(( seconds + COMPILE_TORCH_S * 2 / jobs )); fi
+if [ "$PART" = all ] && ! part_cached tf "$tf_pin"; then plan+=("compile Horovod's TensorFlow part"); seconds=$(( seconds + COMPILE_TF_S * 2 / jobs )); fi
+if [ ${#plan[@]} -eq 0 ]; then plan=("install the pinned packages and the cached Horovod wheel"); seconds=60; fi
+log "setting up $VENV ($PART): about $(( (seconds + 59) / 60 )) minutes on $(nproc) cores: $(IFS=';'; echo "${plan[*]}" | sed 's/;/; /g')"
+
 "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null ||
     log "warning: $("$PY" --version) found; the pins are tested on Python 3.11"
 if [ ! -x "$VENV/bin/python" ]; then
@@ -98,26 +119,6 @@ if ! compgen -G "$VENV/lib/python3*/site-packages/torch" >/dev/null; then
         exit 1
     fi
 fi
-
-# ---- what this run will do, and how long that takes, said before it starts
-torch_pin=$(sed -n 's/^torch==\([^ ]*\).*/\1/p' "$ROOT/payloads/requirements.txt")
-tf_pin=$(sed -n 's/^tensorflow-cpu==\([^ ]*\).*/\1/p' "$ROOT/payloads/requirements-tensorflow.txt")
-has_module() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)" 2>/dev/null; }
-# A framework's Horovod part is compiled unless the wheel cache has one for its pinned version (build_horovod.sh
-# writes key.txt beside each part; Open MPI's version is left out of this guess).
-part_cached() { grep -qs -- " $1=$2[+ ]" "${HOROVOD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/azure-horovod-training/wheels}"/*/key.txt; }
-jobs=$("$ROOT/toolchain/build_horovod.sh" --jobs 2>/dev/null || echo 1)
-# Measured from a bare 2-core machine (docs/benchmarks.md#set-up): downloads and installs of the local part,
-# then the rest; each Horovod part's compile with 2 jobs (scaled here by the jobs this machine runs).
-DOWNLOAD_LOCAL_S=${BOOTSTRAP_DOWNLOAD_LOCAL_S:-300} DOWNLOAD_REST_S=${BOOTSTRAP_DOWNLOAD_REST_S:-150}
-COMPILE_TORCH_S=300 COMPILE_TF_S=300
-plan=() seconds=0
-if ! has_module torch; then plan+=("download and install the local job's packages"); seconds=$(( seconds + DOWNLOAD_LOCAL_S )); fi
-if [ "$PART" = all ] && ! has_module tensorflow; then plan+=("download and install the rest (TensorFlow, Pulumi, DALI, the test tools)"); seconds=$(( seconds + DOWNLOAD_REST_S )); fi
-if ! part_cached torch "$torch_pin"; then plan+=("compile Horovod's PyTorch part"); seconds=$(( seconds + COMPILE_TORCH_S * 2 / jobs )); fi
-if [ "$PART" = all ] && ! part_cached tf "$tf_pin"; then plan+=("compile Horovod's TensorFlow part"); seconds=$(( seconds + COMPILE_TF_S * 2 / jobs )); fi
-if [ ${#plan[@]} -eq 0 ]; then plan=("install the pinned packages and the cached Horovod wheel"); seconds=60; fi
-log "setting up $VENV ($PART): about $(( (seconds + 59) / 60 )) minutes on $(nproc) cores: $(IFS=';'; echo "${plan[*]}" | sed 's/;/; /g')"
 
 quiet_pip() { "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1 | quiet; }
 # pip byte-compiles what it installs, and that stays: where PYTHONDONTWRITEBYTECODE is set (this workplace's

@@ -77,10 +77,10 @@ has_module() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import import
 part_cached() { grep -qs -- " $1=$2[+ ]" "${HOROVOD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/azure-horovod-training/wheels}"/*/key.txt; }
 jobs=$("$ROOT/toolchain/build_horovod.sh" --jobs 2>/dev/null || echo 1)
 # Measured from a bare 2-core machine, rounded up (docs/benchmarks.md#set-up-and-ci): the local part's downloads
-# and installs (75 s), the rest's; each Horovod part's compile with 2 jobs (the PyTorch part 150 s, overlapping
-# the local part's second half), scaled here by the jobs this machine runs. The network sets the first two.
-DOWNLOAD_LOCAL_S=90 DOWNLOAD_REST_S=150
-COMPILE_TORCH_S=160 COMPILE_TF_S=300
+# and installs (75 s), the rest's (57 s); each Horovod part's compile with 2 jobs (PyTorch's 150 s, overlapping
+# the local part's second half; TensorFlow's 124 s), scaled by the jobs this machine runs. The network sets the first two.
+DOWNLOAD_LOCAL_S=90 DOWNLOAD_REST_S=60
+COMPILE_TORCH_S=160 COMPILE_TF_S=130
 plan=() seconds=0
 if ! has_module torch; then plan+=("download and install the local job's packages"); seconds=$(( seconds + DOWNLOAD_LOCAL_S )); fi
 if [ "$PART" = all ] && ! has_module tensorflow; then plan+=("download and install the rest (TensorFlow, Pulumi, DALI, the test tools)"); seconds=$(( seconds + DOWNLOAD_REST_S )); fi
@@ -125,7 +125,7 @@ quiet_pip() { "$VENV/bin/python" -m pip install --quiet --disable-pip-version-ch
 # machines) Python never writes a .pyc itself, so with --no-compile every process compiled every module it
 # imported, every time (tried: set-up 226 -> 191 s, the tests 1.7 times slower).
 # torch first (with what importing it may touch), so that Horovod's PyTorch part compiles while pip fetches the rest.
-log "installing torch $torch_pin (a large download: its CUDA libraries come with it)"
+has_module torch || log "installing torch $torch_pin (a large download: its CUDA libraries come with it)"
 quiet_pip torch torchvision numpy -c "$ROOT/constraints.txt"
 BUILD_LOG=$(mktemp)
 PYTHON="$VENV/bin/python" HOROVOD_FRAMEWORKS=torch "$ROOT/toolchain/build_horovod.sh" >"$BUILD_LOG.out" 2>"$BUILD_LOG" &

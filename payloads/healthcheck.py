@@ -1056,4 +1056,6 @@ def training_line(t: dict, processes: int) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from payloads.common.entry import finish
+
+    finish(main())

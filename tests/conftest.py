@@ -40,15 +40,18 @@ def pytest_configure(config):
     )
     # The platform program reads the Azure CLI's login (trainingplatform/access.py); tests never see this machine's.
     os.environ["AZURE_CONFIG_DIR"] = tempfile.mkdtemp(prefix="no-azure-cli-")
-    if LAUNCH_COUNT not in os.environ:
-        fd, path = tempfile.mkstemp(prefix="launch-count-")
-        os.close(fd)
-        os.environ[LAUNCH_COUNT] = path
-    # Every payload launch of the session (helpers.record_launch), for the device rule below.
-    if "TEST_LAUNCH_LOG" not in os.environ:
-        fd, path = tempfile.mkstemp(prefix="launches-", suffix=".jsonl")
-        os.close(fd)
-        os.environ["TEST_LAUNCH_LOG"] = path
+    # The session's launch count (conftest._count_launch) and every payload launch (helpers.record_launch, for the
+    # device rule below): files made by the session that starts first, shared with its xdist workers and with any
+    # pytest a test starts, and removed only by the session that made them.
+    for variable, prefix in ((LAUNCH_COUNT, "launch-count-"), ("TEST_LAUNCH_LOG", "launches-")):
+        if variable not in os.environ:
+            fd, path = tempfile.mkstemp(prefix=prefix)
+            os.close(fd)
+            os.environ[variable] = path
+            _made.append(path)
+
+
+_made: list[str] = []  # the files this process made (pytest_unconfigure removes them)
 
 
 def _whole_suite(session) -> bool:
@@ -135,10 +138,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 def pytest_unconfigure(config):
     shutil.rmtree(os.environ.pop("AZURE_CONFIG_DIR", ""), ignore_errors=True)
-    for variable, prefix in (("TEST_LAUNCH_LOG", "launches-"), (LAUNCH_COUNT, "launch-count-")):
-        path = os.environ.pop(variable, None)
-        if path and os.path.basename(path).startswith(prefix) and not _worker(config):
-            os.unlink(path)
+    for path in _made:
+        os.unlink(path)
 
 
 # What starts training processes: these programs, or Python running a payload or the launcher's local target.

@@ -298,7 +298,7 @@ def test_a_process_that_ran_both_loaders_exits():
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", test],
         cwd=pathlib.Path(__file__).resolve().parents[1],
-        env={k: v for k, v in os.environ.items() if k != "TEST_LAUNCH_LOG"},  # the inner session keeps its own
+        env=os.environ,  # its launches count as this session's (conftest.py)
         capture_output=True,
         text=True,
         timeout=150,

@@ -87,7 +87,9 @@ if [ "$PART" = all ] && ! has_module tensorflow; then plan+=("download and insta
 if ! part_cached torch "$torch_pin"; then plan+=("compile Horovod's PyTorch part"); seconds=$(( seconds + COMPILE_TORCH_S * 2 / jobs )); fi
 if [ "$PART" = all ] && ! part_cached tf "$tf_pin"; then plan+=("compile Horovod's TensorFlow part"); seconds=$(( seconds + COMPILE_TF_S * 2 / jobs )); fi
 if [ ${#plan[@]} -eq 0 ]; then plan=("install the pinned packages and the cached Horovod wheel"); seconds=60; fi
-log "setting up $VENV ($PART): about $(( (seconds + 59) / 60 )) minutes on $(nproc) cores: $(IFS=';'; echo "${plan[*]}" | sed 's/;/; /g')"
+minutes=$(( (seconds + 59) / 60 )) unit=minutes
+[ "$minutes" = 1 ] && unit=minute
+log "setting up $VENV ($PART): about $minutes $unit on $(nproc) cores: $(IFS=';'; echo "${plan[*]}" | sed 's/;/; /g')"
 
 "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null ||
     log "warning: $("$PY" --version) found; the pins are tested on Python 3.11"

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import time
 from collections.abc import Sequence
 
@@ -324,4 +323,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from payloads.common.entry import finish
+
+    finish(main())

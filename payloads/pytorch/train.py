@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..common import config
-from ..common.entry import run_main
+from ..common.entry import finish, run_main
 from . import loop, models
 from .classification import Classification
 
@@ -40,4 +40,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    finish(main())

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..common import config
-from ..common.entry import run_main
+from ..common.entry import finish, run_main
 from ..common.errors import ConfigError
 from ..pytorch import loop, runtime
 from . import data, metrics, models
@@ -352,4 +352,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    finish(main())

@@ -11,7 +11,6 @@ on SIGTERM every rank then exits 75, and the same command resumes at that step.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Sequence
 
@@ -227,4 +226,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from payloads.common.entry import finish
+
+    finish(main())

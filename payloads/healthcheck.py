@@ -1056,6 +1056,6 @@ def training_line(t: dict, processes: int) -> str:
 
 
 if __name__ == "__main__":
-    from payloads.common.entry import finish
+    from payloads.common import entry
 
-    finish(main())
+    entry.finish(main())

@@ -369,6 +369,7 @@ def nodes_and_late_ranks(tmp_path, hosts: list[str], late: dict[int, str]) -> di
     return fault(tmp_path, code, "nodes")
 
 
+@pytest.mark.one_core  # mostly waiting (a held rank, a grace, a stall): about one core
 def test_a_late_rank_fails_its_node_with_the_figure_and_the_other_nodes_pass(tmp_path):
     """Three nodes on this machine: node-0 with ranks 0 and 1, node-1 with rank 2, node-2 with rank 3. Rank 1 is
     late to node-0's own all-reduce, rank 3 to every all-reduce over "InfiniBand" (the node pairs 0-1, 1-2,

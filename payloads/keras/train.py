@@ -323,6 +323,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from payloads.common.entry import finish
+    from payloads.common import entry
 
-    finish(main())
+    entry.finish(main())

@@ -32,6 +32,7 @@ def _seed(rank: int, low: int, high: int) -> int:
 
 
 @pytest.mark.launches
+@pytest.mark.one_core  # mostly waiting (a held rank, a grace, a stall): about one core
 def test_a_sigterm_drill_stops_one_rank_loses_nothing_and_resumes_bitwise_equal(tmp_path):
     """The launcher's drill, end to end under horovodrun (Gloo): uninterrupted, SIGTERM to rank 1 only (the
     agreement stops rank 0 at the same step), resumed; also the Horovod half of tests/test_preemption.py."""

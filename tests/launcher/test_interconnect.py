@@ -275,6 +275,7 @@ print("allreduce returned", flush=True)
 
 @pytest.mark.launches
 @needs_mpi
+@pytest.mark.one_core  # mostly waiting (a held rank, a grace, a stall): about one core
 def test_a_stalled_rank_ends_the_job_instead_of_hanging():
     """With the launcher's environment (stall times scaled down from 60 s / 600 s to 2 s / 5 s), a job whose
     rank 1 never submits its tensor fails within seconds instead of waiting for it (120 s)."""
@@ -363,18 +364,24 @@ STOP_ARGS += ["--epochs", "2", "--checkpoint-every-minutes", "0"]
 def _stopped_under_mpirun(out, job_env: dict) -> tuple[subprocess.CompletedProcess, list]:
     """The payload's 2 ranks under a real mpirun with `job_env` over the tests' environment; both ranks wait after
     step 1 (tests/stop_at, STOP_HOLD) and their stop's checkpoint write is held 3 s; mpirun gets the SIGTERM (what
-    Azure ML signals), once both heartbeats show that step."""
+    Azure ML signals) once both say they hold there."""
     import signal
+    import time
 
     from payloads.common import checkpoint
 
-    env = {**helpers.stop_at_env(1, [0, 1], hold=True), **job_env, "STOP_SAVE_SECONDS": "3"}
+    marks = out.parent / f"{out.name}-held"
+    marks.mkdir()
+    env = {**helpers.stop_at_env(1, [0, 1], hold=True), **job_env, "STOP_SAVE_SECONDS": "3", "STOP_MARK": str(marks)}
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     cmd = ["mpirun", *root, "--oversubscribe", "--bind-to", "none", "-np", "2", sys.executable, "-m"]
     cmd += ["payloads.pytorch.train", *STOP_ARGS, "--output-dir", str(out)]
     proc = subprocess.Popen(cmd, cwd=helpers.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        helpers.wait_for_steps(proc, out, 1)
+        deadline = time.monotonic() + 120
+        while len(list(marks.iterdir())) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "the ranks never reached step 1"
+            time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
@@ -399,6 +406,7 @@ time.sleep(60)
 
 @pytest.mark.launches
 @needs_mpi
+@pytest.mark.one_core  # mostly waiting (a held rank, a grace, a stall): about one core
 def test_mpirun_stops_ranks_with_sigcont_then_sigterm_after_the_grace():
     """What the payloads' SIGCONT stop rests on: Open MPI's mpirun, signalled, sends each rank SIGCONT at once and
     SIGTERM odls_base_sigkill_timeout seconds later (then SIGKILL): measured here with a 3 s grace."""
@@ -426,6 +434,7 @@ def test_mpirun_stops_ranks_with_sigcont_then_sigterm_after_the_grace():
 
 @pytest.mark.launches
 @needs_mpi
+@pytest.mark.one_core  # mostly waiting (a held rank, a grace, a stall): about one core
 def test_a_stop_through_mpirun_leaves_the_mid_epoch_checkpoint_with_the_jobs_settings(tmp_path):
     """The payload's 2 ranks under mpirun with every MPI job's settings (MPI_STOP_ENV; its grace cut to 8 s here to
     keep the test short): mpirun's SIGCONT starts the stop, the ranks agree, rank 0 writes the mid-epoch checkpoint

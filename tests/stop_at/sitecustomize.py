@@ -1,8 +1,9 @@
 """A SIGTERM at a chosen step, for every Python process started with this folder on PYTHONPATH and STOP_AT set: the
 ranks named in STOP_RANKS (comma-separated HOROVOD_RANK, RANK or OMPI_COMM_WORLD_RANK values) send themselves
 SIGTERM after their STOP_AT-th optimizer step. With STOP_HOLD=1 they wait there instead, until a signal from
-outside reaches them (at most STOP_WAIT seconds, default 60): the launcher's drill and mpirun send theirs once the
-heartbeats show that step.
+outside reaches them (at most STOP_WAIT seconds, default 60): the launcher's drill sends its signal once the
+heartbeats show that step; a test that signals mpirun itself waits for the file `held-<rank>` each holding rank
+writes in STOP_MARK, when set.
 
 Nothing else changes: the agreement window, the Scheduled Events poll and the heartbeats are the payload's. The
 stop therefore lands at the first agreement after the signal: step 1 when STOP_AT is 1 (the first window is one
@@ -24,6 +25,7 @@ HOLD = os.environ.get("STOP_HOLD") == "1"
 WAIT = float(os.environ.get("STOP_WAIT", "60"))
 SAVE_SECONDS = float(os.environ.get("STOP_SAVE_SECONDS") or 0)  # a mid-epoch checkpoint's write held so long
 IN = os.environ.get("STOP_IN", "")
+MARK = os.environ.get("STOP_MARK", "")
 _rank = os.environ.get("HOROVOD_RANK", os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK")))
 CALLS = [0]
 SIGNALS = [False]
@@ -47,6 +49,8 @@ def _preemption(preemption) -> None:
         if CALLS[0] == AT and SIGNALS[0]:
             if not HOLD:
                 os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the next bytecode
+            elif MARK:
+                pathlib.Path(MARK, f"held-{_rank}").touch()
             deadline = time.monotonic() + WAIT
             while self.signalled is None and time.monotonic() < deadline:
                 time.sleep(0.01)

@@ -219,3 +219,29 @@ def test_durable_copy_reports_size_and_digest(tmp_path):
     (tmp_path / "a").write_bytes(b"x" * 100)
     assert durable.copy(tmp_path / "a", tmp_path / "b", chunk=7) == (100, durable.sha256(tmp_path / "a"))
     assert (tmp_path / "b").read_bytes() == b"x" * 100
+
+
+def test_a_payload_process_ends_through_finish_as_python_would_end_it(tmp_path):
+    """entry.finish skips the module teardown only: a non-daemon thread's work completes, a thread pool's idle
+    workers are let go (inductor's compile pool hung a --compile run at exit when they were joined first), the
+    atexit functions run, the exit code is the one given."""
+    script = tmp_path / "ends.py"
+    script.write_text(
+        "import atexit, concurrent.futures, pathlib, sys, threading, time\n"
+        "from payloads.common import entry\n"
+        "out = pathlib.Path(sys.argv[1])\n"
+        "pool = concurrent.futures.ThreadPoolExecutor(2)\n"
+        "pool.submit(lambda: 1).result()\n"
+        "threading.Thread(target=lambda: (time.sleep(0.5), (out / 'thread').write_text('done'))).start()\n"
+        "atexit.register(lambda: (out / 'atexit').write_text('ran'))\n"
+        "print('buffered line', end='')\n"
+        "entry.finish(3)\n"
+    )
+    from helpers import ROOT, env
+
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout == "buffered line"
+    assert (tmp_path / "thread").read_text() == "done" and (tmp_path / "atexit").read_text() == "ran"

@@ -161,17 +161,26 @@ def stop_at_env(after: int, ranks: list[int], within: pathlib.Path | None = None
     )  # fmt: skip
 
 
-def wait_for_steps(proc: subprocess.Popen, out: pathlib.Path, steps: int, timeout: float = 120) -> list[dict]:
-    """Until both ranks' heartbeats in `out` show `steps` steps (the process still running); their heartbeats."""
+def wait_until(proc: subprocess.Popen, ready, what: str, timeout: float = 120, every: float = 0.1):
+    """Polls `ready()` until it returns something true, which is returned; fails naming `what` if the process ends
+    or `timeout` seconds pass first."""
     import time
 
     deadline = time.monotonic() + timeout
-    while True:
-        beats = [_beat(out, r) for r in (0, 1)]
-        if all(b and b["steps"] >= steps for b in beats):
-            return beats
-        assert proc.poll() is None and time.monotonic() < deadline, "no progress"
-        time.sleep(0.1)
+    while not (got := ready()):
+        assert proc.poll() is None and time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(every)
+    return got
+
+
+def wait_for_steps(proc: subprocess.Popen, out: pathlib.Path, steps: int, timeout: float = 120) -> list[dict]:
+    """Until both ranks' heartbeats in `out` show `steps` steps (the process still running); their heartbeats."""
+
+    def beats():
+        got = [_beat(out, r) for r in (0, 1)]
+        return got if all(b and b["steps"] >= steps for b in got) else None
+
+    return wait_until(proc, beats, f"both heartbeats at {steps} steps", timeout)
 
 
 def stopped_run(

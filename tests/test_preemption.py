@@ -175,9 +175,8 @@ def test_a_scheduled_preempt_event_stops_every_rank_with_a_checkpoint_before_any
     both ranks after step 1 until the event's notice reaches them (the payload's own poll, every POLL_SECONDS), so
     the first agreement is the stop's."""
     import subprocess
-    import time
 
-    from helpers import ROOT, horovodrun, stop_at_env
+    from helpers import ROOT, horovodrun, stop_at_env, wait_until
 
     events = _Events()
     out = tmp_path / "out"
@@ -185,10 +184,8 @@ def test_a_scheduled_preempt_event_stops_every_rank_with_a_checkpoint_before_any
     cmd = horovodrun(2, ARGS + ["--output-dir", str(out)])
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while len(events.headers) < 2 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)  # both ranks' first polls: they poll from the start of training
-        assert proc.poll() is None and len(events.headers) >= 2, "the ranks did not poll before the event"
+        # Both ranks' first polls: they poll from the start of training.
+        wait_until(proc, lambda: len(events.headers) >= 2, "both ranks polled before the event")
         events.events.append(_preempt([]))
         stdout, stderr = proc.communicate(timeout=60)
     finally:

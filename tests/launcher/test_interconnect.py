@@ -366,7 +366,6 @@ def _stopped_under_mpirun(out, job_env: dict) -> tuple[subprocess.CompletedProce
     step 1 (tests/stop_at, STOP_HOLD) and their stop's checkpoint write is held 3 s; mpirun gets the SIGTERM (what
     Azure ML signals) once both say they hold there."""
     import signal
-    import time
 
     from payloads.common import checkpoint
 
@@ -378,10 +377,7 @@ def _stopped_under_mpirun(out, job_env: dict) -> tuple[subprocess.CompletedProce
     cmd += ["payloads.pytorch.train", *STOP_ARGS, "--output-dir", str(out)]
     proc = subprocess.Popen(cmd, cwd=helpers.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while len(list(marks.iterdir())) < 2:
-            assert proc.poll() is None and time.monotonic() < deadline, "the ranks never reached step 1"
-            time.sleep(0.05)
+        helpers.wait_until(proc, lambda: len(list(marks.iterdir())) == 2, "both ranks held after step 1")
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=120)
     finally:

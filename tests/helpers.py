@@ -89,6 +89,16 @@ def train(
     return proc
 
 
+def assert_same_final_weights(a_out: pathlib.Path, b_out: pathlib.Path) -> None:
+    """The two runs' last checkpoints hold bitwise equal weights, key for key."""
+    import torch
+
+    a, b = final_weights(a_out), final_weights(b_out)
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, different
+
+
 def max_diff(a: dict, b: dict) -> float:
     """The largest absolute difference between two state dicts' tensors (the same keys), in float64."""
     assert a.keys() == b.keys()
@@ -240,10 +250,7 @@ def check_resume_is_exact(
 
     resumed = train(2, args + ["--output-dir", str(stopped)], backend=backend, payload=payload)
     assert f"({epochs} epochs done, {step} steps of epoch {epochs + 1})" in resumed.stdout + resumed.stderr
-    a, b = final_weights(straight), final_weights(stopped)
-    assert a.keys() == b.keys()
-    different = [k for k in a if not torch.equal(a[k], b[k])]
-    assert not different, different
+    assert_same_final_weights(straight, stopped)
     if same:  # the numbers of the code before the one-loop change (tests/same_numbers.py)
         import same_numbers
 

@@ -223,8 +223,16 @@ def test_a_sigterm_with_the_payloads_own_agreement_window_stops_at_one_step_and_
     import subprocess
     import time
 
-    import torch
-    from helpers import ROOT, env, final_weights, horovodrun, record_launch, stop_lines, train, wait_for_steps
+    from helpers import (
+        ROOT,
+        assert_same_final_weights,
+        env,
+        horovodrun,
+        record_launch,
+        stop_lines,
+        train,
+        wait_for_steps,
+    )
 
     args = TINY + ["--synthetic-samples", "8192", "--batch-size", "2", "--max-steps-per-epoch", "600"]
     args += ["--epochs", "2", "--checkpoint-every-minutes", "0", "--stall-timeout", "10"]
@@ -254,5 +262,4 @@ def test_a_sigterm_with_the_payloads_own_agreement_window_stops_at_one_step_and_
 
     resumed = train(2, args + ["--output-dir", str(stopped)])
     assert "resuming from" in resumed.stdout + resumed.stderr
-    a, b = final_weights(straight), final_weights(stopped)
-    assert a.keys() == b.keys() and not [k for k in a if not torch.equal(a[k], b[k])]
+    assert_same_final_weights(straight, stopped)

@@ -37,28 +37,34 @@ def _averaging_holds(
     return m
 
 
-def test_channels_last_averages_exactly_and_is_recorded(tmp_path):
-    """Horovod 0.28.1 refused every channels_last tensor ("Tensor is required to be contiguous"); the patch
-    reduces them in logical order, so a channels_last run is exact like a contiguous one."""
-    m = _averaging_holds(tmp_path, ["--channels-last"], tolerance=1e-5)
-    assert m["run"]["world"]["memory_format"] == "channels_last"
-    assert m["run"]["config"]["channels_last"] is True
-
-
-def test_channels_last_resume_equals_a_straight_run(tmp_path, cuda_fused_sgd_rule):
-    """Resume gives every rank rank 0's optimizer state (channels_last momentum from the checkpoint) in each
-    parameter's layout, with no optimizer step: Horovod's broadcast_optimizer_state first stepped the other
-    ranks on default-layout zero gradients, which CUDA's fused SGD refuses for channels_last weights. Every
-    fused SGD call of the three runs is held to the CUDA kernel's layout rule (tests/gpu_rules)."""
+def test_channels_last_and_the_fp16_loss_scaler_resume_equal_a_straight_run(tmp_path, cuda_fused_sgd_rule):
+    """Two states a resume must restore on every rank, in one run (fp16 with GradScaler, the T4/V100 path, in
+    channels_last):
+    - the loss scaler: started at 2^24 the scale backs off on the first overflowing steps, so a rank restarted at
+      2^24 would overflow where the others do not, then unscale the averaged gradient by another factor;
+    - channels_last momentum: resume gives every rank rank 0's optimizer state in each parameter's layout, with no
+      optimizer step. Horovod's broadcast_optimizer_state first stepped the other ranks on default-layout zero
+      gradients, which CUDA's fused SGD refuses for channels_last weights: every fused SGD call of the three runs is
+      held to the CUDA kernel's layout rule (tests/gpu_rules).
+    Resumed equals straight, bitwise, and the ranks agree."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    init = 2.0**24
     args = TINY + ["--batch-size", "8", "--warmup-epochs", "1", "--channels-last"]
+    args += ["--amp", "--amp-dtype", "fp16", "--loss-scale-init", str(init)]
     train(2, args + ["--epochs", "3", "--output-dir", str(straight)])
     train(2, args + ["--epochs", "1", "--output-dir", str(resumed)])
+    saved = torch.load(resumed / "checkpoints" / "checkpoint-epoch-0001.pt", map_location="cpu", weights_only=False)
+    assert saved["scaler"] and saved["scaler"]["scale"] < init, (
+        f"the scale never left {init}: this test could not tell a restored scaler from a fresh one"
+    )
     proc = train(2, args + ["--epochs", "3", "--output-dir", str(resumed)])
     assert "resuming from" in proc.stdout
+    m = metrics(resumed)
+    assert m["summary"]["ranks_identical"] is True
+    world = m["run"]["world"]
+    assert (world["precision"], world["loss_scaler"], world["memory_format"]) == ("fp16", True, "channels_last")
     a, b = final_weights(straight), final_weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a), f"max diff {max_diff(a, b)}"
-    assert metrics(resumed)["summary"]["ranks_identical"] is True
     checked = cuda_fused_sgd_rule()
     assert len(checked) == 6 and min(checked) > 0, f"fused SGD calls checked per process: {checked}"
 
@@ -75,7 +81,8 @@ def test_channels_last_with_fp16_allreduce(tmp_path, flags, tolerance):
 
 
 def test_channels_last_with_backward_passes_per_step(tmp_path):
-    """2 processes x 2 micro-batches x 8 = 1 process x 32, in channels_last."""
+    """2 processes x 2 micro-batches x 8 = 1 process x 32, in channels_last, exactly: Horovod 0.28.1 refused every
+    channels_last tensor ("Tensor is required to be contiguous"); the patch reduces them in logical order."""
     two, one = tmp_path / "two", tmp_path / "one"
     common = TINY + ["--epochs", "2", "--channels-last"]
     train(
@@ -83,7 +90,9 @@ def test_channels_last_with_backward_passes_per_step(tmp_path):
         common
         + ["--batch-size", "8", "--backward-passes-per-step", "2", "--base-lr", "0.05", "--output-dir", str(two)],
     )
-    assert metrics(two)["summary"]["ranks_identical"] is True
+    m = metrics(two)
+    assert m["summary"]["ranks_identical"] is True
+    assert m["run"]["world"]["memory_format"] == "channels_last" and m["run"]["config"]["channels_last"] is True
     train(1, common + ["--batch-size", "32", "--base-lr", "0.2", "--output-dir", str(one)])
     diff = max_diff(final_weights(two), final_weights(one))
     assert diff < 1e-5, diff
@@ -116,38 +125,6 @@ def test_bf16_autocast_on_the_cpu_averages_and_records_its_precision(tmp_path):
     matmuls) agree less closely than in fp32; the unaveraged control is still far beyond that."""
     m = _averaging_holds(tmp_path, ["--amp", "--amp-dtype", "bf16"], tolerance=5e-3)
     assert m["run"]["world"]["precision"] == "bf16" and m["run"]["world"]["loss_scaler"] is False
-
-
-def test_fp16_loss_scaler_state_is_restored_on_every_rank(tmp_path):
-    """fp16 with GradScaler (the T4/V100 path), on a CPU. Started at 2^24 the scale backs off on the first
-    overflowing steps, so after a resume a rank restarted at 2^24 would overflow where the others do not, and
-    then unscale the averaged gradient by another factor. Resumed equals straight, bitwise, and ranks agree."""
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    init = 2.0**24
-    args = TINY + [
-        "--batch-size",
-        "8",
-        "--warmup-epochs",
-        "1",
-        "--amp",
-        "--amp-dtype",
-        "fp16",
-        "--loss-scale-init",
-        str(init),
-    ]
-    train(2, args + ["--epochs", "3", "--output-dir", str(straight)])
-    train(2, args + ["--epochs", "1", "--output-dir", str(resumed)])
-    saved = torch.load(resumed / "checkpoints" / "checkpoint-epoch-0001.pt", map_location="cpu", weights_only=False)
-    assert saved["scaler"] and saved["scaler"]["scale"] < init, (
-        f"the scale never left {init}: this test could not tell a restored scaler from a fresh one"
-    )
-    proc = train(2, args + ["--epochs", "3", "--output-dir", str(resumed)])
-    assert "resuming from" in proc.stdout
-    m = metrics(resumed)
-    assert m["summary"]["ranks_identical"] is True
-    assert m["run"]["world"]["precision"] == "fp16" and m["run"]["world"]["loss_scaler"] is True
-    a, b = final_weights(straight), final_weights(resumed)
-    assert all(torch.equal(a[k], b[k]) for k in a), f"max diff {max_diff(a, b)}"
 
 
 def test_compiled_model_averages_like_the_eager_one(tmp_path):

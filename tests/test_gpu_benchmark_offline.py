@@ -133,9 +133,11 @@ def test_the_whole_benchmark_runs_without_horovod_at_toy_sizes(hidden, tmp_path)
     assert machine["horovod"] is False and machine["payload_backend"] == "single"
     kinds = [r["kind"] for r in rows]
     ceiling = {(r["dtype"], r["compiled"]): r for r in rows if r["kind"] == "ceiling"}
-    assert set(ceiling) == {("fp16", False), ("bf16", False), ("bf16", True)} and {"payload", "pipeline", "real"} <= set(
-        kinds
-    ), kinds
+    assert set(ceiling) == {("fp16", False), ("bf16", False), ("bf16", True)} and {
+        "payload",
+        "pipeline",
+        "real",
+    } <= set(kinds), kinds
     assert ceiling["fp16", False]["loss_scaler"] is True
     assert all(r["images_per_sec"] > 0 and r["seconds"] >= 0 for r in rows)
     assert "payload backend single" in proc.stdout

@@ -98,27 +98,60 @@ def test_two_processes_average_gradients_exactly(tmp_path, monkeypatch, payload,
 
 @pytest.mark.launches
 @pytest.mark.parametrize("payload", PAYLOADS)
-def test_resume_continues_exactly_and_schedule_matches(processes_without_rename, payload):
-    """On an output folder where rename raises (a blob mount without it), as every resume test of the suite:
-    both ranks of all three runs save, and resume, under the hook."""
+def test_sigterm_mid_epoch_stops_both_ranks_at_one_step_and_the_run_resumes_there_exactly(
+    processes_without_rename, payload
+):
+    """Issue 31 for the TensorFlow payloads. Only rank 1 gets SIGTERM: the agreement stops rank 0 at the same step,
+    every rank says so and exits 75, and the mid-epoch checkpoint holds the position and the data order. Resumed
+    there, the run ends as the uninterrupted one did (weights, and the LR each epoch ends with: warm-up over 1.5
+    epochs, decay at epoch 3, common/schedule.py's whether Horovod's Keras callbacks or our loop set it). On an
+    output folder where rename raises (a blob mount without it): both ranks of the straight and the resumed run save,
+    and resume, under the hook."""
+    from payloads.common import checkpoint, preemption
+    from payloads.tensorflow import runtime
+
     runs, hooked = processes_without_rename
-    # Warm-up over 1.5 epochs, decay at epoch 3: the LR each epoch ends with is common/schedule.py's,
-    # whether Horovod's Keras callbacks or our loop set it.
     args = TINY + ["--batch-size", "8", "--base-lr", "0.02", "--warmup-epochs", "1.5", "--lr-decay-epochs", "3"]
-    straight, resumed = runs / "straight", runs / "resumed"
-    train(2, args + ["--epochs", "4", "--output-dir", str(straight)], payload=payload)
-    train(2, args + ["--epochs", "2", "--output-dir", str(resumed)], payload=payload)
-    proc = train(2, args + ["--epochs", "4", "--output-dir", str(resumed)], payload=payload)
-    assert hooked(f"payloads.{payload}.train") == 6, "both ranks of all three runs ran under the hook"
-    assert "resuming from" in proc.stdout + proc.stderr
-    m = metrics(resumed)
-    assert [e["epoch"] for e in m["epochs"]] == [1, 2, 3, 4]
-    diff = max_diff(weights(straight), weights(resumed))
-    assert diff < 1e-5, f"resumed run differs from a straight one by {diff}"
+    args += ["--epochs", "4", "--checkpoint-every-minutes", "0"]
     steps = 128 // (2 * 8)
+    straight, out = runs / "straight", runs / "stopped"
+    train(2, args + ["--output-dir", str(straight)], payload=payload)
+    proc = stopped_run(out, args, backend="horovod", signalled=[1], payload=payload)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text[-3000:]
+    lines = stop_lines(text)
+    assert len(lines) == 2, text[-4000:]
+    assert all(line.count("stopped by") == 1 and line.endswith(f"(exit {preemption.EXIT_CODE})") for line in lines)
+    assert sorted("stopped by SIGTERM" in line for line in lines) == [False, True], lines
+    found = checkpoint.latest(out / "checkpoints", ".npz")
+    assert found, text[-3000:]
+    path = found[1]
+    epochs, step = checkpoint.position(path)
+    assert (epochs, step) == (0, 1), path.name  # the first agreement after the signal
+    assert all(path.name in line for line in lines), lines
+    meta = runtime.read_meta(path)
+    assert (meta["epoch"], meta["step"], meta["steps_per_epoch"]) == (0, step, steps)
+    assert meta["data_order"] == {"seed": 42, "epoch": 0, "skip": step}
+
+    resumed = train(2, args + ["--output-dir", str(out)], payload=payload)
+    said = resumed.stdout + resumed.stderr
+    assert f"resuming from {path} (0 epochs done, {step} steps of epoch 1)" in said, said[-3000:]
+    # The stopped run loads tests/stop_at's sitecustomize instead (Python imports the first one on the path).
+    assert hooked(f"payloads.{payload}.train") == 4, "both ranks of the straight and resumed runs ran under the hook"
+    m = metrics(out)
+    assert [e["epoch"] for e in m["epochs"]] == [1, 2, 3, 4]
+    first, second = m["epochs"][:2]
+    assert first["resumed_at_step"] == step and "resumed_at_step" not in second
+    # The resumed epoch trained its remaining steps only, the next one all of its steps.
+    assert (first["images"], second["images"]) == ((steps - step) * 2 * 8, steps * 2 * 8)
+    assert m["summary"]["ranks_identical"] is True
+    assert checkpoint.latest(out / "checkpoints", ".npz")[1].name == "checkpoint-epoch-0004.npz"
+    diff = max_diff(weights(straight), weights(out))
+    assert diff < 1e-5, f"resumed run differs from a straight one by {diff}"
     want = [schedule.learning_rate(0.02, 2, e, steps - 1, steps, 1.5, (3,)) for e in range(4)]
-    got = [e["lr"] for e in metrics(straight)["epochs"]]
-    assert got == pytest.approx(want, rel=1e-6), (got, want)
+    for run in (straight, out):
+        got = [e["lr"] for e in metrics(run)["epochs"]]
+        assert got == pytest.approx(want, rel=1e-6), (run.name, got, want)
     assert want[0] < want[1] == want[2] and want[3] == pytest.approx(want[2] / 10)  # warm-up, plateau, decay
 
 
@@ -751,60 +784,6 @@ def test_thread_plan_sizes_pools_from_cores_per_local_process(tmp_path, monkeypa
 # signals itself after step 1 (tests/stop_at), where the first agreement stops both ranks. The watchdog keeps its
 # default limit: a short one ended runs when the machine was loaded (the end of Keras' fit() took over 4 s under a
 # load of 7 on 2 cores). --checkpoint-every-minutes 0: only the signal checkpoints mid-epoch.
-STOP_STEPS = 20
-PREEMPTED = TINY + [
-    "--synthetic-samples",
-    "8192",
-    "--batch-size",
-    "2",
-    "--max-steps-per-epoch",
-    str(STOP_STEPS),
-    "--epochs",
-    "2",
-    "--checkpoint-every-minutes",
-    "0",
-]
-
-
-@pytest.mark.launches
-@pytest.mark.parametrize("payload", PAYLOADS)
-def test_sigterm_mid_epoch_stops_both_ranks_at_one_step_and_the_run_resumes_there(tmp_path, payload):
-    from payloads.common import checkpoint, preemption
-    from payloads.tensorflow import runtime
-
-    out = tmp_path / "out"
-    # Only rank 1 gets the signal: the agreement stops rank 0 at the same step.
-    proc = stopped_run(out, PREEMPTED, backend="horovod", signalled=[1], payload=payload)
-    text = proc.stdout + proc.stderr
-    assert proc.returncode != 0, text[-3000:]
-    # Every rank says it, each on its own line: the signalled one by name, the other as stopped by the agreement.
-    lines = stop_lines(text)
-    assert len(lines) == 2, text[-4000:]
-    assert all(line.count("stopped by") == 1 and line.endswith(f"(exit {preemption.EXIT_CODE})") for line in lines)
-    assert sorted("stopped by SIGTERM" in line for line in lines) == [False, True], lines
-    found = checkpoint.latest(out / "checkpoints", ".npz")
-    assert found, text[-3000:]
-    path = found[1]
-    epochs, step = checkpoint.position(path)
-    assert (epochs, step) == (0, 1), path.name  # the first agreement after the signal
-    assert all(path.name in line for line in lines), lines
-    meta = runtime.read_meta(path)
-    assert (meta["epoch"], meta["step"], meta["steps_per_epoch"]) == (0, step, STOP_STEPS)
-    assert meta["data_order"] == {"seed": 42, "epoch": 0, "skip": step}
-
-    resumed = train(2, PREEMPTED + ["--output-dir", str(out)], payload=payload)
-    said = resumed.stdout + resumed.stderr
-    assert f"resuming from {path} (0 epochs done, {step} steps of epoch 1)" in said, said[-3000:]
-    m = metrics(out)
-    assert [e["epoch"] for e in m["epochs"]] == [1, 2]
-    first, second = m["epochs"]
-    assert first["resumed_at_step"] == step and "resumed_at_step" not in second
-    # The resumed epoch trained its remaining steps only, the next one all of its steps.
-    assert (first["images"], second["images"]) == ((STOP_STEPS - step) * 2 * 2, STOP_STEPS * 2 * 2)
-    assert m["summary"]["ranks_identical"] is True
-    assert checkpoint.latest(out / "checkpoints", ".npz")[1].name == "checkpoint-epoch-0002.npz"
-
-
 def test_a_resumed_epoch_is_entered_at_its_step_only_with_the_step_count_it_was_written_in(caplog):
     from payloads.common import sharding
     from payloads.tensorflow import data

@@ -135,16 +135,21 @@ def test_backward_passes_per_step_accumulate_then_average_across_processes(tmp_p
     """--backward-passes-per-step N: each rank accumulates N micro-batches locally, then one allreduce.
     2 processes x 2 micro-batches x 8 = 1 process x 32 (the same 32 samples per step, see ShardedBatchSampler)
     and the same LR (base x processes x passes), so the weights must agree within float error. Horovod's
-    hooks exist only with 2+ processes: a 1-process run cannot see an optimizer built for the wrong N."""
+    hooks exist only with 2+ processes: a 1-process run cannot see an optimizer built for the wrong N.
+    The two processes run in channels_last (a GPU's default), the references in the CPU's contiguous layout: Horovod
+    0.28.1 refused every channels_last tensor ("Tensor is required to be contiguous"); the patch reduces them in
+    logical order, so the layout changes nothing beyond float error."""
     two, one, micro = tmp_path / "two", tmp_path / "one", tmp_path / "micro"
     common = TINY + ["--epochs", "2"]
     train(
         2,
         common
-        + ["--batch-size", "8", "--backward-passes-per-step", "2", "--base-lr", "0.05", "--output-dir", str(two)],
+        + ["--batch-size", "8", "--backward-passes-per-step", "2", "--base-lr", "0.05", "--channels-last"]
+        + ["--output-dir", str(two)],
     )
     m = metrics(two)
     assert m["summary"]["ranks_identical"] is True
+    assert m["run"]["world"]["memory_format"] == "channels_last" and m["run"]["config"]["channels_last"] is True
     assert m["epochs"][0]["images"] == 128, "every sample once per epoch, micro-batches included"
     train(1, common + ["--batch-size", "32", "--base-lr", "0.2", "--output-dir", str(one)])
     diff = max_diff(final_weights(two), final_weights(one))

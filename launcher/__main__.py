@@ -1,6 +1,6 @@
 """python -m launcher JOB.yaml [--target azureml|local] [--dry-run] ... [-- extra payload arguments]
 python -m launcher preflight --stack STACK [--data-stack STACK] | doctor --stack STACK (launcher/checks/)
-python -m launcher cost JOB_NAME --stack STACK [--json PATH] (launcher/cost.py)
+python -m launcher cost JOB_NAME --stack STACK [--json PATH] (launcher/cost/)
 python -m launcher nodes REPORT --stack-outputs F --cluster C [--job NAME] (launcher/nodes.py)"""
 
 from __future__ import annotations

@@ -161,7 +161,7 @@ def run(argv: list[str], outputs: dict[str, pathlib.Path], env_overrides: dict[s
         print(f"  {name}: {folder}", flush=True)
     if "run" in outputs:
         # The same split as a cluster job's ledger (docs/jobs.md#what-a-job-cost), without queue or money.
-        from .cost import local_split, render_local
+        from .cost.local import local_split, render_local
 
         print(render_local(local_split(outputs["run"] / "metrics.json", wall)), flush=True)
     return code

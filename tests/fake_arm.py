@@ -103,7 +103,7 @@ def install(monkeypatch) -> FakeAzure:
     return fake
 
 
-# ---- documented shapes of the data planes the cost ledger reads (launcher/cost.py) ----------------------------
+# ---- documented shapes of the data planes the cost ledger reads (launcher/cost) ----------------------------
 
 
 def rfc1123(when) -> str:

@@ -1,7 +1,8 @@
 """Code homes: a payload's entry point is what a job runs, not a library. What two payloads share lives in a module
 of its own (payloads/tensorflow/launch.py, runtime.py, data.py; payloads/pytorch/runtime.py, models.py), so no
 module imports a payload's entry point, and none reaches into another module's private (_underscore) names.
-Folders match roles: a payload imports nothing outside payloads/ (a job's snapshot holds payloads/ only:
+Folders match roles: nothing outside benchmarks/ imports it (the arrow runs from the benchmarks to the product), a
+payload imports nothing outside payloads/ (a job's snapshot holds payloads/ only:
 .amlignore), the platform library has one import name (`trainingplatform`, installed from infra/pyproject.toml),
 and no module edits sys.path. Read from the source (AST): nothing is imported or run."""
 
@@ -77,6 +78,8 @@ def violations(name: str, source: str, is_package: bool = False) -> list[str]:
     for line, imported, bound, names in imports(name, is_package, tree):
         if name.startswith("payloads.") and not imported.startswith("payloads"):
             found.append(f"{name}:{line} imports {imported}, which a job's code snapshot does not hold")
+        if imported.split(".")[0] == "benchmarks" and name.split(".")[0] != "benchmarks":
+            found.append(f"{name}:{line} imports {imported}: the product never depends on the benchmarks")
         if imported in ENTRY_POINTS and imported != name:
             found.append(f"{name}:{line} imports the entry point {imported}")
         for n in names:

@@ -48,7 +48,7 @@ def test_mid_epoch_names_order_between_epochs(tmp_path):
         "checkpoint-epoch-0002.pt",
     ]
     assert checkpoint.latest(tmp_path, ".pt")[1].name == "checkpoint-epoch-0002.pt"
-    # The marker keeps the prefix launcher/cost.py reads the epochs from.
+    # The marker keeps the prefix launcher/cost reads the epochs from.
     assert checkpoint.marker_for(tmp_path / names[2]).name == ".checkpoint-epoch-0001-step-000120.pt.complete"
     checkpoint.prune(tmp_path, ".pt", 2)
     assert [p.name for _, p in checkpoint.list_checkpoints(tmp_path, ".pt")] == names[2:]

@@ -36,7 +36,7 @@ from .storage import network_rules, secure_account
 # The workspace inputs Azure ML cannot update (see the module docstring).
 REPLACE_ON_CHANGES = ("storageAccount", "keyVault")
 
-# The cost ledger's status log (launcher/cost.py, `--status-log`): every status change of every run, which it reads
+# The cost ledger's status log (launcher/cost, `--status-log`): every status change of every run, which it reads
 # from the table of this name. Microsoft's "Supported logs for Microsoft.MachineLearningServices/workspaces" (the
 # resource logs of "Azure Machine Learning monitoring data reference") lists the category `AmlRunStatusChangedEvent`,
 # display name AmlRunStatusChangedEvent, log table AmlRunStatusChangedEvent: "Azure Machine Learning services run

@@ -4,7 +4,7 @@ found again on resume; no rename anywhere.
 Names: checkpoint-epoch-NNNN<suffix> holds the state after NNNN whole epochs; checkpoint-epoch-NNNN-step-SSSSSS<suffix>
 the state after NNNN whole epochs and SSSSSS steps of the next one (payloads/common/preemption.py). They order by
 (NNNN, SSSSSS), an epoch's end after every step inside it; NNNN is the epochs done in both, which is what
-launcher/cost.py reads from the markers (.checkpoint-epoch-NNNN...complete).
+launcher/cost reads from the markers (.checkpoint-epoch-NNNN...complete).
 
 Framework-neutral: the payload passes a `save(path)` function that writes its own format. Checkpoints go to the
 logs account through a blob mount, where rename is a copy and a delete at best (see durable.py), so a checkpoint

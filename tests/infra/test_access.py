@@ -374,7 +374,7 @@ def test_the_quota_reader_role_can_be_left_out(dev_raw, dev_data):
 
 
 def test_each_user_reads_the_status_log_on_the_log_analytics_workspace_alone(dev_raw, dev_data):
-    # launcher/cost.py queries AmlRunStatusChangedEvent through the Log Analytics query API with the person's sign-in:
+    # launcher/cost queries AmlRunStatusChangedEvent through the Log Analytics query API with the person's sign-in:
     # Log Analytics Reader ("view and search all monitoring data"; workspaces/analytics/query/action and
     # workspaces/search/action), assigned on that workspace and nowhere else.
     mocks = _run(dev_raw, dev_data, [{"objectId": ALICE, "type": "User"}, {"objectId": TEAM, "type": "Group"}])

@@ -235,7 +235,7 @@ def test_registry_and_workspace(dev, dev_data):
 
 
 def test_the_workspace_sends_its_run_status_log_to_the_stacks_log_analytics_workspace(dev):
-    # The cost ledger (launcher/cost.py) reads every status change of a job from the table AmlRunStatusChangedEvent.
+    # The cost ledger (launcher/cost) reads every status change of a job from the table AmlRunStatusChangedEvent.
     # Microsoft's supported logs for Microsoft.MachineLearningServices/workspaces: category `AmlRunStatusChangedEvent`,
     # log table AmlRunStatusChangedEvent ("Azure Machine Learning services run status event logs"). That table, not
     # AzureDiagnostics, is resource-specific mode: Diagnostic Settings' logAnalyticsDestinationType "Dedicated" (null:

@@ -1,4 +1,4 @@
-"""The cost ledger (launcher/cost.py, `python -m launcher cost`) against recorded job histories.
+"""The cost ledger (launcher/cost/, `python -m launcher cost`) against recorded job histories.
 
 Azure is replaced at the network boundary (tests/fake_arm.py answers through requests' adapter), so azure-ai-ml,
 azure-storage-blob and azure-core run for real. Each history is written in the documented shapes: ARM "Jobs - Get"
@@ -22,7 +22,9 @@ from test_submit import FakeAzure as SubmitFake
 from test_submit import submit
 
 from launcher import __main__ as cli
-from launcher import cost, prices, stack
+from launcher import prices, stack
+from launcher.cost import history, local
+from launcher.cost.ledger import clock
 
 DAY = dt.datetime(2026, 11, 20, tzinfo=dt.UTC)
 NAME = "bright_sail_x7k2m9q4wd"
@@ -507,7 +509,7 @@ def test_without_the_status_log_the_requeues_are_counted_not_placed(workspace, o
     assert book["requeues"] == 2  # currentAttemptId 3
     assert book["phases"]["lost_to_preemption"]["seconds"] is None
     before_last = held - seconds("11:40", "12:51")  # the held time before lastStartTimeUtc
-    assert f"at most {cost.clock(before_last)}" in book["phases"]["lost_to_preemption"]["note"]
+    assert f"at most {clock(before_last)}" in book["phases"]["lost_to_preemption"]["note"]
     assert book["phases"]["queue"]["seconds"] == pytest.approx(seconds("09:00", "12:51") - held - 0.123456)
     assert book["total"]["held_seconds"] == held
 
@@ -516,7 +518,7 @@ def test_without_the_status_log_the_requeues_are_counted_not_placed(workspace, o
 
 
 def test_a_running_job_projects_the_cost_to_finish(workspace, dev_outputs, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(cost, "utcnow", lambda: at("10:15"))
+    monkeypatch.setattr(history, "utcnow", lambda: at("10:15"))
     workspace.job(NAME, "Running", at("09:00"))
     workspace.run(NAME, "Running", at("09:00"), at("09:09"), effectiveStartTimeUtc=iso(at("09:09")))
     workspace.status_log(NAME, [("09:00:00", "NotStarted"), ("09:01:00", "Queued"), ("09:09:00", "Running")])
@@ -611,8 +613,7 @@ def test_a_size_without_a_price_names_the_fix(workspace, dev_outputs, tmp_path, 
 
 
 def test_the_planner_estimate_stands_beside_the_ledger(workspace, dev_outputs, tmp_path, capsys):
-    from benchmarks import planner
-    from trainingplatform import vm_sizes
+    from trainingplatform import scaling, vm_sizes
 
     record_plain(workspace)
     code, out, book, _ = ledger_of(
@@ -620,9 +621,9 @@ def test_the_planner_estimate_stands_beside_the_ledger(workspace, dev_outputs, t
     )
     _, dedicated, low, _ = price_row(GPU_SIZE, "westeurope")
     rate = gpu_rate(low, dedicated)
-    # the planner's own model, for what metrics.json records: 16 processes, 8 a node, batch 256, ResNet-50's gradients
+    # the scaling model (what the planner prints), for what metrics.json records: 16 processes, 8 a node, batch 256, ResNet-50's gradients
     size = vm_sizes.lookup(GPU_SIZE)
-    eff = planner.efficiency(16, 8, 256, 2470.0, 102.228128e6, planner.nccl_transport(size), False)
+    eff = scaling.efficiency(16, 8, 256, 2470.0, 102.228128e6, scaling.nccl_transport(size), False)
     predicted = eff * 16 * 2470.0
     images = 3 * EPOCH_IMAGES
     measured = images / sum(s for _, s in PLAIN_EPOCHS)
@@ -744,15 +745,15 @@ def test_a_ledger_that_cannot_be_computed_leaves_the_exit_status_alone(watched, 
 def test_a_local_run_splits_its_time_the_same_way(tmp_path):
     path = tmp_path / "metrics.json"
     path.write_text(json.dumps(metrics_json([(1, 40.0), (2, 38.0)], 2, startup=6.25)))
-    split = cost.local_split(path, 90.0)
+    split = local.local_split(path, 90.0)
     assert split["startup_seconds"] == 6.25 and split["training_seconds"] == 90.0 - 6.25
     assert split["epochs"] == 2 and split["images"] == 2 * EPOCH_IMAGES and split["in_epochs_seconds"] == 78.0
-    assert cost.render_local(split).startswith("time: 0:01:30 in all = start-up 0:00:06")
+    assert local.render_local(split).startswith("time: 0:01:30 in all = start-up 0:00:06")
     path.write_text("{cut short")  # a crash mid-write: the spare copy has the previous epoch
     path.with_name(".metrics.json.spare").write_text(json.dumps(metrics_json([(1, 40.0)], 2)))
-    split = cost.local_split(path, 50.0)
+    split = local.local_split(path, 50.0)
     assert split["epochs"] == 1 and split["startup_seconds"] is None and split["training_seconds"] == 50.0
-    assert cost.local_split(tmp_path / "none.json", 5.0)["metrics"] is None
+    assert local.local_split(tmp_path / "none.json", 5.0)["metrics"] is None
 
 
 def test_outputs_dev_has_what_the_ledger_reads(dev_outputs):

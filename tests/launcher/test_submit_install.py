@@ -39,17 +39,14 @@ FRAMEWORKS = {
 PYTHONS = ("3.11", "3.12")
 FIRST_PARTY = {"launcher", "datatools", "payloads", "benchmarks", "trainingplatform"}
 # What the commands start from: the launcher's entry point, every check, the cost ledger, node checks, the transfer.
-ENTRY = ["launcher/__main__.py", "launcher/cost.py", "launcher/nodes.py", "datatools/transfer.py"] + sorted(
-    str(p.relative_to(ROOT)) for p in (ROOT / "launcher" / "checks").glob("*.py")
+ENTRY = ["launcher/__main__.py", "launcher/nodes.py", "datatools/transfer.py"] + sorted(
+    str(p.relative_to(ROOT)) for folder in ("checks", "cost") for p in (ROOT / "launcher" / folder).glob("*.py")
 )
 # Imports inside functions that those commands never call, each with the command that does. Everything else any reached
 # module imports, at any depth, must come with the submission install.
 ELSEWHERE = {
     ("launcher/local.py", "horovod"): "--target local: runs a job here with horovodrun (the full .venv)",
     ("launcher/__main__.py", "launcher.drill"): "--target local --drill: reads the payloads' checkpoints with torch",
-    ("benchmarks/planner.py", "torch"): "landcover_model: python -m benchmarks.planner; cost uses efficiency() only",
-    ("benchmarks/planner.py", "payloads.segmentation"): "the same: the U-Net's FLOPs",
-    ("benchmarks/planner.py", "matplotlib"): "the planner's plots (benchmarks/plots)",
 }
 # Standard-library modules Python 3.12 no longer has (What's New in Python 3.12, "Removed").
 REMOVED_IN_312 = {"distutils", "imp", "asynchat", "asyncore", "smtpd"}
@@ -228,7 +225,8 @@ def test_every_import_the_commands_can_reach_comes_with_the_submission_install(s
     reached = reached_imports()
     # What the commands reach, by construction: the launcher, its checks, the transfer and what they use.
     assert {"launcher/jobspec.py", "launcher/checks/quota.py", "payloads/common/manifest.py"} <= set(reached)
-    assert "infra/trainingplatform/naming.py" in reached and "benchmarks/planner.py" in reached
+    assert "infra/trainingplatform/naming.py" in reached and "infra/trainingplatform/scaling.py" in reached
+    assert not any(rel.startswith("benchmarks/") for rel in reached), "the product reaches the benchmarks"
     missing = []
     for rel, modules in sorted(reached.items()):
         for module in sorted(modules):
@@ -269,7 +267,7 @@ def test_the_commands_run_where_only_the_submission_packages_exist(submit):
     report = json.loads(line[len("PROBE ") :])
     failed = [r for r in report["results"] if not r["ok"]]
     assert not failed, json.dumps(failed, indent=1)[:6000]
-    assert "launcher.checks.preflight" in modules and "launcher.cost" in modules and "datatools.transfer" in modules
+    assert {"launcher.checks.preflight", "launcher.cost.history", "datatools.transfer"} <= set(modules)
     assert len(report["results"]) == len(modules) + len(commands)
     dry_run = next(r for r in report["results"] if "pytorch-resnet50-synthetic.yaml" in r["step"])
     assert "# cost of one hour" in dry_run["stdout"]

@@ -126,7 +126,8 @@ def grants(
             ]
             # Entra ID sign-in (learn.microsoft.com/entra/identity/devices/howto-vm-sign-in-azure-ad-linux): User
             # Login for "regular user privileges" ("Users who are assigned the VM User role won't be able to run
-            # sudo"); Administrator Login, with sudo (Docker), for access.jumpHostAdmins only.
+            # sudo"); Administrator Login, with sudo (the machine's upkeep; builds use rootless Docker), for
+            # access.jumpHostAdmins only.
             login = "Virtual Machine Administrator Login" if principal in admins else "Virtual Machine User Login"
             out.append(Grant(f"{label}-jumphost-login", login, principal, way_in.jump_host.id, kind))
             # The auto-shutdown (wayin.py) deallocates the jump host every evening; the first user of the day starts

@@ -12,7 +12,7 @@ import copy
 import ipaddress
 
 import pytest
-from infra_helpers import one
+from infra_helpers import ROOT, one
 
 from trainingplatform import config
 
@@ -316,6 +316,22 @@ def test_restricted_outbound_admits_what_azure_ml_documents_and_nothing_else(pro
     for protocol, port in (("Tcp", 2049), ("Tcp", 443), ("Tcp", 1024), ("Udp", 4791)):
         assert evaluate(rules, "Outbound", "VirtualNetwork", protocol, port) == "Allow", (protocol, port)
     assert evaluate(rules, "Inbound", "Internet", "Tcp", 443) == "Deny"
+
+
+def test_the_private_profiles_egress_docs_name_every_tag_its_nsg_lets_out(prod):
+    # docs/private-access.md lists what stays open beside the service endpoint policy; it once named one of the two
+    # Azure Front Door tags the NSG allows. Compared with the rules the prod stack declares, not a list of our own.
+    mocks, _ = prod
+    allowed = {
+        prefix.replace(f".{LOCATION}", ".<region>")
+        for r in _nsg_rules(mocks)
+        if r["direction"] == "Outbound" and r["access"] == "Allow"
+        for prefix in _prefixes(r, "destination")
+    }
+    page = (ROOT / "docs" / "private-access.md").read_text()
+    egress = page.split("## Egress:", 1)[1].split("\n## ", 1)[0]
+    assert {"AzureFrontDoor.Frontend", "AzureFrontDoor.FirstParty"} <= allowed
+    assert [tag for tag in sorted(allowed) if f"`{tag}`" not in egress] == []
 
 
 def test_each_rule_field_the_evaluator_reads_is_declared(prod):

@@ -328,10 +328,12 @@ def test_outputs_are_complete_and_hold_no_secrets(dev):
         assert secret_word not in text.replace("keyvault", ""), secret_word
 
 
-def test_a_clusters_description_names_its_gpus_or_its_cpus():
-    """The cluster summary (AmlCompute description): a CPU size said "0x CPU" before."""
-    from trainingplatform import compute, vm_sizes
-
-    gpu, cpu = vm_sizes.lookup("Standard_ND96isr_H100_v5"), vm_sizes.lookup("Standard_D4s_v5")
-    assert compute.summary(gpu).startswith(f"8x {gpu.gpu_model}, InfiniBand ")
-    assert compute.summary(cpu) == f"{cpu.vcpus} vCPUs, no GPU" and "0x" not in compute.summary(cpu)
+def test_a_clusters_description_names_its_gpus_or_its_cpus(dev):
+    """The cluster summary the dev stack declares (the AmlCompute description, shown in the studio and in
+    infra/review/dev.txt): a CPU size said "0x CPU" before. The figures are Azure's size tables' (Dsv5: D4s_v5 has
+    4 vCPUs; NDasrA100_v4: ND96asr_v4 has 8 A100 GPUs on HDR InfiniBand), not read from vm_sizes."""
+    mocks, _ = dev
+    cpu = one(mocks, "Compute", "compute-cpu-smoke").inputs["properties"]
+    gpu = one(mocks, "Compute", "compute-gpu-ib").inputs["properties"]
+    assert cpu["properties"]["vmSize"] == "Standard_D4s_v5" and cpu["description"] == "4 vCPUs, no GPU"
+    assert gpu["properties"]["vmSize"] == "Standard_ND96asr_v4" and gpu["description"] == "8x A100, InfiniBand HDR"

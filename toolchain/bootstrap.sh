@@ -91,6 +91,21 @@ minutes=$(( (seconds + 59) / 60 )) unit=minutes
 [ "$minutes" = 1 ] && unit=minute
 log "setting up $VENV ($PART): about $minutes $unit on $(nproc) cores: $(IFS=';'; echo "${plan[*]}" | sed 's/;/; /g')"
 
+# A first install needs about 8 GB (torch's CUDA build 5.5 GB, TensorFlow 1.5 GB, the Horovod build): say so
+# before pip fails half-way with "No space left on device", and before anything is created.
+if ! compgen -G "$VENV/lib/python3*/site-packages/torch" >/dev/null; then
+    need_gb=${BOOTSTRAP_MIN_FREE_GB:-9}
+    where=$VENV
+    while [ ! -e "$where" ]; do where=$(dirname "$where"); done  # before .venv exists: the disk it will be on
+    free_gb=$(( $(df -Pk "$where" | awk 'NR==2 {print $4}') / 1048576 ))
+    if [ "$free_gb" -lt "$need_gb" ]; then
+        log "error: $free_gb GB free on the disk holding $VENV; a first install needs about $need_gb GB."
+        log "Free space there (old clones' .venv folders are 7-8 GB each), or make .venv a link to a folder on a"
+        log "larger disk (ln -s /big/disk/venv .venv); BOOTSTRAP_MIN_FREE_GB=N changes the threshold."
+        exit 1
+    fi
+fi
+
 "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null ||
     log "warning: $("$PY" --version) found; the pins are tested on Python 3.11"
 if [ ! -x "$VENV/bin/python" ]; then
@@ -109,19 +124,6 @@ if ! command -v mpicxx >/dev/null 2>&1 && [ "${HOROVOD_WITHOUT_MPI:-0}" != 1 ]; 
         log "warning: no mpicxx and no root/apt to install Open MPI: Horovod gets Gloo only (slower allreduce; see docs/benchmarks.md#what-the-benchmarks-changed)"
     fi
 fi
-# A first install needs about 8 GB (torch's CUDA build 5.5 GB, TensorFlow 1.5 GB, the Horovod build): say so
-# before pip fails half-way with "No space left on device".
-if ! compgen -G "$VENV/lib/python3*/site-packages/torch" >/dev/null; then
-    need_gb=${BOOTSTRAP_MIN_FREE_GB:-9}
-    free_gb=$(( $(df -Pk "$VENV" | awk 'NR==2 {print $4}') / 1048576 ))
-    if [ "$free_gb" -lt "$need_gb" ]; then
-        log "error: $free_gb GB free on the disk holding $VENV; a first install needs about $need_gb GB."
-        log "Free space there (old clones' .venv folders are 7-8 GB each), or make .venv a link to a folder on a"
-        log "larger disk (ln -s /big/disk/venv .venv); BOOTSTRAP_MIN_FREE_GB=N changes the threshold."
-        exit 1
-    fi
-fi
-
 quiet_pip() { "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1 | quiet; }
 # pip byte-compiles what it installs, and that stays: where PYTHONDONTWRITEBYTECODE is set (this workplace's
 # machines) Python never writes a .pyc itself, so with --no-compile every process compiled every module it

@@ -11,24 +11,21 @@ import subprocess
 
 import pytest
 import torch
+from conftest import FP32_REFERENCE_ARGS
 from helpers import ROOT, TINY, env, final_weights, horovodrun, max_diff, metrics, train
 
 pytestmark = pytest.mark.launches  # starts training processes: serial under xdist (tests/conftest.py)
 
 
-def _averaging_holds(
-    tmp_path, flags: list[str], tolerance: float, margin: float = 10.0, epochs: int = 2, eager_references=False
-) -> dict:
-    """2 processes x 16 vs 1 process x 32 (same LR: base x processes), and 1 process x 16 as the control.
-    eager_references: the 1-process runs leave `flags` out (the 2-process run alone has them)."""
-    two, one, control = tmp_path / "two", tmp_path / "one", tmp_path / "control"
-    common = TINY + ["--epochs", str(epochs)]
-    references = common if eager_references else common + flags
-    train(1, references + ["--batch-size", "16", "--base-lr", "0.1", "--output-dir", str(control)])
-    train(2, common + flags + ["--batch-size", "16", "--base-lr", "0.05", "--output-dir", str(two)])
+def _averaging_holds(tmp_path, flags: list[str], tolerance: float, references, margin: float = 10.0) -> dict:
+    """2 processes x 16 with `flags` vs 1 process x 32 (same LR: base x processes), and 1 process x 16 as the
+    control: `references`, the (one, control) output folders (conftest.fp32_references: float32, the flags left
+    out, or runs with them where they change the 1-process numbers)."""
+    two = tmp_path / "two"
+    one, control = references
+    train(2, TINY + FP32_REFERENCE_ARGS + flags + ["--batch-size", "16", "--base-lr", "0.05", "--output-dir", str(two)])
     m = metrics(two)
     assert m["summary"]["ranks_identical"] is True, "ranks ended with different weights"
-    train(1, references + ["--batch-size", "32", "--base-lr", "0.1", "--output-dir", str(one)])
     diff = max_diff(final_weights(two), final_weights(one))
     away = max_diff(final_weights(control), final_weights(one))
     print(f"{flags}: max |2-process - 1-process| = {diff:.3g} (tolerance {tolerance:g}); unaveraged control {away:.3g}")
@@ -76,8 +73,10 @@ def test_channels_last_and_the_fp16_loss_scaler_resume_equal_a_straight_run(tmp_
         (["--fp16-allreduce"], 2e-3),
     ],
 )
-def test_channels_last_with_fp16_allreduce(tmp_path, flags, tolerance):
-    _averaging_holds(tmp_path, ["--channels-last", *flags], tolerance=tolerance)
+def test_channels_last_with_fp16_allreduce(tmp_path, flags, tolerance, fp32_references):
+    """Against the float32 contiguous references: the layout changes rounding only (test_distributed.py's
+    backward-passes run holds channels_last to them at 1e-5)."""
+    _averaging_holds(tmp_path, ["--channels-last", *flags], tolerance, fp32_references)
 
 
 def test_channels_last_with_adasum_equals_the_contiguous_adasum_run(tmp_path):
@@ -101,18 +100,23 @@ def test_channels_last_with_adasum_equals_the_contiguous_adasum_run(tmp_path):
     assert diff < 1e-5, diff
 
 
-def test_bf16_autocast_on_the_cpu_averages_and_records_its_precision(tmp_path):
+def test_bf16_autocast_on_the_cpu_averages_and_records_its_precision(tmp_path):  # bf16 1-process references
     """--amp on a CPU runs bfloat16 autocast, the path a GPU of compute capability 8.0+ takes by default, without
     a loss scaler. bf16 keeps 8 significant bits, so 1 and 2 processes (different per-rank batches through bf16
     matmuls) agree less closely than in fp32; the unaveraged control is still far beyond that."""
-    m = _averaging_holds(tmp_path, ["--amp", "--amp-dtype", "bf16"], tolerance=5e-3)
+    flags = ["--amp", "--amp-dtype", "bf16"]
+    one, control = tmp_path / "one", tmp_path / "control"
+    common = TINY + FP32_REFERENCE_ARGS + flags
+    train(1, common + ["--batch-size", "32", "--base-lr", "0.1", "--output-dir", str(one)])
+    train(1, common + ["--batch-size", "16", "--base-lr", "0.1", "--output-dir", str(control)])
+    m = _averaging_holds(tmp_path, flags, 5e-3, (one, control))
     assert m["run"]["world"]["precision"] == "bf16" and m["run"]["world"]["loss_scaler"] is False
 
 
-def test_compiled_model_averages_like_the_eager_one(tmp_path):
+def test_compiled_model_averages_like_the_eager_one(tmp_path, fp32_references):
     """--compile (torch.compile with inductor's CPU backend here): Horovod's gradient hooks sit on the leaf
     parameters' accumulators, outside the compiled graph, so averaging must hold as in eager mode: the compiled
     2-process run against eager 1-process runs (compiling those too compared compiled with compiled only, and took
     47.5 s alone with a cold cache against 37.7 s)."""
-    m = _averaging_holds(tmp_path, ["--compile"], tolerance=1e-4, epochs=1, eager_references=True)
+    m = _averaging_holds(tmp_path, ["--compile"], 1e-4, fp32_references)
     assert m["run"]["world"]["compiled"] is True

@@ -10,6 +10,7 @@ import psutil
 import pytest
 import same_numbers
 import torch
+from conftest import FP32_REFERENCE_ARGS
 from helpers import ROOT, TINY, env, final_weights, horovodrun, max_diff, metrics, train
 
 from payloads.pytorch.models import parameters_digest
@@ -17,10 +18,11 @@ from payloads.pytorch.models import parameters_digest
 pytestmark = pytest.mark.launches  # starts training processes: serial under xdist (tests/conftest.py)
 
 
-def test_two_processes_average_gradients_exactly(tmp_path):
-    two, one, unaveraged = tmp_path / "two", tmp_path / "one", tmp_path / "unaveraged"
+def test_two_processes_average_gradients_exactly(tmp_path, fp32_references):
+    two = tmp_path / "two"
+    one, unaveraged = fp32_references  # 1 process x 32 and x 16 on the same data (conftest.py)
     # The CPU's defaults, spelled out: the GPU's values of these flags run in test_device_defaults.py.
-    common = TINY + ["--epochs", "3", "--no-amp", "--no-channels-last"]
+    common = TINY + FP32_REFERENCE_ARGS
     proc = train(2, common + ["--batch-size", "16", "--base-lr", "0.05", "--output-dir", str(two)])
     m = metrics(two)
 
@@ -38,12 +40,10 @@ def test_two_processes_average_gradients_exactly(tmp_path):
     assert "Total images/sec:" in proc.stdout
 
     # Same global batch (32) in one process, same effective LR (2 x 0.05): equal within float error.
-    train(1, common + ["--batch-size", "32", "--base-lr", "0.1", "--output-dir", str(one)])
     diff = max_diff(final_weights(two), final_weights(one))
     assert diff < 1e-5, f"2-process weights differ from the 1-process run by {diff}"
 
     # Control: what no averaging would look like (each rank stepping on its own half-batch).
-    train(1, common + ["--batch-size", "16", "--base-lr", "0.1", "--output-dir", str(unaveraged)])
     control = max_diff(final_weights(unaveraged), final_weights(one))
     print(f"max |2-process - 1-process| = {diff:.3g}; unaveraged control = {control:.3g}")
     assert control > 100 * max(diff, 1e-7), (control, diff)

@@ -247,17 +247,12 @@ def _no_mpi_inside_pytest(request):
         )
 
 
-# The float32 reference runs of the PyTorch averaging tests (tests/test_distributed.py, test_device_defaults.py): the
-# CPU's defaults spelled out, 3 epochs of tiny_cnn.
-FP32_REFERENCE_ARGS = ["--epochs", "3", "--no-amp", "--no-channels-last"]
-
-
 @pytest.fixture(scope="session")
 def fp32_references(tmp_path_factory):
     """(1 process x 32 at LR 0.1, the control: 1 process x 16 at LR 0.1, no averaging to speak of): the output
     folders every two-process averaging run of the PyTorch payload (2 x 16 at base LR 0.05, FP32_REFERENCE_ARGS and
     its flags) is held to. Made once per worker: the averaging tests share the launches' worker."""
-    from helpers import TINY, train
+    from helpers import FP32_REFERENCE_ARGS, TINY, train
 
     root = tmp_path_factory.mktemp("fp32-references")
     one, control = root / "one", root / "control"

@@ -34,6 +34,10 @@ TINY = [
     "0.05",
 ]
 
+# The float32 reference runs of the PyTorch averaging tests (conftest.fp32_references): the CPU's defaults spelled
+# out, 3 epochs of tiny_cnn.
+FP32_REFERENCE_ARGS = ["--epochs", "3", "--no-amp", "--no-channels-last"]
+
 
 def env() -> dict:
     e = dict(os.environ)

@@ -11,8 +11,7 @@ import subprocess
 
 import pytest
 import torch
-from conftest import FP32_REFERENCE_ARGS
-from helpers import ROOT, TINY, env, final_weights, horovodrun, max_diff, metrics, train
+from helpers import FP32_REFERENCE_ARGS, ROOT, TINY, env, final_weights, horovodrun, max_diff, metrics, train
 
 pytestmark = pytest.mark.launches  # starts training processes: serial under xdist (tests/conftest.py)
 

@@ -10,8 +10,7 @@ import psutil
 import pytest
 import same_numbers
 import torch
-from conftest import FP32_REFERENCE_ARGS
-from helpers import ROOT, TINY, env, final_weights, horovodrun, max_diff, metrics, train
+from helpers import FP32_REFERENCE_ARGS, ROOT, TINY, env, final_weights, horovodrun, max_diff, metrics, train
 
 from payloads.pytorch.models import parameters_digest
 

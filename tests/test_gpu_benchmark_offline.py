@@ -68,10 +68,6 @@ def test_without_horovod_the_payload_rows_are_plain_processes_on_an_extended_pyt
         (256, "fp16", False),
         (256, "bf16", False),
     ]
-    assert len(plan(environ, "--compiled")["ceiling"]) == 8
-    quick = plan(environ, "--quick")
-    assert [(c["dtype"], c["compiled"]) for c in quick["ceiling"]] == [("fp16", False), ("bf16", False), ("bf16", True)]
-    assert [c["compiled"] for c in plan(environ, "--quick", "--no-compiled")["ceiling"]] == [False, False]
 
 
 @pytest.mark.launches
@@ -87,8 +83,17 @@ def test_with_horovod_the_payload_rows_run_under_horovodrun(tmp_path):
     assert p["pythonpath"] == str(ROOT)
 
 
-@pytest.mark.launches
-@pytest.mark.one_core
+def test_the_ceiling_rows_compile_where_asked_and_once_in_a_quick_run():
+    """What --compiled, --quick and --no-compiled choose (the plan's ceiling rows); nothing here depends on Horovod."""
+    assert len(gpu.ceiling_cases(quick=False, compiled=True)) == 8
+    assert [(d, c) for _, d, c in gpu.ceiling_cases(quick=True, compiled=None)] == [
+        ("fp16", False),
+        ("bf16", False),
+        ("bf16", True),
+    ]
+    assert [c for _, _, c in gpu.ceiling_cases(quick=True, compiled=False)] == [False, False]
+
+
 def test_command_building_in_process():
     assert gpu.payload_env({"PYTHONPATH": "/a" + os.pathsep + "/b", "X": "1"}, {"Y": "2"}) == {
         "PYTHONPATH": str(ROOT) + os.pathsep + "/a" + os.pathsep + "/b",

@@ -249,17 +249,11 @@ def _no_mpi_inside_pytest(request):
 
 @pytest.fixture(scope="session")
 def fp32_references(tmp_path_factory):
-    """(1 process x 32 at LR 0.1, the control: 1 process x 16 at LR 0.1, no averaging to speak of): the output
-    folders every two-process averaging run of the PyTorch payload (2 x 16 at base LR 0.05, FP32_REFERENCE_ARGS and
-    its flags) is held to. Made once per worker: the averaging tests share the launches' worker."""
-    from helpers import FP32_REFERENCE_ARGS, TINY, train
+    """helpers.one_process_references in float32, made once per worker for every PyTorch averaging test whose flags
+    leave the 1-process numbers as they are: the averaging tests share the launches' worker."""
+    from helpers import one_process_references
 
-    root = tmp_path_factory.mktemp("fp32-references")
-    one, control = root / "one", root / "control"
-    common = TINY + FP32_REFERENCE_ARGS
-    train(1, common + ["--batch-size", "32", "--base-lr", "0.1", "--output-dir", str(one)])
-    train(1, common + ["--batch-size", "16", "--base-lr", "0.1", "--output-dir", str(control)])
-    return one, control
+    return one_process_references(tmp_path_factory.mktemp("fp32-references"))
 
 
 @pytest.fixture

@@ -93,6 +93,16 @@ def train(
     return proc
 
 
+def one_process_references(root: pathlib.Path, flags: list[str] = ()) -> tuple[pathlib.Path, pathlib.Path]:
+    """(1 process x 32 at LR 0.1, the control: 1 process x 16 at LR 0.1, no averaging to speak of) under `root`: what
+    a two-process averaging run (2 x 16 at base LR 0.05, FP32_REFERENCE_ARGS and the same flags) is held to."""
+    one, control = root / "one", root / "control"
+    common = TINY + FP32_REFERENCE_ARGS + list(flags)
+    train(1, common + ["--batch-size", "32", "--base-lr", "0.1", "--output-dir", str(one)])
+    train(1, common + ["--batch-size", "16", "--base-lr", "0.1", "--output-dir", str(control)])
+    return one, control
+
+
 def assert_same_final_weights(a_out: pathlib.Path, b_out: pathlib.Path) -> None:
     """The two runs' last checkpoints hold bitwise equal weights, key for key."""
     import torch

@@ -11,7 +11,18 @@ import subprocess
 
 import pytest
 import torch
-from helpers import FP32_REFERENCE_ARGS, ROOT, TINY, env, final_weights, horovodrun, max_diff, metrics, train
+from helpers import (
+    FP32_REFERENCE_ARGS,
+    ROOT,
+    TINY,
+    env,
+    final_weights,
+    horovodrun,
+    max_diff,
+    metrics,
+    one_process_references,
+    train,
+)
 
 pytestmark = pytest.mark.launches  # starts training processes: serial under xdist (tests/conftest.py)
 
@@ -104,11 +115,7 @@ def test_bf16_autocast_on_the_cpu_averages_and_records_its_precision(tmp_path): 
     a loss scaler. bf16 keeps 8 significant bits, so 1 and 2 processes (different per-rank batches through bf16
     matmuls) agree less closely than in fp32; the unaveraged control is still far beyond that."""
     flags = ["--amp", "--amp-dtype", "bf16"]
-    one, control = tmp_path / "one", tmp_path / "control"
-    common = TINY + FP32_REFERENCE_ARGS + flags
-    train(1, common + ["--batch-size", "32", "--base-lr", "0.1", "--output-dir", str(one)])
-    train(1, common + ["--batch-size", "16", "--base-lr", "0.1", "--output-dir", str(control)])
-    m = _averaging_holds(tmp_path, flags, 5e-3, (one, control))
+    m = _averaging_holds(tmp_path, flags, 5e-3, one_process_references(tmp_path / "references", flags))
     assert m["run"]["world"]["precision"] == "bf16" and m["run"]["world"]["loss_scaler"] is False
 
 

@@ -1,4 +1,4 @@
-"""python -m launcher JOB.yaml [--target azureml|local] [--dry-run] ... [-- extra payload arguments]
+"""python -m launcher JOB.yaml [--target azureml|local] [--dry-run] [--auto-resume N] ... [-- extra payload arguments]
 python -m launcher preflight --stack STACK [--data-stack STACK] | doctor --stack STACK (launcher/checks/)
 python -m launcher cost JOB_NAME --stack STACK [--json PATH] (launcher/cost/)
 python -m launcher nodes REPORT --stack-outputs F --cluster C [--job NAME] (launcher/nodes.py)"""
@@ -71,6 +71,28 @@ def parser() -> argparse.ArgumentParser:
         "or a run folder of the logs container (runs/<job>/<name>/), e.g. of a workspace since "
         "destroyed",
     )
+    p.add_argument(
+        "--auto-resume",
+        type=int,
+        metavar="N",
+        default=None,
+        help="when the job ends without completing, decide from how it ended: resume it from its checkpoints (at "
+        "most N times), run the health check first (a hang, a node fault), or stop with one line saying why (a "
+        "refused configuration, a cancel, the same failure twice at the same step); docs/jobs.md#my-job-died-overnight",
+    )
+    p.add_argument(
+        "--auto-resume-cap",
+        type=float,
+        metavar="USD",
+        default=None,
+        help="Azure ML, --auto-resume: no resume once the chain's jobs have cost this much (their cost ledgers)",
+    )
+    p.add_argument(
+        "--follow",
+        metavar="JOB_NAME",
+        help="Azure ML, --auto-resume: follow this job, already submitted (e.g. by a launcher that stopped), and "
+        "continue its chain instead of submitting a new one",
+    )
     p.add_argument("--np", type=int, default=2, help="local: Horovod processes on this machine")
     p.add_argument("--input", action="append", default=[], metavar="NAME=PATH", help="local: a job input's local path")
     p.add_argument("--output-dir", type=pathlib.Path, default=None, help="local: where the job's outputs go")
@@ -136,6 +158,7 @@ def run(args, extra: list[str]) -> int:
             "--drill is for --target local; on a cluster, cancel the running job (a SIGTERM to every rank) and "
             "submit it again with --resume-from: docs/jobs.md#a-preemption-drill"
         )
+    _check_auto_resume(args)
     if args.target == "local":
         if args.input_mode:
             raise JobError("--input-mode is for Azure ML jobs; here inputs are local folders (--input NAME=PATH)")
@@ -177,6 +200,12 @@ def run(args, extra: list[str]) -> int:
         if args.dry_run:
             print(shlex.join(argv))
             return 0
+        if args.auto_resume is not None:
+            from . import autoresume
+
+            if "run" not in out:
+                raise JobError(f"--auto-resume: {args.job.name} declares no `run` output, where runs leave checkpoints")
+            return autoresume.run_local(lambda: local.run(argv, out, overrides), out["run"], args.np, args.auto_resume)
         return local.run(argv, out, overrides)
 
     if outputs is None:
@@ -188,6 +217,7 @@ def run(args, extra: list[str]) -> int:
     job = jobspec.fill(
         template, outputs, args.cluster, nodes, args.processes_per_node, extra, args.input_mode, args.job
     )
+    filled = job
     if args.resume_from:
         job = jobspec.resume(job, args.resume_from, args.job)
     sdk_job = jobspec.validate(job, args.job)
@@ -221,7 +251,43 @@ def run(args, extra: list[str]) -> int:
         if code:
             print("error: --health-check: the training job was not submitted (failed nodes above)", file=sys.stderr)
             return code
+    if args.auto_resume is not None:
+        from . import autoresume
+        from . import nodes as node_check
+
+        def build(earlier: str | None):
+            return jobspec.validate(jobspec.resume(filled, earlier, args.job) if earlier else filled, args.job)
+
+        return autoresume.run_azureml(
+            build,
+            outputs,
+            args.auto_resume,
+            args.auto_resume_cap,
+            follow_name=args.follow,
+            resume_from=args.resume_from,
+            health=lambda: node_check.run_health_check(outputs, args.cluster, nodes, args.processes_per_node),
+        )
     return azureml.submit(sdk_job, outputs, stream=not args.no_stream, resume_from=args.resume_from)
+
+
+def _check_auto_resume(args) -> None:
+    """--auto-resume and its companions, before anything runs or is submitted."""
+    if args.auto_resume is None:
+        if args.auto_resume_cap is not None or args.follow:
+            raise JobError("--auto-resume-cap and --follow belong to --auto-resume N: add it (N: resumes allowed)")
+        return
+    if args.auto_resume < 0:
+        raise JobError(f"--auto-resume {args.auto_resume}: the resumes allowed, 0 or more (e.g. --auto-resume 3)")
+    if args.auto_resume_cap is not None and args.auto_resume_cap <= 0:
+        raise JobError(f"--auto-resume-cap {args.auto_resume_cap:g}: a cost in US dollars above 0")
+    if args.drill:
+        raise JobError("--drill resumes the stopped run itself (its third run): drop --auto-resume")
+    if args.target == "local" and (args.auto_resume_cap is not None or args.follow):
+        raise JobError("--auto-resume-cap and --follow are for Azure ML jobs; a local chain lives in its output folder")
+    if args.no_stream:
+        raise JobError("--auto-resume follows the job to decide when it ends: drop --no-stream")
+    if args.follow and args.resume_from:
+        raise JobError("--follow continues a job's own chain; --resume-from starts a new one: drop one of them")
 
 
 if __name__ == "__main__":

@@ -10,9 +10,11 @@ how to follow or cancel it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
+import time
 
 from .errors import JobError
 from .stack import StackOutputs
@@ -307,11 +309,21 @@ def _code_snapshot(job):
             job.code = code
 
 
-def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None, resume_from: str | None = None) -> int:
-    from azure.ai.ml.exceptions import JobException
+@dataclasses.dataclass(frozen=True)
+class Ended:
+    """How a followed job ended: Azure ML's final status, and the run's error where it Failed."""
+
+    name: str
+    status: str
+    cause: str | None
+    studio_url: str | None
+
+
+def create(ml, job, outputs: StackOutputs, resume_from: str | None = None):
+    """Check what resuming needs, send the job (its code snapshot first) and print its name: the created job, or
+    EXIT_INTERRUPTED after Ctrl-C (said on stderr)."""
     from azure.core.exceptions import AzureError
 
-    ml = ml_client or client(outputs)
     if resume_from and "/" in resume_from:  # a folder of the logs container (jobspec.is_folder)
         from .checkpoints import check_folder
         from .jobspec import run_folder
@@ -346,43 +358,121 @@ def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None, resu
         return EXIT_INTERRUPTED
     except AzureError as e:  # azure-ai-ml's MlException and azure-core's HTTP/auth errors all derive from it
         raise JobError(submission_failure(e, outputs, compute, image)) from None
-    name = created.name
-    print(f"submitted {name}: {created.studio_url}", flush=True)
-    if not stream:
-        return 0
+    print(f"submitted {created.name}: {created.studio_url}", flush=True)
+    return created
+
+
+def follow(ml, name: str, studio_url: str | None, outputs: StackOutputs, patient: bool = False) -> Ended | int:
+    """Stream the job's logs until it ends: how it ended, EXIT_INTERRUPTED after Ctrl-C, or (not `patient`)
+    EXIT_ENDED_BADLY when Azure ML stops answering. `patient` (auto-resume): a failure to read the job's status is
+    never taken as its end; the status is polled again until Azure says the job ended."""
+    from azure.ai.ml.exceptions import JobException
+    from azure.core.exceptions import AzureError
+
     cause = None
     try:
         ml.jobs.stream(name)  # returns when the job ends; raises JobException when it Failed
         final = ml.jobs.get(name).status
     except KeyboardInterrupt:
-        return _interrupted(name, created.studio_url, outputs)
+        return _interrupted(name, studio_url, outputs)
     except JobException as e:
         # stream() turns Ctrl-C into a JobException raised from the KeyboardInterrupt
         if any(isinstance(c, KeyboardInterrupt) for c in _chain(e)):
-            return _interrupted(name, created.studio_url, outputs)
+            return _interrupted(name, studio_url, outputs)
         cause = failure_cause(e)
         try:
             final = ml.jobs.get(name).status
         except KeyboardInterrupt:
-            return _interrupted(name, created.studio_url, outputs)
+            return _interrupted(name, studio_url, outputs)
         except AzureError:
             final = "Failed"  # stream() raises only for a Failed run
     except AzureError as e:
-        print(
-            f"lost contact with Azure ML while following job {name} ({_first_line(e)}); the job itself is "
-            f"not affected: az ml job stream -n {name} -g {outputs['resource_group']} "
-            f"-w {outputs['workspace_name']}",
-            file=sys.stderr,
-            flush=True,
-        )
-        return EXIT_ENDED_BADLY
-    final = str(getattr(final, "value", final))
+        if not patient:
+            print(
+                f"lost contact with Azure ML while following job {name} ({_first_line(e)}); the job itself is "
+                f"not affected: az ml job stream -n {name} -g {outputs['resource_group']} "
+                f"-w {outputs['workspace_name']}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return EXIT_ENDED_BADLY
+        try:
+            final, cause = wait_for_end(ml, name, first_error=e)
+        except KeyboardInterrupt:
+            return _interrupted(name, studio_url, outputs)
+    return Ended(name, str(getattr(final, "value", final)), cause, studio_url)
+
+
+POLL_SECONDS = 60.0
+
+
+def pause(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def wait_for_end(ml, name: str, first_error: BaseException | None = None) -> tuple[str, str | None]:
+    """Poll the job's status until it is terminal: (status, the run's error). A read that fails is said, and tried
+    again after POLL_SECONDS (doubling to 15 minutes): it never ends the wait."""
+    from azure.ai.ml.operations._run_history_constants import RunHistoryConstants
+    from azure.core.exceptions import AzureError
+
+    terminal = {str(getattr(s, "value", s)) for s in RunHistoryConstants.TERMINAL_STATUSES}
+    error, wait = first_error, POLL_SECONDS
+    while True:
+        if error is not None:
+            print(
+                f"cannot read job {name}'s status ({_first_line(error)}): nothing is done while it is unknown; "
+                f"asking again in {wait:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
+            pause(wait)
+            wait = min(2 * wait, 900.0)
+        try:
+            job = ml.jobs.get(name)
+        except AzureError as e:
+            error = e
+            continue
+        error, wait = None, POLL_SECONDS
+        status = str(getattr(job.status, "value", job.status))
+        if status in terminal:
+            return status, _job_error(ml, name) if status == "Failed" else None
+        pause(POLL_SECONDS)
+
+
+def _job_error(ml, name: str) -> str | None:
+    """The run's error message (run history's details), or None where it cannot be read."""
+    from .cost.history import run_details
+
+    try:
+        error = (run_details(ml, name).get("error") or {}).get("error") or {}
+    except Exception:  # noqa: BLE001  the cause is extra; the status is what the decision needs
+        return None
+    message = error.get("message")
+    return f"{error.get('code')}: {_first_line(message)}" if message and error.get("code") else message
+
+
+def report(ended: Ended) -> int:
+    """The line a followed job ends with, and the launcher's exit status for it."""
+    if ended.status in DONE_OK:
+        print(f"job {ended.name} ended: {ended.status}", flush=True)
+        return 0
+    why = ended.cause or f"see its logs: {ended.studio_url} (Outputs + logs, user_logs/)"
+    print(f"job {ended.name} ended: {ended.status}: {why}", file=sys.stderr, flush=True)
+    return EXIT_ENDED_BADLY
+
+
+def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None, resume_from: str | None = None) -> int:
+    ml = ml_client or client(outputs)
+    created = create(ml, job, outputs, resume_from)
+    if isinstance(created, int):
+        return created
+    if not stream:
+        return 0
+    ended = follow(ml, created.name, created.studio_url, outputs)
+    if isinstance(ended, int):
+        return ended
     from .cost import after_watch
 
-    after_watch(ml, name, outputs)  # the job's cost ledger (docs/jobs.md#what-a-job-cost); never raises
-    if final in DONE_OK:
-        print(f"job {name} ended: {final}", flush=True)
-        return 0
-    why = cause or f"see its logs: {created.studio_url} (Outputs + logs, user_logs/)"
-    print(f"job {name} ended: {final}: {why}", file=sys.stderr, flush=True)
-    return EXIT_ENDED_BADLY
+    after_watch(ml, ended.name, outputs)  # the job's cost ledger (docs/jobs.md#what-a-job-cost); never raises
+    return report(ended)

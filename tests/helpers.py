@@ -271,3 +271,13 @@ def check_resume_is_exact(
         same_numbers.check(f"{same}/straight", straight)
         same_numbers.check(f"{same}/resumed", stopped)
     return state
+
+
+def ending_of(out: pathlib.Path, returncode: int, size: int = 2):
+    """(how the launcher's auto-resume reads a run that ended with `returncode`, what it decides on a fresh chain):
+    the decision table held against a real run's folder (launcher/endings.py, autoresume.py)."""
+    from launcher import autoresume, endings
+
+    status = "Completed" if returncode == 0 else "Failed"
+    ending = endings.classify(status, returncode, endings.local_reader(out), size)
+    return ending, autoresume.decide(ending, autoresume.Chain("test", budget=3), 0.0)

@@ -5,9 +5,10 @@ import pathlib
 import tempfile
 
 import pytest
-from helpers import TINY, train
+from helpers import TINY, ending_of, train
 from PIL import Image
 
+from launcher import autoresume, endings
 from payloads.common import config, imagefolder
 from payloads.common.errors import ConfigError
 from payloads.pytorch import models
@@ -140,6 +141,8 @@ def test_corrupt_image_fails_naming_the_file_or_is_skipped_and_counted(tmp_path)
     assert failed.returncode != 0
     assert f"cannot decode image {bad}" in failed.stderr + failed.stdout
     assert "--skip-corrupt-images" in failed.stderr + failed.stdout
+    ending, decision = ending_of(tmp_path / "strict", failed.returncode)  # auto-resume: a rerun fails the same way
+    assert (ending.kind, ending.exit_code, decision.action) == (endings.PERMANENT, 2, autoresume.STOP), ending
     # the same through data-loader worker processes (as the cluster jobs run)
     failed = train(2, args + ["--output-dir", str(tmp_path / "strict-workers"), "--workers", "1"], check=False)
     assert failed.returncode != 0 and f"cannot decode image {bad}" in failed.stderr + failed.stdout

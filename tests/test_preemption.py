@@ -11,6 +11,7 @@ import signal
 import pytest
 from helpers import TINY, check_resume_is_exact
 
+from launcher import autoresume, endings
 from payloads.common import checkpoint, preemption
 
 # 40 steps per epoch (2 processes x batch 2 of 8192 samples, capped): the signalled ranks signal themselves at a chosen
@@ -226,6 +227,7 @@ def test_a_sigterm_with_the_payloads_own_agreement_window_stops_at_one_step_and_
     from helpers import (
         ROOT,
         assert_same_final_weights,
+        ending_of,
         env,
         horovodrun,
         record_launch,
@@ -259,6 +261,9 @@ def test_a_sigterm_with_the_payloads_own_agreement_window_stops_at_one_step_and_
     assert found and all(found[1].name in line for line in lines), (found, lines)
     epochs, step = checkpoint.position(found[1])
     assert epochs * 600 + step >= beats[1]["steps"], (found[1].name, beats[1])  # at or after the signal's step
+    ending, decision = ending_of(stopped, proc.returncode)  # the launcher's auto-resume: resume at that position
+    assert (ending.kind, ending.exit_code, decision.action) == (endings.STOPPED, 75, autoresume.RESUME), ending
+    assert ending.at in ((epochs, step), (epochs - 1, 600)), (ending, found[1].name)  # an epoch's end: either name
 
     resumed = train(2, args + ["--output-dir", str(stopped)])
     assert "resuming from" in resumed.stdout + resumed.stderr

@@ -12,8 +12,20 @@ import subprocess
 
 import pytest
 import torch
-from helpers import ROOT, TINY, final_weights, hook_env, horovodrun, metrics, record_launch, torchrun, train
+from helpers import (
+    ROOT,
+    TINY,
+    ending_of,
+    final_weights,
+    hook_env,
+    horovodrun,
+    metrics,
+    record_launch,
+    torchrun,
+    train,
+)
 
+from launcher import autoresume, endings
 from payloads.pytorch import sentinel
 
 HOST = socket.gethostname()
@@ -72,6 +84,9 @@ def test_a_flipped_bit_is_named_rolled_back_and_a_fault_that_returns_stops_the_r
     lines = [ln for ln in text.splitlines() if "error: replica check: the replicas went wrong again" in ln]
     assert len(lines) == 2 and all(f"rank 1 on {HOST}" in ln and "(exit 70)" in ln for ln in lines), text[-3000:]
     assert json.loads((tmp_path / "again" / "replicas.json").read_text())["stopped"].startswith("the replicas went")
+    ending, decision = ending_of(tmp_path / "again", again.returncode)  # the launcher's auto-resume reads it so
+    assert (ending.kind, ending.exit_code, ending.hosts) == (endings.NODE_FAULT, 70, (HOST,)), ending
+    assert decision.action == autoresume.CHECK_THEN_RESUME, decision
 
 
 @pytest.mark.launches

@@ -20,8 +20,9 @@ import time
 
 import psutil
 import pytest
-from helpers import ROOT, TINY, hook_env, horovodrun, python_m, torchrun, train
+from helpers import ROOT, TINY, ending_of, hook_env, horovodrun, python_m, torchrun, train
 
+from launcher import autoresume, endings
 from payloads.common import config, stragglers, watchdog
 from payloads.common.errors import ConfigError
 
@@ -131,6 +132,9 @@ def test_a_stopped_rank_is_named_and_the_job_ends(backend, tmp_path):
     waits = ("optimizer_step" if backend == "horovod" else "backward", "compare")
     assert "train_epoch" in stacks and any(w in stacks for w in waits), stacks
     assert not (watchdog.stalls_dir(out) / "rank1-stacks.txt").exists()  # a stopped process writes nothing
+    ending, decision = ending_of(out, rc)  # the launcher's auto-resume: a hang on the named host, checked first
+    assert (ending.kind, ending.exit_code, ending.hosts) == (endings.HANG, 124, (HOST,)), ending
+    assert ending.at is not None and decision.action == autoresume.CHECK_THEN_RESUME, (ending, decision)
 
 
 @pytest.mark.one_core

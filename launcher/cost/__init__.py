@@ -25,10 +25,13 @@ from .render import render
 STATUS_LOG_OUTPUT = "status_log_workspace_id"
 
 
-def after_watch(ml, name: str, outputs: StackOutputs) -> None:
-    """The ledger at the end of a followed job; a failure to compute it is one line, never the job's exit status."""
+def after_watch(ml, name: str, outputs: StackOutputs) -> dict | None:
+    """The ledger at the end of a followed job, printed and returned; a failure to compute it is one line (and None),
+    never the job's exit status."""
     try:
-        print(render(ledger(gather(name, outputs, ml=ml))), flush=True)
+        found = ledger(gather(name, outputs, ml=ml))
+        print(render(found), flush=True)
+        return found
     except JobError as e:
         print(f"cost: not computed: {e}", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
@@ -39,6 +42,7 @@ def after_watch(ml, name: str, outputs: StackOutputs) -> None:
             file=sys.stderr,
             flush=True,
         )
+    return None
 
 
 def parser() -> argparse.ArgumentParser:

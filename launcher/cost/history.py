@@ -107,7 +107,7 @@ def read_status_log(credential, workspace_id: str, name: str, since: dt.datetime
     return out
 
 
-def _blob_folder(outputs: StackOutputs, path: str | None) -> str | None:
+def blob_folder(outputs: StackOutputs, path: str | None) -> str | None:
     """The folder inside the logs container that an output's azureml:// path names, or None elsewhere."""
     head = f"azureml://datastores/{outputs.datastore('logs')}/paths/"
     if not path or not path.startswith(head):
@@ -115,7 +115,7 @@ def _blob_folder(outputs: StackOutputs, path: str | None) -> str | None:
     return path[len(head) :].strip("/") + "/"
 
 
-def _container(outputs: StackOutputs, credential):
+def container(outputs: StackOutputs, credential):
     from azure.storage.blob import ContainerClient
 
     logs = outputs["datastores"]["logs"]
@@ -127,7 +127,7 @@ def read_metrics(outputs: StackOutputs, folder: str, credential) -> dict | None:
     (payloads/common/metrics.py); None when there is neither."""
     from azure.core.exceptions import ResourceNotFoundError
 
-    client = _container(outputs, credential)
+    client = container(outputs, credential)
     for name in ("metrics.json", ".metrics.json.spare"):
         try:
             data = json.loads(client.download_blob(folder + name).readall())
@@ -143,7 +143,7 @@ def read_checkpoint_times(outputs: StackOutputs, folder: str, credential) -> lis
     container keeps: the payload rotates old checkpoints out and their versions stay 7 days (docs/jobs.md). Without
     markers (a payload older than them), the checkpoint files' own times."""
     markers, files = [], []
-    for blob in _container(outputs, credential).list_blobs(
+    for blob in container(outputs, credential).list_blobs(
         name_starts_with=folder + "checkpoints/", include=["versions"]
     ):
         m = MARKER.search(blob.name)
@@ -327,7 +327,7 @@ def _read_output_folder(facts: Facts, outputs: StackOutputs, job, credential, me
 
     name, notes, sources = facts.name, facts.notes, facts.sources
     output = getattr((job.outputs or {}).get("run"), "path", None)
-    folder = _blob_folder(outputs, earlier_output_path(output, name) if output else None)
+    folder = blob_folder(outputs, earlier_output_path(output, name) if output else None)
     facts.own_folder = folder is None or folder.rstrip("/").endswith("/" + name)
     if metrics_file is not None:
         try:

@@ -78,6 +78,7 @@ class Watch:
         self.watch.doing(what)
 
     def step_end(self, run) -> None:
+        self.watch.at = (run.epoch, run.step + 1)
         self.watch.step_done()
 
     def epoch_end(self, run) -> None:

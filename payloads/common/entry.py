@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import NoReturn
 
-from . import preemption
+from . import preemption, watchdog
 from .errors import ConfigError, InputFault, ReplicaFault, say
 
 CONFIG_ERROR = 2
@@ -22,7 +22,14 @@ INPUT_FAULT = 74  # sysexits.h EX_IOERR: a decode worker died (killed for memory
 
 
 def run_main(body: Callable[[], object]) -> int:
-    """Run `body` (parse, then train) and turn its ending into the exit code."""
+    """Run `body` (parse, then train) and turn its ending into the exit code, which the rank's last heartbeat
+    records too (watchdog.ended)."""
+    code = _ending(body)
+    watchdog.ended(code)
+    return code
+
+
+def _ending(body: Callable[[], object]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     try:
         body()

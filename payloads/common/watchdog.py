@@ -282,6 +282,7 @@ class Watchdog:
         self.every = heartbeat_every(timeout)
         # Written by the training thread only, read by the watchdog thread: single writer, no lock needed.
         self.steps = 0
+        self.at: tuple[int, int] | None = None  # (epoch, steps done in it) of the run: the same after a resume
         self.ticks = 0  # validation batches since the last step
         self.last = clock()  # when the last step or batch completed (or the watch started)
         self.what, self.since = "start-up", clock()
@@ -368,6 +369,7 @@ class Watchdog:
             "host": self.host,
             "pid": self.pid,
             "steps": self.steps,
+            "at": list(self.at) if self.at else None,
             "ticks": self.ticks,
             "doing": self.what,
             "doing_since": to_wall(self.since),
@@ -485,12 +487,25 @@ class Watchdog:
             log.warning("cannot write the stacks to %s: %s", stalls_dir(self.output), e)
 
 
+_started: list[Watchdog] = []  # this process's watchdog, for ended()
+
+
 def started(
     output: pathlib.Path, rank: int, size: int, timeout: float | str, broadcast: Callable[[str | None], str]
 ) -> Watchdog:
     """This rank's watchdog, started. `broadcast` sends rank 0's value to every rank (the payload's collective
     library, called once here): every rank's heartbeat then carries rank 0's name for the run."""
-    return Watchdog(output, rank, size, broadcast(run_token() if rank == 0 else None), timeout).start()
+    watch = Watchdog(output, rank, size, broadcast(run_token() if rank == 0 else None), timeout).start()
+    _started[:] = [watch]
+    return watch
+
+
+def ended(code: int) -> None:
+    """The last heartbeat says how this process ended (its exit code): what the launcher's auto-resume reads where
+    horovodrun or mpirun report only that some rank failed (launcher/endings.py)."""
+    for watch in _started:
+        if watch.on:
+            watch._beat(exit_code=int(code))
 
 
 def run_token(host: str | None = None) -> str:

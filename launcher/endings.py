@@ -1,0 +1,130 @@
+"""How a job ended, read from what it wrote: the one place that answers; launcher/autoresume.py acts on it.
+
+The payloads leave in their `run` output folder (the same layout here and on Azure ML):
+- progress/rank<r>.json, each rank's last heartbeat (payloads/common/watchdog.py): its run token, its position in
+  the run (`at`: epoch, steps done in it), host, what it was doing ("stopped" after a SIGTERM's checkpoint), and
+  the exit code it ended with;
+- stalls/report.json, the watchdog's report of a hang (its run token, the stalled ranks and their hosts);
+- replicas.json, the replica sentinel's findings, with `stopped` set when the run ended on them.
+
+With the exit code the launcher saw (Azure ML's "exited with status code N", or horovodrun's own), they give one
+of the classes below. The class, the exit code and the position reached are the ending's signature: the same
+signature twice in one chain is a deterministic failure (autoresume.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import re
+from collections.abc import Callable
+
+COMPLETED = "completed"  # exit 0
+STOPPED = "stopped"  # every rank stopped with a checkpoint (exit 75): resume
+HANG = "hang"  # the watchdog ended a stalled job (exit 124), naming hosts: health check, then resume
+NODE_FAULT = "node fault"  # replicas went wrong and stayed wrong (exit 70), a GPU missing: health check, then resume
+PERMANENT = "permanent"  # a refused configuration, bad data or a full disk (exit 2): a rerun fails the same way
+CANCELED = "canceled"  # a person (or a policy) canceled the job: not resumed
+UNKNOWN = "unknown"  # anything else (a rank killed, a node lost, a decode worker that died): resume from a checkpoint
+
+EXIT_CLASSES = {0: COMPLETED, 75: STOPPED, 124: HANG, 70: NODE_FAULT, 2: PERMANENT}
+# Azure ML's error for a failed user process ("Execution failed. User process 'python' exited with status code 2.")
+EXIT_IN_MESSAGE = re.compile(r"exit(?:ed)? with (?:status|exit) code:? *(-?\d+)", re.IGNORECASE)
+# Azure ML's message when a node has fewer GPUs than the job asks for (a GPU fell off the bus)
+NODE_MESSAGES = re.compile(r"(?:number of GPUs|GPU count|gpus? (?:are|is) (?:not )?available|nvidia-smi)", re.I)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ending:
+    kind: str
+    exit_code: int | None
+    at: tuple[int, int] | None  # (epoch, steps done in it): the furthest any rank's last heartbeat reached
+    hosts: tuple[str, ...] = ()  # named by the watchdog or the sentinel
+    why: str = ""
+
+    @property
+    def signature(self) -> str:
+        where = f"{self.at[0]}.{self.at[1]}" if self.at else "-"
+        return f"{self.kind}|{'-' if self.exit_code is None else self.exit_code}|{where}"
+
+    def line(self) -> str:
+        at = f"epoch {self.at[0] + 1}, step {self.at[1]}" if self.at else "before the first step"
+        code = "" if self.exit_code is None else f", exit {self.exit_code}"
+        hosts = f" on {', '.join(self.hosts)}" if self.hosts else ""
+        return f"{self.kind}{code} at {at}{hosts}" + (f": {self.why}" if self.why else "")
+
+
+Read = Callable[[str], "dict | None"]  # a file of the run folder, by its relative name, as JSON (None: absent)
+
+
+def local_reader(folder: pathlib.Path) -> Read:
+    def read(name: str) -> dict | None:
+        try:
+            data = json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    return read
+
+
+def exit_in(message: str | None) -> int | None:
+    m = EXIT_IN_MESSAGE.search(message or "")
+    return int(m.group(1)) if m else None
+
+
+def heartbeats(read: Read, size: int, since: float = 0.0) -> list[dict]:
+    """The ranks' last heartbeats of the newest run in the folder written after `since` (wall-clock seconds: the
+    attempt's start); an earlier attempt's are told apart by the run token, which rank 0 gave every rank of its run."""
+    beats = [b for b in (read(f"progress/rank{r}.json") for r in range(size)) if b and b.get("written_at", 0) >= since]
+    if not beats:
+        return []
+    newest = max(beats, key=lambda b: b.get("written_at", 0)).get("run")
+    return [b for b in beats if b.get("run") == newest]
+
+
+def classify(
+    status: str, exit_code: int | None, read: Read, size: int, message: str = "", since: float = 0.0
+) -> Ending:
+    """The ending of an attempt that started at `since` and ended in `status` (Azure ML's, or "Completed"/"Failed"
+    for a local run) with the exit code the launcher saw, from the run folder that `read` reads."""
+    beats = heartbeats(read, size, since)
+    reached = [tuple(b["at"]) for b in beats if b.get("at")]
+    at = max(reached) if reached else None
+    run = beats[0].get("run") if beats else None
+    codes = {b["exit_code"] for b in beats if isinstance(b.get("exit_code"), int)}
+    stall = read("stalls/report.json")
+    replicas = read("replicas.json")
+    if status == "Completed" or (exit_code == 0 and status != "Canceled"):
+        return Ending(COMPLETED, 0, at)
+    if beats and len(beats) == beats[0].get("size") and all(b.get("doing") == "stopped" for b in beats):
+        return Ending(STOPPED, 75, at, why="every rank stopped with a checkpoint")
+    if status == "Canceled":
+        return Ending(CANCELED, exit_code, at, why="canceled on Azure ML (a person or a policy): not resumed")
+    if stall and run and stall.get("run") == run:
+        ranks = [r for r in stall.get("ranks", []) if r.get("host") not in (None, "?")]
+        stuck = [r for r in ranks if r.get("why") != "waiting"] or ranks  # all waiting: a collective, every host
+        named = tuple(sorted({r["host"] for r in stuck}))
+        return Ending(HANG, 124, at, named, stall.get("line", "the watchdog ended a stalled job"))
+    if replicas and replicas.get("stopped") and 70 in {*codes, exit_code}:  # an earlier attempt's report stays
+        named = tuple(sorted({h for f in replicas.get("findings", []) for h in f.get("hosts", [])}))
+        return Ending(NODE_FAULT, 70, at, named, replicas["stopped"])
+    own = sorted(codes - {0})  # horovodrun's and torchrun's 1 hides the ranks' own codes: their heartbeats keep them
+    code = exit_code if exit_code not in (None, 1) or not own else own[0]
+    kind = EXIT_CLASSES.get(code, UNKNOWN) if code else UNKNOWN
+    if kind == UNKNOWN and NODE_MESSAGES.search(message or ""):
+        kind = NODE_FAULT
+    if kind in (HANG, STOPPED):  # the code without the files that make it so (an older payload): take it as said
+        return Ending(kind, code, at, why=_first_line(message))
+    why = {
+        PERMANENT: "the job refused its configuration, its data or a full disk: a rerun fails the same way",
+        NODE_FAULT: _first_line(message) or "a node's hardware",
+        UNKNOWN: _first_line(message) or ("no rank reported a step" if at is None else "no rank said why"),
+    }.get(kind, "")
+    return Ending(kind, code, at, why=why)
+
+
+def _first_line(text: str | None, limit: int = 200) -> str:
+    line = next((x.strip() for x in str(text or "").splitlines() if x.strip()), "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."

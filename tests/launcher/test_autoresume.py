@@ -1,0 +1,266 @@
+"""Auto-resume on Azure ML (launcher/autoresume.py), with azure-ai-ml and azure-storage-blob running for real down to
+the HTTP layer (test_submit's fake): each job the chain submits ends as scripted, its run folder in the logs
+container holding what the payloads write (heartbeats, the watchdog's report). The decision table against real
+local runs' folders is asserted where those runs happen (test_replicas, test_watchdog, test_bad_input,
+test_preemption); a rank killed under the local launcher resumes by itself in test_drill."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import re
+import time
+
+import fake_arm
+import pytest
+from test_submit import SYNTHETIC
+from test_submit import FakeAzure as SubmitFake
+
+from launcher import __main__ as cli
+from launcher import autoresume, azureml, endings, jobspec, stack
+from launcher.errors import JobError
+
+HOST = "10.0.0.5-node"
+
+
+def beats(at: tuple[int, int], doing: str = "training", codes=(None, None), host: str = HOST) -> dict[str, dict]:
+    """Two ranks' last heartbeats of one attempt, as payloads/common/watchdog.py writes them."""
+    now = time.time() + 60
+    out = {}
+    for r, code in enumerate(codes):
+        beat = {"run": f"run-{at}", "rank": r, "size": 2, "host": host, "steps": 9, "at": list(at), "doing": doing}
+        beat["written_at"] = now
+        if code is not None:
+            beat["exit_code"] = code
+        out[f"progress/rank{r}.json"] = beat
+    return out
+
+
+def failed(code: int) -> str:
+    return f"Execution failed. User process 'python' exited with status code {code}. Please check log file"
+
+
+class Chained(SubmitFake):
+    """Each job created ends as the next outcome: (status, run error message, files of the run folder)."""
+
+    def __init__(self, outputs: stack.StackOutputs):
+        super().__init__()
+        self.outcomes: list[tuple[str, str | None, dict]] = []
+        self.ended: dict[str, tuple[str, str | None, dict]] = {}
+        self.outage = 0  # job and run-history reads that answer 503 (azure-core retries each a few times first)
+        logs = outputs["datastores"]["logs"]
+        self.blob_host = f"https://{logs['account']}.blob.core.windows.net/{logs['container']}/"
+        self.folder = None  # the chain's run folder (the first job's)
+
+    def __call__(self, request):
+        method, url = request.method, request.url.split("?")[0]
+        if url.startswith(self.blob_host):
+            relative = url[len(self.blob_host) :]
+            files = self.ended[max(self.ended, key=len)][2] if self.ended else {}  # the newest job's files
+            name = relative.removeprefix(self.folder or "")
+            if method == "GET" and name in files:
+                status, body, headers = fake_arm.blob_content(json.dumps(files[name]).encode(), fake_arm_now())
+                return self.response(request, status, headers=headers, raw=body)
+            status, body, headers = fake_arm.storage_error(404, "BlobNotFound", "The specified blob does not exist.")
+            return self.response(request, status, headers=headers, raw=body)
+        m = re.search(r"/jobs/([^/]+)$", url)
+        if m and method == "PUT":
+            response = super().__call__(request)
+            self.ended[m[1]] = self.outcomes.pop(0)
+            if self.folder is None:
+                run = self.jobs[m[1]]["properties"]["outputs"]["run"]["uri"]
+                self.folder = run.split("/paths/", 1)[1].replace("${{name}}", m[1])
+            return response
+        if method == "GET" and self.outage and (m or "/details" in url):
+            self.outage -= 1
+            return self.response(request, 503, {"error": {"code": "ServiceUnavailable", "message": "try later"}})
+        if m and method == "GET" and m[1] in self.jobs:
+            self.job_status = self.ended[m[1]][0]
+        m = re.search(r"/runs/([^/]+)/details$", url)
+        if m and m[1] in self.ended:
+            self.run_statuses = [self.ended[m[1]][0]]
+            self.run_error = {"code": "UserError", "message": self.ended[m[1]][1]} if self.ended[m[1]][1] else None
+        return super().__call__(request)
+
+
+def fake_arm_now():
+    return dt.datetime.now(dt.UTC)
+
+
+@pytest.fixture
+def chained(monkeypatch, dev_outputs, tmp_path):
+    from azure.core.credentials import AccessToken, AccessTokenInfo
+
+    class Credential:
+        def get_token(self, *scopes, **kw):
+            return AccessToken("token", int(time.time()) + 3600)
+
+        def get_token_info(self, *scopes, **kw):
+            return AccessTokenInfo("token", int(time.time()) + 3600)
+
+    import requests.adapters
+
+    fake = Chained(stack.load_file(dev_outputs))
+    monkeypatch.setattr(requests.adapters.HTTPAdapter, "send", lambda self, request, **kw: fake(request))
+    monkeypatch.setattr("azure.identity.DefaultAzureCredential", lambda **kw: Credential())
+    monkeypatch.setattr("azure.ai.ml.operations._job_ops_helper._wait_before_polling", lambda seconds: 0)
+    monkeypatch.setattr("azure.core.pipeline.policies.RetryPolicy.sleep", lambda *a, **kw: None)  # its backoff
+    fake.paused = []
+    monkeypatch.setattr(azureml, "pause", fake.paused.append)
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("print('hello')\n")
+    fake.code = code
+    return fake
+
+
+def chain(fake, dev_outputs, budget: int, follow: str | None = None, health=None, cap: float | None = None) -> int:
+    """The launcher's --auto-resume on the synthetic job, as __main__ builds it."""
+    outs = stack.load_file(dev_outputs)
+    filled = jobspec.fill(jobspec.read_template(SYNTHETIC), outs, "gpu-ib", 2, 1, [])
+
+    def build(earlier):
+        job = jobspec.validate(jobspec.resume(filled, earlier, SYNTHETIC) if earlier else filled, SYNTHETIC)
+        job.code = str(fake.code)
+        return job
+
+    return autoresume.run_azureml(build, outs, budget, cap, follow_name=follow, health=health)
+
+
+def tags(fake, name: str) -> dict:
+    return fake.jobs[name]["properties"]["tags"]
+
+
+def test_a_chain_resumes_what_can_resume_and_stops_on_the_same_failure_twice(chained, dev_outputs, capsys):
+    chained.outcomes = [
+        ("Failed", failed(75), beats((0, 5), doing="stopped", codes=(75, 75))),  # preempted, stopped with a checkpoint
+        ("Failed", failed(137), beats((1, 2))),  # a node lost: unknown, resume from the newest checkpoint
+        ("Failed", failed(137), beats((1, 2))),  # the same again at the same step: deterministic
+    ]
+    assert chain(chained, dev_outputs, budget=5) == 1
+    out = capsys.readouterr().out
+    first, second, third = chained.jobs
+    assert (second, third) == (f"{first}-r1", f"{first}-r2")  # named by the chain: submitted once, whoever submits
+    folder = chained.jobs[first]["properties"]["outputs"]["run"]["uri"].replace("${{name}}", first)
+    for name, earlier in ((second, first), (third, second)):
+        sent = chained.jobs[name]["properties"]
+        assert sent["outputs"]["run"]["uri"] == folder and sent["tags"]["resumed_from"] == earlier
+    assert tags(chained, second)["autoresume_history"] == "stopped|75|0.5"
+    assert tags(chained, third)["autoresume_history"] == "stopped|75|0.5;unknown|137|1.2"
+    assert (tags(chained, third)["autoresume_attempt"], tags(chained, third)["autoresume_chain"]) == ("2", first)
+    assert f"{first} (attempt 1 of chain {first}) ended: stopped, exit 75 at epoch 1, step 5" in out
+    assert "resume 1 of 5" in out and "resume 2 of 5" in out
+    assert "not resumed: attempt 2 ended the same way at the same step (unknown|137|1.2)" in out
+
+
+def test_two_launchers_share_one_budget_and_submit_each_attempt_once(chained, dev_outputs, capsys):
+    chained.outcomes = [
+        ("Failed", failed(75), beats((0, 5), doing="stopped", codes=(75, 75))),
+        ("Failed", failed(75), beats((0, 9), doing="stopped", codes=(75, 75))),
+    ]
+    # The first launcher resubmits once, then is stopped while it follows the resumed job.
+    real_follow = azureml.follow
+    followed = []
+
+    def follow_then_stop(ml, name, url, outputs, patient=False):
+        followed.append(name)
+        return azureml.EXIT_INTERRUPTED if len(followed) == 2 else real_follow(ml, name, url, outputs, patient)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(azureml, "follow", follow_then_stop)
+        assert chain(chained, dev_outputs, budget=1) == azureml.EXIT_INTERRUPTED
+    first, second = chained.jobs
+    capsys.readouterr()
+    # A second launcher, started on the first job (already ended and resubmitted): it follows the resubmission
+    # instead of submitting it again, and the chain's budget (1, from the tags) holds over its own 5.
+    assert chain(chained, dev_outputs, budget=5, follow=first) == 1
+    out = capsys.readouterr().out
+    assert list(chained.jobs) == [first, second], "no job submitted twice, none past the budget"
+    assert f"{first}'s chain has a budget of 1 resume(s): that budget holds, not 5" in out
+    assert f"{second} was already submitted by another launcher following this chain: following it" in out
+    assert "not resumed: the chain's budget of 1 resume(s) is spent" in out
+
+
+def test_nothing_is_decided_while_the_status_cannot_be_read(chained, dev_outputs, capsys):
+    chained.outcomes = [("Completed", None, beats((2, 0), doing="finished", codes=(0, 0)))]
+    chained.outage = 40  # the stream loses contact, then the status cannot be read for a while
+    assert chain(chained, dev_outputs, budget=3) == 0
+    err = capsys.readouterr().err
+    unknown = err.count("nothing is done while it is unknown")
+    assert unknown >= 2 and chained.outage == 0, err
+    assert chained.paused[:2] == [azureml.POLL_SECONDS, 2 * azureml.POLL_SECONDS]  # backing off, never ending
+    assert len(chained.jobs) == 1
+
+
+@pytest.mark.parametrize("verdict", [0, 1])
+def test_a_hang_runs_the_health_check_before_the_resume(chained, dev_outputs, capsys, verdict):
+    stall = {"run": "run-(0, 7)", "line": "stalled: rank 1 on node-3 stopped", "ranks": []}
+    stall["ranks"] = [{"rank": 0, "host": HOST, "why": "waiting"}, {"rank": 1, "host": "node-3", "why": "stopped"}]
+    chained.outcomes = [
+        ("Failed", failed(124), {**beats((0, 7)), "stalls/report.json": stall}),
+        ("Completed", None, beats((2, 0), doing="finished", codes=(0, 0))),
+    ]
+    checks = []
+    code = chain(chained, dev_outputs, budget=2, health=lambda: checks.append("check") or verdict)
+    out = capsys.readouterr().out
+    assert checks == ["check"]
+    assert "hang, exit 124 at epoch 1, step 7 on node-3: stalled: rank 1 on node-3 stopped" in out
+    assert "resume 1 of 2, after the health check of the job's nodes (named: node-3)" in out
+    if verdict:
+        assert code == 1 and len(chained.jobs) == 1 and "the health check failed" in out
+    else:
+        assert code == 0 and len(chained.jobs) == 2
+
+
+@pytest.mark.parametrize(
+    "outcome, says",
+    [
+        (("Failed", failed(2), beats((0, 3), codes=(2, 143))), "permanent, exit 2 at epoch 1, step 3"),
+        (("Canceled", None, beats((0, 3))), "canceled on Azure ML"),
+    ],
+)
+def test_a_refused_configuration_or_a_cancel_ends_the_chain(chained, dev_outputs, capsys, outcome, says):
+    chained.outcomes = [outcome]
+    assert chain(chained, dev_outputs, budget=3) == 1
+    out = capsys.readouterr().out
+    assert says in out and "not resumed" in out and len(chained.jobs) == 1
+
+
+def test_the_decision_table(tmp_path):
+    stopped = endings.Ending(endings.STOPPED, 75, (0, 5))
+    fresh = autoresume.Chain("a", budget=2, cap_usd=100.0)
+    assert autoresume.decide(stopped, fresh, 10.0).action == autoresume.RESUME
+    assert "cost $100.00, at its cap" in autoresume.decide(stopped, fresh, 100.0).line
+    spent = dataclasses.replace(fresh, attempt=2)
+    assert "budget of 2" in autoresume.decide(stopped, spent, 0.0).line
+    later = autoresume.decide(endings.Ending(endings.STOPPED, 75, (0, 9)), fresh.after(stopped, 1.0), 1.0)
+    assert later.action == autoresume.RESUME  # the same class further on is progress, not a loop
+    node = endings.Ending(endings.NODE_FAULT, 70, (1, 0), ("node-7",))
+    assert autoresume.decide(node, fresh, 0.0).action == autoresume.CHECK_THEN_RESUME
+    # Azure ML's message for a node short of GPUs is a node fault without the payload's files
+    read = endings.local_reader(tmp_path / "nowhere")
+    found = endings.classify("Failed", None, read, 8, "Expected 8 GPUs but the number of GPUs found is 7")
+    assert found.kind == endings.NODE_FAULT and found.at is None
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--follow", "abc"], "belong to --auto-resume N"),
+        (["--auto-resume", "-1"], "0 or more"),
+        (["--auto-resume", "2", "--no-stream"], "drop --no-stream"),
+        (["--auto-resume", "2", "--auto-resume-cap", "0"], "above 0"),
+        (["--auto-resume", "2", "--target", "local", "--auto-resume-cap", "5"], "are for Azure ML jobs"),
+        (["--auto-resume", "2", "--target", "local", "--drill", "term"], "drop --auto-resume"),
+    ],
+)
+def test_auto_resume_refusals_name_the_fix(dev_outputs, capsys, argv, message):
+    code = cli.main([str(SYNTHETIC), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", *argv])
+    assert code == 2 and message in capsys.readouterr().err
+
+
+def test_a_local_state_this_tool_did_not_write_is_refused(tmp_path):
+    (tmp_path / autoresume.LOCAL_STATE).write_text("{not json")
+    with pytest.raises(JobError, match="move it away to start a new chain"):
+        autoresume.run_local(lambda: 0, tmp_path, 2, 1)

@@ -25,7 +25,7 @@ def parser() -> argparse.ArgumentParser:
             "Fill a job definition from the stack outputs, validate it offline with azure-ai-ml, then submit it "
             "to Azure ML, run it here with horovodrun, or print it with its hourly cost. "
             "Checks against Azure: python -m launcher preflight|doctor --help (docs/preflight-and-doctor.md). "
-            "What a job cost: python -m launcher cost --help (docs/jobs.md#what-a-job-cost)."
+            "What a job cost: python -m launcher cost --help (docs/job-cost.md#what-a-job-cost)."
         ),
     )
     p.add_argument("job", type=pathlib.Path, help="a job definition, e.g. jobs/pytorch-resnet50-synthetic.yaml")
@@ -51,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
         "--health-check",
         action="store_true",
         help="Azure ML: first run jobs/healthcheck-allreduce.yaml on this job's cluster, nodes and processes per "
-        "node, print each node's verdict, and submit this job only if every node passed (docs/jobs.md#a-bad-node)",
+        "node, print each node's verdict, and submit this job only if every node passed (docs/health-check.md#a-bad-node)",
     )
     p.add_argument(
         "--skip-quota-check",
@@ -78,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="when the job ends without completing, decide from how it ended: resume it from its checkpoints (at "
         "most N times), run the health check first (a hang, a node fault), or stop with one line saying why (a "
-        "refused configuration, a cancel, the same failure twice at the same step); docs/jobs.md#my-job-died-overnight",
+        "refused configuration, a cancel, the same failure twice at the same step); docs/preempted-and-resumed.md#my-job-died-overnight",
     )
     p.add_argument(
         "--auto-resume-cap",
@@ -102,7 +102,7 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="local: a preemption drill: the job uninterrupted, then again with SIGTERM (term) or SIGKILL (kill) "
         "sent to a random rank at a random step, then resumed; reports the steps lost and whether the result "
-        "equals the uninterrupted run (docs/jobs.md#a-preemption-drill)",
+        "equals the uninterrupted run (docs/preempted-and-resumed.md#a-preemption-drill)",
     )
     p.add_argument("--drill-seed", type=int, default=None, help="local, --drill: repeat a drill's rank and step")
     p.add_argument(
@@ -156,7 +156,7 @@ def run(args, extra: list[str]) -> int:
     if args.drill and args.target != "local":
         raise JobError(
             "--drill is for --target local; on a cluster, cancel the running job (a SIGTERM to every rank) and "
-            "submit it again with --resume-from: docs/jobs.md#a-preemption-drill"
+            "submit it again with --resume-from: docs/preempted-and-resumed.md#a-preemption-drill"
         )
     _check_auto_resume(args)
     if args.target == "local":

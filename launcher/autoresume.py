@@ -1,4 +1,4 @@
-"""Auto-resume that cannot loop (`--auto-resume N`, docs/jobs.md#my-job-died-overnight): when a followed job ends,
+"""Auto-resume that cannot loop (`--auto-resume N`, docs/preempted-and-resumed.md#my-job-died-overnight): when a followed job ends,
 its ending (endings.py) decides: resume from its checkpoints, run the health check first and then resume, or stop
 with one line saying why.
 

@@ -474,5 +474,5 @@ def submit(job, outputs: StackOutputs, stream: bool = True, ml_client=None, resu
         return ended
     from .cost import after_watch
 
-    after_watch(ml, ended.name, outputs)  # the job's cost ledger (docs/jobs.md#what-a-job-cost); never raises
+    after_watch(ml, ended.name, outputs)  # the job's cost ledger (docs/job-cost.md#what-a-job-cost); never raises
     return report(ended)

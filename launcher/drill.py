@@ -9,7 +9,7 @@ uninterrupted run's tensor by tensor. R and S are drawn from --drill-seed (print
 S in the first 60% of the run's steps, so that the stop lands before the run ends.
 
 - term: SIGTERM, what an Azure ML cancel and a low-priority preemption deliver: the ranks agree on a step, write a
-  mid-epoch checkpoint and exit 75; nothing is lost (docs/jobs.md#preempted-and-resumed).
+  mid-epoch checkpoint and exit 75; nothing is lost (docs/preempted-and-resumed.md#preempted-and-resumed).
 - kill: SIGKILL, a node lost without warning: the job fails, and the resume starts from the last checkpoint
   (an epoch's, or --checkpoint-every-minutes'); the steps since are lost.
 

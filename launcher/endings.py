@@ -120,7 +120,8 @@ def classify(
     why = {
         PERMANENT: "the job refused its configuration, its data or a full disk: a rerun fails the same way",
         NODE_FAULT: _first_line(message) or "a node's hardware",
-        UNKNOWN: _first_line(message) or ("no rank reported a step" if at is None else "no rank said why"),
+        UNKNOWN: _first_line(message)
+        or ("no rank reported a step" if at is None else "no rank said why (killed, or a crash: the log above)"),
     }.get(kind, "")
     return Ending(kind, code, at, why=why)
 

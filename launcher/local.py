@@ -160,7 +160,7 @@ def run(argv: list[str], outputs: dict[str, pathlib.Path], env_overrides: dict[s
     for name, folder in outputs.items():
         print(f"  {name}: {folder}", flush=True)
     if "run" in outputs:
-        # The same split as a cluster job's ledger (docs/jobs.md#what-a-job-cost), without queue or money.
+        # The same split as a cluster job's ledger (docs/job-cost.md#what-a-job-cost), without queue or money.
         from .cost.local import local_split, render_local
 
         print(render_local(local_split(outputs["run"] / "metrics.json", wall)), flush=True)

@@ -11,7 +11,7 @@ nodes running the job, where the job is named). Then it prints the table.
 
 REPORT.json is the job's report output (`az ml job download --name NAME --output-name report`). Exit status:
 0 every node passed, 1 a node failed, 2 bad input or Azure refused. `run_health_check` runs the whole sequence
-before a training job (the launcher's `--health-check`, docs/jobs.md#a-bad-node).
+before a training job (the launcher's `--health-check`, docs/health-check.md#a-bad-node).
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def verdict_lines(report: dict, matched: list[dict], compute: str) -> tuple[int,
         ids = ", ".join(n["node_id"] or f"{n['host']} (id unknown)" for n in bad)
         lines.append(
             f"{len(bad)} of {len(matched)} nodes of {compute} FAILED: {ids}. Do not train on them: take them out of "
-            "the cluster and report them to Azure (docs/jobs.md#a-bad-node)"
+            "the cluster and report them to Azure (docs/health-check.md#a-bad-node)"
         )
         return 1, lines
     if not report.get("passed", True):

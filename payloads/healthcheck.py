@@ -376,7 +376,7 @@ def judge(results: list[dict], processes: int, floor: float | None) -> tuple[dic
             f"bus bandwidth {largest['bus_gbytes_per_sec']:.2f} GB/s at {largest['mbytes']:g} MB is below the "
             f"floor of {floor:g} GB/s: the fabric is slower than this VM size delivers healthy. Likely: NCCL "
             "is not using InfiniBand (run with NCCL_DEBUG=INFO and look for 'NET/IB'), a degraded link or GPU "
-            "on one node (the node verdicts above name it; docs/jobs.md#a-bad-node), or too small a "
+            "on one node (the node verdicts above name it; docs/health-check.md#a-bad-node), or too small a "
             "--sizes-mb to reach the link's speed"
         )
     return verdict, failures

@@ -48,7 +48,7 @@ def after_watch(ml, name: str, outputs: StackOutputs) -> dict | None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m launcher cost",
-        description="The cost ledger of an Azure ML job: time and money per phase (docs/jobs.md#what-a-job-cost).",
+        description="The cost ledger of an Azure ML job: time and money per phase (docs/job-cost.md#what-a-job-cost).",
     )
     p.add_argument("job", help="the job's name (its run id), e.g. witty_jackal_3d4kq79d3v")
     src = p.add_mutually_exclusive_group(required=True)

@@ -61,7 +61,7 @@ def ending(run: Events, shutdown=None):
 
 class Watch:
     """The stall watchdog (watchdog.py): what this rank is doing, marked by attribute stores; a rank that stops
-    making progress ends the job, named (docs/jobs.md#a-job-is-stuck-or-slow). Started at construction, right
+    making progress ends the job, named (docs/stuck-or-slow.md#a-job-is-stuck-or-slow). Started at construction, right
     after the collectives, so a hang in the device's set-up or the data's is named too. One broadcast gives every
     rank rank 0's name for the run, which tells this run's heartbeats from an earlier run's in the same folder."""
 
@@ -123,7 +123,7 @@ class Stragglers:
 
 class Checkpoints:
     """The epoch's checkpoint, and the mid-epoch ones: on SIGTERM (then the stop, preemption.Stopped) and on the
-    checkpoint clock, at a step every rank agrees on (preemption.py, docs/jobs.md#preempted-and-resumed). Never
+    checkpoint clock, at a step every rank agrees on (preemption.py, docs/preempted-and-resumed.md#preempted-and-resumed). Never
     after an epoch's last step: the epoch's end (a task's averaging, the evaluation, the epoch's checkpoint)
     follows, and a SIGTERM then stops at the epoch's checkpoint (after_epoch). The writing is the framework's
     (`run.saver`)."""

@@ -479,7 +479,7 @@ def _runtime(g, c: Declared) -> None:
         default=d.stall_timeout,
         metavar="SECONDS",
         help="end the job when no training step completes for this long, naming the stuck ranks and hosts and "
-        "writing every rank's stacks (docs/jobs.md#a-job-is-stuck-or-slow); 0 = off. auto = "
+        "writing every rank's stacks (docs/stuck-or-slow.md#a-job-is-stuck-or-slow); 0 = off. auto = "
         f"max({watchdog.FLOOR_SECONDS:.0f}, {watchdog.STEP_MULTIPLE} x the median step time), and "
         f"{watchdog.STARTUP_SECONDS:.0f} s until the first {watchdog.WARM_STEPS} steps are done",
     )
@@ -498,7 +498,7 @@ def _runtime(g, c: Declared) -> None:
         default=d.checkpoint_every_minutes,
         metavar="MINUTES",
         help="also write a mid-epoch checkpoint when this many minutes have passed since the last one, so a node "
-        "lost without warning loses at most that (SIGTERM always writes one: docs/jobs.md#preempted-and-resumed); "
+        "lost without warning loses at most that (SIGTERM always writes one: docs/preempted-and-resumed.md#preempted-and-resumed); "
         f"auto = the measured checkpoint time / {preemption.COST_FRACTION:g}, at least "
         f"{preemption.FLOOR_MINUTES:g}; 0 = off",
     )

@@ -17,7 +17,7 @@ Azure ML documents no grace between SIGTERM and SIGKILL for a cancel or a preemp
 virtual machine's: a Spot/low-priority eviction is announced by a Scheduled Event `Preempt` at least 30 seconds
 ahead (learn.microsoft.com/azure/virtual-machines/linux/scheduled-events, "Preempt | 30 seconds"), and Azure ML
 fails a job on "Received pre-emption warning signal". So the design assumes 30 s from the signal to the end: the
-stop comes within AGREE_SECONDS plus one step, then one checkpoint write (docs/jobs.md#preempted-and-resumed).
+stop comes within AGREE_SECONDS plus one step, then one checkpoint write (docs/preempted-and-resumed.md#preempted-and-resumed).
 
 --checkpoint-every-minutes N: a mid-epoch checkpoint when N minutes have passed since the last checkpoint (of either
 kind), by rank 0's clock. `auto` (the default): the measured cost of a checkpoint (the job waits while rank 0

@@ -27,7 +27,7 @@ class Phases:
     (a size x 3 matrix where each rank fills its own row), gives the matrix to add(), which names a rank whose
     input or compute share stays an outlier for STRAGGLER_WINDOWS windows, and keeps per-rank totals for the
     epoch's metrics record. On a GPU the host clock sees the time a rank waits for input exactly; a GPU that is
-    slow shows as time waiting in the exchange on every rank alike (docs/jobs.md#stragglers)."""
+    slow shows as time waiting in the exchange on every rank alike (docs/stuck-or-slow.md#stragglers)."""
 
     def __init__(self, watch: Watchdog, hosts: list[str], every: int):
         self.watch, self.hosts, self.every = watch, hosts, every

@@ -1,6 +1,6 @@
 """The replica sentinel: data-parallel replicas must stay bitwise equal, and a rank whose numbers go wrong is named
 before the next average spreads what it did, and the run rolls back to a checkpoint written while every rank
-agreed (issue 44, items 5-7; docs/jobs.md#a-replica-went-wrong).
+agreed (issue 44, items 5-7; docs/stuck-or-slow.md#a-replica-went-wrong).
 
 Every --replica-check-every steps, and before every epoch's checkpoint, each rank reduces its parameters (not
 BatchNorm's running statistics, which follow each rank's batches) to one integer per tensor: the wrapping sum of

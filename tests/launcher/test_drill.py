@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import re
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
 import torch
-from helpers import ROOT, TINY, record_launch, stop_at_env
+from helpers import ROOT, TINY, record_launch, stop_at_env, wait_until
 
 from launcher import __main__ as cli
 from launcher import drill
@@ -64,6 +67,35 @@ def test_a_sigterm_drill_stops_one_rank_loses_nothing_and_resumes_bitwise_equal(
     assert sum("stopped by SIGTERM" in line for line in lines) == 1, lines  # rank 0: "a signal on another rank"
     assert f"(0 epochs done, {report['resumed_from_step']} steps of epoch 1)" in text
     assert "bitwise equal" in text and f"--drill-seed {seed}" in text
+
+    # --auto-resume: rank 1 killed (SIGKILL: a node lost) at step 11, in epoch 2; the launcher reads the ending from
+    # the run folder, resumes by itself from epoch 1's checkpoint, and the run ends as the uninterrupted one.
+    auto = out / "auto"
+    cmd = [sys.executable, "-m", "launcher", "jobs/pytorch-resnet50-synthetic.yaml", "--target", "local", "--np", "2"]
+    cmd += ["--controller", "gloo", "--output-dir", str(auto), "--auto-resume", "2", "--", *ARGS]
+    held = stop_at_env(11, [1], within=auto, hold=True)
+    log = tmp_path / "auto.log"
+    with open(log, "w") as sink:  # a file, not a pipe: nobody reads a pipe while the test waits for step 11
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=held, stdout=sink, stderr=subprocess.STDOUT, text=True)
+    try:
+        beat = wait_until(proc, lambda: (b := drill.heartbeat(auto / "run", 1)) and b["steps"] >= 11 and b, "step 11")
+        os.kill(beat["pid"], signal.SIGKILL)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    for code in (1, proc.returncode):
+        record_launch(2, ARGS, "pytorch", code)
+    assert proc.returncode == 0, text[-5000:]
+    said = [line for line in text.splitlines() if line.startswith("auto-resume: ")]
+    assert len(said) == 2 and said[0].startswith("auto-resume: attempt 1 ended: unknown, exit "), said
+    assert " at epoch 2, step 3" in said[0] and said[0].endswith("; resume 1 of 2"), said
+    assert said[1].startswith("auto-resume: attempt 2 ended: completed"), said
+    assert "resuming from" in text and "checkpoint-epoch-0001.pt" in text
+    assert drill.compare(drill.newest_checkpoint(out / "straight" / "run"), drill.newest_checkpoint(auto / "run")) == []
+    state = json.loads((auto / "run" / "autoresume.json").read_text())
+    assert state["attempt"] == 2 and re.fullmatch(r"unknown\|-?\d+\|1\.3", state["history"][0]), state
 
 
 def _save(path: pathlib.Path, **tensors) -> None:

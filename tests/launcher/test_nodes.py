@@ -307,7 +307,7 @@ def test_the_cli_prints_each_nodes_id_figures_and_verdict_and_exits_1_on_a_bad_n
         "check_nccl_allreduce 228.0 1 8G"
     ) in out
     assert "1 of 2 nodes of gpu-ib-jvedj FAILED: tvm-3601533753_4-20261126t101010z. Do not train on them" in out
-    assert "docs/jobs.md#a-bad-node" in out
+    assert "docs/health-check.md#a-bad-node" in out
 
 
 def test_a_check_without_azures_figure_says_why_in_the_table():

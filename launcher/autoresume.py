@@ -295,6 +295,4 @@ def _blob_reader(outputs, job, name: str, credential) -> endings.Read:
 
 
 def azureml_line(error: BaseException) -> str:
-    from .azureml import _first_line
-
-    return _first_line(error)
+    return endings.first_line(str(error))

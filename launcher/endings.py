@@ -116,16 +116,16 @@ def classify(
     if kind == UNKNOWN and NODE_MESSAGES.search(message or ""):
         kind = NODE_FAULT
     if kind in (HANG, STOPPED):  # the code without the files that make it so (an older payload): take it as said
-        return Ending(kind, code, at, why=_first_line(message))
+        return Ending(kind, code, at, why=first_line(message))
     why = {
         PERMANENT: "the job refused its configuration, its data or a full disk: a rerun fails the same way",
-        NODE_FAULT: _first_line(message) or "a node's hardware",
-        UNKNOWN: _first_line(message)
+        NODE_FAULT: first_line(message) or "a node's hardware",
+        UNKNOWN: first_line(message)
         or ("no rank reported a step" if at is None else "no rank said why (killed, or a crash: the log above)"),
     }.get(kind, "")
     return Ending(kind, code, at, why=why)
 
 
-def _first_line(text: str | None, limit: int = 200) -> str:
+def first_line(text: str | None, limit: int = 200) -> str:
     line = next((x.strip() for x in str(text or "").splitlines() if x.strip()), "")
     return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -215,11 +215,11 @@ def test_an_unknown_vm_size_is_refused_with_the_fix():
 
 
 def test_the_docs_table_is_what_the_launcher_sets():
-    """docs/jobs.md's per-size table: batch, workers and NCCL column, row by row, against the code."""
+    """docs/job-settings.md's per-size table: batch, workers and NCCL column, row by row, against the code."""
     from launcher import interconnect
 
     rows = {}
-    for line in (ROOT / "docs/jobs.md").read_text().splitlines():
+    for line in (ROOT / "docs/job-settings.md").read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 6 and cells[0].startswith("Standard_"):
             rows[cells[0]] = cells

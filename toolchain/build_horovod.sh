@@ -137,6 +137,21 @@ if [ -n "$SDIST" ]; then
     cp "$SDIST" "$WORK/"
 fi
 
+# Horovod compiles its CUDA kernels for each capability in HOROVOD_BUILD_CUDA_CC_LIST and adds PTX for the highest
+# (cmake/build_utils.py, get_nvcc_flags): a GPU newer than the list compiles that PTX when the library loads, so an
+# image outlives its list. Checked in the sdist being built, not assumed.
+ptx_for_the_newest() {
+    "$PYTHON" - "$1/cmake/build_utils.py" <<'PY' || { log "$1/cmake/build_utils.py builds no PTX for the highest capability of HOROVOD_BUILD_CUDA_CC_LIST: a GPU newer than the list would find no kernel; this is not the Horovod 0.28.1 the build was written for"; exit 2; }
+import sys
+try:
+    text = open(sys.argv[1]).read()
+except OSError:
+    sys.exit(1)
+sys.exit(0 if r"""'arch=compute_{cc},code=\\"sm_{cc},compute_{cc}\\"'.format(cc=cc_list[-1])""" in text else 1)
+PY
+    log "CUDA kernels for compute capabilities $CUDA_CC_LIST, with PTX for the highest (newer GPUs compile it at load)"
+}
+
 build_part() {   # build_part torch|tf: prints the part's cached wheel
     local part=$1 out with_torch=none with_tf=none src
     out="$CACHE/$(part_key "$part")"
@@ -157,6 +172,7 @@ build_part() {   # build_part torch|tf: prints the part's cached wheel
     tar -xzf "$WORK/horovod-$HOROVOD_VERSION.tar.gz" -C "$WORK/$part"
     local cpu_only=()
     [ -n "$GPU_OPS" ] || cpu_only=(--cpu-only)
+    if [ -n "$GPU_OPS" ]; then ptx_for_the_newest "$src"; fi
     "$PYTHON" "$HERE/patch_horovod.py" "$src" --cxx-standard "$CXX_STD" "${cpu_only[@]}" >&2
     local build_env=(
         "$(flag PYTORCH "$with_torch")" "$(flag TENSORFLOW "$with_tf")" "$(flag MPI "$MPI")"
@@ -184,6 +200,7 @@ build_part() {   # build_part torch|tf: prints the part's cached wheel
 }
 
 flag() { if [ "$2" != none ]; then echo "HOROVOD_WITH_$1=1"; else echo "HOROVOD_WITHOUT_$1=1"; fi; }
+CUDA_CC_LIST=${HOROVOD_BUILD_CUDA_CC_LIST:-75,80,86,90}   # CUDA 13 builds sm_75 and newer only: T4, A100, A10, H100/H200
 GPU_ENV=()
 if [ -n "$GPU_OPS" ] && [ -z "${HOROVOD_CUDA_HOME:-}" ]; then
     # A CUDA runtime image has /usr/local/cuda without the compiler; /usr/bin/nvcc is often a link into the toolkit.
@@ -197,8 +214,7 @@ if [ -n "$GPU_OPS" ]; then
     # CUDA_HOME too: torch otherwise guesses it from `which nvcc` and hands Horovod a path without cudart.
     GPU_ENV+=(HOROVOD_GPU_OPERATIONS="$GPU_OPS" HOROVOD_CUDA_HOME="${HOROVOD_CUDA_HOME:-/usr/local/cuda}"
               CUDA_HOME="${HOROVOD_CUDA_HOME:-/usr/local/cuda}"
-              # CUDA 13 builds sm_75 and newer only: T4, A100, A10, H100/H200.
-              HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-75,80,86,90}")
+              HOROVOD_BUILD_CUDA_CC_LIST="$CUDA_CC_LIST")
     if [ "$GPU_OPS" = NCCL ] && [ -z "${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_INCLUDE:-}" ]; then
         # Link against the NCCL that torch's wheel brings (nvidia-nccl-*), so both load the same library.
         NCCL_DIR=$("$PYTHON" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])')

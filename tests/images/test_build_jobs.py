@@ -119,13 +119,22 @@ def _offline_build(tmp_path, sdist, path=None, missing=(), **extra):
 NCCL = {"HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_NCCL_INCLUDE": "/nccl/include", "HOROVOD_NCCL_LIB": "/x"}
 
 
-def _sdist(tmp_path) -> pathlib.Path:
+# The end of Horovod 0.28.1's cmake/build_utils.py get_nvcc_flags, as the sdist has it: PTX for the last capability.
+NVCC_FLAGS = """    for cc in cc_list[:-1]:
+        default_flags += ['-gencode', 'arch=compute_{cc},code=sm_{cc}'.format(cc=cc)]
+    # Build PTX for maximum specified compute capability
+    default_flags += ['-gencode', 'arch=compute_{cc},code=\\\\"sm_{cc},compute_{cc}\\\\"'.format(cc=cc_list[-1])]
+"""
+
+
+def _sdist(tmp_path, nvcc_flags: str = NVCC_FLAGS) -> pathlib.Path:
     """A stand-in Horovod 0.28.1 sdist in a folder of its own (where the offline build looks for wheels)."""
     import tarfile
 
     src = tmp_path / "src/horovod-0.28.1"
-    src.mkdir(parents=True, exist_ok=True)
+    (src / "cmake").mkdir(parents=True, exist_ok=True)
     (src / "setup.py").write_text("# stand-in\n")
+    (src / "cmake/build_utils.py").write_text(nvcc_flags)
     sdist = tmp_path / "wheels" / "horovod-0.28.1.tar.gz"
     sdist.parent.mkdir(exist_ok=True)
     with tarfile.open(sdist, "w:gz") as tar:
@@ -322,3 +331,20 @@ def test_each_framework_part_is_compiled_once_and_two_parts_merge_into_one_wheel
     for name, data in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         assert record[name] == f"sha256={digest},{len(data)}", name
+
+
+def test_a_gpu_build_names_its_kernels_and_refuses_a_horovod_without_ptx_for_the_newest(tmp_path):
+    """Issue 43, item 4: the kernels carry PTX for the list's highest capability (Horovod's get_nvcc_flags), so a GPU
+    newer than the list still runs; a source that does not build it is refused before anything is compiled."""
+    proc, calls, _ = _offline_build(tmp_path, _sdist(tmp_path), **NCCL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "CUDA kernels for compute capabilities 75,80,86,90, with PTX for the highest" in proc.stderr
+    assert "HOROVOD_BUILD_CUDA_CC_LIST=75,80,86,90 " in _pip_wheel(calls)
+
+    other = tmp_path / "other"
+    other.mkdir()
+    without = NVCC_FLAGS.replace("code=\\\\\"sm_{cc},compute_{cc}\\\\\"", "code=sm_{cc}")
+    assert without != NVCC_FLAGS
+    proc, calls, _ = _offline_build(other, _sdist(other, without), **NCCL)
+    assert proc.returncode == 2 and "builds no PTX for the highest capability" in proc.stderr, proc.stderr[-2000:]
+    assert "pip wheel" not in calls and "patch " not in calls

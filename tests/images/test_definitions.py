@@ -315,3 +315,43 @@ def test_build_and_runtime_share_one_ubuntu_release(image):
     """Horovod is compiled against the build stage's Open MPI; the runtime's libopenmpi3 must be the same release."""
     froms = [args for op, args in _instructions(image) if op == "FROM"]
     assert all("${UBUNTU_VERSION}" in f for f in froms)
+
+
+def _build_stage(image: str) -> str:
+    text = (ROOT / "images" / image / "Dockerfile").read_text()
+    return text.split(" AS build\n", 1)[1].split("\nFROM ", 1)[0]
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_the_build_stage_compiles_with_gxx_12_for_cmake_mpi_and_nvcc_alike(image):
+    """Issue 43, item 4: Horovod's torch part is C++20 for torch >= 2.14, which Ubuntu 22.04's default g++ 11 is not
+    known to compile; g++ 12 is installed and named to each tool that picks a compiler (CMake: CC/CXX; Open MPI's
+    wrappers: OMPI_CC/OMPI_CXX; nvcc: CUDAHOSTCXX), before the build script runs."""
+    stage = _build_stage(image)
+    installs = " ".join(re.findall(r"apt-get install ([^&]+)", stage))
+    assert re.search(r"\bgcc-12\b", installs) and re.search(r"\bg\+\+-12\b", installs), installs
+    assert not re.search(r"(?<![\w-])g\+\+(?![\w-])", installs), "a bare g++ is Ubuntu 22.04's g++ 11"
+    env = dict(re.findall(r"(\w+)=(\S+)", " ".join(re.findall(r"^ENV (.+)$", stage, re.M))))
+    expected = {"CC": "gcc-12", "CXX": "g++-12", "OMPI_CC": "gcc-12", "OMPI_CXX": "g++-12", "CUDAHOSTCXX": "g++-12"}
+    assert {k: env.get(k) for k in expected} == expected
+    assert stage.index("ENV CC=") < stage.index("build_horovod.sh \\"), "the compiler is set before the build"
+
+
+# Compute capability of each GPU model the catalog names (NVIDIA's CUDA GPUs list, developer.nvidia.com/cuda-gpus).
+CAPABILITY = {"T4": 75, "A10": 86, "A100": 80, "H100": 90, "H100 NVL": 90, "H200": 90, "V100": 70}
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_every_current_gpu_size_has_native_kernels_in_the_image(image):
+    """The image's Horovod kernels are compiled for each capability in its list (PTX only for the highest: a GPU
+    newer than the list JIT-compiles, test_build_jobs): every GPU size the catalog offers today is in the list."""
+    from trainingplatform import vm_sizes
+
+    stage = _build_stage(image)
+    given = re.search(r"HOROVOD_BUILD_CUDA_CC_LIST=([\d,]+)", stage)
+    script = (ROOT / "toolchain/build_horovod.sh").read_text()
+    default = re.search(r"CUDA_CC_LIST=\$\{HOROVOD_BUILD_CUDA_CC_LIST:-([\d,]+)\}", script).group(1)
+    listed = {int(cc) for cc in (given.group(1) if given else default).split(",")}
+    models = {vm_sizes.CATALOG[name].gpu_model for name in vm_sizes.available()} - {None}
+    assert models <= set(CAPABILITY), f"capability unknown for {models - set(CAPABILITY)}: add it above"
+    assert {CAPABILITY[m] for m in models} <= listed, (image, sorted(listed), sorted(models))

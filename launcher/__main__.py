@@ -93,6 +93,16 @@ def parser() -> argparse.ArgumentParser:
         help="Azure ML, --auto-resume: follow this job, already submitted (e.g. by a launcher that stopped), and "
         "continue its chain instead of submitting a new one",
     )
+    p.add_argument(
+        "--supervise",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="CPU_CLUSTER",
+        help="Azure ML, --auto-resume: submit the job, then a small supervisor job on a CPU cluster (default: the "
+        "stack's first) that follows it and resumes it with your identity, so this machine need not stay on; with "
+        "--follow, hand an existing chain to a supervisor (docs/preempted-and-resumed.md#the-supervisor-job)",
+    )
     p.add_argument("--np", type=int, default=2, help="local: Horovod processes on this machine")
     p.add_argument("--input", action="append", default=[], metavar="NAME=PATH", help="local: a job input's local path")
     p.add_argument("--output-dir", type=pathlib.Path, default=None, help="local: where the job's outputs go")
@@ -266,15 +276,33 @@ def run(args, extra: list[str]) -> int:
             follow_name=args.follow,
             resume_from=args.resume_from,
             health=lambda: node_check.run_health_check(outputs, args.cluster, nodes, args.processes_per_node),
+            handoff=_handoff(args, outputs, nodes, extra, template),
         )
     return azureml.submit(sdk_job, outputs, stream=not args.no_stream, resume_from=args.resume_from)
+
+
+def _handoff(args, outputs, nodes: int, extra: list[str], template: dict):
+    """--supervise: what hands the chain to a supervisor job (launcher/supervisor.py), or None."""
+    if args.supervise is None:
+        return None
+    from . import supervisor
+
+    on = supervisor.cpu_cluster(outputs, args.supervise)
+
+    def handoff(ml, name: str) -> int:
+        argv = supervisor.launcher_args(args.job, args, nodes, name, extra)
+        return supervisor.submit(ml, outputs, on, argv, args.job, template)
+
+    return handoff
 
 
 def _check_auto_resume(args) -> None:
     """--auto-resume and its companions, before anything runs or is submitted."""
     if args.auto_resume is None:
-        if args.auto_resume_cap is not None or args.follow:
-            raise JobError("--auto-resume-cap and --follow belong to --auto-resume N: add it (N: resumes allowed)")
+        if args.auto_resume_cap is not None or args.follow or args.supervise is not None:
+            raise JobError(
+                "--auto-resume-cap, --follow and --supervise belong to --auto-resume N: add it (N: resumes allowed)"
+            )
         return
     if args.auto_resume < 0:
         raise JobError(f"--auto-resume {args.auto_resume}: the resumes allowed, 0 or more (e.g. --auto-resume 3)")
@@ -282,8 +310,10 @@ def _check_auto_resume(args) -> None:
         raise JobError(f"--auto-resume-cap {args.auto_resume_cap:g}: a cost in US dollars above 0")
     if args.drill:
         raise JobError("--drill resumes the stopped run itself (its third run): drop --auto-resume")
-    if args.target == "local" and (args.auto_resume_cap is not None or args.follow):
-        raise JobError("--auto-resume-cap and --follow are for Azure ML jobs; a local chain lives in its output folder")
+    if args.target == "local" and (args.auto_resume_cap is not None or args.follow or args.supervise is not None):
+        raise JobError(
+            "--auto-resume-cap, --follow and --supervise are for Azure ML jobs; a local chain lives in its output folder"
+        )
     if args.no_stream:
         raise JobError("--auto-resume follows the job to decide when it ends: drop --no-stream")
     if args.follow and args.resume_from:

@@ -163,12 +163,14 @@ def run_azureml(
     follow_name: str | None = None,
     resume_from: str | None = None,
     health: Callable[[], int] | None = None,
+    handoff: Callable[[object, str], int] | None = None,
     ml=None,
     credential=None,
 ) -> int:
     """Submit `build(resume_from)` (or follow the job `follow_name`, already submitted), and after each ending act on
     the decision. `build(earlier)`: the validated job, resuming from job `earlier` when given. `health()`: the
-    health check on the job's cluster, nodes and processes (its exit status)."""
+    health check on the job's cluster, nodes and processes (its exit status). `handoff(ml, name)`: instead of
+    following the job here, hand the chain to a supervisor (supervisor.py) and return its status."""
     from . import azureml
 
     ml = ml or azureml.client(outputs)
@@ -189,6 +191,8 @@ def run_azureml(
             return created
         chain = dataclasses.replace(chain, name=created.name)
         name, url = created.name, created.studio_url
+    if handoff is not None:
+        return handoff(ml, name)
     while True:
         ended = azureml.follow(ml, name, url, outputs, patient=True)
         if isinstance(ended, int):
@@ -197,10 +201,10 @@ def run_azureml(
 
         cost = ((after_watch(ml, name, outputs) or {}).get("total") or {}).get("usd") or 0.0
         spent = chain.spent_usd + cost
-        job = _get(ml, name, outputs)
-        read = _blob_reader(outputs, job, name, credential)
+        before = _get(ml, name, outputs)
+        read = _blob_reader(outputs, before, name, credential)
         ending = endings.classify(
-            ended.status, endings.exit_in(ended.cause), read, _size(job), ended.cause, _since(job)
+            ended.status, endings.exit_in(ended.cause), read, _size(before), ended.cause, _since(before)
         )
         code = azureml.report(ended)
         decision = decide(ending, chain, spent)
@@ -221,6 +225,8 @@ def run_azureml(
         job = build(name)
         job.name = next_name
         job.tags = {**(job.tags or {}), **following.tags()}
+        if _is_asset(getattr(before, "code", None)):
+            job.code = before.code  # a resume runs the chain's code, not what this checkout holds now
         created = azureml.create(ml, job, outputs, resume_from=name)
         if isinstance(created, int):
             return created
@@ -246,6 +252,10 @@ def _get(ml, name: str, outputs):
                 flush=True,
             )
             azureml.pause(azureml.POLL_SECONDS)
+
+
+def _is_asset(code) -> bool:
+    return isinstance(code, str) and code.startswith(("azureml:", "/subscriptions/"))
 
 
 def _since(job) -> float:

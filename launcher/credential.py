@@ -28,9 +28,24 @@ SIGN_IN_FIX = (
 )
 
 
+ON_BEHALF_OF = ("LAUNCHER_CREDENTIAL", "azureml-on-behalf-of")
+
+
 def azure_credential():
-    """DefaultAzureCredential without the managed identity, unless AZURE_TOKEN_CREDENTIALS says otherwise."""
+    """DefaultAzureCredential without the managed identity, unless AZURE_TOKEN_CREDENTIALS says otherwise; inside an
+    Azure ML job submitted with `identity: user_identity` (the auto-resume supervisor, launcher/supervisor.yaml sets
+    LAUNCHER_CREDENTIAL), the submitting person's identity through Azure ML's on-behalf-of credential."""
     from azure.identity import DefaultAzureCredential  # looked up at call time: tests replace it
+
+    chosen = os.environ.get(ON_BEHALF_OF[0], "").strip()
+    if chosen:
+        if chosen != ON_BEHALF_OF[1]:
+            from .errors import JobError
+
+            raise JobError(f"{ON_BEHALF_OF[0]}={chosen}: the one value is {ON_BEHALF_OF[1]} (inside Azure ML jobs)")
+        from azure.ai.ml.identity import AzureMLOnBehalfOfCredential
+
+        return AzureMLOnBehalfOfCredential()
 
     if os.environ.get(SWITCH, "").strip():
         return DefaultAzureCredential()  # the switch decides; an explicit exclusion would override it

@@ -355,3 +355,18 @@ def test_every_current_gpu_size_has_native_kernels_in_the_image(image):
     models = {vm_sizes.CATALOG[name].gpu_model for name in vm_sizes.available()} - {None}
     assert models <= set(CAPABILITY), f"capability unknown for {models - set(CAPABILITY)}: add it above"
     assert {CAPABILITY[m] for m in models} <= listed, (image, sorted(listed), sorted(models))
+
+
+def test_the_launchers_image_installs_the_submission_set_and_the_supervisor_runs_its_tag():
+    """images/launcher: requirements-submit.txt (tests/launcher/test_submit_install.py holds it to what the launcher
+    imports), tagged by its azure-ai-ml pin; the supervisor job (launcher/supervisor.yaml) runs that tag."""
+    text = (ROOT / "images/launcher/Dockerfile").read_text()
+    for src in re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M):
+        for item in src.split():
+            assert (ROOT / item).exists(), f"COPY {item}: not in the build context (the repository root)"
+    assert "-r /src/requirements-submit.txt" in text and "/src/launcher/requirements.txt" in text
+    tag = f"launcher:azure-ai-ml{_pin('launcher/requirements.txt', 'azure-ai-ml')}"
+    assert f"training/{tag}" in text
+    supervisor = yaml.safe_load((ROOT / "launcher/supervisor.yaml").read_text())
+    assert supervisor["environment"]["image"] == f"<<registry>>/training/{tag}"
+    assert supervisor["identity"] == {"type": "user_identity"}

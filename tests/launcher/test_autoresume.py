@@ -11,6 +11,7 @@ import datetime as dt
 import json
 import re
 import time
+import urllib.parse
 
 import fake_arm
 import pytest
@@ -52,6 +53,7 @@ class Chained(SubmitFake):
         logs = outputs["datastores"]["logs"]
         self.blob_host = f"https://{logs['account']}.blob.core.windows.net/{logs['container']}/"
         self.folder = None  # the chain's run folder (the first job's)
+        self.images = []  # the images of the environments sent
 
     def __call__(self, request):
         method, url = request.method, request.url.split("?")[0]
@@ -64,6 +66,8 @@ class Chained(SubmitFake):
                 return self.response(request, status, headers=headers, raw=body)
             status, body, headers = fake_arm.storage_error(404, "BlobNotFound", "The specified blob does not exist.")
             return self.response(request, status, headers=headers, raw=body)
+        if method == "PUT" and "/environments/" in url:
+            self.images.append(json.loads(request.body)["properties"].get("image"))
         m = re.search(r"/jobs/([^/]+)$", url)
         if m and method == "PUT":
             response = super().__call__(request)
@@ -92,16 +96,22 @@ def fake_arm_now():
 def chained(monkeypatch, dev_outputs, tmp_path):
     from azure.core.credentials import AccessToken, AccessTokenInfo
 
-    class Credential:
+    fake = Chained(stack.load_file(dev_outputs))
+    fake.scopes = []
+
+    def token(scopes) -> str:  # the person's token for the scope's resource (azure-ai-ml reads its audience)
+        fake.scopes += scopes
+        return fake_arm.jwt({**fake_arm.USER, "aud": scopes[0].removesuffix("/.default"), "tid": "t"})
+
+    class Credential:  # what `az login` gives DefaultAzureCredential
         def get_token(self, *scopes, **kw):
-            return AccessToken("token", int(time.time()) + 3600)
+            return AccessToken(token(scopes), int(time.time()) + 3600)
 
         def get_token_info(self, *scopes, **kw):
-            return AccessTokenInfo("token", int(time.time()) + 3600)
+            return AccessTokenInfo(token(scopes), int(time.time()) + 3600)
 
     import requests.adapters
 
-    fake = Chained(stack.load_file(dev_outputs))
     monkeypatch.setattr(requests.adapters.HTTPAdapter, "send", lambda self, request, **kw: fake(request))
     monkeypatch.setattr("azure.identity.DefaultAzureCredential", lambda **kw: Credential())
     monkeypatch.setattr("azure.ai.ml.operations._job_ops_helper._wait_before_polling", lambda seconds: 0)
@@ -264,3 +274,83 @@ def test_a_local_state_this_tool_did_not_write_is_refused(tmp_path):
     (tmp_path / autoresume.LOCAL_STATE).write_text("{not json")
     with pytest.raises(JobError, match="move it away to start a new chain"):
         autoresume.run_local(lambda: 0, tmp_path, 2, 1)
+
+
+def test_a_supervisor_job_follows_the_chain_with_the_persons_identity(chained, dev_outputs, monkeypatch, tmp_path):
+    """--supervise: the training job, then the supervisor on the stack's CPU cluster with `identity: user_identity`;
+    run as that job runs it (its command, its environment, Azure ML's on-behalf-of token endpoint faked at HTTP),
+    it follows the chain, resumes it from the first job's code asset, and asks for no token but the person's."""
+    chained.outcomes = [
+        ("Failed", failed(75), beats((0, 5), doing="stopped", codes=(75, 75))),  # the training job
+        ("Running", None, {}),  # the supervisor itself: not followed here
+        ("Completed", None, beats((2, 0), doing="finished", codes=(0, 0))),  # the resumed job
+    ]
+    args = [str(SYNTHETIC), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--nodes", "2"]
+    args += ["--skip-quota-check", "--auto-resume", "3", "--supervise", "--", "--epochs", "2"]
+    assert cli.main(args) == 0
+    # A user-identity job is sent with the person's Azure ML token beside the ARM one (azure-ai-ml's
+    # _set_headers_with_user_aml_token): the submitter must be able to get one.
+    assert "https://ml.azure.com/.default" in chained.scopes
+    first, supervisor = chained.jobs
+    sent = chained.jobs[supervisor]["properties"]
+    outs = stack.load_file(dev_outputs)
+    assert sent["identity"]["identityType"] == "UserIdentity"
+    assert sent["computeId"].endswith("/computes/" + outs.cluster("cpu-smoke")["compute_name"])
+    assert chained.images[-1] == f"{outs['registry_login_server']}/training/launcher:azure-ai-ml1.35.2"
+    env = sent["environmentVariables"]
+    assert (
+        env["LAUNCHER_CREDENTIAL"] == "azureml-on-behalf-of"
+        and json.loads(env["LAUNCHER_STACK_OUTPUTS"]) == outs.values
+    )
+    command = sent["command"].split("python -m launcher ", 1)[1].split()
+    assert command[:2] == ["jobs/pytorch-resnet50-synthetic.yaml", "--stack-outputs"]
+    assert f"--follow {first} --auto-resume 3" in " ".join(command) and command[-3:] == ["--", "--epochs", "2"]
+
+    # What the supervisor runs, in its environment: the person's token through Azure ML's on-behalf-of endpoint.
+    tokens = []
+    real = chained.__call__
+
+    def with_obo(request):
+        if request.url.startswith("http://obo.local/"):
+            resource = urllib.parse.unquote(request.url.split("resource=", 1)[1])
+            tokens.append(resource)
+            person = fake_arm.jwt({**fake_arm.USER, "aud": resource, "tid": "t"})
+            body = {"access_token": person, "expires_in": "3600", "token_type": "Bearer", "resource": resource}
+            return chained.response(request, 200, body)
+        return real(request)
+
+    import requests.adapters
+
+    monkeypatch.setattr(requests.adapters.HTTPAdapter, "send", lambda self, request, **kw: with_obo(request))
+    monkeypatch.setattr("azure.identity.DefaultAzureCredential", lambda **kw: pytest.fail("not the person's OBO"))
+    monkeypatch.setenv("LAUNCHER_CREDENTIAL", env["LAUNCHER_CREDENTIAL"])
+    monkeypatch.setenv("OBO_ENDPOINT", "http://obo.local/token")
+    outputs_file = tmp_path / "stack-outputs.json"
+    outputs_file.write_text(env["LAUNCHER_STACK_OUTPUTS"])
+    command[command.index("--stack-outputs") + 1] = str(outputs_file)
+    assert cli.main(command) == 0
+    assert list(chained.jobs) == [first, supervisor, f"{first}-r1"]
+    resumed = chained.jobs[f"{first}-r1"]["properties"]
+    assert resumed["codeId"] == chained.jobs[first]["properties"]["codeId"]  # the chain's code, not the checkout's
+    assert resumed["tags"]["resumed_from"] == first
+    assert "https://management.azure.com" in tokens, tokens  # ARM, through Azure ML's on-behalf-of endpoint
+
+
+def test_supervise_refuses_a_stack_without_a_cpu_cluster_and_a_gpu_cluster(dev_outputs, tmp_path, capsys):
+    from launcher import supervisor
+
+    outs = stack.load_file(dev_outputs)
+    gpu_only = {k: v for k, v in outs.values["clusters"].items() if v.get("gpus_per_node")}
+    with pytest.raises(JobError, match="no CPU cluster to run the supervisor on"):
+        supervisor.cpu_cluster(stack.StackOutputs({**outs.values, "clusters": gpu_only}), None)
+    with pytest.raises(JobError, match="a GPU cluster; the supervisor only follows a job"):
+        supervisor.cpu_cluster(outs, "gpu-ib")
+    assert supervisor.cpu_cluster(outs, None) == "cpu-smoke"
+
+
+def test_an_unknown_launcher_credential_is_refused(monkeypatch):
+    from launcher import credential
+
+    monkeypatch.setenv("LAUNCHER_CREDENTIAL", "managed")
+    with pytest.raises(JobError, match="the one value is azureml-on-behalf-of"):
+        credential.azure_credential()

@@ -106,7 +106,7 @@ GLOO_ENV = {"GLOO_SOCKET_IFNAME": "eth0"}
 GPUS_PER_NODE = "TRAINING_GPUS_PER_NODE"
 VM_SIZE = "TRAINING_VM_SIZE"
 MIN_BUSBW = "HEALTHCHECK_MIN_BUSBW_GBYTES_PER_SEC"
-# What each node of the size should deliver, for the health check's per-node verdicts (payloads/healthcheck.py
+# What each node of the size should deliver, for the health check's per-node verdicts (payloads/healthcheck/options.py
 # parses it): the catalog's figures from Azure's node health checks, "check=value@message_bytes[/processes]"
 # joined by commas. Plain characters only: no quotes, spaces or $ for a shell or mpirun to mangle.
 EXPECTED = "HEALTHCHECK_EXPECTED"

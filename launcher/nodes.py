@@ -1,6 +1,6 @@
 """The health check's verdict per node, with each node's Azure ML node id.
 
-payloads/healthcheck.py judges every node against its VM size's figures and writes one verdict per node (host,
+payloads/healthcheck/ judges every node against its VM size's figures and writes one verdict per node (host,
 private IP, each check's figure against its expected value, PASS or FAIL) to its report. This module adds the
 Azure ML node id: the compute's node list (REST "Compute - List Nodes", POST .../computes/{name}/listNodes,
 read through azure-ai-ml's `ml.compute.list_nodes`) gives each node's nodeId, privateIpAddress,

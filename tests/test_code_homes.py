@@ -45,7 +45,7 @@ def is_project(module: str) -> bool:
     return module.split(".")[0] in PACKAGES
 
 
-ENTRY_POINTS = {module_name(p) for p in [*PAYLOADS.glob("*/train.py"), PAYLOADS / "healthcheck.py"]}
+ENTRY_POINTS = {module_name(p) for p in [*PAYLOADS.glob("*/train.py"), PAYLOADS / "healthcheck/__main__.py"]}
 
 
 def imports(name: str, is_package: bool, tree: ast.AST):

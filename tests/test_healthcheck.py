@@ -24,9 +24,10 @@ import helpers
 import pytest
 from helpers import ROOT, TINY, train
 
-from payloads import healthcheck
 from payloads.common import devices
 from payloads.common.errors import ConfigError
+from payloads.healthcheck import allreduce, infiniband, options, training, verdicts
+from payloads.healthcheck import facts as node_facts
 from payloads.pytorch import affinity, models
 
 pytestmark = pytest.mark.launches  # horovodrun runs: one at a time under xdist (tests/conftest.py)
@@ -56,8 +57,8 @@ def healthcheck_run(
         *args,
     ]
     e = helpers.env()
-    e.pop(healthcheck.MIN_BUSBW, None)
-    e.pop(healthcheck.EXPECTED, None)
+    e.pop(options.MIN_BUSBW, None)
+    e.pop(options.EXPECTED, None)
     e.pop(devices.GPUS_PER_NODE, None)
     e.update(env or {})
     return subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=180)
@@ -73,7 +74,7 @@ LATE = 0.5
 def test_passes_above_the_floor_and_reports_what_it_saw(tmp_path):
     """Also the control of the per-node verdicts: the in-node all-reduce of a normal run passes the EXPECT that
     a late rank fails (test_a_late_rank_fails_its_node...)."""
-    proc = healthcheck_run(tmp_path, "--expect", f"allreduce_in_node={EXPECT}", env={healthcheck.MIN_BUSBW: "0.0001"})
+    proc = healthcheck_run(tmp_path, "--expect", f"allreduce_in_node={EXPECT}", env={options.MIN_BUSBW: "0.0001"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "allreduce.json").read_text())
     assert report["passed"] is True and report["processes"] == 2 and report["failures"] == []
@@ -110,7 +111,7 @@ def test_passes_above_the_floor_and_reports_what_it_saw(tmp_path):
     assert "healthcheck passed" in proc.stdout
     # one node (both processes on this host): judged in the node, nothing to pair with, no InfiniBand
     (v,) = report["node_verdicts"]
-    assert v["verdict"] == "PASS" and v["ranks"] == [0, 1] and v["private_ip"] == healthcheck.private_ip()
+    assert v["verdict"] == "PASS" and v["ranks"] == [0, 1] and v["private_ip"] == node_facts.private_ip()
     c = v["checks"]
     inside = c["allreduce_in_node"]
     assert inside["status"] == "PASS" and inside["figure"] >= EXPECT and inside["expected"] == EXPECT
@@ -232,7 +233,7 @@ def test_one_failing_rank_is_named_and_the_others_do_not_hang(tmp_path):
 
 def test_a_non_finite_loss_fails_the_step():
     ok = {"failed": None, "error": None, "seconds": 1.0, "digest": "d"}
-    verdict, failures = healthcheck.judge_training(
+    verdict, failures = training.judge_training(
         [{**ok, "rank": 0, "losses": [2.3, 2.2]}, {**ok, "rank": 1, "losses": [2.3, float("nan")]}], 2
     )
     assert verdict["failed_part"] == "step" and verdict["ranks_agree"] is True
@@ -253,20 +254,20 @@ def test_a_non_finite_loss_fails_the_step():
 )
 def test_bad_training_options_are_refused_before_anything_runs(args, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        healthcheck.parse(args)
+        options.parse(args)
 
 
 def test_the_models_offered_are_the_payloads_conv_models():
     import torch
 
-    for name in healthcheck.MODELS:
+    for name in options.MODELS:
         assert name in models.MODELS
         assert any(isinstance(m, torch.nn.Conv2d) for m in models.build(name, 10, 32).modules()), name
 
 
 def test_one_process_is_never_judged_on_bandwidth():
     results = [{"mbytes": 8.0, "bus_gbytes_per_sec": 0.0, "correct": True}]
-    verdict, failures = healthcheck.judge(results, 1, 20.0)
+    verdict, failures = allreduce.judge(results, 1, 20.0)
     assert verdict["judged"] is False and failures == []
 
 
@@ -275,13 +276,13 @@ def test_a_bad_floor_is_refused_before_anything_runs(value, tmp_path):
     proc = subprocess.run(
         [*helpers.python_m("payloads.healthcheck"), "--output", str(tmp_path / "r.json")],
         cwd=ROOT,
-        env={**helpers.env(), healthcheck.MIN_BUSBW: value},
+        env={**helpers.env(), options.MIN_BUSBW: value},
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert proc.returncode == 2
-    assert f"{healthcheck.MIN_BUSBW} {value!r}: a bus bandwidth floor in GB/s" in proc.stderr
+    assert f"{options.MIN_BUSBW} {value!r}: a bus bandwidth floor in GB/s" in proc.stderr
     assert not (tmp_path / "r.json").exists()
 
 
@@ -377,7 +378,7 @@ def test_a_late_rank_fails_its_node_with_the_figure_and_the_other_nodes_pass(tmp
     (its pair with node-0 is fast), and so does node-0 across nodes. The EXPECT figure passes a normal run
     (test_passes_above_the_floor_and_reports_what_it_saw, the same 2 MB)."""
     hosts = ["node-0", "node-0", "node-1", "node-2"]
-    env = nodes_and_late_ranks(tmp_path, hosts, {1: healthcheck.IN_NODE, 3: healthcheck.OVER_IB})
+    env = nodes_and_late_ranks(tmp_path, hosts, {1: options.IN_NODE, 3: options.OVER_IB})
     proc = healthcheck_run(
         tmp_path,
         "--iterations",
@@ -450,20 +451,20 @@ def seconds_for(gbytes_per_sec: float, nbytes: int, n: int) -> float:
 def test_a_node_is_judged_on_the_median_so_one_slow_run_does_not_fail_it():
     """Healthy nodes vary (azurehpc-health-checks #690): one run of five at a tenth of the speed leaves the median."""
     good, slow = seconds_for(240, 2**30, 8), seconds_for(24, 2**30, 8)
-    expected = healthcheck.parse_expected("allreduce_in_node=228", "test")
-    one_bad_run = runs(healthcheck.IN_NODE, list(range(8)), [good, good, slow, good, good])
-    (v,) = healthcheck.judge_nodes(facts(["n"] * 8), one_bad_run, [], expected)
+    expected = options.parse_expected("allreduce_in_node=228", "test")
+    one_bad_run = runs(options.IN_NODE, list(range(8)), [good, good, slow, good, good])
+    (v,) = verdicts.judge_nodes(facts(["n"] * 8), one_bad_run, [], expected)
     assert v["checks"]["allreduce_in_node"]["status"] == "PASS"
     assert v["checks"]["allreduce_in_node"]["figure"] == pytest.approx(240)
-    mostly_bad = runs(healthcheck.IN_NODE, list(range(8)), [good, slow, slow, good, slow])
-    (v,) = healthcheck.judge_nodes(facts(["n"] * 8), mostly_bad, [], expected)
+    mostly_bad = runs(options.IN_NODE, list(range(8)), [good, slow, slow, good, slow])
+    (v,) = verdicts.judge_nodes(facts(["n"] * 8), mostly_bad, [], expected)
     assert v["verdict"] == "FAIL" and v["checks"]["allreduce_in_node"]["figure"] == pytest.approx(24)
 
 
 def test_a_collective_is_timed_at_its_slowest_rank():
-    ranks = [{**r, "seconds": [seconds_for(240, 2**30, 2)] * 3} for r in runs(healthcheck.IN_NODE, [0, 1], [])]
+    ranks = [{**r, "seconds": [seconds_for(240, 2**30, 2)] * 3} for r in runs(options.IN_NODE, [0, 1], [])]
     ranks[1]["seconds"] = [seconds_for(100, 2**30, 2)] * 3
-    (v,) = healthcheck.judge_nodes(facts(["n", "n"]), ranks, [], {})
+    (v,) = verdicts.judge_nodes(facts(["n", "n"]), ranks, [], {})
     assert v["checks"]["allreduce_in_node"]["figure"] == pytest.approx(100)
     assert v["checks"]["allreduce_in_node"]["status"] == "NOT JUDGED" and v["verdict"] == "NOT JUDGED"
 
@@ -471,21 +472,19 @@ def test_a_collective_is_timed_at_its_slowest_rank():
 def test_azures_in_node_figure_applies_to_one_process_per_gpu_at_its_message_size():
     """nd96isr_h100_v5.conf: check_nccl_allreduce 460.0 1 16G, with 8 processes. Two processes, or a smaller
     message, are not what Azure measured: reported, not judged (a slow figure that fails is still failed)."""
-    expected = healthcheck.parse_expected(f"allreduce_in_node=460@{16 * 2**30}/8", "catalog")
+    expected = options.parse_expected(f"allreduce_in_node=460@{16 * 2**30}/8", "catalog")
     fast = seconds_for(470, 16 * 2**30, 2)
-    (v,) = healthcheck.judge_nodes(
-        facts(["n"] * 2), runs(healthcheck.IN_NODE, [0, 1], [fast] * 3, 16 * 2**30), [], expected
-    )
+    (v,) = verdicts.judge_nodes(facts(["n"] * 2), runs(options.IN_NODE, [0, 1], [fast] * 3, 16 * 2**30), [], expected)
     c = v["checks"]["allreduce_in_node"]
     assert c["status"] == "NOT JUDGED" and "figure is for 8 processes (one per GPU); this node ran 2" in c["reason"]
-    small = runs(healthcheck.IN_NODE, list(range(8)), [seconds_for(470, 2**30, 8)] * 3, 2**30)
-    (v,) = healthcheck.judge_nodes(facts(["n"] * 8), small, [], expected)
+    small = runs(options.IN_NODE, list(range(8)), [seconds_for(470, 2**30, 8)] * 3, 2**30)
+    (v,) = verdicts.judge_nodes(facts(["n"] * 8), small, [], expected)
     c = v["checks"]["allreduce_in_node"]
     assert c["status"] == "NOT JUDGED" and c["reason"] == (
         "measured up to 1 GiB; the expected figure is at 16 GiB (leave --sizes-mb out)"
     )
-    full = runs(healthcheck.IN_NODE, list(range(8)), [seconds_for(430, 16 * 2**30, 8)] * 3, 16 * 2**30)
-    (v,) = healthcheck.judge_nodes(facts(["n"] * 8), full, [], expected)
+    full = runs(options.IN_NODE, list(range(8)), [seconds_for(430, 16 * 2**30, 8)] * 3, 16 * 2**30)
+    (v,) = verdicts.judge_nodes(facts(["n"] * 8), full, [], expected)
     assert v["checks"]["allreduce_in_node"]["status"] == "FAIL" and v["checks"]["allreduce_in_node"][
         "figure"
     ] == pytest.approx(430)
@@ -495,34 +494,34 @@ def test_each_card_is_judged_by_its_best_pair_and_the_node_by_its_weakest_card()
     """Three nodes of 2 processes; process 1 of node c (its second card) is slow with every partner. Node c fails
     on card 1; nodes a and b, paired with c in one round each, keep their best pair and pass."""
     hosts = ["a", "a", "b", "b", "c", "c"]
-    assert healthcheck.pair_rounds(3) == [[(0, 1)], [(1, 2)], [(2, 0)]]
+    assert allreduce.pair_rounds(3) == [[(0, 1)], [(1, 2)], [(2, 0)]]
     good, slow = seconds_for(22, 2**30, 2), seconds_for(6, 2**30, 2)
     records = []
     for x, y in (("a", "b"), ("b", "c"), ("c", "a")):
         for i in (0, 1):
             pair = [hosts.index(x) + i, hosts.index(y) + i]
             late = "c" in (x, y) and i == 1
-            records += runs(healthcheck.OVER_IB, pair, [slow if late else good] * 3, nodes=[x, y], local_index=i)
-    expected = healthcheck.parse_expected("allreduce_over_ib=18", "catalog")
-    v = {n["host"]: n for n in healthcheck.judge_nodes(facts(hosts), records, [], expected)}
+            records += runs(options.OVER_IB, pair, [slow if late else good] * 3, nodes=[x, y], local_index=i)
+    expected = options.parse_expected("allreduce_over_ib=18", "catalog")
+    v = {n["host"]: n for n in verdicts.judge_nodes(facts(hosts), records, [], expected)}
     assert {h: v[h]["checks"]["allreduce_over_ib"]["status"] for h in v} == {"a": "PASS", "b": "PASS", "c": "FAIL"}
     c = v["c"]["checks"]["allreduce_over_ib"]
     assert c["figure"] == pytest.approx(6) and c["weakest"]["process_index"] == 1
-    assert "process 1's card" in healthcheck.failure_line(c)
+    assert "process 1's card" in verdicts.failure_line(c)
 
 
 def test_with_two_nodes_the_pair_is_both_nodes_figure_and_says_so():
     slow = seconds_for(6, 2**30, 2)
-    records = runs(healthcheck.OVER_IB, [0, 1], [slow] * 3, nodes=["a", "b"], local_index=0)
-    expected = healthcheck.parse_expected("allreduce_over_ib=18", "catalog")
-    verdicts = healthcheck.judge_nodes(facts(["a", "b"]), records, [], expected)
+    records = runs(options.OVER_IB, [0, 1], [slow] * 3, nodes=["a", "b"], local_index=0)
+    expected = options.parse_expected("allreduce_over_ib=18", "catalog")
+    verdicts = verdicts.judge_nodes(facts(["a", "b"]), records, [], expected)
     assert [n["verdict"] for n in verdicts] == ["FAIL", "FAIL"]
     assert "a third node tells which is slow" in verdicts[0]["checks"]["allreduce_over_ib"]["reason"]
 
 
 @pytest.mark.parametrize("nodes", range(1, 10))
 def test_pair_rounds_put_every_node_in_two_pairs_and_no_node_twice_in_a_round(nodes):
-    rounds = healthcheck.pair_rounds(nodes)
+    rounds = allreduce.pair_rounds(nodes)
     pairs = [p for r in rounds for p in r]
     for r in rounds:
         members = [n for p in r for n in p]
@@ -562,11 +561,11 @@ def test_ib_write_bw_runs_each_card_as_azure_does_and_fails_the_weak_card(tmp_pa
     monkeypatch.setenv("CALLS", str(calls))
     monkeypatch.setenv("BW_mlx5_ib0", "181.2")
     monkeypatch.setenv("BW_mlx5_ib1", "97.4")
-    cards = healthcheck.ib_cards(
+    cards = infiniband.ib_cards(
         fake_sysfs(tmp_path / "ib", {"mlx5_an0": "Ethernet", "mlx5_ib0": "InfiniBand", "mlx5_ib1": "InfiniBand"})
     )
     assert cards == ["mlx5_ib0", "mlx5_ib1"]  # the Ethernet NIC (ND H200 v5's mlx5_an0) is not an IB card
-    measured = healthcheck.ib_write_bw(cards, str(binary), repeats=3, host="peer-host", wait=0.05)
+    measured = infiniband.ib_write_bw(cards, str(binary), repeats=3, host="peer-host", wait=0.05)
     assert measured == {
         "mlx5_ib0": {"gbits": [181.2] * 3, "error": None},
         "mlx5_ib1": {"gbits": [97.4] * 3, "error": None},
@@ -577,36 +576,36 @@ def test_ib_write_bw_runs_each_card_as_azure_does_and_fails_the_weak_card(tmp_pa
         [f"-p {18510 + i} {common} {d}" for i, d in enumerate(cards)] * 3
         + [f"-p {18510 + i} {common} {d} peer-host" for i, d in enumerate(cards)] * 3
     )
-    expected = healthcheck.parse_expected("ib_write_bw=180", "catalog")
+    expected = options.parse_expected("ib_write_bw=180", "catalog")
     card = {"check": "ib_write_bw", "host": "n", "memory": "host", "cards": measured}
-    (v,) = healthcheck.judge_nodes(facts(["n"]), [], [card], expected)
+    (v,) = verdicts.judge_nodes(facts(["n"]), [], [card], expected)
     c = v["checks"]["ib_write_bw"]
     assert v["verdict"] == "FAIL" and c["figure"] == 97.4 and c["weakest_card"] == "mlx5_ib1"
     assert c["cards"] == {"mlx5_ib0": 181.2, "mlx5_ib1": 97.4}
-    assert healthcheck.failure_line(c).startswith("ib_write_bw per InfiniBand card 97.4 Gb/s at 8 MiB (card mlx5_ib1)")
+    assert verdicts.failure_line(c).startswith("ib_write_bw per InfiniBand card 97.4 Gb/s at 8 MiB (card mlx5_ib1)")
 
 
 def test_a_card_whose_ib_write_bw_fails_fails_the_node(tmp_path):
     binary = tmp_path / "ib_write_bw"
     binary.write_text("#!/bin/sh\necho \" Couldn't connect to peer-host:18510\" >&2\nexit 1\n")
     binary.chmod(0o755)
-    measured = healthcheck.ib_write_bw(["mlx5_ib0"], str(binary), repeats=1, host="peer-host", wait=0.01)
+    measured = infiniband.ib_write_bw(["mlx5_ib0"], str(binary), repeats=1, host="peer-host", wait=0.01)
     assert measured == {"mlx5_ib0": {"gbits": [], "error": "ib_write_bw exited 1: Couldn't connect to peer-host:18510"}}
     card = {"check": "ib_write_bw", "host": "n", "memory": "host", "cards": measured}
-    (v,) = healthcheck.judge_nodes(facts(["n"]), [], [card], healthcheck.parse_expected("ib_write_bw=180", "c"))
+    (v,) = verdicts.judge_nodes(facts(["n"]), [], [card], options.parse_expected("ib_write_bw=180", "c"))
     assert v["verdict"] == "FAIL" and "mlx5_ib0: ib_write_bw exited 1" in v["checks"]["ib_write_bw"]["reason"]
 
 
 def test_without_perftest_the_card_check_is_skipped_and_says_why(tmp_path, monkeypatch):
-    monkeypatch.setattr(healthcheck, "IB_SYSFS", fake_sysfs(tmp_path / "ib", {"mlx5_ib0": "InfiniBand"}))
+    monkeypatch.setattr(infiniband, "IB_SYSFS", fake_sysfs(tmp_path / "ib", {"mlx5_ib0": "InfiniBand"}))
     monkeypatch.setenv("PATH", str(tmp_path))  # no ib_write_bw anywhere
-    skipped = healthcheck.ib_card_check(3, gpu=False)
+    skipped = infiniband.ib_card_check(3, gpu=False)
     assert skipped == {
         "check": "ib_write_bw",
         "skipped": "the image has no ib_write_bw (perftest; Ubuntu's package perftest)",
         "cards": ["mlx5_ib0"],
     }
-    (v,) = healthcheck.judge_nodes(facts(["n"]), [], [{**skipped, "host": "n"}], {})
+    (v,) = verdicts.judge_nodes(facts(["n"]), [], [{**skipped, "host": "n"}], {})
     assert v["checks"]["ib_write_bw"]["status"] == "SKIPPED" and v["verdict"] == "NOT JUDGED"
 
 
@@ -617,7 +616,7 @@ def test_the_private_ip_is_eth0s_address():
     ip = subprocess.run(["ip", "-4", "-o", "addr", "show", "eth0"], capture_output=True, text=True)
     if ip.returncode != 0 or "inet " not in ip.stdout:
         pytest.skip("no eth0 with an IPv4 address here")
-    assert healthcheck.private_ip("eth0") == ip.stdout.split("inet ", 1)[1].split("/", 1)[0]
+    assert node_facts.private_ip("eth0") == ip.stdout.split("inet ", 1)[1].split("/", 1)[0]
 
 
 def test_the_physical_host_name_is_read_from_hyper_vs_key_value_pool(tmp_path):
@@ -626,8 +625,8 @@ def test_the_physical_host_name_is_read_from_hyper_vs_key_value_pool(tmp_path):
 
     pool = tmp_path / ".kvp_pool_3"
     pool.write_bytes(record("VirtualMachineName", "vm-1") + record("PhysicalHostName", "BL2AAP0123456789"))
-    assert healthcheck.physical_host(pool) == "BL2AAP0123456789"
-    assert healthcheck.physical_host(tmp_path / "absent") is None
+    assert node_facts.physical_host(pool) == "BL2AAP0123456789"
+    assert node_facts.physical_host(tmp_path / "absent") is None
 
 
 @pytest.mark.parametrize(
@@ -636,11 +635,11 @@ def test_the_physical_host_name_is_read_from_hyper_vs_key_value_pool(tmp_path):
 )
 def test_a_bad_expected_figure_is_refused(text):
     with pytest.raises(ConfigError, match="is not CHECK=VALUE"):
-        healthcheck.parse_expected(text, "--expect")
+        options.parse_expected(text, "--expect")
 
 
 def test_default_message_sizes_reach_azures_size():
-    expected = healthcheck.parse_expected(f"allreduce_in_node=460@{16 * 2**30}/8,ib_write_bw=380@8388608", "c")
-    assert healthcheck.message_sizes(None, expected) == [8 * 2**20 * 4**k for k in range(6)] + [16 * 2**30]
-    assert healthcheck.message_sizes(None, {}) == [8_000_000, 32_000_000, 128_000_000, 256_000_000]
-    assert healthcheck.message_sizes([1, 2.5], expected) == [1_000_000, 2_500_000]
+    expected = options.parse_expected(f"allreduce_in_node=460@{16 * 2**30}/8,ib_write_bw=380@8388608", "c")
+    assert options.message_sizes(None, expected) == [8 * 2**20 * 4**k for k in range(6)] + [16 * 2**30]
+    assert options.message_sizes(None, {}) == [8_000_000, 32_000_000, 128_000_000, 256_000_000]
+    assert options.message_sizes([1, 2.5], expected) == [1_000_000, 2_500_000]

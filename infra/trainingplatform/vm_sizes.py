@@ -29,7 +29,7 @@ class VmSize:
     # this size shows in any layout, including one process per node where each rank has one IB link.
     min_busbw_gbytes_per_sec: float | None = None
     # What a healthy node of this size delivers, as Azure's node health checks publish it (HEALTH below), one
-    # figure per check the health check runs on each node (payloads/healthcheck.py#node-checks); a check with
+    # figure per check the health check runs on each node (payloads/healthcheck/verdicts.py); a check with
     # no published figure for the size is listed in NO_FIGURE with the reason.
     health: tuple[Expected, ...] = ()
 

@@ -14,7 +14,7 @@ import fake_arm
 import pytest
 
 from launcher import interconnect, nodes, stack
-from payloads import healthcheck
+from payloads.healthcheck import options, verdicts
 from trainingplatform import vm_sizes
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -91,8 +91,8 @@ def test_the_health_check_reads_the_catalogs_figures_from_the_launchers_environm
     s = vm_sizes.CATALOG[size]
     cluster = {"vm_size": size, "gpus_per_node": s.gpus, "infiniband": bool(s.infiniband), "vcpus_per_node": s.vcpus}
     env = interconnect.environment(cluster, s.gpus)
-    assert interconnect.EXPECTED == healthcheck.EXPECTED
-    read = healthcheck.parse_expected(env[interconnect.EXPECTED], "env")
+    assert interconnect.EXPECTED == options.EXPECTED
+    read = options.parse_expected(env[interconnect.EXPECTED], "env")
     assert {c: (e["value"], e["unit"], e["message_bytes"]) for c, e in read.items()} == azure_figures(
         AZURE_CONF[size][1]
     )
@@ -102,7 +102,7 @@ def test_the_health_check_reads_the_catalogs_figures_from_the_launchers_environm
     }
     # and the payload's default message sizes end at Azure's
     top = max(v[2] for c, v in azure_figures(AZURE_CONF[size][1]).items() if c != "ib_write_bw")
-    assert healthcheck.message_sizes(None, read)[-1] == top
+    assert options.message_sizes(None, read)[-1] == top
 
 
 def test_supported_sizes_without_a_figure_say_why():
@@ -235,12 +235,12 @@ def test_two_nodes_with_one_ip_are_told_apart_by_the_job_they_run():
 
 
 def nd96asr_report(slow_host: str | None = None) -> dict:
-    """The report of a health check on two ND96asr_v4 nodes (8 processes each) as payloads/healthcheck.py writes
+    """The report of a health check on two ND96asr_v4 nodes (8 processes each) as payloads/healthcheck/ writes
     it: its judge_nodes on measurements whose figures are set here; `slow_host`'s in-node all-reduce at 150 GB/s
     against Azure's 228."""
     size = vm_sizes.CATALOG["Standard_ND96asr_v4"]
     cluster = {"vm_size": size.name, "gpus_per_node": 8, "infiniband": True, "vcpus_per_node": 96}
-    expected = healthcheck.parse_expected(interconnect.environment(cluster, 8)[interconnect.EXPECTED], "catalog")
+    expected = options.parse_expected(interconnect.environment(cluster, 8)[interconnect.EXPECTED], "catalog")
     hosts = ["node-a"] * 8 + ["node-b"] * 8
     facts = [{"host": h, "private_ip": "10.0.0.4" if h == "node-a" else "10.0.0.5"} for h in hosts]
     big = 8 * 2**30
@@ -273,7 +273,7 @@ def nd96asr_report(slow_host: str | None = None) -> dict:
         }
         for h in ("node-a", "node-b")
     ]
-    verdicts = healthcheck.judge_nodes(facts, records, cards, expected)
+    verdicts = verdicts.judge_nodes(facts, records, cards, expected)
     return {"vm_size": size.name, "passed": slow_host is None, "node_verdicts": verdicts}
 
 

@@ -514,9 +514,9 @@ def test_with_two_nodes_the_pair_is_both_nodes_figure_and_says_so():
     slow = seconds_for(6, 2**30, 2)
     records = runs(options.OVER_IB, [0, 1], [slow] * 3, nodes=["a", "b"], local_index=0)
     expected = options.parse_expected("allreduce_over_ib=18", "catalog")
-    verdicts = verdicts.judge_nodes(facts(["a", "b"]), records, [], expected)
-    assert [n["verdict"] for n in verdicts] == ["FAIL", "FAIL"]
-    assert "a third node tells which is slow" in verdicts[0]["checks"]["allreduce_over_ib"]["reason"]
+    judged = verdicts.judge_nodes(facts(["a", "b"]), records, [], expected)
+    assert [n["verdict"] for n in judged] == ["FAIL", "FAIL"]
+    assert "a third node tells which is slow" in judged[0]["checks"]["allreduce_over_ib"]["reason"]
 
 
 @pytest.mark.parametrize("nodes", range(1, 10))

@@ -273,8 +273,8 @@ def nd96asr_report(slow_host: str | None = None) -> dict:
         }
         for h in ("node-a", "node-b")
     ]
-    verdicts = verdicts.judge_nodes(facts, records, cards, expected)
-    return {"vm_size": size.name, "passed": slow_host is None, "node_verdicts": verdicts}
+    judged = verdicts.judge_nodes(facts, records, cards, expected)
+    return {"vm_size": size.name, "passed": slow_host is None, "node_verdicts": judged}
 
 
 def test_the_cli_prints_each_nodes_id_figures_and_verdict_and_exits_1_on_a_bad_node(

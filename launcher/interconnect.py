@@ -37,8 +37,14 @@ MPI_CPU_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 # Open MPI without InfiniBand: the ob1 pml over shared memory (vader) inside a node and TCP between nodes,
 # on eth0 only (Azure ML nodes also carry docker0, whose identical subnet on every node makes Open MPI's
-# TCP btl try unreachable peers).
-MPI_TCP_ENV = {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,vader,tcp", "OMPI_MCA_btl_tcp_if_include": "eth0"}
+# TCP btl try unreachable peers). The daemons' own wire-up (the oob framework, before any MPI message) meets
+# the same docker0, so it is held to eth0 too.
+MPI_TCP_ENV = {
+    "OMPI_MCA_pml": "ob1",
+    "OMPI_MCA_btl": "self,vader,tcp",
+    "OMPI_MCA_btl_tcp_if_include": "eth0",
+    "OMPI_MCA_oob_tcp_if_include": "eth0",
+}
 
 # MPI on InfiniBand sizes: TCP on eth0 too, with InfiniBand left to NCCL. Horovod moves every GPU tensor
 # through NCCL and uses MPI only for its coordination (a few small messages per cycle), so MPI gains nothing

@@ -553,6 +553,30 @@ def fake_sysfs(root: pathlib.Path, cards: dict[str, str]) -> pathlib.Path:
     return root
 
 
+def test_nccl_is_held_to_the_infiniband_cards_on_an_infiniband_size_only(tmp_path):
+    """Issue 43, item 3: NCCL_IB_HCA names the node's InfiniBand cards exactly, the Ethernet NIC left out, with Azure's
+    names (mlx5_ib*, mlx5_an*) or the kernel's (mlx5_0, ...), on the sizes whose job environment enables NCCL's IB
+    transport (launcher/interconnect.py); a job file's own value and the other sizes are left alone."""
+    from launcher import interconnect
+    from trainingplatform import vm_sizes
+
+    azure = fake_sysfs(tmp_path / "azure", {"mlx5_an0": "Ethernet", **{f"mlx5_ib{i}": "InfiniBand" for i in range(8)}})
+    kernel = fake_sysfs(tmp_path / "kernel", {"mlx5_0": "InfiniBand", "mlx5_1": "Ethernet", "mlx5_2": "InfiniBand"})
+    ib_size = vm_sizes.CATALOG["Standard_ND96isr_H100_v5"]
+    cluster = {"vm_size": ib_size.name, "gpus_per_node": ib_size.gpus, "infiniband": ib_size.infiniband}
+    env = dict(interconnect.environment(cluster, 8))
+    assert devices.pin_nccl_to_infiniband(env, azure) == "=" + ",".join(f"mlx5_ib{i}" for i in range(8))
+    assert env["NCCL_IB_HCA"].startswith("=mlx5_ib0,") and "mlx5_an0" not in env["NCCL_IB_HCA"]
+    env = dict(interconnect.environment(cluster, 8))
+    assert devices.pin_nccl_to_infiniband(env, kernel) == "=mlx5_0,mlx5_2"
+    own = {**interconnect.environment(cluster, 8), "NCCL_IB_HCA": "mlx5_ib0"}
+    assert devices.pin_nccl_to_infiniband(own, azure) is None and own["NCCL_IB_HCA"] == "mlx5_ib0"
+    tcp = vm_sizes.CATALOG["Standard_NC24ads_A100_v4"]
+    env = dict(interconnect.environment({"vm_size": tcp.name, "gpus_per_node": 1, "infiniband": None}, 1))
+    assert devices.pin_nccl_to_infiniband(env, azure) is None and "NCCL_IB_HCA" not in env
+    assert devices.pin_nccl_to_infiniband({"NCCL_IB_DISABLE": "0"}, tmp_path / "none") is None
+
+
 def test_ib_write_bw_runs_each_card_as_azure_does_and_fails_the_weak_card(tmp_path, monkeypatch):
     binary = tmp_path / "ib_write_bw"
     binary.write_text(FAKE_IB_WRITE_BW)
@@ -561,7 +585,7 @@ def test_ib_write_bw_runs_each_card_as_azure_does_and_fails_the_weak_card(tmp_pa
     monkeypatch.setenv("CALLS", str(calls))
     monkeypatch.setenv("BW_mlx5_ib0", "181.2")
     monkeypatch.setenv("BW_mlx5_ib1", "97.4")
-    cards = infiniband.ib_cards(
+    cards = devices.infiniband_cards(
         fake_sysfs(tmp_path / "ib", {"mlx5_an0": "Ethernet", "mlx5_ib0": "InfiniBand", "mlx5_ib1": "InfiniBand"})
     )
     assert cards == ["mlx5_ib0", "mlx5_ib1"]  # the Ethernet NIC (ND H200 v5's mlx5_an0) is not an IB card

@@ -138,3 +138,38 @@ def require_gpus(visible: int, local_processes: int, framework: str, cuda: str |
         "(it prints the driver and CUDA versions it finds), then use a node image with a newer driver or an "
         "image built on an older CUDA (images/*/Dockerfile, ARG CUDA_VERSION). Nothing was trained."
     )
+
+
+# ---- InfiniBand: which cards NCCL may use
+IB_SYSFS = pathlib.Path("/sys/class/infiniband")
+
+
+def infiniband_cards(sysfs: pathlib.Path = IB_SYSFS) -> list[str]:
+    """RDMA devices whose port 1 runs the InfiniBand link layer. An ND node's accelerated-networking NIC is an mlx5
+    device too, with the Ethernet link layer (Azure's HPC images name them mlx5_ib<N> and mlx5_an<N> by exactly that
+    test: Azure/azhpc-images components/install_azure_persistent_rdma_naming.sh)."""
+    if not sysfs.is_dir():
+        return []
+    found = []
+    for dev in sorted(p.name for p in sysfs.iterdir()):
+        try:
+            if (sysfs / dev / "ports" / "1" / "link_layer").read_text().strip() == "InfiniBand":
+                found.append(dev)
+        except OSError:
+            continue
+    return found
+
+
+def pin_nccl_to_infiniband(environ=None, sysfs: pathlib.Path = IB_SYSFS) -> str | None:
+    """On an InfiniBand size (the launcher sets NCCL_IB_DISABLE=0 there), NCCL_IB_HCA names this node's InfiniBand
+    cards exactly ("=" prefix: exact names, NCCL's environment documentation), before NCCL starts: left to itself
+    NCCL takes every RDMA device, the Ethernet NIC included, and a name prefix such as mlx5_ib matches nothing on a
+    node whose devices kept the kernel's names. A job file's own NCCL_IB_HCA wins. Returns what it set, or None."""
+    environ = os.environ if environ is None else environ
+    if environ.get("NCCL_IB_DISABLE") != "0" or environ.get("NCCL_IB_HCA"):
+        return None
+    cards = infiniband_cards(sysfs)
+    if not cards:
+        return None
+    environ["NCCL_IB_HCA"] = "=" + ",".join(cards)
+    return environ["NCCL_IB_HCA"]

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import NoReturn
 
-from . import preemption, watchdog
+from . import devices, preemption, watchdog
 from .errors import ConfigError, InputFault, ReplicaFault, say
 
 CONFIG_ERROR = 2
@@ -24,6 +24,7 @@ INPUT_FAULT = 74  # sysexits.h EX_IOERR: a decode worker died (killed for memory
 def run_main(body: Callable[[], object]) -> int:
     """Run `body` (parse, then train) and turn its ending into the exit code, which the rank's last heartbeat
     records too (watchdog.ended)."""
+    devices.pin_nccl_to_infiniband()  # before any NCCL communicator exists
     code = _ending(body)
     watchdog.ended(code)
     return code

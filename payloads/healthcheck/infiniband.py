@@ -4,37 +4,22 @@ health checks measure it (azurehpc-health-checks azure_ib_write_bw_gdr.nhc).
 
 from __future__ import annotations
 
-import pathlib
 import shutil
 import socket
 import subprocess
 import threading
 import time
 
+from ..common import devices
 from .options import IB_WRITE
 
-IB_SYSFS = pathlib.Path("/sys/class/infiniband")
+IB_SYSFS = devices.IB_SYSFS
 
 
 IB_WRITE_BW_MESSAGE = 8388608  # Azure's ib_write_bw message (azurehpc-health-checks azure_ib_write_bw_gdr.nhc)
 
 
 IB_WRITE_BW_PORT = 18510  # the ports Azure's check uses, one per card from this one
-
-
-def ib_cards(sysfs: pathlib.Path = IB_SYSFS) -> list[str]:
-    """InfiniBand devices whose port 1 runs the InfiniBand link layer, as Azure's checks pick them (an ND H200
-    v5's mlx5_an0 is the Ethernet NIC and is left out)."""
-    if not sysfs.is_dir():
-        return []
-    found = []
-    for dev in sorted(p.name for p in sysfs.iterdir()):
-        try:
-            if (sysfs / dev / "ports" / "1" / "link_layer").read_text().strip() == "InfiniBand":
-                found.append(dev)
-        except OSError:
-            continue
-    return found
 
 
 def parse_ib_write_bw(text: str, message: int = IB_WRITE_BW_MESSAGE) -> float | None:
@@ -108,7 +93,7 @@ def ib_write_bw(
 
 def ib_card_check(repeats: int, gpu: bool) -> dict:
     """This node's ib_write_bw record, or why it was skipped."""
-    cards = ib_cards(IB_SYSFS)
+    cards = devices.infiniband_cards(IB_SYSFS)
     if not cards:
         return {"check": IB_WRITE, "skipped": f"no InfiniBand devices in {IB_SYSFS}"}
     binary = shutil.which("ib_write_bw")

@@ -31,6 +31,7 @@ def main(argv=None) -> int:
 
     from ..pytorch import precision
 
+    devices.pin_nccl_to_infiniband()  # the cards the training job's NCCL gets (common/entry.py), before NCCL starts
     hvd.init(process_sets="dynamic")  # the node checks add process sets (each node, pairs of nodes) as they go
     try:
         devices.require_gpus(torch.cuda.device_count(), hvd.local_size(), "PyTorch", torch.version.cuda)
@@ -95,6 +96,7 @@ def main(argv=None) -> int:
             say(
                 f"node {f['host']}: driver {f['driver']}, CUDA {f['cuda']}, NCCL {f['nccl']}, "
                 f"{f['gpus_visible']} GPUs, InfiniBand devices: {', '.join(f['infiniband_devices']) or 'none'}"
+                + (f"; NCCL_IB_HCA {f['nccl_ib_hca']}" if f.get("nccl_ib_hca") else "")
                 + (f"; MISMATCH: {f['driver_mismatch']}" if f.get("driver_mismatch") else "")
             )
             say(f"node {f['host']} disks: {disks_line(f['disks'])}")

@@ -181,6 +181,20 @@ ALLREDUCE = (
 )
 
 
+@pytest.mark.skipif(not shutil.which("ompi_info"), reason="needs Open MPI's ompi_info")
+@pytest.mark.parametrize("size", ["Standard_D4s_v5", "Standard_NC24ads_A100_v4", "Standard_ND96isr_H100_v5"])
+def test_every_open_mpi_setting_names_a_parameter_open_mpi_has(size):
+    """Open MPI takes any OMPI_MCA_<name> from the environment and ignores a name it does not have, silently: each
+    one the launcher sets must be a parameter of the installed Open MPI (the images' is Ubuntu's 4.1, as Debian's
+    here), or the setting does nothing (issue 43, item 3: the oob wire-up held to eth0)."""
+    out = subprocess.run(["ompi_info", "--all", "--parsable"], capture_output=True, text=True).stdout
+    known = {line.split(":")[4] for line in out.splitlines() if line.startswith("mca:") and ":param:" in line}
+    env = interconnect.environment(cluster(size), 1)
+    names = {k.removeprefix("OMPI_MCA_") for k in env if k.startswith("OMPI_MCA_")}
+    assert {"pml", "btl_tcp_if_include", "oob_tcp_if_include"} <= names
+    assert names <= known, sorted(names - known)
+
+
 @pytest.mark.launches
 @needs_mpi
 @pytest.mark.skipif(not _has_ucx_pml(), reason="this Open MPI has no UCX pml")

@@ -42,9 +42,13 @@ ADMIN_USER = "azureuser"
 # (docs.docker.com/engine/security/rootless, "Prerequisites": "/etc/subuid and /etc/subgid should contain at least
 # 65,536 subordinate UIDs/GIDs for the user"). `useradd` writes them for local accounts; Entra ID users are not
 # made by useradd (AADSSHLoginForLinux resolves them at sign-in), so this PAM session hook gives each one a range
-# of its own the first time they sign in over SSH. SUBID_DIR lets the tests run it on copies of the files.
+# of its own the first time they sign in over SSH. The ranges start at 2^31: an Entra user's own uid is a hash of
+# their identity, in the millions (not a small local id), and a subordinate range must never hold another user's uid
+# (a container's root would be that user). SUBID_DIR lets the tests run it on copies of the files.
+SUBID_START = 2**31
 SUBID_HOOK = r"""#!/bin/sh
-# Give the user signing in a range of 65536 subordinate uids and gids of their own (rootless Docker), once.
+# Give the user signing in a range of 65536 subordinate uids and gids of their own (rootless Docker), once,
+# above every Entra user's own uid (from 2^31).
 [ "${PAM_TYPE:-open_session}" = open_session ] || exit 0
 user="${PAM_USER:?}"
 [ "$user" = root ] && exit 0
@@ -54,7 +58,7 @@ flock 9
 for f in "$dir/subuid" "$dir/subgid"; do
   touch "$f"
   awk -F: -v u="$user" '$1 == u { found = 1 } END { exit !found }' "$f" && continue
-  next=$(awk -F: 'BEGIN { m = 100000 } { e = $2 + $3; if (e > m) m = e } END { print m }' "$f")
+  next=$(awk -F: 'BEGIN { m = 2147483648 } { e = $2 + $3; if (e > m) m = e } END { printf "%.0f\n", m }' "$f")
   echo "$user:$next:65536" >> "$f"
 done
 """

@@ -921,3 +921,6 @@ def test_the_sign_in_hook_gives_each_user_a_range_of_their_own_once(tmp_path):
         ranges = sorted((int(r[1]), int(r[1]) + int(r[2])) for r in rows)
         assert all(end - start >= 65536 for start, end in ranges)
         assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(ranges, ranges[1:])), "disjoint"
+        # Entra users' own uids are hashes in the millions: their ranges start above, and stay in uid_t
+        signed_in = [(int(r[1]), int(r[1]) + int(r[2])) for r in rows if r[0] != "azureuser"]
+        assert all(start >= wayin.SUBID_START and end < 2**32 for start, end in signed_in), signed_in

@@ -23,6 +23,7 @@ that no longer exists).
 from __future__ import annotations
 
 import base64
+import re
 
 import pulumi
 import pulumi_azure_native as azure_native
@@ -180,6 +181,42 @@ JUMP_HOST_IMAGE = {"publisher": "Canonical", "offer": "ubuntu-24_04-lts", "sku":
 JUMP_HOST_REPLACE_ON_CHANGES = ("osProfile", "storageProfile.imageReference")
 # Azure's auto-shutdown of one VM (Microsoft.DevTestLab/schedules; wayin.py's _bastion).
 SHUTDOWN_PREFIX, SHUTDOWN_TASK = "shutdown-computevm-", "ComputeVmShutdownTask"
+
+
+# The default azure-native provider signs in with the stack's azure-native: settings (a service principal, OIDC in CI,
+# a managed identity); an explicit provider reads none of them, only the ARM_* environment. The hub's provider gets
+# the same ones, or CI that signs in through stack config would peer with another identity, or none.
+SIGN_IN_SETTINGS = {
+    "auxiliaryTenantIds": "list",
+    "clientCertificatePassword": "secret",
+    "clientCertificatePath": "text",
+    "clientId": "text",
+    "clientSecret": "secret",
+    "disableInstanceDiscovery": "bool",
+    "environment": "text",
+    "metadataHost": "text",
+    "msiEndpoint": "text",
+    "oidcRequestToken": "secret",
+    "oidcRequestUrl": "text",
+    "oidcToken": "secret",
+    "oidcTokenFilePath": "text",
+    "tenantId": "text",
+    "useDefaultAzureCredential": "bool",
+    "useMsi": "bool",
+    "useOidc": "bool",
+}
+
+
+def sign_in_settings() -> dict:
+    """The stack's azure-native sign-in settings, as keyword arguments of azure_native.Provider."""
+    settings = pulumi.Config("azure-native")
+    read = {"list": settings.get_object, "secret": settings.get_secret, "text": settings.get, "bool": settings.get_bool}
+    out = {}
+    for key, kind in SIGN_IN_SETTINGS.items():
+        value = read[kind](key)
+        if value is not None:
+            out[re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()] = value
+    return out
 
 
 class WayIn(pulumi.ComponentResource):
@@ -401,7 +438,9 @@ class WayIn(pulumi.ComponentResource):
         hub_subscription, hub_group, hub_name = cfg.hub
         # The hub may sit in another subscription (a landing zone's connectivity subscription): its side of
         # the peering is declared through a provider for that subscription.
-        hub_provider = azure_native.Provider(f"{self._name}-hub-provider", subscription_id=hub_subscription, opts=child)
+        hub_provider = azure_native.Provider(
+            f"{self._name}-hub-provider", subscription_id=hub_subscription, **sign_in_settings(), opts=child
+        )
         # https://learn.microsoft.com/azure/virtual-network/virtual-network-peering-overview: a peering is two
         # resources, one on each VNet; gateway transit needs allowGatewayTransit on the hub and
         # useRemoteGateways here (Azure refuses the latter if the hub has no gateway).

@@ -924,3 +924,34 @@ def test_the_sign_in_hook_gives_each_user_a_range_of_their_own_once(tmp_path):
         # Entra users' own uids are hashes in the millions: their ranges start above, and stay in uid_t
         signed_in = [(int(r[1]), int(r[1]) + int(r[2])) for r in rows if r[0] != "azureuser"]
         assert all(start >= wayin.SUBID_START and end < 2**32 for start, end in signed_in), signed_in
+
+
+def test_the_hubs_provider_signs_in_as_the_default_provider_does(prod_raw, prod_data_out):
+    """Issue 43, item 13: an explicit provider reads none of the stack's azure-native: settings; CI that signs in
+    through them (a service principal, OIDC) would peer the hub with another identity, or none."""
+    import pulumi.runtime.config as runtime_config
+
+    signed_in = {
+        "azure-native:clientId": "11111111-1111-1111-1111-111111111111",
+        "azure-native:tenantId": "22222222-2222-2222-2222-222222222222",
+        "azure-native:useOidc": "true",
+        "azure-native:oidcRequestUrl": "https://ci.example.com/token",
+        "azure-native:clientSecret": "not-a-real-secret",
+    }
+    before = dict(runtime_config.CONFIG)
+    runtime_config.set_all_config(signed_in, ["azure-native:clientSecret"])
+    try:
+        mocks, _ = _run(prod_raw, prod_data_out, access={"mode": "hub", "hubVnetId": HUB})
+    finally:
+        runtime_config.CONFIG.clear()
+        runtime_config.CONFIG.update(before)
+    (provider,) = [r for r in mocks.resources if r.type == "pulumi:providers:azure-native"]
+    given = provider.inputs
+    assert given["subscriptionId"] == "33333333-3333-3333-3333-333333333333"
+    assert (
+        given["clientId"] == signed_in["azure-native:clientId"]
+        and given["tenantId"] == signed_in["azure-native:tenantId"]
+    )
+    assert str(given["useOidc"]).lower() == "true" and given["oidcRequestUrl"] == "https://ci.example.com/token"
+    assert given["clientSecret"] == "not-a-real-secret"
+    assert set(wayin.SIGN_IN_SETTINGS) >= {"clientId", "tenantId", "clientSecret", "useOidc", "useMsi", "oidcToken"}

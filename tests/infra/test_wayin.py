@@ -955,3 +955,17 @@ def test_the_hubs_provider_signs_in_as_the_default_provider_does(prod_raw, prod_
     assert str(given["useOidc"]).lower() == "true" and given["oidcRequestUrl"] == "https://ci.example.com/token"
     assert given["clientSecret"] == "not-a-real-secret"
     assert set(wayin.SIGN_IN_SETTINGS) >= {"clientId", "tenantId", "clientSecret", "useOidc", "useMsi", "oidcToken"}
+
+
+def test_no_role_is_ever_given_to_the_jump_hosts_own_identity(prod_raw, prod_data_out):
+    """Issue 43, item 13: the jump host's system-assigned identity exists for Entra sign-in over SSH only. Anyone who
+    signs in there could use a role given to it (the credential chain once picked it before the person's own sign-in:
+    launcher/credential.py), so no role assignment anywhere in the platform names it."""
+    mocks, _ = _run(prod_raw, prod_data_out)
+    (vm,) = [r for r in mocks.resources if r.type.endswith(":VirtualMachine")]
+    assert vm.inputs["identity"]["type"] == "SystemAssigned"
+    own = f"principal-{vm.name}"  # what the mocks answer as its identity's principalId
+    assignments = [r for r in mocks.resources if r.type.endswith(":RoleAssignment")]
+    assert assignments, "the platform assigns roles: the scan scanned something"
+    assert [a.name for a in assignments if a.inputs.get("principalId") == own] == []
+    assert all(a.inputs.get("principalId") for a in assignments), "every assignment names its principal"

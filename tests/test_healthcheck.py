@@ -667,3 +667,50 @@ def test_default_message_sizes_reach_azures_size():
     assert options.message_sizes(None, expected) == [8 * 2**20 * 4**k for k in range(6)] + [16 * 2**30]
     assert options.message_sizes(None, {}) == [8_000_000, 32_000_000, 128_000_000, 256_000_000]
     assert options.message_sizes([1, 2.5], expected) == [1_000_000, 2_500_000]
+
+
+# What NCCL 2.2x writes at NCCL_DEBUG=INFO on an ND H100 v5 node (the line shapes of its init.cc and net_ib.cc; the
+# cards named as Azure's HPC images name them).
+NCCL_LOG = """\
+node-a:4012:4100 [0] NCCL INFO NCCL_IB_HCA set to =mlx5_ib0,mlx5_ib1,mlx5_ib2,mlx5_ib3,mlx5_ib4,mlx5_ib5,mlx5_ib6,mlx5_ib7
+node-a:4012:4100 [0] NCCL INFO NET/IB : Using [0]mlx5_ib0:1/IB [1]mlx5_ib1:1/IB [2]mlx5_ib2:1/IB [3]mlx5_ib3:1/IB \
+[4]mlx5_ib4:1/IB [5]mlx5_ib5:1/IB [6]mlx5_ib6:1/IB [7]mlx5_ib7:1/IB [RO]; OOB eth0:10.0.0.4<0>
+node-a:4012:4100 [0] NCCL INFO Using network IB
+node-a:4012:4100 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0/GDRDMA
+node-a:4012:4100 [0] NCCL INFO Channel 01/0 : 8[0] -> 0[0] [receive] via NET/IB/0/GDRDMA
+node-a:4012:4100 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC
+"""
+
+
+def test_what_nccl_chose_is_read_from_its_log_and_judged_per_node(tmp_path):
+    """Issue 43, item 3: NCCL on every InfiniBand card of the node, GPUDirect RDMA on every network channel; a card
+    left out, a channel through host memory or a fall-back to sockets fails the node."""
+    from payloads.healthcheck import nccl
+
+    env = {"NCCL_IB_DISABLE": "0", "NCCL_DEBUG": "WARN"}
+    assert nccl.log_to(tmp_path / "logs", env) and env["NCCL_DEBUG"] == "INFO"
+    assert env["NCCL_DEBUG_FILE"] == str(tmp_path / "logs" / "nccl.%h.%p.log")
+    assert not nccl.log_to(tmp_path / "other", {"NCCL_IB_DISABLE": "1"})  # not an InfiniBand size
+    (tmp_path / "logs" / "nccl.node-a.4012.log").write_text(NCCL_LOG)
+    mine = nccl.seen(tmp_path / "logs", pid=4012)
+    cards = [f"mlx5_ib{i}" for i in range(8)]
+    assert mine == {"cards": cards, "channels": 2, "gdr": 2, "socket": False}
+    assert nccl.seen(tmp_path / "logs", pid=1) is None
+
+    line, problem = nccl.judge("node-a", [mine, None], cards, across_nodes=True)
+    assert problem is None and "uses 8 of its 8 InfiniBand cards" in line and "RDMA on 2 of 2" in line
+    seven = nccl.read(
+        NCCL_LOG.replace(" [7]mlx5_ib7:1/IB", "").replace(
+            "/0/GDRDMA\nnode-a:4012:4100 [0] NCCL INFO Channel 01", "/0\nnode-a:4012:4100 [0] NCCL INFO Channel 01"
+        )
+    )
+    _, problem = nccl.judge("node-a", [seven], cards, across_nodes=True)
+    assert "NCCL does not use mlx5_ib7" in problem and "1 network channel(s) go through host memory" in problem
+    sockets = nccl.read(
+        "x NCCL INFO NET/Socket : Using [0]eth0:10.0.0.4<0>\nx NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Socket/0\n"
+    )
+    _, problem = nccl.judge("node-a", [sockets], cards, across_nodes=True)
+    assert problem.startswith("NCCL fell back to TCP sockets")
+    assert (
+        nccl.judge("node-a", [nccl.read(NCCL_LOG.split("Using network IB")[0])], cards, across_nodes=False)[1] is None
+    )

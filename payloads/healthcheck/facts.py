@@ -71,6 +71,7 @@ def node_facts(torch) -> dict:
         "nccl": nccl,
         "gpus_visible": torch.cuda.device_count() if gpu else 0,
         "infiniband_devices": sorted(p.name for p in ib.iterdir()) if ib.is_dir() else [],
+        "infiniband_cards": devices.infiniband_cards(),  # the InfiniBand link layer's (not the Ethernet NIC)
         "nccl_ib_hca": os.environ.get("NCCL_IB_HCA"),  # devices.pin_nccl_to_infiniband, or the job file's
         "disks": disks(),
     }

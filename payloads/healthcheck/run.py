@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import sys
+import tempfile
 
 from ..common import devices
 from ..common.errors import ConfigError
 from ..common.metrics import say
+from . import nccl
 from .allreduce import allreduce_checks, judge, measure, node_groups
 from .facts import disks_line, node_facts
 from .infiniband import ib_card_check
@@ -32,6 +35,8 @@ def main(argv=None) -> int:
     from ..pytorch import precision
 
     devices.pin_nccl_to_infiniband()  # the cards the training job's NCCL gets (common/entry.py), before NCCL starts
+    nccl_logs = pathlib.Path(tempfile.gettempdir()) / "healthcheck-nccl"
+    logged = nccl.log_to(nccl_logs)  # InfiniBand sizes: what NCCL chose, judged per node below
     hvd.init(process_sets="dynamic")  # the node checks add process sets (each node, pairs of nodes) as they go
     try:
         devices.require_gpus(torch.cuda.device_count(), hvd.local_size(), "PyTorch", torch.version.cuda)
@@ -61,6 +66,16 @@ def main(argv=None) -> int:
     if hvd.rank() in [ranks[0] for _, ranks in node_groups(hosts)]:
         card = {**ib_card_check(args.ib_repeats, device.type == "cuda"), "host": hosts[hvd.rank()]}
     records = [r for mine in hvd.allgather_object(records, name="node_checks") for r in mine]
+    chosen = hvd.allgather_object(nccl.seen(nccl_logs) if logged else None, name="nccl_logs")
+    groups = node_groups(hosts)
+    network = (
+        [
+            nccl.judge(h, [chosen[r] for r in ranks], facts[ranks[0]]["infiniband_cards"], len(groups) > 1)
+            for h, ranks in groups
+        ]
+        if logged
+        else []
+    )
     cards = [c for c in hvd.allgather_object(card, name="ib_cards") if c]
     node_verdicts = judge_nodes(facts, records, cards, args.expected)
     failures += [
@@ -69,6 +84,8 @@ def main(argv=None) -> int:
         for c in v["checks"].values()
         if c["status"] == FAIL
     ]
+
+    failures += [f"{line.split(':', 1)[0]}: {problem}" for line, problem in network if problem]
 
     status = train_steps(hvd, torch, device, args, channels_last)
     # A rank that failed part-way joins: the others' pending gradient allreduces then complete instead of
@@ -100,6 +117,8 @@ def main(argv=None) -> int:
                 + (f"; MISMATCH: {f['driver_mismatch']}" if f.get("driver_mismatch") else "")
             )
             say(f"node {f['host']} disks: {disks_line(f['disks'])}")
+        for line, problem in network:
+            say(line + (f": {problem}" if problem else ""))
         say(
             "CPU binding for training (the payload's own, runtime.resolve): "
             + "; ".join(f"rank {s['rank']} on {hosts[s['rank']]}: {s.get('cpus') or '?'}" for s in statuses)
@@ -136,6 +155,7 @@ def main(argv=None) -> int:
             "expected": args.expected,
             "node_verdicts": node_verdicts,
             "training": training,
+            "nccl_network": [{"line": line, "problem": problem} for line, problem in network],
             "cpu_binding": [{"rank": st["rank"], "host": hosts[st["rank"]], "cpus": st["cpus"]} for st in statuses],
             "failures": failures,
             "passed": all_ok,

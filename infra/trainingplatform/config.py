@@ -716,7 +716,15 @@ _ACCESS_KEYS = {
         "jumpHostShutdownTime",
         "jumpHostShutdownTimeZone",
     },
-    "hub": {"mode", "hubVnetId", "useHubGateway", "resolverSubnetCidr", "privateDnsZoneIds", "dnsServers"},
+    "hub": {
+        "mode",
+        "hubVnetId",
+        "useHubGateway",
+        "resolverSubnetCidr",
+        "privateDnsZoneIds",
+        "dnsServers",
+        "dataEndpointRecords",
+    },
     "none": {"mode"},
 }
 # An existing private DNS zone's resource id (a landing zone's central zones, usually in its connectivity
@@ -760,6 +768,9 @@ class AccessConfig:
     # links to the hub.
     private_dns_zones: tuple[tuple[str, str], ...] = ()
     dns_servers: tuple[str, ...] = ()
+    # With the hub's zones, who writes the data stack's accounts into them (DATA_ENDPOINT_RECORDS): the data
+    # accounts' names are the same for every platform that shares the data stack, and one record holds one address.
+    data_endpoint_records: str | None = None
     # The jump host's daily auto-shutdown: "HHmm" (24-hour) in a Windows time zone id; None: never shut down.
     jump_host_shutdown_time: str | None = DEFAULT_SHUTDOWN_TIME
     jump_host_shutdown_time_zone: str = DEFAULT_SHUTDOWN_TIME_ZONE
@@ -888,8 +899,43 @@ def _access(r: Reader, raw: dict, network: Network | None, workspace_public: boo
             resolver_subnet_cidr=resolver,
             private_dns_zones=zones,
             dns_servers=servers,
+            data_endpoint_records=_data_endpoint_records(r, a, p, bool(zones)),
         )
     return AccessConfig("none")
+
+
+# Hub mode with the hub's private DNS zones: which platform writes the data stack's accounts (data, logs, NFS) into
+# them. A private endpoint's zone group writes its address into the zone under the account's name, and a second
+# endpoint of the same account in the same zone takes that record over; deleting either endpoint deletes the
+# record (learn.microsoft.com/azure/private-link/private-endpoint-dns-integration, "Private DNS zone group"). So of
+# several platforms sharing one data stack on one hub, exactly one may register those accounts.
+DATA_ENDPOINT_RECORDS = ("this-platform", "another-platform")
+
+
+def _data_endpoint_records(r: Reader, a: dict, p: str, central: bool) -> str | None:
+    choices = "this-platform or another-platform"
+    value = r.get(a, "dataEndpointRecords", p, str, None, choices)
+    if not central:
+        if value is not None:
+            r.bad(
+                p + "dataEndpointRecords",
+                value,
+                "only with privateDnsZoneIds: without the hub's zones each platform registers in zones of its own",
+            )
+        return None
+    if value is None:
+        r.problems.append(
+            f"{p}dataEndpointRecords is missing while {p}privateDnsZoneIds is set: the data stack's accounts have "
+            "one record each in the hub's zones, and the endpoint of every platform that registers them takes it "
+            "over (and deletes it with itself). Set it to this-platform on exactly one platform of the data stack "
+            "(it creates the data accounts' endpoints and their records) and to another-platform on the others (they "
+            "reach the data through that platform's endpoints, routed through the hub): docs/private-access.md"
+        )
+        return None
+    if value not in DATA_ENDPOINT_RECORDS:
+        r.bad(p + "dataEndpointRecords", value, choices)
+        return None
+    return value
 
 
 def _central_dns(

@@ -78,9 +78,13 @@ def build(
             tags=tags,
         )
 
-    links = [link("data-blob", data.data_account.id, "blob"), link("logs-blob", data.logs_account.id, "blob")]
-    if data.nfs is not None:
-        links.append(link("nfs", data.nfs.apply(lambda n: n["account_id"]), "file"))
+    links = []
+    # In the hub's zones the data accounts' records belong to one platform of the data stack (config.py,
+    # DATA_ENDPOINT_RECORDS); the others reach the data through that platform's endpoints.
+    if cfg.access is None or cfg.access.data_endpoint_records != "another-platform":
+        links = [link("data-blob", data.data_account.id, "blob"), link("logs-blob", data.logs_account.id, "blob")]
+        if data.nfs is not None:
+            links.append(link("nfs", data.nfs.apply(lambda n: n["account_id"]), "file"))
 
     registry = Registry(
         "registry",
@@ -177,7 +181,7 @@ def build(
                 )
             )
     # The studio reads the datastores' accounts and the workspace storage (not the NFS share: no datastore).
-    studio_links = [links[0], links[1], *(link for k, link in ws.links.items() if k.startswith("storage"))]
+    studio_links = [*links[:2], *(link for k, link in ws.links.items() if k.startswith("storage"))]
     grants += private.grants(
         cfg,
         [(f"user-{u.object_id}", u.object_id, u.type) for u in users],

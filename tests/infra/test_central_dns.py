@@ -24,10 +24,12 @@ ALL_ZONES = sorted({z for zones in config.PRIVATE_DNS_ZONES.values() for z in zo
 HUB_DNS = "10.0.0.4"
 
 
-def _hub(zones=ALL_ZONES, servers=(HUB_DNS,), **extra):
+def _hub(zones=ALL_ZONES, servers=(HUB_DNS,), records="this-platform", **extra):
     access = {"mode": "hub", "hubVnetId": HUB, **extra}
     if zones is not None:
         access["privateDnsZoneIds"] = [DNS_RG + z for z in zones]
+        if records is not None:
+            access["dataEndpointRecords"] = records
     if servers is not None:
         access["dnsServers"] = list(servers)
     return access
@@ -159,6 +161,12 @@ def test_the_zones_config_requires_are_exactly_those_the_endpoints_use(prod_raw,
             "access.resolverSubnetCidr = '10.41.18.0/28': a DNS private resolver",
         ),
         (_hub(servers=["8.8.8.8"]), "access.dnsServers = '8.8.8.8': a private address in the hub"),
+        (_hub(records=None), "access.dataEndpointRecords is missing while access.privateDnsZoneIds is set"),
+        (_hub(records="both"), "access.dataEndpointRecords = 'both': this-platform or another-platform"),
+        (
+            dict(_hub(None, None), dataEndpointRecords="this-platform"),
+            "access.dataEndpointRecords = 'this-platform': only with privateDnsZoneIds",
+        ),
         (
             _hub(servers=["10.41.16.4"]),
             "access.dnsServers = '10.41.16.4': lies inside this platform's network.vnetCidr",
@@ -201,3 +209,22 @@ def test_the_policy_sees_the_workspace_zones_by_id(central):
     assert training_policies.check_workspace_endpoint(resources) is None
     without = [(t, p) for t, p in resources if not (t == training_policies.ZONE_GROUP and "notebooks" in str(p))]
     assert "privatelink.notebooks.azure.net" in (training_policies.check_workspace_endpoint(without) or "")
+
+
+def test_only_one_platform_of_a_data_stack_writes_its_accounts_into_the_hubs_zones(prod_raw, prod_data_out, central):
+    """Issue 43, item 12: the data accounts' names are the same for every platform of one data stack, and a record
+    in the hub's zone holds one address (a second endpoint's zone group takes it over, and deleting either endpoint
+    deletes it). The platform set to another-platform declares no endpoint of the data accounts, so no record of
+    theirs; its own (workspace storage, registry) it still registers."""
+
+    def endpoints(mocks):
+        return {r.name for r in mocks.of_type("network:PrivateEndpoint")}
+
+    owner = endpoints(central[0])
+    other_mocks, _ = _run(prod_raw, prod_data_out, _hub(records="another-platform"))
+    other = endpoints(other_mocks)
+    data = {n for n in owner if n.startswith(("data-blob", "logs-blob", "nfs"))}
+    assert data and not {n for n in other if n.startswith(("data-blob", "logs-blob", "nfs"))}, (owner, other)
+    assert owner - data == other, "everything else the same"
+    zone_groups = {r.name for r in other_mocks.of_type("PrivateDnsZoneGroup")}
+    assert zone_groups and not any(n.startswith(("data-blob", "logs-blob", "nfs")) for n in zone_groups)

@@ -72,7 +72,11 @@ def hub_root(tmp_path: pathlib.Path, central: bool = True, vnet_cidr: str = "10.
     c["azure-native:subscriptionId"] = SUB
     c["azure-horovod-training:access"] = {"mode": "hub", "hubVnetId": HUB}
     if central:
-        c["azure-horovod-training:access"] |= {"privateDnsZoneIds": ZONE_IDS, "dnsServers": ["10.0.0.4"]}
+        c["azure-horovod-training:access"] |= {
+            "privateDnsZoneIds": ZONE_IDS,
+            "dnsServers": ["10.0.0.4"],
+            "dataEndpointRecords": "this-platform",
+        }
     c["azure-horovod-training:network"]["vnetCidr"] = vnet_cidr
     (tmp_path / "Pulumi.prod.yaml").write_text(yaml.safe_dump(data))
     (tmp_path / "infra" / "data-stack").mkdir(parents=True)

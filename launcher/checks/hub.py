@@ -16,6 +16,9 @@ that comes at the end of `up`, after everything else exists, so preflight reads 
   to the hub (a virtual network link joins the VNet).
 - Central zones (`access.privateDnsZoneIds`): each one exists (Private Zones - Get) and the deployer may
   `Microsoft.Network/privateDnsZones/join/action` on it, which a private endpoint's zone group needs.
+- The data accounts' records in the hub's blob zone (with the data stack file: Record Sets - Get, the A record of
+  each account's name): with `access.dataEndpointRecords: this-platform` no other platform's endpoint may hold
+  one (this platform's endpoint would take it over); with `another-platform` one must, or the data is unreachable.
 """
 
 from __future__ import annotations
@@ -212,3 +215,65 @@ def check_zone(arm: Arm, zone_name: str, zone_id: str) -> list[Finding]:
         f'--assignee <you> --role "Private DNS Zone Contributor" --scope {zone_id}) or a custom role with that '
         "action only",
     )
+
+
+BLOB_ZONE = "privatelink.blob.core.windows.net"
+
+
+def data_accounts(data) -> list[str]:
+    """The data stack's blob accounts (data, logs), named as its program names them (naming.py)."""
+    d = data.settings
+    suffix = naming.global_suffix(data.subscription or d.subscription_id, d.prefix, d.stack, d.location)
+    return [naming.storage_account(d.prefix, d.stack, role, suffix) for role in ("data", "logs")]
+
+
+def check_data_records(arm: Arm, cfg: config.PlatformConfig, accounts: list[str]) -> list[Finding]:
+    """The hub blob zone's record of each data account against access.dataEndpointRecords (config.py)."""
+    access = cfg.access
+    zone_id = dict(access.private_dns_zones).get(BLOB_ZONE) if access is not None else None
+    mine = access.data_endpoint_records if access is not None else None
+    if not zone_id or not mine:
+        return []
+    vnet = ipaddress.ip_network(cfg.network.vnet_cidr) if cfg.network is not None else None
+    found = []
+    for account in accounts:
+        what = f"data records {account}"
+        try:
+            record = arm.get(f"{zone_id}/A/{account}", PRIVATE_DNS_API)
+        except ClientAuthenticationError:
+            raise
+        except ResourceNotFoundError:
+            record = None
+        except AzureError as e:
+            found.append(
+                Finding(FAIL, what, describe(e, f"reading {account}'s record in {zone_id}"), "read on the zone")
+            )
+            continue
+        ips = [a.get("ipv4Address") for a in ((record or {}).get("properties") or {}).get("aRecords") or []]
+        outside = [ip for ip in ips if vnet is None or _network(ip) is None or not _network(ip).subnet_of(vnet)]
+        if mine == "this-platform" and outside:
+            found.append(
+                Finding(
+                    FAIL,
+                    what,
+                    f"the hub's {BLOB_ZONE} already resolves {account} to {', '.join(outside)}, outside this "
+                    f"platform's network.vnetCidr: another platform's endpoint, whose record this platform's would "
+                    "take over (and delete with itself)",
+                    "set access.dataEndpointRecords: another-platform on this platform (it then reaches the data "
+                    "through that endpoint, routed through the hub), or destroy the other platform first",
+                )
+            )
+        elif mine == "another-platform" and not ips:
+            found.append(
+                Finding(
+                    FAIL,
+                    what,
+                    f"no platform has registered {account} in the hub's {BLOB_ZONE}: this platform creates no "
+                    "endpoint of the data accounts (access.dataEndpointRecords: another-platform)",
+                    "deploy the platform set to this-platform first, or set this one to this-platform",
+                )
+            )
+        else:
+            where = f"resolves to {', '.join(ips)}" if ips else "has no record yet (this platform writes it)"
+            found.append(Finding(OK, what, f"{account} {where} in the hub's {BLOB_ZONE}"))
+    return found

@@ -141,6 +141,11 @@ def run(
             file=out,
         )
         more = data_findings(data, credential, transport, current, stack)
+        if stack is not None:
+            try:
+                more += hub.check_data_records(Arm(credential, transport), stack.settings, hub.data_accounts(data))
+            except ClientAuthenticationError as e:
+                more.append(Finding(FAIL, "sign-in", describe(e, "asking Azure"), SIGN_IN))
         for f in more:
             print(f.render(), file=out)
         found += more

@@ -414,3 +414,37 @@ def test_cli_takes_the_data_stack(monkeypatch, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         cli.main(["preflight"])
     assert e.value.code == 2 and "preflight needs --stack, --data-stack or both" in capsys.readouterr().err
+
+
+def test_preflight_reads_the_hub_zones_record_of_each_data_account(hub_azure, tmp_path):
+    """Issue 43, item 12: with the hub's zones, one platform of a data stack writes its accounts' records there. A
+    record pointing outside this platform's VNet is another platform's (this one's endpoint would take it over);
+    set to another-platform, a platform needs that record to exist (Record Sets - Get, privateDnsZones 2020-06-01)."""
+    root = hub_root(tmp_path)
+    data, logs = hub.data_accounts(stackfile.read_data("prod", root))
+    assert data.endswith(logs[-8:]) and "data" in data and "logs" in logs  # naming.storage_account's
+    zone = f"{ZONES_RG}/{hub.BLOB_ZONE}".replace(".", r"\.")
+
+    def record(ip):
+        return (200, {"name": data, "properties": {"aRecords": [{"ipv4Address": ip}]}}, {})
+
+    code, out = run(root, stack="prod", data="prod")
+    assert code == 0, out
+    assert f"[  ok] data records {data}: {data} has no record yet (this platform writes it)" in out
+
+    hub_azure.on("GET", rf"{ARM}{zone}/A/{data}", record("10.1.0.5"))  # another spoke's endpoint
+    code, out = run(root, stack="prod", data="prod")
+    assert code == 1
+    block = lines(out, f"data records {data}")
+    assert "resolves " + data + " to 10.1.0.5, outside this platform's network.vnetCidr" in block
+    assert "access.dataEndpointRecords: another-platform" in block
+
+    hub_azure.on("GET", rf"{ARM}{zone}/A/{data}", record("10.41.3.7"))  # this platform's own, after its up
+    assert run(root, stack="prod", data="prod")[0] == 0
+
+    c = yaml.safe_load((root / "Pulumi.prod.yaml").read_text())
+    c["config"]["azure-horovod-training:access"]["dataEndpointRecords"] = "another-platform"
+    (root / "Pulumi.prod.yaml").write_text(yaml.safe_dump(c))
+    code, out = run(root, stack="prod", data="prod")
+    assert code == 1 and f"no platform has registered {logs} in the hub's {hub.BLOB_ZONE}" in out
+    assert f"[  ok] data records {data}: {data} resolves to 10.41.3.7" in out

@@ -19,6 +19,7 @@ alone (`ManagedIdentityCredential` or `prod` for a machine's identity, `AzureCli
 from __future__ import annotations
 
 import os
+import re
 
 SWITCH = "AZURE_TOKEN_CREDENTIALS"
 SIGN_IN_FIX = (
@@ -29,6 +30,22 @@ SIGN_IN_FIX = (
 
 
 ON_BEHALF_OF = ("LAUNCHER_CREDENTIAL", "azureml-on-behalf-of")
+
+
+# Entra's answer when a Conditional Access policy refuses a sign-in (AADSTS53003), which is how a tenant that blocks
+# the device-code flow refuses `az login --use-device-code` (Microsoft recommends blocking it: Conditional Access,
+# "Block authentication flows").
+CONDITIONAL_ACCESS = re.compile(r"AADSTS53003|Conditional Access|device[- ]code", re.IGNORECASE)
+DEVICE_CODE_FIX = (
+    "your tenant's Conditional Access refused the sign-in (a tenant that blocks device-code sign-in refuses "
+    "`az login --use-device-code` where no browser opens, as on the jump host): sign in on your own machine and "
+    "submit from there through the jump host's tunnel (docs/private-access.md#where-device-code-sign-in-is-blocked)"
+)
+
+
+def sign_in_fix(error: BaseException | str) -> str:
+    """The fix for a refused sign-in: the Conditional Access one where Entra said so, else SIGN_IN_FIX."""
+    return DEVICE_CODE_FIX if CONDITIONAL_ACCESS.search(str(error)) else SIGN_IN_FIX
 
 
 def azure_credential():

@@ -25,7 +25,8 @@ from azure.mgmt.core import ARMPipelineClient
 from azure.mgmt.core.exceptions import ARMErrorFormat
 from azure.mgmt.core.policies import ARMChallengeAuthenticationPolicy, ARMHttpLoggingPolicy
 
-from ..credential import SIGN_IN_FIX as SIGN_IN  # noqa: F401  the fix every "not signed in" finding prints
+from ..credential import sign_in_fix
+from .findings import FAIL, Finding
 
 ENDPOINT = "https://management.azure.com"
 SCOPE = ENDPOINT + "/.default"
@@ -111,3 +112,8 @@ def describe(error: Exception, doing: str) -> str:
             )
         return f"{doing}: Azure answered {status} {code}: {message}"
     return f"{doing}: {first_line(error) or type(error).__name__}"
+
+
+def signed_out(error: Exception) -> Finding:
+    """The finding for a sign-in Azure refused, with the fix that fits why (credential.sign_in_fix)."""
+    return Finding(FAIL, "sign-in", describe(error, "asking Azure"), sign_in_fix(error))

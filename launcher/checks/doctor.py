@@ -13,7 +13,7 @@ from azure.core.exceptions import AzureError, ClientAuthenticationError
 from .. import credential as signing_in
 from ..stack import StackOutputs
 from . import images, quota, roles, upload, workspace
-from .arm import SIGN_IN, Arm, describe
+from .arm import Arm, describe, signed_out
 from .findings import FAIL, OK, WARN, Finding, report
 from .preflight import quota_findings
 
@@ -49,7 +49,7 @@ def findings(
     try:
         who = [sign_in(credential)]
     except ClientAuthenticationError as e:
-        return [Finding(FAIL, "sign-in", describe(e, "asking Azure"), SIGN_IN)]
+        return [signed_out(e)]
     return who + _platform(outputs, credential, transport, resolver, job_images)
 
 
@@ -96,7 +96,7 @@ def _platform(outputs: StackOutputs, credential, transport, resolver, job_images
         location = outputs.values.get("location") or ws.get("location")
         return found + quota_findings(arm, sub, location, needs(outputs), workspace_id=ws_id)
     except ClientAuthenticationError as e:
-        return [Finding(FAIL, "sign-in", describe(e, "asking Azure"), SIGN_IN)]
+        return [signed_out(e)]
 
 
 def run(outputs: StackOutputs, credential=None, transport=None, resolver=workspace.resolve, out=sys.stdout) -> int:

@@ -11,7 +11,7 @@ from azure.core.exceptions import AzureError, ClientAuthenticationError
 from trainingplatform import naming
 
 from . import hub, providers, quota, roles, subscription
-from .arm import SIGN_IN, Arm, describe
+from .arm import Arm, describe, signed_out
 from .findings import FAIL, WARN, Finding, report
 from .stackfile import DataStackFile, StackFile
 
@@ -77,7 +77,7 @@ def findings(stack: StackFile, credential, transport=None, current=None) -> list
         needs = [quota.Need(c.name, c.vm_size, c.max_nodes, c.low_priority) for c in cfg.clusters]
         return found + quota_findings(arm, sub, cfg.location, needs)
     except ClientAuthenticationError as e:
-        return [Finding(FAIL, "sign-in", describe(e, "asking Azure"), SIGN_IN)]
+        return [signed_out(e)]
 
 
 def data_findings(
@@ -105,7 +105,7 @@ def data_findings(
         )
         return found + [_data(f) for f in roles.check_principal(token_claims, cfg.users)]
     except ClientAuthenticationError as e:
-        return [Finding(FAIL, "sign-in", describe(e, "asking Azure"), SIGN_IN)]
+        return [signed_out(e)]
 
 
 def _data(f: Finding) -> Finding:
@@ -145,7 +145,7 @@ def run(
             try:
                 more += hub.check_data_records(Arm(credential, transport), stack.settings, hub.data_accounts(data))
             except ClientAuthenticationError as e:
-                more.append(Finding(FAIL, "sign-in", describe(e, "asking Azure"), SIGN_IN))
+                more.append(signed_out(e))
         for f in more:
             print(f.render(), file=out)
         found += more

@@ -304,3 +304,23 @@ def test_the_refusal_is_the_sdks_own_error(jump_host_world):
             "2024-04-01",
         )
     assert e.value.status_code == 403 and e.value.error.code == "AuthorizationFailed"
+
+
+def test_a_sign_in_refused_by_conditional_access_names_the_way_round_it(monkeypatch):
+    """Issue 43, item 11: a tenant that blocks the device-code flow (the only `az login` on the jump host) answers
+    AADSTS53003; preflight and doctor name it, with the way to submit from one's own machine through the tunnel."""
+    from azure.core.exceptions import ClientAuthenticationError
+
+    from launcher import credential
+    from launcher.checks import arm
+
+    refused = ClientAuthenticationError(
+        "AzureCliCredential.get_token failed: ERROR: AADSTS53003: Access has been blocked by Conditional Access "
+        "policies. The access policy does not allow token issuance."
+    )
+    finding = arm.signed_out(refused)
+    assert finding.status == "FAIL" and "AADSTS53003" in finding.message
+    assert "private-access.md#where-device-code-sign-in-is-blocked" in finding.fix
+    plain = arm.signed_out(ClientAuthenticationError("Please run 'az login' to set up an account"))
+    assert plain.fix == credential.SIGN_IN_FIX
+    import urllib3.contrib.socks  # noqa: F401  requests' socks5h:// proxies (PySocks): the way through the tunnel

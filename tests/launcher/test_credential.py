@@ -319,7 +319,7 @@ def test_a_sign_in_refused_by_conditional_access_names_the_way_round_it(monkeypa
         "policies. The access policy does not allow token issuance."
     )
     finding = arm.signed_out(refused)
-    assert finding.status == "FAIL" and "AADSTS53003" in finding.message
+    assert finding.status == arm.FAIL and "AADSTS53003" in finding.message
     assert "private-access.md#where-device-code-sign-in-is-blocked" in finding.fix
     plain = arm.signed_out(ClientAuthenticationError("Please run 'az login' to set up an account"))
     assert plain.fix == credential.SIGN_IN_FIX

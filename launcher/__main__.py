@@ -227,6 +227,7 @@ def run(args, extra: list[str]) -> int:
     job = jobspec.fill(
         template, outputs, args.cluster, nodes, args.processes_per_node, extra, args.input_mode, args.job
     )
+    job, cache_line = _decoded_cache(job, outputs, args, nodes)
     filled = job
     if args.resume_from:
         job = jobspec.resume(job, args.resume_from, args.job)
@@ -235,6 +236,8 @@ def run(args, extra: list[str]) -> int:
         if outputs.rendered:
             print(f"# stack outputs rendered under mocks ({outputs.values[stack.RENDERED]})")
         print(yaml.safe_dump(job, sort_keys=False), end="")
+        if cache_line:
+            print(f"# {cache_line}")
         cluster = outputs.cluster(args.cluster)
         cost, how = prices.hourly(
             cluster["vm_size"], nodes, cluster.get("low_priority", False), outputs.values.get("location")
@@ -252,6 +255,8 @@ def run(args, extra: list[str]) -> int:
                 "chain), the submission takes the folder Azure ML records for it: confirmed only at submission"
             )
         return 0
+    if cache_line:
+        print(cache_line, flush=True)
     if not args.skip_quota_check:
         azureml.check_quota(outputs, args.cluster, nodes)
     if args.health_check:
@@ -279,6 +284,26 @@ def run(args, extra: list[str]) -> int:
             handoff=_handoff(args, outputs, nodes, extra, template),
         )
     return azureml.submit(sdk_job, outputs, stream=not args.no_stream, resume_from=args.resume_from)
+
+
+def _decoded_cache(job: dict, outputs, args, nodes: int) -> tuple[dict, str | None]:
+    """--cache-decoded: its place on the node, sized before submitting (launcher/cachehome.py); a dry run assumes
+    ImageNet's counts instead of reading the manifest."""
+    if "--cache-decoded" not in job["command"]:
+        return job, None
+    from trainingplatform import vm_sizes
+
+    from . import cachehome
+
+    cluster = outputs.cluster(args.cluster)
+    size = vm_sizes.lookup(cluster["vm_size"])
+    if args.dry_run:
+        counts = cachehome.Counts(
+            dict(cachehome.IMAGENET), cachehome.ASSUMED_RESIZE, "ImageNet's counts: a dry run reads no manifest"
+        )
+    else:
+        counts = cachehome.counts_from_manifest(outputs, job)
+    return cachehome.place(job, size.memory_gib if size else None, cluster["vm_size"], nodes, counts)
 
 
 def _handoff(args, outputs, nodes: int, extra: list[str], template: dict):

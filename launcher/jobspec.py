@@ -225,7 +225,6 @@ def fill(
     if distribution == "mpi":
         interconnect.check_under_mpi(env, "environment_variables of the job file")
     job["environment_variables"] = {k: str(v) for k, v in env.items()}
-    sizing.check_cache_dir(job["command"].split() + list(extra_args), (job.get("resources") or {}).get("shm_size"))
     if sizing.uses_placeholders(job["command"]):
         args = job["command"].split() + list(extra_args)
         fit = sizing.for_cluster(cluster, ppn, args)

@@ -170,28 +170,6 @@ def within_shm(fit: Sizing, shm_size: str, processes_per_node: int, processes: i
     return fit
 
 
-def check_cache_dir(args: list[str], shm_size: str | None) -> None:
-    """--cache-decoded keeps a rank's decoded images in a file in --cache-dir (TMPDIR by default, the node's
-    disk): about 260 KB an image at --resize 256, some 42 GB per process of an 8-GPU node on ImageNet. In
-    /dev/shm that file would share the job's shm_size with the loaders' batches; the payload checks the room
-    before epoch 1, but the job would end there, after its queue and start-up."""
-    if "--cache-decoded" not in args:
-        return
-    folder = None
-    for i, a in enumerate(args):
-        if a == "--cache-dir" and i + 1 < len(args):
-            folder = args[i + 1]
-        elif a.startswith("--cache-dir="):
-            folder = a.split("=", 1)[1]
-    if folder and (folder.rstrip("/") == "/dev/shm" or folder.startswith("/dev/shm/")):
-        raise JobError(
-            f"--cache-dir {folder}: /dev/shm is the job's shm_size ({shm_size or 'Docker default 64m'}), shared with "
-            "the loaders' batches, and the decoded cache is about 260 KB an image at --resize 256 (42 GB per "
-            "process on one 8-GPU node for ImageNet): leave --cache-dir out (TMPDIR, the node's disk) or name a "
-            "folder on a local disk"
-        )
-
-
 def _flag_given(extra_args: list[str], flags: tuple[str, ...]) -> bool:
     return any(a == f or a.startswith(f + "=") for a in extra_args for f in flags)
 

@@ -6,6 +6,7 @@ Azure's published ones; a retired size fails validation with its successors name
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass
 
@@ -32,6 +33,8 @@ class VmSize:
     # figure per check the health check runs on each node (payloads/healthcheck/verdicts.py); a check with
     # no published figure for the size is listed in NO_FIGURE with the reason.
     health: tuple[Expected, ...] = ()
+    # The node's memory, GiB (Azure's size pages, "Memory"): what /dev/shm can hold (launcher/cachehome.py).
+    memory_gib: int | None = None
 
 
 # ---- What Azure's node health checks expect of each size ------------------------------------------------------
@@ -231,6 +234,25 @@ _SIZES = [
     VmSize("Standard_NC24", 4, "K80", 12, 24, None, 0, "pcie", dt.date(2023, 8, 31), ("Standard_NC64as_T4_v3",)),
     VmSize("Standard_NC6", 1, "K80", 12, 6, None, 0, "none", dt.date(2023, 8, 31), ("Standard_NC4as_T4_v3",)),
 ]
+
+# Memory per node, GiB, from Azure's size pages (learn.microsoft.com/azure/virtual-machines/sizes/, each series'
+# "Memory" column or host specifications: Dsv5, NCasT4_v3, NC_A100_v4, NCads_H100_v5, NDasrA100_v4, NDm_A100_v4,
+# ND_H100_v5, ND_H200_v5).
+MEMORY_GIB = {
+    "Standard_D4s_v5": 16,
+    "Standard_D8s_v5": 32,
+    "Standard_D16s_v5": 64,
+    "Standard_NC4as_T4_v3": 28,
+    "Standard_NC64as_T4_v3": 440,
+    "Standard_NC24ads_A100_v4": 220,
+    "Standard_NC96ads_A100_v4": 880,
+    "Standard_NC40ads_H100_v5": 320,
+    "Standard_ND96asr_v4": 900,
+    "Standard_ND96amsr_A100_v4": 1900,
+    "Standard_ND96isr_H100_v5": 1900,
+    "Standard_ND96isr_H200_v5": 1850,
+}
+_SIZES = [dataclasses.replace(s, memory_gib=MEMORY_GIB.get(s.name)) for s in _SIZES]
 
 CATALOG: dict[str, VmSize] = {s.name: s for s in _SIZES}
 

@@ -260,13 +260,3 @@ def test_synthetic_jobs_time_300_steady_steps_per_rank_at_any_node_count(dev_out
     assert _values(_payload_args(mine["command"]), "--synthetic-samples") == ["5"]
     more = jobspec.fill(template, stack.load_file(dev_outputs), "gpu-ib", nodes, None, ["--startup-steps", "50"])
     assert int(_values(_payload_args(more["command"]), "--synthetic-samples")[0]) == processes * 256 * 350
-
-
-def test_a_decoded_cache_in_dev_shm_is_refused_before_submission(dev_outputs):
-    job = ROOT / "jobs/pytorch-resnet50-imagenet-shards.yaml"
-    template = jobspec.read_template(job)
-    outputs = stack.load_file(dev_outputs)
-    with pytest.raises(JobError, match=r"--cache-dir /dev/shm/x: /dev/shm is the job's shm_size \(64g\)"):
-        jobspec.fill(template, outputs, "gpu-ib", 1, None, ["--cache-dir", "/dev/shm/x"])
-    filled = jobspec.fill(template, outputs, "gpu-ib", 1, None, ["--cache-dir", "/mnt/cache"])
-    assert "--cache-dir /mnt/cache" in filled["command"]

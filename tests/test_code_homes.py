@@ -128,7 +128,7 @@ def test_entry_points_are_found():
         "payloads.tensorflow.train",
         "payloads.keras.train",
         "payloads.segmentation.train",
-        "payloads.healthcheck",
+        "payloads.healthcheck.__main__",
     } <= ENTRY_POINTS
 
 

@@ -29,8 +29,8 @@ import pulumi
 import pulumi_azure_native as azure_native
 from pulumi_azure_native import compute, devtestlab, dnsresolver, network, privatedns
 
-from .config import AccessConfig
 from .privatelink import PrivateDnsZones, zone_slug
+from .wayinconfig import AccessConfig
 
 # Azure Bastion's subnet must have exactly this name (https://learn.microsoft.com/azure/bastion/configuration-settings#subnet).
 BASTION_SUBNET = "AzureBastionSubnet"

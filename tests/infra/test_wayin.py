@@ -12,7 +12,7 @@ import pytest
 import yaml
 from infra_helpers import one
 
-from trainingplatform import access, config, egress, mocked, wayin
+from trainingplatform import access, config, egress, mocked, wayin, wayinconfig
 
 HUB = "/subscriptions/33333333-3333-3333-3333-333333333333/resourceGroups/hub-rg/providers/Microsoft.Network/virtualNetworks/hub-vnet"
 
@@ -458,7 +458,7 @@ def test_the_entry_point_reads_the_access_setting(prod_raw):
         cfg = config.from_pulumi()
     finally:
         pulumi.runtime.set_all_config({})
-    assert cfg.access == config.AccessConfig("bastion", "10.41.17.0/26", "10.41.17.64/28", "Standard_D4s_v5")
+    assert cfg.access == wayinconfig.AccessConfig("bastion", "10.41.17.0/26", "10.41.17.64/28", "Standard_D4s_v5")
 
 
 # ---- issue 28, item 6: the roles Bastion's native client and Entra ID sign-in need ----
@@ -938,15 +938,17 @@ def test_the_hubs_provider_signs_in_as_the_default_provider_does(prod_raw, prod_
         "azure-native:oidcRequestUrl": "https://ci.example.com/token",
         "azure-native:clientSecret": "not-a-real-secret",
     }
-    before = dict(runtime_config.CONFIG)
+    before, secrets = runtime_config.CONFIG.get(), runtime_config._SECRET_KEYS.get()
     runtime_config.set_all_config(signed_in, ["azure-native:clientSecret"])
     try:
-        mocks, _ = _run(prod_raw, prod_data_out, access={"mode": "hub", "hubVnetId": HUB})
+        # a service principal's sign-in: the users are listed (program.py refuses the deployer as a User then)
+        people = [{"objectId": "55555555-5555-5555-5555-555555555555", "type": "User"}]
+        mocks, _ = _run(prod_raw, prod_data_out, access={"mode": "hub", "hubVnetId": HUB}, users=people)
     finally:
-        runtime_config.CONFIG.clear()
-        runtime_config.CONFIG.update(before)
+        runtime_config.set_all_config(before, list(secrets))
     (provider,) = [r for r in mocks.resources if r.type == "pulumi:providers:azure-native"]
-    given = provider.inputs
+    # the provider keeps client ids and secrets as Pulumi secrets: the mocks see them wrapped
+    given = {k: v["value"] if isinstance(v, dict) and "value" in v else v for k, v in provider.inputs.items()}
     assert given["subscriptionId"] == "33333333-3333-3333-3333-333333333333"
     assert (
         given["clientId"] == signed_in["azure-native:clientId"]

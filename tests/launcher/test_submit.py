@@ -269,8 +269,9 @@ def test_code_snapshot_holds_what_jobs_run_and_nothing_else():
     for job in (ROOT / "jobs").glob("*.yaml"):
         command = yaml.safe_load(job.read_text())["command"]
         module = command.split("python -m ", 1)[1].split()[0]
-        assert module.replace(".", "/") + ".py" in files, (job.name, module)
-        todo.append(module)
+        path = module.replace(".", "/")
+        assert path + ".py" in files or path + "/__main__.py" in files, (job.name, module)
+        todo.append(module if path + ".py" in files else module + ".__main__")  # a package runs its __main__
     # payloads/, plus exactly what the workspace image builds read from the same root (.amlignore serves both)
     image_build = set()
     for environment in ENVIRONMENTS:

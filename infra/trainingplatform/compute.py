@@ -15,7 +15,7 @@ from pulumi_azure_native import machinelearningservices as ml
 from pulumi_azure_native import managedidentity
 
 from . import naming
-from .config import Cluster
+from .clusterconfig import Cluster
 
 # What Azure ML cannot change on an existing cluster. Its update call carries scale settings only
 # (REST "Compute - Update": ClusterUpdateParameters.properties.properties.scaleSettings; `az ml compute

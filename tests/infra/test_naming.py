@@ -12,7 +12,7 @@ import random
 import re
 import string
 
-from trainingplatform import config, mocked, naming
+from trainingplatform import clusterconfig, config, mocked, naming
 
 SUB_A = "aaaaaaaa-0000-4000-8000-000000000001"
 SUB_B = "bbbbbbbb-0000-4000-8000-000000000002"
@@ -190,7 +190,7 @@ def _generated_cases(count=2000, seed=28):
             else (rng.choice(string.ascii_letters) + inner + rng.choice(string.ascii_letters + string.digits))
         )
         rand = "".join(rng.choice(string.ascii_lowercase + string.digits) for _ in range(5))
-        assert config.PREFIX_NAME.match(prefix) and config._CLUSTER.match(cluster), (prefix, cluster)
+        assert config.PREFIX_NAME.match(prefix) and clusterconfig._CLUSTER.match(cluster), (prefix, cluster)
         yield stack, prefix, cluster, rand
 
 

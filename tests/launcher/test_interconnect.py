@@ -17,7 +17,7 @@ import helpers
 import pytest
 
 from launcher import interconnect
-from trainingplatform import compute, config, vm_sizes
+from trainingplatform import clusterconfig, compute, vm_sizes
 
 # What both images set before issue 12 (images/*/Dockerfile ENV).
 OLD_IMAGE_ENV = {"OMPI_MCA_pml": "ucx", "OMPI_MCA_btl": "^openib,uct", "NCCL_DEBUG": "WARN"}
@@ -25,7 +25,7 @@ OLD_IMAGE_ENV = {"OMPI_MCA_pml": "ucx", "OMPI_MCA_btl": "^openib,uct", "NCCL_DEB
 
 def cluster(size_name: str) -> dict:
     """A `clusters` entry of the stack outputs, written by the function the stack writes them with."""
-    c = config.Cluster(
+    c = clusterconfig.Cluster(
         name="c",
         vm_size=size_name,
         min_nodes=0,

@@ -19,7 +19,7 @@ from .datastack import DataStackReference, default_reference
 from .network import PlatformNetwork
 from .privatelink import PrivateDnsZones, PrivateLink
 from .registry import Registry
-from .workspace import Workspace
+from .workspace import Workspace, WorkspaceArgs
 
 
 def build(
@@ -102,7 +102,7 @@ def build(
         "ml",
         resource_group=group.name,
         location=cfg.location,
-        cfg=cfg,
+        args=WorkspaceArgs.of(cfg),
         tenant_id=client.tenant_id,
         random_suffix=rand.result,
         stable_suffix=suffix,

@@ -23,13 +23,16 @@ soft-deleted), instead of a failing update.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pulumi
 from pulumi_azure_native import applicationinsights, keyvault, monitor, operationalinsights
 from pulumi_azure_native import machinelearningservices as ml
 
 from . import naming
+from .clusterconfig import Cluster
 from .compute import compute_name
+from .config import Network
 from .privatelink import PrivateDnsZones, PrivateLink
 from .storage import network_rules, secure_account
 
@@ -51,10 +54,26 @@ STATUS_LOG_CATEGORY = "AmlRunStatusChangedEvent"
 STATUS_LOG_DESTINATION_TYPE = "Dedicated"
 
 
-def image_build_compute(cfg, compute_subnet_id, workspace_name) -> pulumi.Input[str] | None:
-    """The Azure ML name of the `imageBuildCluster` (config.py checks it is a declared CPU cluster), made by
-    the same function that names the cluster itself (compute.compute_name), in this workspace."""
-    build = next((c for c in cfg.clusters if c.name == cfg.image_build_cluster), None)
+@dataclass(frozen=True)
+class WorkspaceArgs:
+    """What the workspace and its dependencies (Key Vault, storage) take from the stack's configuration."""
+
+    prefix: str
+    stack: str
+    public_access: bool  # workspacePublicAccess
+    key_vault_public_access: bool
+    network: Network  # its allowed client IPs and subnets, for the storage and Key Vault firewalls
+    image_build_cluster: Cluster | None  # imageBuildCluster, a declared CPU cluster (config.py checks)
+
+    @classmethod
+    def of(cls, cfg) -> WorkspaceArgs:
+        build = next((c for c in cfg.clusters if c.name == cfg.image_build_cluster), None)
+        return cls(cfg.prefix, cfg.stack, cfg.workspace_public_access, cfg.key_vault_public_access, cfg.network, build)
+
+
+def image_build_compute(build: Cluster | None, compute_subnet_id, workspace_name) -> pulumi.Input[str] | None:
+    """The Azure ML name of the `imageBuildCluster`, made by the same function that names the cluster itself
+    (compute.compute_name), in this workspace."""
     return None if build is None else compute_name(build, compute_subnet_id, workspace_name)
 
 
@@ -68,7 +87,7 @@ class Workspace(pulumi.ComponentResource):
         *,
         resource_group,
         location: str,
-        cfg,
+        args: WorkspaceArgs,
         tenant_id,
         random_suffix,
         stable_suffix: str,
@@ -101,7 +120,7 @@ class Workspace(pulumi.ComponentResource):
 
         self.vault = keyvault.Vault(
             f"{name}-kv",
-            vault_name=naming.vault_name(cfg.prefix, cfg.stack, random_suffix),
+            vault_name=naming.vault_name(args.prefix, args.stack, random_suffix),
             resource_group_name=resource_group,
             location=location,
             properties=keyvault.VaultPropertiesArgs(
@@ -111,7 +130,7 @@ class Workspace(pulumi.ComponentResource):
                 enable_soft_delete=True,
                 soft_delete_retention_in_days=7,
                 enable_purge_protection=True,
-                public_network_access="Enabled" if cfg.key_vault_public_access else "Disabled",
+                public_network_access="Enabled" if args.key_vault_public_access else "Disabled",
                 network_acls=keyvault.NetworkRuleSetArgs(
                     default_action="Deny",
                     bypass="AzureServices",
@@ -127,16 +146,16 @@ class Workspace(pulumi.ComponentResource):
                     virtual_network_rules=[keyvault.VirtualNetworkRuleArgs(id=compute_subnet_id)]
                     + [
                         keyvault.VirtualNetworkRuleArgs(id=s, ignore_missing_vnet_service_endpoint=True)
-                        for s in cfg.network.allowed_subnet_ids
+                        for s in args.network.allowed_subnet_ids
                     ],
-                    ip_rules=[keyvault.IPRuleArgs(value=ip) for ip in cfg.network.allowed_client_ips],
+                    ip_rules=[keyvault.IPRuleArgs(value=ip) for ip in args.network.allowed_client_ips],
                 ),
             ),
             tags=tags,
             opts=child,
         )
         self.links: dict[str, PrivateLink] = {}
-        if not cfg.key_vault_public_access:
+        if not args.key_vault_public_access:
             self.links["vault"] = link("kv", self.vault.id, "vault")
         self.logs = operationalinsights.Workspace(
             f"{name}-log-analytics",
@@ -160,23 +179,25 @@ class Workspace(pulumi.ComponentResource):
         )
         self.storage = secure_account(
             f"{name}-storage",
-            naming.storage_account(cfg.prefix, cfg.stack, "mlws", stable_suffix),
+            naming.storage_account(args.prefix, args.stack, "mlws", stable_suffix),
             resource_group,
             location,
             "StorageV2",
             "Standard_LRS",
-            network_rules(cfg.network, compute_subnet_id, endpoint_subnet_id),
+            network_rules(args.network, compute_subnet_id, endpoint_subnet_id),
             tags,
             child,
-            public_network_access="Enabled" if cfg.workspace_public_access else "Disabled",
+            public_network_access="Enabled" if args.public_access else "Disabled",
         )
-        if not cfg.workspace_public_access:
+        if not args.public_access:
             # Azure ML reaches its storage's blob (snapshots, outputs) and file (code share) endpoints.
             self.links["storage-blob"] = link("storage-blob", self.storage.id, "blob")
             self.links["storage-file"] = link("storage-file", self.storage.id, "file")
         for endpoint in self.links.values():
             ready.extend(endpoint.ready)
-        workspace_name = naming.workspace_name(cfg.prefix, cfg.stack, random_suffix, self.storage.name, self.vault.name)
+        workspace_name = naming.workspace_name(
+            args.prefix, args.stack, random_suffix, self.storage.name, self.vault.name
+        )
         self.workspace = ml.Workspace(
             f"{name}-workspace",
             workspace_name=workspace_name,
@@ -191,8 +212,8 @@ class Workspace(pulumi.ComponentResource):
             container_registry=registry_id,
             # The build cluster's Azure ML name (`cpu-smoke-<hash>`), not its config name: Azure ML builds
             # environments on the compute of exactly this name, and there is none called `cpu-smoke`.
-            image_build_compute=image_build_compute(cfg, compute_subnet_id, workspace_name),
-            public_network_access="Enabled" if cfg.workspace_public_access else "Disabled",
+            image_build_compute=image_build_compute(args.image_build_cluster, compute_subnet_id, workspace_name),
+            public_network_access="Enabled" if args.public_access else "Disabled",
             system_datastores_auth_mode="identity",  # the workspace storage has shared keys off
             v1_legacy_mode=False,
             hbi_workspace=False,

@@ -158,10 +158,10 @@ def plain_loop(args: list[str]) -> float:
     import torch
     import torch.nn.functional as F
 
-    from payloads.common import config
+    from payloads.common import options
     from payloads.pytorch import inputs, models
 
-    cfg = dataclasses.replace(config.parse(COMMON + args, "plain", "", list(models.MODELS)), channels_last=False)
+    cfg = dataclasses.replace(options.parse(COMMON + args, "plain", "", list(models.MODELS)), channels_last=False)
     torch.set_num_threads(1)
     batch = cfg.per_process_batch(1)
     data = inputs.build(cfg, 0, 1, batch, torch.device("cpu"))

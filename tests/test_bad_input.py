@@ -9,7 +9,7 @@ from helpers import TINY, ending_of, train
 from PIL import Image
 
 from launcher import autoresume, endings
-from payloads.common import config, imagefolder
+from payloads.common import imagefolder, options
 from payloads.common.errors import ConfigError
 from payloads.pytorch import models
 
@@ -20,7 +20,7 @@ def parse(*args):
     # parse() creates --output-dir (config.check_output_dir): one under the session's temporary folder, not the
     # checkout's outputs/; a test's own --output-dir comes later and wins.
     out = os.path.join(tempfile.gettempdir(), "parsed-outputs")
-    return config.parse(["--output-dir", out, *args], "train", "", MODELS)
+    return options.parse(["--output-dir", out, *args], "train", "", MODELS)
 
 
 def test_unknown_model_lists_the_choices():
@@ -260,7 +260,7 @@ def test_default_lr_follows_the_linear_scaling_rule_for_the_batch_used():
     cfg = parse("--batch-size", "64", "--base-lr", "0.05")
     cfg.per_process_batch(2)
     assert cfg.base_lr == 0.05, "an explicit --base-lr wins"
-    text = " ".join(config.build_parser("train", "").format_help().split())  # argparse wraps lines
+    text = " ".join(options.build_parser("train", "").format_help().split())  # argparse wraps lines
     assert "Goyal" in text and "0.1 per 256 images" in text
 
 
@@ -313,4 +313,4 @@ def test_pytorch_only_options_are_refused_by_the_tensorflow_payloads(flag, tmp_p
     out = ["--output-dir", str(tmp_path)]
     with pytest.raises(ConfigError, match=f"{flag[0]} is an option of the PyTorch payloads"):
         launch.parse(flag + out, "train", "", GROUPS)
-    config.parse(flag + out, "train", "", MODELS)  # and accepted by the PyTorch payload
+    options.parse(flag + out, "train", "", MODELS)  # and accepted by the PyTorch payload

@@ -15,7 +15,7 @@ import same_numbers
 import torch
 from helpers import ROOT, TINY, env, final_weights, max_diff, metrics, python_m, train
 
-from payloads.common import config
+from payloads.common import options
 from payloads.common.errors import ConfigError
 
 FP32 = TINY + ["--epochs", "2", "--no-amp", "--no-channels-last"]
@@ -191,12 +191,12 @@ def test_options_ddp_lacks_are_refused_naming_the_backend(tmp_path):
     assert proc.returncode == 2
     assert "--adasum is a Horovod option: PyTorch DDP (--backend ddp) has no Adasum reduction" in proc.stderr
     with pytest.raises(ConfigError, match="--backend is an option of the PyTorch payloads"):  # TensorFlow, Keras
-        config.parse(
+        options.parse(
             ["--backend", "ddp", "--output-dir", str(tmp_path / "tf")],
             "tf",
             "tf",
             ["resnet50"],
-            groups=(*config.COMMON, config.CLASSIFICATION_INPUT, config.HOROVOD, config.TENSORFLOW),
+            groups=(*options.COMMON, options.CLASSIFICATION_INPUT, options.HOROVOD, options.TENSORFLOW),
         )
     # A DDP process that mpirun started (no rendezvous variables) would train alone: refused before training.
     e = env()

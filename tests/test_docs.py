@@ -248,17 +248,17 @@ def test_every_docs_page_is_reachable_from_the_readme():
 
 
 def _declared_options() -> dict[str, set[str]]:
-    """Every option each group of payloads/common/config.py declares, by the group's table name."""
+    """Every option each group of payloads/common/options.py declares, by the group's table name."""
     import argparse
 
-    from payloads.common import config
+    from payloads.common import config, options
 
     found: dict[str, set[str]] = {}
-    for group in config.ALL_GROUPS:
+    for group in options.ALL_GROUPS:
         parser = argparse.ArgumentParser(add_help=False)
-        group.add(parser, config.Declared(config.TrainConfig(), ["resnet50"], ["synthetic"]))
-        options = {s for action in parser._actions for s in action.option_strings if s.startswith("--")}
-        found.setdefault(group.title, set()).update(options)
+        group.add(parser, options.Declared(config.TrainConfig(), ["resnet50"], ["synthetic"]))
+        flags = {s for action in parser._actions for s in action.option_strings if s.startswith("--")}
+        found.setdefault(group.title, set()).update(flags)
     return found
 
 
@@ -268,7 +268,7 @@ def test_the_payload_contracts_options_table_lists_every_declared_option():
     text = (ROOT / "docs" / "payload-contract.md").read_text()
     table = "\n".join(line for line in text.splitlines() if line.startswith("| "))
     named = set(re.findall(r"`(--[a-z0-9-]+)", table)) | set(re.findall(r"/(--[a-z0-9-]+)`", table))
-    missing = sorted(o for options in _declared_options().values() for o in options if o not in named)
+    missing = sorted(o for flags in _declared_options().values() for o in flags if o not in named)
     assert not missing, f"docs/payload-contract.md's options table does not name: {', '.join(missing)}"
 
 

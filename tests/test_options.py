@@ -13,7 +13,7 @@ import re
 import pytest
 from test_code_homes import ROOT, imports, module_name
 
-from payloads.common import config
+from payloads.common import config, options
 from payloads.common.errors import ConfigError
 
 PAYLOADS = {
@@ -280,7 +280,7 @@ def test_a_declared_option_is_one_add_argument_in_its_group():
     """The groups are the only place options are declared: every TrainConfig field but the bookkeeping one is
     declared by exactly one group, so a new option is one line in one group."""
     owners: dict[str, list[str]] = {}
-    for dest, group in config.owners_of_flags().values():
+    for dest, group in options.owners_of_flags().values():
         owners.setdefault(dest, [])
         if group.title not in owners[dest]:
             owners[dest].append(group.title)
@@ -288,4 +288,4 @@ def test_a_declared_option_is_one_add_argument_in_its_group():
     assert fields == set(owners), fields ^ set(owners)
     assert all(len(titles) == 1 for titles in owners.values()), owners
     with pytest.raises(ConfigError):
-        config.parse(["--xla"], "x", "", ["resnet50"])
+        options.parse(["--xla"], "x", "", ["resnet50"])

@@ -10,7 +10,7 @@ import pytest
 from helpers import TINY, metrics, train
 from test_options import PAYLOADS, listed_options
 
-# Every payload's options (docs/payload-contract.md, "Options"): payloads/common/config.py's COMMON groups.
+# Every payload's options (docs/payload-contract.md, "Options"): payloads/common/options.py's COMMON groups.
 COMMON = {
     "--model",
     "--data-dir",

@@ -23,7 +23,7 @@ import pytest
 from helpers import ROOT, TINY, ending_of, hook_env, horovodrun, python_m, torchrun, train
 
 from launcher import autoresume, endings
-from payloads.common import config, stragglers, watchdog
+from payloads.common import config, options, stragglers, watchdog
 from payloads.common.errors import ConfigError
 
 pytestmark = pytest.mark.launches  # starts training processes: serially with the others (conftest.py)
@@ -347,12 +347,13 @@ def test_a_straggler_is_named_after_three_windows_in_a_row_and_the_waiting_ranks
 
 def test_a_bad_stall_timeout_is_refused_with_the_fix(tmp_path):
     with pytest.raises(SystemExit):
-        config.parse(["--stall-timeout", "soon"], "prog", "d", ["tiny_cnn"])
+        options.parse(["--stall-timeout", "soon"], "prog", "d", ["tiny_cnn"])
     cfg = config.TrainConfig(model="tiny_cnn", stall_timeout="-5")
     with pytest.raises(ConfigError, match="--stall-timeout: expected seconds .0 = off. or auto.*or 0 to turn"):
         cfg.validate(["tiny_cnn"])
     assert (
-        config.parse(["--stall-timeout", "0", "--output-dir", str(tmp_path)], "p", "d", ["resnet50"]).stall_timeout == 0
+        options.parse(["--stall-timeout", "0", "--output-dir", str(tmp_path)], "p", "d", ["resnet50"]).stall_timeout
+        == 0
     )
 
 

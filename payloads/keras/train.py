@@ -21,14 +21,14 @@ import logging
 import time
 from collections.abc import Sequence
 
-from ..common import concerns, config, schedule
+from ..common import concerns, config, options, schedule
 from ..common.errors import ConfigError
 from ..common.metrics import MetricsFile, finish
 from ..tensorflow import launch
 
 log = logging.getLogger("payloads.keras")
-# The options this payload declares (payloads/common/config.py): the TensorFlow payload's less --adasum.
-GROUPS = (*config.COMMON, config.CLASSIFICATION_INPUT, config.HOROVOD, config.TENSORFLOW)
+# The options this payload declares (payloads/common/options.py): the TensorFlow payload's less --adasum.
+GROUPS = (*options.COMMON, options.CLASSIFICATION_INPUT, options.HOROVOD, options.TENSORFLOW)
 
 
 def lr_callback(cfg, hvd, base_lr: float, scale: float, steps: int):

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..common import config
+from ..common import config, options
 from ..common.entry import finish, run_main
 from . import loop, models
 from .classification import Classification
 
 
 def parse(argv: Sequence[str] | None) -> config.TrainConfig:
-    return config.parse(
+    return options.parse(
         argv,
         "python -m payloads.pytorch.train",
         __doc__.splitlines()[0],

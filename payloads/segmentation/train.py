@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from ..common import config
+from ..common import config, options
 from ..common.entry import finish, run_main
 from ..common.errors import ConfigError
 from ..pytorch import loop, runtime
@@ -52,15 +52,15 @@ class SegmentationOptions:
 
 
 def parse(argv: Sequence[str] | None) -> tuple[config.TrainConfig, SegmentationOptions]:
-    # The options this payload declares (payloads/common/config.py), with its own defaults. Base LR: its own
+    # The options this payload declares (payloads/common/options.py), with its own defaults. Base LR: its own
     # (0.0125 per process of 8 patches); Goyal's rule is the ImageNet payloads'.
-    defaults = config.payload_defaults(
+    defaults = options.payload_defaults(
         model="unet_resnet34", data="tiles", image_size=256, batch_size=8, base_lr=0.0125
     )
-    p = config.build_parser(
+    p = options.build_parser(
         PROG,
         __doc__.splitlines()[0],
-        (*config.COMMON, config.PYTORCH),
+        (*options.COMMON, options.PYTORCH),
         defaults,
         list(models.MODELS),
         data_kinds=("tiles",),
@@ -96,11 +96,11 @@ def parse(argv: Sequence[str] | None) -> tuple[config.TrainConfig, SegmentationO
         name: f"--{name.replace('_', '-')} is not an option of the segmentation payload: {why}"
         for name, why in UNUSED.items()
     }
-    values = config.parse_known(p, argv, refused)
+    values = options.parse_known(p, argv, refused)
     seg = SegmentationOptions(
         values.pop("patches_per_epoch"), values.pop("cache"), values.pop("norm"), values.pop("num_classes_given")
     )
-    cfg = config.configure(values, defaults)
+    cfg = options.configure(values, defaults)
     cfg.validate(list(models.MODELS), data_kinds=("tiles",))
     config.check_output_dir(cfg.output_dir)
     if cfg.data_dir is None:

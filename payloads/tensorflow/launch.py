@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 
-from ..common import config, devices
+from ..common import config, devices, options
 from ..common.entry import run_main
 
 # Static (payloads/tensorflow/models.py builds them) so that parsing needs no TensorFlow import.
@@ -40,17 +40,17 @@ def parse(
     argv: Sequence[str] | None,
     prog: str,
     description: str,
-    groups: Sequence[config.Group],
+    groups: Sequence[options.Group],
     refused: Mapping[str, str] = REFUSED,
 ) -> config.TrainConfig:
-    return config.parse(argv, prog, description, MODEL_NAMES, DATA_KINDS, groups=groups, refused=refused)
+    return options.parse(argv, prog, description, MODEL_NAMES, DATA_KINDS, groups=groups, refused=refused)
 
 
 def main(
     argv: Sequence[str] | None,
     prog: str,
     description: str,
-    groups: Sequence[config.Group],
+    groups: Sequence[options.Group],
     runner: Callable[[config.TrainConfig], object],
     refused: Mapping[str, str] = REFUSED,
 ) -> int:

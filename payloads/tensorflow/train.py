@@ -14,14 +14,14 @@ import logging
 import time
 from collections.abc import Sequence
 
-from ..common import concerns, config, schedule
+from ..common import concerns, config, options, schedule
 from ..common.errors import ConfigError
 from ..common.metrics import MetricsFile, finish
 from . import launch
 
 log = logging.getLogger("payloads.tensorflow")
-# The options this payload declares (payloads/common/config.py).
-GROUPS = (*config.COMMON, config.CLASSIFICATION_INPUT, config.HOROVOD, config.ADASUM, config.TENSORFLOW)
+# The options this payload declares (payloads/common/options.py).
+GROUPS = (*options.COMMON, options.CLASSIFICATION_INPUT, options.HOROVOD, options.ADASUM, options.TENSORFLOW)
 
 
 def make_step(cfg, hvd, tf, model, optimizer, prepare):

@@ -149,7 +149,7 @@ def test_a_users_workers_beyond_the_shared_memory_are_refused(dev_outputs):
 def test_the_users_arguments_replace_the_filled_ones(dev_outputs, extra, batch_flags, workers, tmp_path, monkeypatch):
     """Arguments after `--` win, and the job file's flag goes, so that the payload sees each flag once (it refuses
     --batch-size with --global-batch-size): checked by the payload's own parser."""
-    from payloads.common import config
+    from payloads.common import options
     from payloads.pytorch import models
 
     monkeypatch.chdir(tmp_path)  # the parser creates --output-dir (the job's literal ${{outputs.run}}) here
@@ -157,7 +157,7 @@ def test_the_users_arguments_replace_the_filled_ones(dev_outputs, extra, batch_f
     for flag, values in batch_flags.items():
         assert _values(args, flag) == values, args
     assert _values(args, "--workers") == workers
-    cfg = config.parse(args + ["--no-mlflow"], "train", "", list(models.MODELS), ("imagefolder",))
+    cfg = options.parse(args + ["--no-mlflow"], "train", "", list(models.MODELS), ("imagefolder",))
     assert cfg.workers == int(workers[0])
     if "--global-batch-size" in extra:
         assert cfg.batch_size is None and cfg.per_process_batch(8) == 256  # 1 node of 8 GPUs

@@ -119,9 +119,12 @@ if [ -n "${HOROVOD_FRAMEWORKS:-}" ]; then   # a subset of what imports: "torch",
         PARTS+=("$part")
     done
 fi
+# HOROVOD_PATCH_SPEED=0: patch_horovod.py's build and correctness edits only, its speed edits left out (a check of
+# the fork against upstream's behaviour, docs/toolchain.md#the-horovod-fork).
+NO_SPEED=; [ "${HOROVOD_PATCH_SPEED:-1}" = 0 ] && NO_SPEED=--no-speed
 part_line() {   # what one framework's part is built from (its cache folder's key.txt: bootstrap.sh reads it)
     local version=$TORCH; [ "$1" = tf ] && version=$TF
-    echo "$HOROVOD_VERSION r$BUILD_REVISION $PYTAG $1=$version mpi=$MPI gpu=$GPU_OPS cxx=$CXX_STD"
+    echo "$HOROVOD_VERSION r$BUILD_REVISION $PYTAG $1=$version mpi=$MPI gpu=$GPU_OPS cxx=$CXX_STD${NO_SPEED:+ speed=off}"
 }
 part_key() { { part_line "$1"; cat "$HERE/patch_horovod.py"; } | sha256sum | cut -c1-16; }
 # `build_horovod.sh --plan`: the parts a build would compile (not cached), one per line; bootstrap.sh says so first.
@@ -173,7 +176,7 @@ build_part() {   # build_part torch|tf: prints the part's cached wheel
     local cpu_only=()
     [ -n "$GPU_OPS" ] || cpu_only=(--cpu-only)
     if [ -n "$GPU_OPS" ]; then ptx_for_the_newest "$src"; fi
-    "$PYTHON" "$HERE/patch_horovod.py" "$src" --cxx-standard "$CXX_STD" "${cpu_only[@]}" >&2
+    "$PYTHON" "$HERE/patch_horovod.py" "$src" --cxx-standard "$CXX_STD" "${cpu_only[@]}" $NO_SPEED >&2
     local build_env=(
         "$(flag PYTORCH "$with_torch")" "$(flag TENSORFLOW "$with_tf")" "$(flag MPI "$MPI")"
         HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_GLOO=1

@@ -5,16 +5,103 @@ Horovod's only release predates PyTorch 2.x's C++ requirements. Every edit below
 sdist exactly once; if it does not, the sdist is not the one we verified and we stop rather than
 build something half-patched.
 
-    python patch_horovod.py SRC_DIR --cxx-standard 20 [--cpu-only]
+    python patch_horovod.py SRC_DIR --cxx-standard 20 [--cpu-only] [--no-speed] [--list]
+
+Each edit declares its kind (build, correctness, speed), the upstream issue or what was seen without it, and the
+test that proves it (DECLARED); --list prints them, --no-speed leaves the speed edits out (docs/toolchain.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import sys
 
 MARK = "# patched by toolchain/patch_horovod.py"
+
+# What each edit is for. build: Horovod 0.28.1 does not compile without it (today's PyTorch, compilers, a CPU build
+# against a CUDA wheel). correctness: it compiles, and trains wrongly or fails without it. speed: it works without it,
+# slower; `--no-speed` (HOROVOD_PATCH_SPEED=0 for build_horovod.sh) leaves these out, as a group.
+BUILD, CORRECTNESS, SPEED = "build", "correctness", "speed"
+
+
+@dataclasses.dataclass(frozen=True)
+class Edit:
+    path: str  # in the sdist
+    old: str  # must occur `count` times
+    new: str
+    why: str  # what it does, one line
+    kind: str  # BUILD, CORRECTNESS or SPEED
+    because: str  # the upstream issue, or what was seen without it
+    proof: str  # the test (or the build) that shows it
+    count: int = 1
+
+
+# Each edit's kind, reason and proof, by its `why`: one declaration per edit (tests/test_horovod_patch.py).
+DECLARED: dict[str, tuple[str, str, str]] = {
+    "top-level C++ standard": (
+        BUILD,
+        "Horovod sets C++14; torch >= 2.13's headers need C++17, >= 2.14 C++20",
+        "the build (toolchain/bootstrap.sh, the images)",
+    ),
+    "PyTorch >= 2.13 headers need C++17, >= 2.14 C++20": (
+        BUILD,
+        "horovod/torch/CMakeLists.txt sets C++14 again for the torch extension",
+        "the build (toolchain/bootstrap.sh, the images)",
+    ),
+    "GCC 13: group_table.h includes the <string> it uses": (
+        BUILD,
+        "GCC 13 on an H100 machine's image: 'string' in namespace 'std' does not name a type",
+        "the GPU machine's build (docs/pytorch-gpu.md)",
+    ),
+    "GCC 13: common.h includes the <stdexcept> it uses": (
+        BUILD,
+        "GCC 13: 'logic_error' is not a member of 'std'",
+        "the GPU machine's build (docs/pytorch-gpu.md)",
+    ),
+    "CPU-only build": (
+        BUILD,
+        "a CUDA torch wheel and a CUDA toolkit make the CPU build ask for cudart, which Horovod's module cannot find",
+        "the CPU build (toolchain/bootstrap.sh)",
+    ),
+    "the build's answers read from its library (horovodrun imports no framework to learn them)": (
+        SPEED,
+        "horovodrun --check-build and mpi_built() import torch and TensorFlow (seconds per launch)",
+        "tests/test_horovod_probe.py",
+    ),
+    "horovod_built_with(): the build's controllers and operations as a string in the library": (
+        SPEED,
+        "the string the library answers from, for the edit above",
+        "tests/test_horovod_probe.py",
+    ),
+    "tf.functions of Horovod's TensorFlow API traced without AutoGraph": (
+        SPEED,
+        "AutoGraph rewrote about 180 functions per process from source (10 s of the Keras resume test here)",
+        "tests/test_tensorflow.py (the Keras and TensorFlow averaging and resume tests)",
+    ),
+}
+for _name in ("MPI", "Gloo", "NCCL", "DDL", "CCL"):
+    DECLARED[f"{_name.lower()}_built: {_name} from the library, no framework imported"] = (
+        SPEED,
+        "each *_built() imported a framework and asked its extension",
+        "tests/test_horovod_probe.py",
+    )
+for _why in (
+    "any memory format: stage non-default layouts as contiguous copies",
+    "allreduce_async: any memory format",
+    "allreduce_async_: any memory format, in place",
+    "grouped_allreduce_async: any memory format",
+    "grouped_allreduce_async_: any memory format, in place",
+    "broadcast_async: any memory format",
+    "broadcast_async_: any memory format, in place",
+    "synchronize: staged in-place results written back",
+):
+    DECLARED[_why] = (
+        CORRECTNESS,
+        "horovod/horovod#3491 and #3622: channels_last tensors refused, or moved in the wrong byte order",
+        "tests/test_distributed.py (channels_last against contiguous references), tests/test_device_defaults.py",
+    )
 
 
 # Horovod refuses every tensor that is not contiguous in the default (NCHW) layout, so a channels_last model
@@ -309,10 +396,21 @@ def _edits(cxx: int, cpu_only: bool) -> list[tuple]:
     return edits
 
 
-def patch(src: pathlib.Path, cxx: int, cpu_only: bool) -> list[str]:
-    done = []
+def edits(cxx: int, cpu_only: bool, speed: bool = True) -> list[Edit]:
+    """The edits for this build, each with its declaration; without `speed`, the speed edits left out."""
+    out = []
     for rel, old, new, why, *count in _edits(cxx, cpu_only):
-        want = count[0] if count else 1
+        kind, because, proof = DECLARED[why]
+        if kind == SPEED and not speed:
+            continue
+        out.append(Edit(rel, old, new, why, kind, because, proof, count[0] if count else 1))
+    return out
+
+
+def patch(src: pathlib.Path, cxx: int, cpu_only: bool, speed: bool = True) -> list[str]:
+    done = []
+    for e in edits(cxx, cpu_only, speed):
+        rel, old, new, why, want = e.path, e.old, e.new, f"{e.kind}: {e.why}", e.count
         path = src / rel
         if not path.is_file():
             raise SystemExit(f"patch_horovod: {path} is missing: is {src} an unpacked Horovod 0.28.1 sdist?")
@@ -336,8 +434,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("src", type=pathlib.Path, help="unpacked sdist directory")
     ap.add_argument("--cxx-standard", type=int, choices=(17, 20), required=True)
     ap.add_argument("--cpu-only", action="store_true", help="ignore CUDA in the torch wheel")
+    ap.add_argument("--no-speed", action="store_true", help="leave out the speed edits (build and correctness only)")
+    ap.add_argument("--list", action="store_true", help="print every edit's kind, reason and proof, patch nothing")
     args = ap.parse_args(argv)
-    for line in patch(args.src, args.cxx_standard, args.cpu_only):
+    if args.list:
+        for e in edits(args.cxx_standard, args.cpu_only, speed=not args.no_speed):
+            print(f"{e.kind:<11} {e.path}: {e.why}\n            because: {e.because}\n            proof: {e.proof}")
+        return 0
+    for line in patch(args.src, args.cxx_standard, args.cpu_only, speed=not args.no_speed):
         print(f"patched {line}")
     return 0
 

@@ -3,7 +3,6 @@ and the line each process prints about its final parameters (so a run shows it t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import timeit
@@ -46,15 +45,12 @@ def snapshot(params) -> list[torch.Tensor]:
     return [p.detach().clone() for p in params]
 
 
-def fingerprint(params, initial: list[torch.Tensor]) -> dict:
-    """sha256 of the parameters' bytes (equal digests: bitwise-equal replicas) and how far they moved (L2)."""
-    h = hashlib.sha256()
-    moved = 0.0
-    for p, p0 in zip(params, initial):
-        t = p.detach().contiguous()
-        h.update(t.numpy().tobytes())
-        moved += float((t.double() - p0.double()).pow(2).sum())
-    return {"digest": h.hexdigest(), "moved": moved**0.5}
+def fingerprint(model, initial: list[torch.Tensor]) -> dict:
+    """The payloads' digest of the parameters (equal digests: bitwise-equal replicas) and how far they moved (L2)."""
+    from payloads.pytorch.models import parameters_digest
+
+    moved = sum(float((p.detach().double() - p0.double()).pow(2).sum()) for p, p0 in zip(model.parameters(), initial))
+    return {"digest": parameters_digest(model), "moved": moved**0.5}
 
 
 def emit(record: dict) -> None:

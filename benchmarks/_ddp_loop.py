@@ -38,7 +38,7 @@ def main() -> None:
     rate = common.timed_rate(step, args)
     if rank == 0:
         common.emit({"backend": "ddp", "images_per_sec": size * rate})
-    common.emit({"backend": "ddp", "rank": rank, "size": size, **common.fingerprint(model.parameters(), initial)})
+    common.emit({"backend": "ddp", "rank": rank, "size": size, **common.fingerprint(model, initial)})
     dist.destroy_process_group()
 
 

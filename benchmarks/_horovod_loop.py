@@ -63,7 +63,7 @@ def main() -> None:
                 "backend": "horovod",
                 "rank": hvd.rank(),
                 "size": hvd.size(),
-                **common.fingerprint(model.parameters(), initial),
+                **common.fingerprint(model, initial),
             }
         )
 

@@ -85,7 +85,7 @@ def main() -> None:
         SERVER = ParameterServer(model, workers, lr=0.01 * workers)
         rpc.init_rpc("ps", rank=0, world_size=world)
         rpc.shutdown()  # waits until every worker has finished and shut down
-        common.emit({"backend": "ps", "rank": "ps", "size": workers, **common.fingerprint(model.parameters(), initial)})
+        common.emit({"backend": "ps", "rank": "ps", "size": workers, **common.fingerprint(model, initial)})
         return
     rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world)
     params = list(model.parameters())
@@ -106,7 +106,9 @@ def main() -> None:
     rate = common.timed_rate(step, args)
     if rank == 1:
         common.emit({"backend": "ps", "images_per_sec": workers * rate})
-    common.emit({"backend": "ps", "rank": rank - 1, "size": workers, **common.fingerprint(params, initial)})
+    common.emit(
+        {"backend": "ps", "rank": rank - 1, "size": workers, **common.fingerprint(model, initial)}
+    )  # params are the model's
     rpc.shutdown()
 
 

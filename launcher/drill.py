@@ -24,7 +24,6 @@ import json
 import os
 import pathlib
 import random
-import re
 import signal
 import threading
 import time
@@ -35,7 +34,6 @@ from .errors import JobError
 
 SIGNALS = {"term": signal.SIGTERM, "kill": signal.SIGKILL}
 EARLIEST, LATEST = 0.1, 0.6  # the signal's step, as fractions of the run's steps
-POSITION = re.compile(r"checkpoint-epoch-(\d+)(?:-step-(\d+))?\.(pt|npz)$")
 
 
 @dataclass
@@ -102,11 +100,14 @@ def run_steps(run: pathlib.Path, size: int) -> int:
 
 
 def position(name: str, steps_per_epoch: int) -> int:
-    """Steps of the run a checkpoint holds, from its name (payloads/common/checkpoint.py path_for)."""
-    m = POSITION.search(name)
-    if not m:
-        raise JobError(f"drill: {name} is not a checkpoint name this project writes")
-    return int(m.group(1)) * steps_per_epoch + int(m.group(2) or 0)
+    """Steps of the run a checkpoint holds, from its name (payloads/common/checkpoint.py)."""
+    from payloads.common import checkpoint
+
+    try:
+        epochs, steps = checkpoint.position(pathlib.Path(name))
+    except ValueError:
+        raise JobError(f"drill: {name} is not a checkpoint name this project writes") from None
+    return epochs * steps_per_epoch + steps
 
 
 def newest_checkpoint(run: pathlib.Path) -> pathlib.Path | None:

@@ -25,6 +25,8 @@ import pathlib
 import re
 from typing import Any
 
+from payloads.common import checkpoint
+
 from .. import prices
 from ..errors import JobError
 from ..stack import StackOutputs
@@ -34,7 +36,6 @@ LOGS_ENDPOINT = "https://api.loganalytics.io"
 LOGS_SCOPE = LOGS_ENDPOINT + "/.default"
 GUID = re.compile(r"^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
 JOB_NAME = re.compile(r"^[a-zA-Z0-9][\w-]{0,255}$")  # jobspec.JOB_NAME: safe inside a KQL string
-MARKER = re.compile(r"(?:^|/)\.checkpoint-epoch-(\d+)[^/]*\.complete$")  # payloads/common/checkpoint.py
 
 
 def utcnow() -> dt.datetime:
@@ -146,8 +147,8 @@ def read_checkpoint_times(outputs: StackOutputs, folder: str, credential) -> lis
     for blob in container(outputs, credential).list_blobs(
         name_starts_with=folder + "checkpoints/", include=["versions"]
     ):
-        m = MARKER.search(blob.name)
-        (markers if m else files).append((blob.last_modified.astimezone(dt.UTC), int(m.group(1)) if m else None))
+        at = checkpoint.marked(blob.name)  # the payloads' own marker names
+        (markers if at else files).append((blob.last_modified.astimezone(dt.UTC), at[0] if at else None))
     return sorted(set(markers or files))
 
 

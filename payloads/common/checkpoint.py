@@ -64,6 +64,16 @@ def position(path: pathlib.Path) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2) or 0)
 
 
+def marked(name: str) -> tuple[int, int] | None:
+    """The position (as `position`) of the checkpoint whose completion marker is `name`, a file or blob name ending
+    in .checkpoint-...<suffix>.complete (a folder before it allowed); None for any other name."""
+    base = name.rsplit("/", 1)[-1]
+    if not (base.startswith(".") and base.endswith(MARKER)):
+        return None
+    m = _NAME.match(base[1 : -len(MARKER)])
+    return (int(m.group(1)), int(m.group(2) or 0)) if m else None
+
+
 def marker_for(path: pathlib.Path) -> pathlib.Path:
     """A hidden name next to the checkpoint: listings of the folder still show only checkpoints."""
     return path.with_name(f".{path.name}{MARKER}")

@@ -57,7 +57,7 @@ def test_a_sigterm_drill_stops_one_rank_loses_nothing_and_resumes_bitwise_equal(
     assert report["stop_seconds"] < 30  # the grace assumed for Azure ML (payloads/common/preemption.py)
     assert report["signalled_at_step"] == report["at_step"]  # held there by tests/stop_at
     # Stopped at a step inside the first epoch, with nothing lost, and the result is the uninterrupted run's.
-    assert drill.POSITION.search(report["resumed_from"]).group(2), report["resumed_from"]
+    assert checkpoint.position(pathlib.Path(report["resumed_from"]))[1], report["resumed_from"]  # mid-epoch
     assert report["resumed_from_step"] == at == report["at_step"]
     assert report["steps_reached"] == report["resumed_from_step"] and report["steps_lost"] == 0
     assert report["equal"] is True and report["different"] == []

@@ -29,10 +29,8 @@ from trainingplatform import vm_sizes
 from .errors import JobError
 
 # Horovod's background thread runs a coordination collective every cycle; Open MPI busy-polls in it by
-# default, taking the core from the training thread when the processes use every core (CPU training).
-# Measured here (ResNet-18, 64 px, 2 processes on 2 cores): with no tensor reduced at all, a step took
-# 519 ms under MPI's busy-polling vs 304 ms with yield_when_idle; with Horovod's optimizer 503-532 ms vs
-# 354-380 ms (benchmarks/scaling.py shows the end-to-end effect).
+# default, taking the core from the training thread when the processes use every core (CPU training): the step
+# times with and without it are in docs/benchmarks.md#what-the-benchmarks-changed.
 MPI_CPU_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 # Open MPI without InfiniBand: the ob1 pml over shared memory (vader) inside a node and TCP between nodes,

@@ -52,9 +52,8 @@ def _ending(body: Callable[[], object]) -> int:
 def finish(code: int | None) -> NoReturn:
     """End the process with `code` the way Python ends it, without the module teardown after: threads joined,
     atexit's functions run (Horovod's shutdown and MPI_Finalize, logging's flush, multiprocessing's children, the
-    decode workers), stdout and stderr flushed, then os._exit. Tearing down torch's and TensorFlow's modules took
-    1.5 s of a rank's time at every exit (measured: 6.1 s -> 4.1 s for a process that imports torch and steps an
-    optimizer) and wrote nothing."""
+    decode workers), stdout and stderr flushed, then os._exit. Tearing down torch's and TensorFlow's modules cost
+    seconds of every rank's exit and wrote nothing (docs/benchmarks.md#process-start-up-and-exit)."""
     # What the interpreter does first at exit, in its order: threading's own exit hooks (concurrent.futures tells
     # its pools' workers to stop there: inductor's compile pool would otherwise be joined for ever), then every
     # non-daemon thread joined.

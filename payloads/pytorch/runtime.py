@@ -198,8 +198,8 @@ def fused_layout_problem(*lists) -> str | None:
 
 def summary_writer(folder):
     """TensorBoard's writer (rank 0). tensorboard does its file I/O through tensorboard.compat.tf, which imports
-    TensorFlow when it is installed: about 4 s at start-up in .venv (measured), and TF's threads in a PyTorch
-    process. The marker module tensorboard.compat.notf (the no_tensorflow target in tensorboard/compat/__init__.py)
+    TensorFlow when it is installed: seconds at start-up in .venv (docs/benchmarks.md#process-start-up-and-exit),
+    and TF's threads in a PyTorch process. The marker module tensorboard.compat.notf (the no_tensorflow target in tensorboard/compat/__init__.py)
     selects tensorboard's own stub, which writes the same event files, as in the PyTorch image, where TF is absent."""
     import sys
     import types

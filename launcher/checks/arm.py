@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from azure.core.exceptions import (
+    AzureError,
     ClientAuthenticationError,
     HttpResponseError,
     ResourceExistsError,
@@ -117,3 +118,14 @@ def describe(error: Exception, doing: str) -> str:
 def signed_out(error: Exception) -> Finding:
     """The finding for a sign-in Azure refused, with the fix that fits why (credential.sign_in_fix)."""
     return Finding(FAIL, "sign-in", describe(error, "asking Azure"), sign_in_fix(error))
+
+
+def attempt(call, check: str, doing: str, fix: str) -> tuple[Any, list[Finding]]:
+    """(what `call()` answers, []) or (None, [the FAIL finding of `check`: `doing` and why Azure said no, and `fix`]);
+    a refused sign-in goes on up to the caller's one sign-in finding (signed_out)."""
+    try:
+        return call(), []
+    except ClientAuthenticationError:
+        raise
+    except AzureError as e:
+        return None, [Finding(FAIL, check, describe(e, doing), fix)]

@@ -8,12 +8,12 @@ from __future__ import annotations
 import os
 import sys
 
-from azure.core.exceptions import AzureError, ClientAuthenticationError
+from azure.core.exceptions import ClientAuthenticationError
 
 from .. import credential as signing_in
 from ..stack import StackOutputs
 from . import images, quota, roles, upload, workspace
-from .arm import Arm, describe, signed_out
+from .arm import Arm, attempt, signed_out
 from .findings import FAIL, OK, WARN, Finding, report
 from .preflight import quota_findings
 
@@ -58,20 +58,15 @@ def _platform(outputs: StackOutputs, credential, transport, resolver, job_images
     sub, ws_name = outputs["subscription_id"], outputs["workspace_name"]
     ws_id = workspace.resource_id(sub, outputs["resource_group"], ws_name)
     try:
-        try:
-            ws = workspace.get(arm, ws_id)
-        except ClientAuthenticationError:
-            raise
-        except AzureError as e:
-            return [
-                Finding(
-                    FAIL,
-                    "workspace",
-                    describe(e, f"reading workspace {ws_name}"),
-                    "are the stack outputs this stack's (pulumi stack output --json), and are you on its "
-                    f"subscription {sub} (`az account show`)? You need a role on the workspace: `users`",
-                )
-            ]
+        ws, failed = attempt(
+            lambda: workspace.get(arm, ws_id),
+            "workspace",
+            f"reading workspace {ws_name}",
+            "are the stack outputs this stack's (pulumi stack output --json), and are you on its "
+            f"subscription {sub} (`az account show`)? You need a role on the workspace: `users`",
+        )
+        if failed:
+            return failed
         found = workspace.check_dns(ws, resolver)
         project = {role: d["name"] for role, d in sorted(outputs["datastores"].items())}
         stores, blobstore = workspace.check_datastores(arm, ws_id, project)

@@ -30,7 +30,7 @@ from azure.core.exceptions import AzureError, ClientAuthenticationError, Resourc
 
 from trainingplatform import config, naming
 
-from .arm import NETWORK_API, PRIVATE_DNS_API, Arm, describe
+from .arm import NETWORK_API, PRIVATE_DNS_API, Arm, attempt, describe
 from .findings import FAIL, OK, Finding
 from .roles import allowed, read_permissions
 
@@ -170,13 +170,10 @@ def check(arm: Arm, cfg: config.PlatformConfig) -> list[Finding]:
 
 
 def _read_rights(arm: Arm, scope: str, needed: dict[str, str], what: str, fix: str) -> list[Finding]:
-    try:
-        permissions = read_permissions(arm, scope)
-    except ClientAuthenticationError:
-        raise
-    except AzureError as e:
-        return [Finding(FAIL, what, describe(e, f"reading your permissions on {scope}"), fix)]
-    return _rights(permissions, needed, scope, what, fix)
+    permissions, failed = attempt(
+        lambda: read_permissions(arm, scope), what, f"reading your permissions on {scope}", fix
+    )
+    return failed or _rights(permissions, needed, scope, what, fix)
 
 
 def check_zone(arm: Arm, zone_name: str, zone_id: str) -> list[Finding]:

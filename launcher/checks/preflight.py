@@ -11,7 +11,7 @@ from azure.core.exceptions import AzureError, ClientAuthenticationError
 from trainingplatform import naming
 
 from . import hub, providers, quota, roles, subscription
-from .arm import Arm, describe, signed_out
+from .arm import Arm, attempt, describe, signed_out
 from .findings import FAIL, WARN, Finding, report
 from .stackfile import DataStackFile, StackFile
 
@@ -25,20 +25,15 @@ def quota_findings(
     workspace_id: str | None = None,
 ) -> list[Finding]:
     """workspace_id: a deployed workspace, whose own per-family quotas count too (doctor)."""
-    try:
-        region = quota.read_region(arm, subscription_id, location)
-    except ClientAuthenticationError:
-        raise
-    except AzureError as e:
-        return [
-            Finding(
-                FAIL,
-                "quota",
-                describe(e, f"reading Azure ML quotas and VM sizes in {location}"),
-                "needs Reader on the subscription, or the stack's quota reader role (quotaReaderRole, given to "
-                "`users`: docs/deploying.md#who-can-use-it); is Microsoft.MachineLearningServices registered?",
-            )
-        ]
+    region, failed = attempt(
+        lambda: quota.read_region(arm, subscription_id, location),
+        "quota",
+        f"reading Azure ML quotas and VM sizes in {location}",
+        "needs Reader on the subscription, or the stack's quota reader role (quotaReaderRole, given to "
+        "`users`: docs/deploying.md#who-can-use-it); is Microsoft.MachineLearningServices registered?",
+    )
+    if failed:
+        return failed
     found = []
     if workspace_id:
         try:

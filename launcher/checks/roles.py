@@ -26,7 +26,7 @@ import json
 
 from azure.core.exceptions import AzureError, ClientAuthenticationError, ResourceNotFoundError
 
-from .arm import PERMISSIONS_API, SCOPE, Arm, describe
+from .arm import PERMISSIONS_API, SCOPE, Arm, attempt, describe
 from .findings import FAIL, OK, WARN, Finding
 
 NEEDED = {
@@ -297,19 +297,14 @@ def check_quota_reader_role(arm: Arm, subscription: str) -> list[Finding]:
     """With quotaReaderRole: may the deployer define a role and assign it on the subscription (QUOTA_ROLE_NEEDED)?"""
     scope = f"/subscriptions/{subscription}"
     off = "or set quotaReaderRole: false in Pulumi.<stack>.yaml (the users' quota check then only warns)"
-    try:
-        permissions = read_permissions(arm, scope)
-    except ClientAuthenticationError:
-        raise
-    except AzureError as e:
-        return [
-            Finding(
-                FAIL,
-                QUOTA_ROLE_CHECK,
-                describe(e, f"reading your permissions on {scope}"),
-                f"ask the subscription's owner for User Access Administrator on it, {off}",
-            )
-        ]
+    permissions, failed = attempt(
+        lambda: read_permissions(arm, scope),
+        QUOTA_ROLE_CHECK,
+        f"reading your permissions on {scope}",
+        f"ask the subscription's owner for User Access Administrator on it, {off}",
+    )
+    if failed:
+        return failed
     findings = []
     for action, why in QUOTA_ROLE_NEEDED.items():
         if _allowed(action, permissions):

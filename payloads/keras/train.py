@@ -111,16 +111,7 @@ def run(cfg: config.TrainConfig) -> dict:
         metrics = MetricsFile(cfg.metrics_path, record)
         recorder.metrics = metrics
         callbacks.append(tf.keras.callbacks.TensorBoard(log_dir=str(cfg.tensorboard_dir), update_freq="epoch"))
-        log.info(
-            "training %s on %s data, %d process(es) x batch %d, %s, outputs in %s",
-            cfg.model,
-            cfg.data,
-            hvd.size(),
-            batch,
-            device,
-            cfg.output_dir,
-        )
-        log.info("resolved: %s", settings.line())
+        runtime.say_start(log, cfg, hvd, batch, device, settings)
     # preemption.Stopped is raised out of fit() by the callbacks, on every rank after the same step.
     with concerns.ending(state):
         state.fire("run_start")

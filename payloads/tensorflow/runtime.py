@@ -375,3 +375,18 @@ def _keras_version() -> str:
     from importlib.metadata import version
 
     return version("keras")
+
+
+def say_start(log, cfg, hvd, batch: int, device: str, settings) -> None:
+    """Rank 0's two opening lines, the TensorFlow and Keras payloads' alike: what trains where, and what start-up
+    resolved."""
+    log.info(
+        "training %s on %s data, %d process(es) x batch %d, %s, outputs in %s",
+        cfg.model,
+        cfg.data,
+        hvd.size(),
+        batch,
+        device,
+        cfg.output_dir,
+    )
+    log.info("resolved: %s", settings.line())

@@ -94,16 +94,7 @@ def run(cfg: config.TrainConfig) -> dict:
         record = {"config": settings.config_record(cfg), "world": world, "resolved": settings.to_json()}
         metrics = MetricsFile(cfg.metrics_path, record)
         writer = tf.summary.create_file_writer(str(cfg.tensorboard_dir))
-        log.info(
-            "training %s on %s data, %d process(es) x batch %d, %s, outputs in %s",
-            cfg.model,
-            cfg.data,
-            hvd.size(),
-            batch,
-            device,
-            cfg.output_dir,
-        )
-        log.info("resolved: %s", settings.line())
+        runtime.say_start(log, cfg, hvd, batch, device, settings)
 
     batches = iter(inputs.train)  # from step `start_step` of the first epoch on
     total_images, total_seconds = 0, 0.0

@@ -74,7 +74,16 @@ tf_pin=$(sed -n 's/^tensorflow-cpu==\([^ ]*\).*/\1/p' "$ROOT/payloads/requiremen
 has_module() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)" 2>/dev/null; }
 # A framework's Horovod part is compiled unless the wheel cache has one for its pinned version (build_horovod.sh
 # writes key.txt beside each part; Open MPI's version is left out of this guess).
-part_cached() { grep -qs -- " $1=$2[+ ]" "${HOROVOD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/azure-horovod-training/wheels}"/*/key.txt; }
+# A part is cached when a key.txt names its framework's version and the patch as it is now (a changed patch_horovod.py
+# means a new build, under a new key: build_horovod.sh).
+PATCH_SUM=$(sha256sum "$ROOT/toolchain/patch_horovod.py" | cut -c1-16)
+part_cached() {
+    local key
+    for key in "${HOROVOD_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/azure-horovod-training/wheels}"/*/key.txt; do
+        grep -qs -- " $1=$2[+ ]" "$key" && grep -qsx -- "patch $PATCH_SUM" "$key" && return 0
+    done
+    return 1
+}
 jobs=$("$ROOT/toolchain/build_horovod.sh" --jobs 2>/dev/null || echo 1)
 # Measured from a bare 2-core machine, rounded up (docs/benchmarks.md#set-up-and-ci): the local part's downloads
 # and installs (75 s), the rest's (57 s); each Horovod part's compile with 2 jobs (PyTorch's 150 s, overlapping

@@ -127,6 +127,7 @@ part_line() {   # what one framework's part is built from (its cache folder's ke
     echo "$HOROVOD_VERSION r$BUILD_REVISION $PYTAG $1=$version mpi=$MPI gpu=$GPU_OPS cxx=$CXX_STD${NO_SPEED:+ speed=off}"
 }
 part_key() { { part_line "$1"; cat "$HERE/patch_horovod.py"; } | sha256sum | cut -c1-16; }
+patch_sum() { sha256sum "$HERE/patch_horovod.py" | cut -c1-16; }   # in key.txt: bootstrap.sh's plan reads it
 # `build_horovod.sh --plan`: the parts a build would compile (not cached), one per line; bootstrap.sh says so first.
 if [ "${1:-}" = "--plan" ]; then
     for part in "${PARTS[@]}"; do ls "$CACHE/$(part_key "$part")"/horovod-*.whl >/dev/null 2>&1 || echo "$part"; done
@@ -197,7 +198,7 @@ build_part() {   # build_part torch|tf: prints the part's cached wheel
     }
     mkdir -p "$out"
     cp "$WORK/$part"/dist/horovod-*.whl "$out/"
-    part_line "$part" >"$out/key.txt"
+    { part_line "$part"; echo "patch $(patch_sum)"; } >"$out/key.txt"
     log "built $(ls "$out"/horovod-*.whl)"
     ls "$out"/horovod-*.whl
 }

@@ -298,9 +298,7 @@ def _decoded_cache(job: dict, outputs, args, nodes: int) -> tuple[dict, str | No
     cluster = outputs.cluster(args.cluster)
     size = vm_sizes.lookup(cluster["vm_size"])
     if args.dry_run:
-        counts = cachehome.Counts(
-            dict(cachehome.IMAGENET), cachehome.ASSUMED_RESIZE, "ImageNet's counts: a dry run reads no manifest"
-        )
+        counts = cachehome.imagenet("ImageNet's counts: a dry run reads no manifest")
     else:
         counts = cachehome.counts_from_manifest(outputs, job)
     return cachehome.place(job, size.memory_gib if size else None, cluster["vm_size"], nodes, counts)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from . import endings
-from .errors import JobError
+from .errors import JobError, first_line
 
 RESUME, CHECK_THEN_RESUME, STOP = "resume", "health check, then resume", "stop"
 TAG = "autoresume_"  # the chain's tags: budget, attempt, history, spent_usd, cap_usd, chain
@@ -246,7 +246,7 @@ def _get(ml, name: str, outputs):
             return None
         except AzureError as e:
             print(
-                f"auto-resume: cannot read job {name} ({azureml_line(e)}): nothing is done while it is unknown; "
+                f"auto-resume: cannot read job {name} ({first_line(e, 200)}): nothing is done while it is unknown; "
                 f"asking again in {azureml.POLL_SECONDS:.0f}s",
                 file=sys.stderr,
                 flush=True,
@@ -275,7 +275,7 @@ def _blob_reader(outputs, job, name: str, credential) -> endings.Read:
     read is said once and classified from the status and exit code alone."""
     from azure.core.exceptions import AzureError, ResourceNotFoundError
 
-    from .cost.history import blob_folder, container
+    from .cost.history import blob_folder
     from .jobspec import earlier_output_path
 
     path = getattr((getattr(job, "outputs", None) or {}).get("run"), "path", None)
@@ -286,7 +286,7 @@ def _blob_reader(outputs, job, name: str, credential) -> endings.Read:
         from .credential import azure_credential
 
         credential = azure_credential()
-    client, failed = container(outputs, credential), []
+    client, failed = outputs.blob_container("logs", credential), []
 
     def read(relative: str) -> dict | None:
         if failed:
@@ -297,12 +297,8 @@ def _blob_reader(outputs, job, name: str, credential) -> endings.Read:
             return None
         except AzureError as e:
             failed.append(e)
-            _say(f"the run folder {folder} was not read ({azureml_line(e)}): deciding from the status and exit code")
+            _say(f"the run folder {folder} was not read ({first_line(e, 200)}): deciding from the status and exit code")
             return None
         return data if isinstance(data, dict) else None
 
     return read
-
-
-def azureml_line(error: BaseException) -> str:
-    return endings.first_line(str(error))

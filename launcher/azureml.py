@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from .errors import JobError
+from .errors import JobError, first_line
 from .stack import StackOutputs
 
 DONE_OK = {"Completed"}
@@ -43,8 +43,7 @@ def _chain(error: BaseException):
 
 
 def _first_line(text: str, limit: int = 300) -> str:
-    line = next((x.strip() for x in str(text).splitlines() if x.strip()), "")
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    return first_line(text, limit)
 
 
 def _http(error: BaseException):

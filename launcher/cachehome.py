@@ -108,10 +108,15 @@ def place(job: dict, memory_gib: int | None, vm_size: str, nodes: int, counts: C
     )
 
 
+def imagenet(source: str) -> Counts:
+    """ImageNet's counts at the shard sets' --resize, where no manifest is read (`source` says why)."""
+    return Counts(dict(IMAGENET), ASSUMED_RESIZE, source)
+
+
 def counts_from_manifest(outputs, job: dict, credential=None) -> Counts:
     """The shard set's images per split and --resize, from manifest.json in the data container beside the job's
     input (datatools.prepare writes it); ImageNet's figures where there is none to read, said in `source`."""
-    assumed = Counts(dict(IMAGENET), ASSUMED_RESIZE, f"ImageNet's counts at --resize {ASSUMED_RESIZE}: assumed")
+    assumed = imagenet(f"ImageNet's counts at --resize {ASSUMED_RESIZE}: assumed")
     head = f"azureml://datastores/{outputs.datastore('data')}/paths/"
     paths = [str((i or {}).get("path", "")) for i in (job.get("inputs") or {}).values()]
     folder = next((p[len(head) :] for p in paths if p.startswith(head)), None)
@@ -119,13 +124,12 @@ def counts_from_manifest(outputs, job: dict, credential=None) -> Counts:
     if folder is None or not data.get("account") or not data.get("container"):
         return assumed
     from azure.core.exceptions import AzureError
-    from azure.storage.blob import ContainerClient
 
     if credential is None:
         from .credential import azure_credential
 
         credential = azure_credential()
-    client = ContainerClient(f"https://{data['account']}.blob.core.windows.net", data["container"], credential)
+    client = outputs.blob_container("data", credential)
     name = folder.rstrip("/") + "/manifest.json"
     try:
         manifest = json.loads(client.download_blob(name).readall())

@@ -18,7 +18,6 @@ def check_folder(outputs: StackOutputs, folder: str, credential=None) -> str:
         ResourceNotFoundError,
         ServiceRequestError,
     )
-    from azure.storage.blob import ContainerClient
 
     from .credential import azure_credential
 
@@ -31,9 +30,7 @@ def check_folder(outputs: StackOutputs, folder: str, credential=None) -> str:
         )
     prefix = folder + "checkpoints/"
     where = f"{container}/{prefix} of storage account {account}"
-    client = ContainerClient(
-        f"https://{account}.blob.core.windows.net", container, credential=credential or azure_credential()
-    )
+    client = outputs.blob_container("logs", credential or azure_credential())
     try:
         first = next(iter(client.list_blobs(name_starts_with=prefix, results_per_page=1)), None)
     except ResourceNotFoundError:

@@ -20,6 +20,8 @@ import pathlib
 import re
 from collections.abc import Callable
 
+from .errors import first_line
+
 COMPLETED = "completed"  # exit 0
 STOPPED = "stopped"  # every rank stopped with a checkpoint (exit 75): resume
 HANG = "hang"  # the watchdog ended a stalled job (exit 124), naming hosts: health check, then resume
@@ -116,16 +118,11 @@ def classify(
     if kind == UNKNOWN and NODE_MESSAGES.search(message or ""):
         kind = NODE_FAULT
     if kind in (HANG, STOPPED):  # the code without the files that make it so (an older payload): take it as said
-        return Ending(kind, code, at, why=first_line(message))
+        return Ending(kind, code, at, why=first_line(message or "", 200))
     why = {
         PERMANENT: "the job refused its configuration, its data or a full disk: a rerun fails the same way",
-        NODE_FAULT: first_line(message) or "a node's hardware",
-        UNKNOWN: first_line(message)
+        NODE_FAULT: first_line(message or "", 200) or "a node's hardware",
+        UNKNOWN: first_line(message or "", 200)
         or ("no rank reported a step" if at is None else "no rank said why (killed, or a crash: the log above)"),
     }.get(kind, "")
     return Ending(kind, code, at, why=why)
-
-
-def first_line(text: str | None, limit: int = 200) -> str:
-    line = next((x.strip() for x in str(text or "").splitlines() if x.strip()), "")
-    return line if len(line) <= limit else line[: limit - 3] + "..."

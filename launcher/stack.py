@@ -42,6 +42,15 @@ class StackOutputs:
     def datastore(self, role: str) -> str:
         return self.values["datastores"][role]["name"]
 
+    def blob_container(self, role: str, credential):
+        """azure-storage-blob's client of the `role` datastore's container (datastores.<role>.account, .container)."""
+        from azure.storage.blob import ContainerClient
+
+        store = self.values["datastores"][role]
+        return ContainerClient(
+            f"https://{store['account']}.blob.core.windows.net", store["container"], credential=credential
+        )
+
 
 def parse(values: object, source: str) -> StackOutputs:
     if not isinstance(values, dict):

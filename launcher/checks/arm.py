@@ -26,6 +26,7 @@ from azure.mgmt.core import ARMPipelineClient
 from azure.mgmt.core.exceptions import ARMErrorFormat
 from azure.mgmt.core.policies import ARMChallengeAuthenticationPolicy, ARMHttpLoggingPolicy
 
+from .. import errors
 from ..credential import sign_in_fix
 from .findings import FAIL, Finding
 
@@ -95,8 +96,7 @@ def error_code(error: HttpResponseError) -> str:
 
 
 def first_line(text: object, limit: int = 240) -> str:
-    line = next((x.strip() for x in str(text).splitlines() if x.strip()), "")
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    return errors.first_line(text, limit)
 
 
 def describe(error: Exception, doing: str) -> str:

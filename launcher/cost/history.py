@@ -116,19 +116,12 @@ def blob_folder(outputs: StackOutputs, path: str | None) -> str | None:
     return path[len(head) :].strip("/") + "/"
 
 
-def container(outputs: StackOutputs, credential):
-    from azure.storage.blob import ContainerClient
-
-    logs = outputs["datastores"]["logs"]
-    return ContainerClient(f"https://{logs['account']}.blob.core.windows.net", logs["container"], credential=credential)
-
-
 def read_metrics(outputs: StackOutputs, folder: str, credential) -> dict | None:
     """metrics.json of a run folder in the logs container, or its spare copy when a crash cut it short
     (payloads/common/metrics.py); None when there is neither."""
     from azure.core.exceptions import ResourceNotFoundError
 
-    client = container(outputs, credential)
+    client = outputs.blob_container("logs", credential)
     for name in ("metrics.json", ".metrics.json.spare"):
         try:
             data = json.loads(client.download_blob(folder + name).readall())
@@ -144,7 +137,7 @@ def read_checkpoint_times(outputs: StackOutputs, folder: str, credential) -> lis
     container keeps: the payload rotates old checkpoints out and their versions stay 7 days (docs/jobs.md). Without
     markers (a payload older than them), the checkpoint files' own times."""
     markers, files = [], []
-    for blob in container(outputs, credential).list_blobs(
+    for blob in outputs.blob_container("logs", credential).list_blobs(
         name_starts_with=folder + "checkpoints/", include=["versions"]
     ):
         at = checkpoint.marked(blob.name)  # the payloads' own marker names

@@ -86,6 +86,12 @@ def heartbeats(read: Read, size: int, since: float = 0.0) -> list[dict]:
     return [b for b in beats if b.get("run") == newest]
 
 
+def every_rank_stopped(beats: list[dict]) -> bool:
+    """Whether these last heartbeats are every rank's (their count is the run's size) and each says "stopped": the
+    SIGTERM stop's checkpoint written (exit 75)."""
+    return bool(beats) and len(beats) == beats[0].get("size") and all(b.get("doing") == "stopped" for b in beats)
+
+
 def classify(
     status: str, exit_code: int | None, read: Read, size: int, message: str = "", since: float = 0.0
 ) -> Ending:
@@ -100,7 +106,7 @@ def classify(
     replicas = read("replicas.json")
     if status == "Completed" or (exit_code == 0 and status != "Canceled"):
         return Ending(COMPLETED, 0, at)
-    if beats and len(beats) == beats[0].get("size") and all(b.get("doing") == "stopped" for b in beats):
+    if every_rank_stopped(beats):
         return Ending(STOPPED, 75, at, why="every rank stopped with a checkpoint")
     if status == "Canceled":
         return Ending(CANCELED, exit_code, at, why="canceled on Azure ML (a person or a policy): not resumed")

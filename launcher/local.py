@@ -15,6 +15,7 @@ import threading
 import time
 
 from . import sizing
+from .endings import every_rank_stopped
 from .errors import JobError
 from .interconnect import MPI_CPU_ENV, check_under_mpi
 from .jobspec import REFERENCE, ROOT
@@ -179,9 +180,7 @@ def stopped_for_resume(run: pathlib.Path, since: float) -> bool:
             beats.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             return False
-    if not beats or len(beats) != beats[0].get("size"):
-        return False
-    return all(b.get("doing") == "stopped" and b.get("written_at", 0) >= since for b in beats)
+    return every_rank_stopped(beats) and all(b.get("written_at", 0) >= since for b in beats)
 
 
 # How long the ranks get to end after the forwarded signal before they are killed. Azure ML's own grace is the

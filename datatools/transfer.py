@@ -5,7 +5,7 @@
 
 The account and container come from the stack outputs (datastores.data.account/.container, written by
 `pulumi stack output --json`); --account-url/--container override them. Authentication is Entra ID only
-(launcher/credential.py: your `az login`; a machine's managed identity only when asked): the stack turns shared keys off.
+(azureaccess/credential.py: your `az login`; a machine's managed identity only when asked): the stack turns shared keys off.
 
 Every blob carries the file's MD5 as its Content-MD5 property. A rerun skips blobs whose size and MD5
 already match, so an interrupted upload or download continues where it stopped. manifest.json goes up
@@ -53,7 +53,7 @@ def container_client(url: str, container: str, credential=None, **kwargs):
     from azure.storage.blob import ContainerClient
 
     if credential is None:
-        from launcher.credential import azure_credential  # the person's sign-in, not this machine's identity
+        from azureaccess.credential import azure_credential  # the person's sign-in, not this machine's identity
 
         credential = azure_credential()
     return ContainerClient(url, container, credential=credential, **kwargs)
@@ -339,8 +339,8 @@ def download(client, prefix: str, folder: pathlib.Path, workers: int = 8, progre
 def _target(a) -> tuple[str, str]:
     url, container = a.account_url, a.container
     if a.stack_outputs is not None:
-        from launcher.errors import JobError
-        from launcher.stack import load_file
+        from azureaccess.errors import JobError
+        from azureaccess.stack import load_file
 
         try:
             data = load_file(a.stack_outputs)["datastores"]["data"]

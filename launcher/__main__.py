@@ -1,5 +1,6 @@
 """python -m launcher JOB.yaml [--target azureml|local] [--dry-run] [--auto-resume N] ... [-- extra payload arguments]
-python -m launcher preflight --stack STACK [--data-stack STACK] | doctor --stack STACK (launcher/checks/)
+python -m launcher preflight --stack STACK [--data-stack STACK] | doctor --stack STACK (azurecheck/, the same as
+    python -m azurecheck preflight|doctor)
 python -m launcher cost JOB_NAME --stack STACK [--json PATH] (launcher/cost/)
 python -m launcher nodes REPORT --stack-outputs F --cluster C [--job NAME] (launcher/nodes.py)"""
 
@@ -13,9 +14,11 @@ import sys
 
 import yaml
 
-from . import azureml, jobspec, local, prices, stack
-from .checks import cli as checks_cli
-from .errors import JobError
+from azureaccess import stack
+from azureaccess.errors import JobError
+from azurecheck import cli as checks_cli
+
+from . import azureml, jobspec, local, prices
 
 
 def parser() -> argparse.ArgumentParser:
@@ -135,11 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return nodes.main(argv[1:])
     if argv and argv[0] in checks_cli.COMMANDS:
-        try:
-            return checks_cli.main(argv)
-        except JobError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        return checks_cli.main(argv, prog="python -m launcher")
     extra = []
     if "--" in argv:
         i = argv.index("--")

@@ -19,8 +19,9 @@ import sys
 import time
 from collections.abc import Callable
 
+from azureaccess.errors import JobError, first_line
+
 from . import endings
-from .errors import JobError, first_line
 
 RESUME, CHECK_THEN_RESUME, STOP = "resume", "health check, then resume", "stop"
 TAG = "autoresume_"  # the chain's tags: budget, attempt, history, spent_usd, cap_usd, chain
@@ -283,7 +284,7 @@ def _blob_reader(outputs, job, name: str, credential) -> endings.Read:
     if folder is None:
         return lambda _: None
     if credential is None:
-        from .credential import azure_credential
+        from azureaccess.credential import azure_credential
 
         credential = azure_credential()
     client, failed = outputs.blob_container("logs", credential), []

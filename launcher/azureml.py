@@ -16,8 +16,8 @@ import os
 import sys
 import time
 
-from .errors import JobError, first_line
-from .stack import StackOutputs
+from azureaccess.errors import JobError, first_line
+from azureaccess.stack import StackOutputs
 
 DONE_OK = {"Completed"}
 EXIT_ENDED_BADLY, EXIT_INTERRUPTED = 1, 130
@@ -26,7 +26,9 @@ EXIT_ENDED_BADLY, EXIT_INTERRUPTED = 1, 130
 def client(outputs: StackOutputs):
     from azure.ai.ml import MLClient
 
-    from .credential import azure_credential  # the person's sign-in (or env credentials), not a machine's identity
+    from azureaccess.credential import (
+        azure_credential,  # the person's sign-in (or env credentials), not a machine's identity
+    )
 
     return MLClient(
         azure_credential(), outputs["subscription_id"], outputs["resource_group"], outputs["workspace_name"]
@@ -221,17 +223,17 @@ def check_quota(outputs: StackOutputs, cluster: str, nodes: int, credential=None
     wait in the queue for good; prints warnings (quota below maxNodes, busy now). Always says where its numbers came
     from: read live from Azure ML just now, or nowhere (the read was refused: then it warns, says what grants the read
     and submits anyway). The platform's users read the subscription's quota through the stack's quota reader role
-    (config quotaReaderRole, stack output `quota_reader_role`); workspace roles alone cannot. launcher/checks/."""
-    from .checks import arm, quota
-    from .checks import findings as f
+    (config quotaReaderRole, stack output `quota_reader_role`); workspace roles alone cannot. azurecheck/."""
+    from azurecheck import arm, quota
+    from azurecheck import findings as f
 
     if credential is None:
-        from .credential import azure_credential
+        from azureaccess.credential import azure_credential
 
         credential = azure_credential()
     c, location = outputs.cluster(cluster), outputs.values.get("location") or ""
     need = quota.Need(cluster, c["vm_size"], int(c["max_nodes"]), bool(c.get("low_priority")))
-    from .checks import workspace
+    from azurecheck import workspace
 
     sub = outputs["subscription_id"]
     source = f"read live from Azure ML (usages, VM sizes, quotas in {location}) just now"

@@ -25,7 +25,7 @@ import math
 import re
 import shlex
 
-from .errors import JobError
+from azureaccess.errors import JobError
 
 SHM = "/dev/shm"
 MEMORY_SHARE = 0.5  # of the node's memory, at most, in /dev/shm
@@ -126,7 +126,7 @@ def counts_from_manifest(outputs, job: dict, credential=None) -> Counts:
     from azure.core.exceptions import AzureError
 
     if credential is None:
-        from .credential import azure_credential
+        from azureaccess.credential import azure_credential
 
         credential = azure_credential()
     client = outputs.blob_container("data", credential)

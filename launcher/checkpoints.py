@@ -6,8 +6,8 @@ Entra login, the access the data stack grants its users (Storage Blob Data Reade
 
 from __future__ import annotations
 
-from .errors import JobError
-from .stack import StackOutputs
+from azureaccess.errors import JobError
+from azureaccess.stack import StackOutputs
 
 
 def check_folder(outputs: StackOutputs, folder: str, credential=None) -> str:
@@ -19,7 +19,7 @@ def check_folder(outputs: StackOutputs, folder: str, credential=None) -> str:
         ServiceRequestError,
     )
 
-    from .credential import azure_credential
+    from azureaccess.credential import azure_credential
 
     logs = outputs["datastores"]["logs"]
     account, container = logs.get("account"), logs.get("container")

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from .errors import JobError
+from azureaccess.errors import JobError
 
 SIGNALS = {"term": signal.SIGTERM, "kill": signal.SIGKILL}
 EARLIEST, LATEST = 0.1, 0.6  # the signal's step, as fractions of the run's steps

@@ -20,7 +20,7 @@ import pathlib
 import re
 from collections.abc import Callable
 
-from .errors import first_line
+from azureaccess.errors import first_line
 
 COMPLETED = "completed"  # exit 0
 STOPPED = "stopped"  # every rank stopped with a checkpoint (exit 75): resume

@@ -23,10 +23,10 @@ image's ENV.
 
 from __future__ import annotations
 
+from azureaccess.errors import JobError
+
 # The catalog is a plain module (no Pulumi import): the same facts the stack was built from.
 from trainingplatform import vm_sizes
-
-from .errors import JobError
 
 # Horovod's background thread runs a coordination collective every cycle; Open MPI busy-polls in it by
 # default, taking the core from the training thread when the processes use every core (CPU training): the step

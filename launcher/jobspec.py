@@ -24,9 +24,10 @@ import tempfile
 
 import yaml
 
+from azureaccess.errors import JobError
+from azureaccess.stack import StackOutputs
+
 from . import interconnect, sizing
-from .errors import JobError
-from .stack import StackOutputs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 REFERENCE = re.compile(r"\$\{\{\s*(inputs|outputs)\.([A-Za-z0-9_]+)\s*\}\}")

@@ -14,9 +14,10 @@ import sys
 import threading
 import time
 
+from azureaccess.errors import JobError
+
 from . import sizing
 from .endings import every_rank_stopped
-from .errors import JobError
 from .interconnect import MPI_CPU_ENV, check_under_mpi
 from .jobspec import REFERENCE, ROOT
 

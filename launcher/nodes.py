@@ -22,9 +22,8 @@ import pathlib
 import sys
 import tempfile
 
+from azureaccess.errors import JobError
 from trainingplatform import vm_sizes
-
-from .errors import JobError
 
 PASS, FAIL = "PASS", "FAIL"
 TITLES = {
@@ -246,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cluster", help="the compute cluster the check ran on (a key of the stack output `clusters`)")
     p.add_argument("--job", help="the health check's job name: nodes running it are preferred in the match")
     args = p.parse_args(argv)
-    from . import azureml, stack
+    from azureaccess import stack
+
+    from . import azureml
 
     try:
         report = read_report(args.report)

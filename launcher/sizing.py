@@ -13,9 +13,8 @@ import os
 import re
 from dataclasses import dataclass, replace
 
+from azureaccess.errors import JobError
 from trainingplatform import vm_sizes  # the catalog the stack was built from
-
-from .errors import JobError
 
 BATCH = "<<batch_size>>"
 WORKERS = "<<workers>>"

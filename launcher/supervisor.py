@@ -20,14 +20,17 @@ from collections.abc import Iterator
 
 import yaml
 
-from .errors import JobError
+from azureaccess.errors import JobError
+from azureaccess.stack import StackOutputs
+
 from .jobspec import ROOT, TOKENS
-from .stack import StackOutputs
 
 TEMPLATE = pathlib.Path(__file__).with_name("supervisor.yaml")
 STACK_OUTPUTS_FILE = "/tmp/stack-outputs.json"  # where the supervisor's command writes LAUNCHER_STACK_OUTPUTS
 CARRIED = {
     "launcher": ROOT / "launcher",
+    "azureaccess": ROOT / "azureaccess",
+    "azurecheck": ROOT / "azurecheck",  # the submission's quota and workspace checks
     "payloads": ROOT / "payloads",
     "trainingplatform": ROOT / "infra/trainingplatform",
 }

@@ -248,6 +248,22 @@ def _no_mpi_inside_pytest(request):
 
 
 @pytest.fixture(scope="session")
+def dev_outputs(tmp_path_factory) -> pathlib.Path:
+    """The dev stack's outputs as the mocked Pulumi program produces them, saved like `pulumi stack output --json`
+    (the launcher's and azurecheck's tests read them)."""
+    import json
+
+    from trainingplatform import mocked
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    raw, location = mocked.read_stack_file(root / "Pulumi.dev.yaml")
+    _, outputs = mocked.run(raw, "dev", location)
+    path = tmp_path_factory.mktemp("stack") / "outputs.dev.json"
+    path.write_text(json.dumps(outputs))
+    return path
+
+
+@pytest.fixture(scope="session")
 def fp32_references(tmp_path_factory):
     """helpers.one_process_references in float32, made once per worker for every PyTorch averaging test whose flags
     leave the 1-process numbers as they are: the averaging tests share the launches' worker."""

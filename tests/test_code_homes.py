@@ -1,10 +1,10 @@
 """Code homes: a payload's entry point is what a job runs, not a library. What two payloads share lives in a module
 of its own (payloads/tensorflow/launch.py, runtime.py, data.py; payloads/pytorch/runtime.py, models.py), so no
 module imports a payload's entry point, and none reaches into another module's private (_underscore) names.
-Folders match roles: nothing outside benchmarks/ imports it (the arrow runs from the benchmarks to the product), a
-payload imports nothing outside payloads/ (a job's snapshot holds payloads/ only:
-.amlignore), the platform library has one import name (`trainingplatform`, installed from infra/pyproject.toml),
-and no module edits sys.path. Read from the source (AST): nothing is imported or run."""
+Folders match roles: nothing outside benchmarks/ imports it (the arrow runs from the benchmarks to the product), the
+subscription checks (azurecheck/) never import the launcher, and what the tools share (azureaccess/) imports none of
+them; a payload imports nothing outside payloads/ (a job's snapshot holds payloads/ only: .amlignore), the platform
+library has one import name (`trainingplatform`, installed from infra/pyproject.toml), and no module edits sys.path. Read from the source (AST): nothing is imported or run."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ PACKAGES = {
     "payloads": ROOT / "payloads",
     "datatools": ROOT / "datatools",
     "launcher": ROOT / "launcher",
+    "azurecheck": ROOT / "azurecheck",
+    "azureaccess": ROOT / "azureaccess",
     "benchmarks": ROOT / "benchmarks",
     "trainingplatform": ROOT / "infra" / "trainingplatform",
 }
@@ -80,6 +82,10 @@ def violations(name: str, source: str, is_package: bool = False) -> list[str]:
             found.append(f"{name}:{line} imports {imported}, which a job's code snapshot does not hold")
         if imported.split(".")[0] == "benchmarks" and name.split(".")[0] != "benchmarks":
             found.append(f"{name}:{line} imports {imported}: the product never depends on the benchmarks")
+        if name.split(".")[0] == "azurecheck" and imported.split(".")[0] == "launcher":
+            found.append(f"{name}:{line} imports {imported}: the checks stand beside the launcher, not on it")
+        if name.split(".")[0] == "azureaccess" and imported.split(".")[0] in {"launcher", "azurecheck", "datatools"}:
+            found.append(f"{name}:{line} imports {imported}: what the tools share depends on none of them")
         if imported in ENTRY_POINTS and imported != name:
             found.append(f"{name}:{line} imports the entry point {imported}")
         for n in names:
@@ -139,6 +145,8 @@ def test_every_folder_with_code_is_scanned():
         "datatools.prepare",
         "datatools.landcover.prepare",
         "launcher.jobspec",
+        "azurecheck.preflight",
+        "azureaccess.credential",
         "benchmarks.planner",
         "trainingplatform.vm_sizes",
         "policy.training_policies",
@@ -181,3 +189,13 @@ def test_the_check_catches_what_it_names(source, expected):
     found = violations("payloads.keras.train", source)
     assert any(expected in v for v in found), found
     assert violations("payloads.keras.train", "from ..tensorflow import launch, runtime\nlaunch.main\n") == []
+
+
+def test_the_tools_beside_the_launcher_stay_beside_it():
+    # What azurecheck/cli.py did while it lived in launcher/checks/: the error type from the launcher's own module.
+    assert "the checks stand beside the launcher" in " ".join(
+        violations("azurecheck.cli", "from launcher.errors import JobError\n")
+    )
+    assert "depends on none of them" in " ".join(violations("azureaccess.stack", "from azurecheck import arm\n"))
+    assert violations("azurecheck.cli", "from azureaccess.errors import JobError\n") == []
+    assert violations("launcher.azureml", "from azurecheck import quota\n") == []

@@ -16,8 +16,9 @@ import json
 import pathlib
 import sys
 
-from ..errors import JobError
-from ..stack import StackOutputs
+from azureaccess.errors import JobError
+from azureaccess.stack import StackOutputs
+
 from .history import gather
 from .ledger import ledger
 from .render import render
@@ -84,7 +85,7 @@ def default_status_log(given: str | None, outputs: StackOutputs) -> tuple[str | 
 
 
 def main(argv: list[str]) -> int:
-    from .. import stack
+    from azureaccess import stack
 
     args = parser().parse_args(argv)
     try:

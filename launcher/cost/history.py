@@ -25,11 +25,11 @@ import pathlib
 import re
 from typing import Any
 
+from azureaccess.errors import JobError
+from azureaccess.stack import StackOutputs
 from payloads.common import checkpoint
 
 from .. import prices
-from ..errors import JobError
-from ..stack import StackOutputs
 from .ledger import Facts, parse_time
 
 LOGS_ENDPOINT = "https://api.loganalytics.io"
@@ -146,7 +146,7 @@ def read_checkpoint_times(outputs: StackOutputs, folder: str, credential) -> lis
 
 
 def _describe(error: Exception, doing: str) -> str:
-    from ..checks.arm import describe
+    from azurecheck.arm import describe
 
     return describe(error, doing)
 
@@ -168,7 +168,7 @@ def gather(
     where the status log's workspace id came from, said in the ledger's sources."""
     _check_names(name, status_log, status_log_from)
     if credential is None:
-        from ..credential import azure_credential
+        from azureaccess.credential import azure_credential
 
         credential = azure_credential()
     if ml is None:

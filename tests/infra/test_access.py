@@ -315,7 +315,7 @@ def test_users_read_azure_mls_quota_through_a_narrow_role_of_the_stacks_own(dev,
     # subscription, which workspace roles cannot. Azure's permissions for them ("Azure permissions for AI + machine
     # learning", Microsoft.MachineLearningServices): locations/usages/read "Usage report for aml compute resources in a
     # subscription", locations/vmsizes/read "Get supported vm sizes", locations/quotas/read "Gets the currently assigned
-    # Workspace Quotas based on VMFamily". tests/launcher/test_quota_reader.py holds them to the calls the check makes.
+    # Workspace Quotas based on VMFamily". tests/azurecheck/test_quota_reader.py holds them to the calls the check makes.
     mocks, outputs = dev
     subscription = f"/subscriptions/{mocked.SUBSCRIPTION}"
     role = one(mocks, "RoleDefinition", "quota-role").inputs

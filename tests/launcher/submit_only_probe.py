@@ -86,13 +86,8 @@ def main() -> None:
     modules = json.loads(sys.argv[1])
     commands = json.loads(sys.argv[2])
     results = [step(f"import {m}", lambda m=m: importlib.import_module(m) and 0) for m in modules]
-    for argv in commands:
-        if argv[0] == "datatools.transfer":
-            results.append(step(" ".join(argv), lambda a=argv: importlib.import_module(a[0]).main(a[1:])))
-        else:
-            results.append(
-                step("launcher " + " ".join(argv), lambda a=argv: importlib.import_module("launcher.__main__").main(a))
-            )
+    for argv in commands:  # [module whose main(args) runs, *args]
+        results.append(step(" ".join(argv), lambda a=argv: importlib.import_module(a[0]).main(a[1:])))
     heavy = sorted(m for m in HEAVY if m in sys.modules)
     print("PROBE " + json.dumps({"results": results, "refused": REFUSED, "heavy_loaded": heavy}))
 

@@ -18,9 +18,10 @@ import pytest
 from test_submit import SYNTHETIC
 from test_submit import FakeAzure as SubmitFake
 
+from azureaccess import stack
+from azureaccess.errors import JobError
 from launcher import __main__ as cli
-from launcher import autoresume, azureml, endings, jobspec, stack
-from launcher.errors import JobError
+from launcher import autoresume, azureml, endings, jobspec
 
 HOST = "10.0.0.5-node"
 
@@ -336,6 +337,30 @@ def test_a_supervisor_job_follows_the_chain_with_the_persons_identity(chained, d
     assert "https://management.azure.com" in tokens, tokens  # ARM, through Azure ML's on-behalf-of endpoint
 
 
+def test_the_supervisor_carries_every_module_its_launcher_imports():
+    """The supervisor's code is the folder `carried` builds, not the checkout: every module of the launcher and of
+    the packages it imports (the checks, the sign-in) imports there, from there."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from launcher import supervisor
+
+    with supervisor.carried(SYNTHETIC, yaml.safe_load(SYNTHETIC.read_text())) as folder:
+        modules = sorted(
+            ".".join(p.relative_to(folder).with_suffix("").parts).removesuffix(".__init__")
+            for top in ("launcher", "azurecheck", "azureaccess")
+            for p in (folder / top).rglob("*.py")
+            if p.name != "__main__.py"
+        )
+        probe = "import importlib, sys\nfor m in sys.argv[1:]:\n    print(importlib.import_module(m).__file__)"
+        proc = subprocess.run([sys.executable, "-c", probe, *modules], cwd=folder, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        files = proc.stdout.split()
+        assert len(files) == len(modules) > 30 and all(f.startswith(str(folder)) for f in files), files
+
+
 def test_supervise_refuses_a_stack_without_a_cpu_cluster_and_a_gpu_cluster(dev_outputs, tmp_path, capsys):
     from launcher import supervisor
 
@@ -349,7 +374,7 @@ def test_supervise_refuses_a_stack_without_a_cpu_cluster_and_a_gpu_cluster(dev_o
 
 
 def test_an_unknown_launcher_credential_is_refused(monkeypatch):
-    from launcher import credential
+    from azureaccess import credential
 
     monkeypatch.setenv("LAUNCHER_CREDENTIAL", "managed")
     with pytest.raises(JobError, match="the one value is azureml-on-behalf-of"):

@@ -12,9 +12,10 @@ import fake_arm
 import pytest
 import yaml
 
+from azureaccess import stack
+from azureaccess.errors import JobError
 from launcher import __main__ as cli
-from launcher import cachehome, jobspec, stack
-from launcher.errors import JobError
+from launcher import cachehome, jobspec
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SHARDS = ROOT / "jobs/pytorch-resnet50-imagenet-shards.yaml"

@@ -15,9 +15,9 @@ import pytest
 import torch
 from helpers import ROOT, TINY, record_launch, stop_at_env, wait_until
 
+from azureaccess.errors import JobError
 from launcher import __main__ as cli
 from launcher import drill
-from launcher.errors import JobError
 from payloads.common import checkpoint
 
 # The tests' tiny model, 2 epochs of 8 steps (2 ranks x batch 2 of 8192 samples, capped): the signal's step is

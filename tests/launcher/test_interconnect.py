@@ -257,7 +257,8 @@ def test_every_job_has_a_timeout_that_azure_ml_sends(dev_outputs, job):
     REST body carries it as an ISO 8601 duration; it outlasts Horovod's stall shutdown, which goes first."""
     import isodate
 
-    from launcher import jobspec, stack
+    from azureaccess import stack
+    from launcher import jobspec
 
     template = jobspec.read_template(job)
     filled = jobspec.fill(

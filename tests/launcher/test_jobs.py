@@ -8,8 +8,9 @@ import sys
 import pytest
 import yaml
 
+from azureaccess import stack
 from launcher import __main__ as cli
-from launcher import jobspec, stack
+from launcher import jobspec
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 JOBS = sorted((ROOT / "jobs").glob("*.yaml"))
@@ -235,8 +236,8 @@ def test_local_target_runs_the_job_end_to_end(tmp_path, job, controller, suffix)
 
 @pytest.mark.launches
 def test_controller_choice(monkeypatch):
+    from azureaccess.errors import JobError
     from launcher import local
-    from launcher.errors import JobError
 
     monkeypatch.setattr(local, "_mpi_available", lambda: True)
     assert local.controller() == "mpi" and local.controller("gloo") == "gloo"
@@ -248,8 +249,8 @@ def test_controller_choice(monkeypatch):
 
 @pytest.mark.launches
 def test_gloo_operations_under_mpi_are_refused_before_launch(monkeypatch, tmp_path):
+    from azureaccess.errors import JobError
     from launcher import local
-    from launcher.errors import JobError
 
     job = yaml.safe_load((ROOT / "jobs/pytorch-resnet50-synthetic.yaml").read_text())
     source = ROOT / "jobs/pytorch-resnet50-synthetic.yaml"

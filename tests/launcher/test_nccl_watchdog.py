@@ -9,7 +9,8 @@ import pathlib
 
 import pytest
 
-from launcher import jobspec, stack
+from azureaccess import stack
+from launcher import jobspec
 from payloads.common import config, watchdog
 from payloads.pytorch import backends, runtime
 

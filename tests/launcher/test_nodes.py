@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import fake_arm
 import pytest
 
-from launcher import interconnect, nodes, stack
+from azureaccess import stack
+from launcher import interconnect, nodes
 from payloads.healthcheck import options, verdicts
 from trainingplatform import vm_sizes
 
@@ -187,7 +188,7 @@ def azure(monkeypatch, dev_outputs):
     fake = fake_arm.install(monkeypatch)
     fake.on("POST", re.escape(listing), (200, first, {}))
     fake.on("GET", re.escape(listing), (200, PAGE_2, {}))  # azure-core follows nextLink with a GET
-    monkeypatch.setattr("launcher.credential.azure_credential", lambda: fake_arm.Credential())
+    monkeypatch.setattr("azureaccess.credential.azure_credential", lambda: fake_arm.Credential())
     fake.outputs, fake.compute, fake.listing = outs, compute, listing
     return fake
 

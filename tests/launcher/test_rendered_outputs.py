@@ -6,8 +6,8 @@ import pathlib
 
 import pytest
 
+from azureaccess import stack
 from launcher import __main__ as cli
-from launcher import stack
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "infra/review/dev-outputs.json"

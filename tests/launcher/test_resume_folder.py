@@ -10,9 +10,10 @@ import pytest
 import yaml
 from test_submit import SYNTHETIC, azure, small_job  # noqa: F401  (fixtures)
 
+from azureaccess import stack
+from azureaccess.errors import JobError
 from launcher import __main__ as cli
-from launcher import azureml, jobspec, stack
-from launcher.errors import JobError
+from launcher import azureml, jobspec
 
 RUN = "runs/pytorch-resnet50-synthetic/witty_jackal_3d4kq79d3v/"
 

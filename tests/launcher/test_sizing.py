@@ -7,9 +7,10 @@ import pytest
 import yaml
 from test_interconnect import cluster
 
+from azureaccess import stack
+from azureaccess.errors import JobError
 from launcher import __main__ as cli
-from launcher import jobspec, local, sizing, stack
-from launcher.errors import JobError
+from launcher import jobspec, local, sizing
 from trainingplatform import vm_sizes
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -7,8 +7,9 @@ import pathlib
 import pytest
 import yaml
 
+from azureaccess import stack
 from launcher import __main__ as cli
-from launcher import prices, stack
+from launcher import prices
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SYNTHETIC = ROOT / "jobs/pytorch-resnet50-synthetic.yaml"
@@ -310,7 +311,7 @@ def submit(dev_outputs, code_dir, stream=True):
     try:
         return azureml.submit(job, outs, stream=stream)
     except Exception as e:  # noqa: BLE001 - asserted below: what __main__ prints for a JobError
-        from launcher.errors import JobError
+        from azureaccess.errors import JobError
 
         assert isinstance(e, JobError), e
         return f"error: {e}"
@@ -621,8 +622,8 @@ def test_resume_from_an_ill_formed_name(dev_outputs, capsys, name):
 
 
 def resubmit(dev_outputs, code_dir, earlier):
+    from azureaccess.errors import JobError
     from launcher import azureml, jobspec
-    from launcher.errors import JobError
 
     outs = stack.load_file(dev_outputs)
     filled = jobspec.resume(

@@ -37,10 +37,10 @@ FRAMEWORKS = {
 }
 # The Pythons the install is for: the jump host's (Ubuntu 24.04) and .venv's (README: Python 3.11).
 PYTHONS = ("3.11", "3.12")
-FIRST_PARTY = {"launcher", "datatools", "payloads", "benchmarks", "trainingplatform"}
+FIRST_PARTY = {"launcher", "azurecheck", "azureaccess", "datatools", "payloads", "benchmarks", "trainingplatform"}
 # What the commands start from: the launcher's entry point, every check, the cost ledger, node checks, the transfer.
 ENTRY = ["launcher/__main__.py", "launcher/nodes.py", "datatools/transfer.py"] + sorted(
-    str(p.relative_to(ROOT)) for folder in ("checks", "cost") for p in (ROOT / "launcher" / folder).glob("*.py")
+    str(p.relative_to(ROOT)) for folder in ("azurecheck", "launcher/cost") for p in (ROOT / folder).glob("*.py")
 )
 # Imports inside functions that those commands never call, each with the command that does. Everything else any reached
 # module imports, at any depth, must come with the submission install.
@@ -224,7 +224,7 @@ def test_every_import_the_commands_can_reach_comes_with_the_submission_install(s
                 by_path.setdefault(".".join(parts), canonical(dist.metadata["Name"]))
     reached = reached_imports()
     # What the commands reach, by construction: the launcher, its checks, the transfer and what they use.
-    assert {"launcher/jobspec.py", "launcher/checks/quota.py", "payloads/common/manifest.py"} <= set(reached)
+    assert {"launcher/jobspec.py", "azurecheck/quota.py", "payloads/common/manifest.py"} <= set(reached)
     assert "infra/trainingplatform/naming.py" in reached and "infra/trainingplatform/scaling.py" in reached
     assert not any(rel.startswith("benchmarks/") for rel in reached), "the product reaches the benchmarks"
     missing = []
@@ -253,8 +253,12 @@ def test_the_commands_run_where_only_the_submission_packages_exist(submit):
     )
     outputs = str(ROOT / "infra" / "review" / "dev-outputs.json")
     jobs = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "jobs").glob("*.yaml"))
-    commands = [[job, "--stack-outputs", outputs, "--cluster", "gpu-ib", "--dry-run"] for job in jobs]
-    commands += [[sub, "--help"] for sub in ("preflight", "doctor", "cost", "nodes")]
+    # [module whose main(args) runs, *args]
+    commands = [
+        ["launcher.__main__", job, "--stack-outputs", outputs, "--cluster", "gpu-ib", "--dry-run"] for job in jobs
+    ]
+    commands += [["launcher.__main__", sub, "--help"] for sub in ("preflight", "doctor", "cost", "nodes")]
+    commands += [["azurecheck.cli", sub, "--help"] for sub in ("preflight", "doctor")]
     commands += [["datatools.transfer", "--help"]]
     proc = subprocess.run(
         [sys.executable, str(pathlib.Path(__file__).with_name("submit_only_probe.py")), json.dumps(modules),
@@ -267,7 +271,7 @@ def test_the_commands_run_where_only_the_submission_packages_exist(submit):
     report = json.loads(line[len("PROBE ") :])
     failed = [r for r in report["results"] if not r["ok"]]
     assert not failed, json.dumps(failed, indent=1)[:6000]
-    assert {"launcher.checks.preflight", "launcher.cost.history", "datatools.transfer"} <= set(modules)
+    assert {"azurecheck.preflight", "launcher.cost.history", "datatools.transfer"} <= set(modules)
     assert len(report["results"]) == len(modules) + len(commands)
     dry_run = next(r for r in report["results"] if "pytorch-resnet50-synthetic.yaml" in r["step"])
     assert "# cost of one hour" in dry_run["stdout"]

@@ -26,8 +26,9 @@ from azure.mgmt.core import ARMPipelineClient
 from azure.mgmt.core.exceptions import ARMErrorFormat
 from azure.mgmt.core.policies import ARMChallengeAuthenticationPolicy, ARMHttpLoggingPolicy
 
-from .. import errors
-from ..credential import sign_in_fix
+from azureaccess import errors
+from azureaccess.credential import sign_in_fix
+
 from .findings import FAIL, Finding
 
 ENDPOINT = "https://management.azure.com"
@@ -43,7 +44,7 @@ _ERRORS = {401: ClientAuthenticationError, 404: ResourceNotFoundError, 409: Reso
 
 
 class Arm:
-    """GETs against ARM with `credential` (launcher/credential.py in use; any azure-core TokenCredential)."""
+    """GETs against ARM with `credential` (azureaccess/credential.py in use; any azure-core TokenCredential)."""
 
     def __init__(self, credential, transport=None, endpoint: str = ENDPOINT):
         self._client = ARMPipelineClient(

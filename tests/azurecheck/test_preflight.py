@@ -16,8 +16,8 @@ import pytest
 import yaml
 from azure.core.exceptions import ClientAuthenticationError
 
-from launcher.checks import preflight, providers, roles, stackfile, subscription
-from launcher.errors import JobError
+from azureaccess.errors import JobError
+from azurecheck import preflight, providers, roles, stackfile, subscription
 from trainingplatform import config, naming
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -384,7 +384,8 @@ def test_stack_file_is_validated_by_the_programs_config(tmp_path):
 
 
 def test_submission_refuses_a_job_the_quota_can_never_hold(azure, dev_outputs):
-    from launcher import azureml, stack
+    from azureaccess import stack
+    from launcher import azureml
 
     outputs = stack.load_file(dev_outputs)
     outputs.values["subscription_id"] = SUB
@@ -399,7 +400,8 @@ def test_submission_refuses_a_job_the_quota_can_never_hold(azure, dev_outputs):
 
 
 def test_submission_goes_ahead_when_quota_cannot_be_read(azure, dev_outputs, capsys):
-    from launcher import azureml, stack
+    from azureaccess import stack
+    from launcher import azureml
 
     outputs = stack.load_file(dev_outputs)
     outputs.values["subscription_id"] = SUB
@@ -421,7 +423,8 @@ def test_cli_routes_preflight(monkeypatch, capsys):
 
 
 def test_submission_respects_the_workspaces_own_quota(azure, dev_outputs):
-    from launcher import azureml, stack
+    from azureaccess import stack
+    from launcher import azureml
 
     outputs = stack.load_file(dev_outputs)
     outputs.values["subscription_id"] = SUB

@@ -2,7 +2,7 @@
 
 A resource of an unregistered namespace fails at deploy time (MissingSubscriptionRegistration), after
 the resources before it exist. The namespaces come from the modules of the azure-native resource types
-the two programs declare (tests/launcher/test_preflight.py runs both programs under mocks and fails when
+the two programs declare (tests/azurecheck/test_preflight.py runs both programs under mocks and fails when
 a declared module is missing here).
 """
 

@@ -27,8 +27,9 @@ from azure.core.exceptions import HttpResponseError
 from test_doctor import IMAGES, World
 from test_preflight import SUB, dev_stack
 
-from launcher import azureml, checkpoints, stack
-from launcher.checks import doctor, images, preflight
+from azureaccess import stack
+from azurecheck import doctor, images, preflight
+from launcher import azureml, checkpoints
 
 VM = {
     "oid": "55555555-5555-5555-5555-555555555555",
@@ -59,7 +60,7 @@ STEERING = (
 
 
 def _helper():
-    from launcher import credential  # the one place the tools' credential is made
+    from azureaccess import credential  # the one place the tools' credential is made
 
     return credential
 
@@ -294,7 +295,7 @@ def test_whose_token_is_described_from_its_claims():
 
 def test_the_refusal_is_the_sdks_own_error(jump_host_world):
     # What the VM's identity meets is azure-core's HttpResponseError with ARM's 403 body, as from the service.
-    from launcher.checks.arm import Arm
+    from azurecheck.arm import Arm
 
     outputs = jump_host_world.outputs
     with pytest.raises(HttpResponseError) as e:
@@ -311,8 +312,8 @@ def test_a_sign_in_refused_by_conditional_access_names_the_way_round_it(monkeypa
     AADSTS53003; preflight and doctor name it, with the way to submit from one's own machine through the tunnel."""
     from azure.core.exceptions import ClientAuthenticationError
 
-    from launcher import credential
-    from launcher.checks import arm
+    from azureaccess import credential
+    from azurecheck import arm
 
     refused = ClientAuthenticationError(
         "AzureCliCredential.get_token failed: ERROR: AADSTS53003: Access has been blocked by Conditional Access "

@@ -26,8 +26,8 @@ import yaml
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from test_preflight import ARM, CONTRIBUTOR, ML, ROOT, SUB, lines, usages, working_azure
 
-from launcher.checks import hub, preflight, roles, stackfile
-from launcher.checks.arm import NETWORK_API, Arm
+from azurecheck import hub, preflight, roles, stackfile
+from azurecheck.arm import NETWORK_API, Arm
 from trainingplatform import config, naming
 
 HUB_SUB = "0c0c0000-aaaa-bbbb-cccc-ddddeeeeffff"  # a landing zone's connectivity subscription

@@ -18,9 +18,10 @@ import pytest
 from azure.core.exceptions import ClientAuthenticationError
 from test_preflight import ARM, CONTRIBUTOR, ML, SUB, dev_stack, lines, run, usage, working_azure
 
-from launcher import azureml, stack
-from launcher.checks import stackfile
-from launcher.errors import JobError
+from azureaccess import stack
+from azureaccess.errors import JobError
+from azurecheck import stackfile
+from launcher import azureml
 from trainingplatform import access
 
 SOURCE = "quota read live from Azure ML (usages, VM sizes, quotas in westeurope) just now"

@@ -12,8 +12,8 @@ import fake_arm
 import pytest
 from test_preflight import SIZES, lines, usages
 
-from launcher import stack
-from launcher.checks import doctor, images
+from azureaccess import stack
+from azurecheck import doctor, images
 
 WS_GUID = "0a1b2c3d-0000-4000-8000-000000000001"
 ACCOUNT, CONTAINER = "hvddevmlwsabc12345", f"azureml-blobstore-{WS_GUID}"

@@ -1,19 +1,22 @@
-"""`python -m launcher preflight --stack dev [--data-stack dev]` and `python -m launcher doctor --stack dev`."""
+"""`python -m azurecheck preflight --stack dev [--data-stack dev]` and `python -m azurecheck doctor --stack dev`;
+`python -m launcher preflight|doctor` is the same command."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import pathlib
+import sys
 
-from .. import stack as stack_outputs
+from azureaccess import stack as stack_outputs
+from azureaccess.errors import JobError
 
 COMMANDS = ("preflight", "doctor")
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m launcher",
+        prog=prog,
         description=(
             "preflight: before `pulumi up`, check the subscription, resource providers, your permissions, the hub "
             "VNet (hub mode) and every cluster's quota against Pulumi.<stack>.yaml, and with --data-stack your "
@@ -35,8 +38,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str]) -> int:
-    p = parser()
+def main(argv: list[str], prog: str = "python -m azurecheck") -> int:
+    """Run one command; 2 with the problem named when the stack file or outputs cannot be used."""
+    try:
+        return run(parser(prog), argv)
+    except JobError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(p: argparse.ArgumentParser, argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.command == "preflight" and not (args.stack or args.data_stack):
         p.error("preflight needs --stack, --data-stack or both")

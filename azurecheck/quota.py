@@ -15,7 +15,7 @@ A workspace may have a lower quota of its own per family (how-to-manage-quotas, 
 Quotas - List): once the workspace exists, that caps its dedicated clusters too.
 
 Rows are read from Usages - List, Quotas - List and Virtual Machine Sizes - List (REST, api-version
-2024-04-01; the documented response shapes are in tests/launcher/test_preflight.py and test_doctor.py).
+2024-04-01; the documented response shapes are in tests/azurecheck/test_preflight.py and test_doctor.py).
 """
 
 from __future__ import annotations

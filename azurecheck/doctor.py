@@ -1,4 +1,4 @@
-"""After `pulumi up`: can this person use the platform from here? Whose token the checks use (launcher/credential.py),
+"""After `pulumi up`: can this person use the platform from here? Whose token the checks use (azureaccess/credential.py),
 the workspace by name (privately when its public access is off), its datastores, a code-snapshot upload, every
 job's image in the registry, and every cluster's quota; each failure with its fix. Exit status 1 when anything
 fails."""
@@ -10,8 +10,9 @@ import sys
 
 from azure.core.exceptions import ClientAuthenticationError
 
-from .. import credential as signing_in
-from ..stack import StackOutputs
+from azureaccess import credential as signing_in
+from azureaccess.stack import StackOutputs
+
 from . import images, quota, roles, upload, workspace
 from .arm import Arm, attempt, signed_out
 from .findings import FAIL, OK, WARN, Finding, report

@@ -116,7 +116,7 @@ def run(
     data: DataStackFile | None = None,
 ) -> int:
     if credential is None:
-        from ..credential import azure_credential
+        from azureaccess.credential import azure_credential
 
         credential = azure_credential()  # the person's sign-in, not this machine's identity
     found: list[Finding] = []

@@ -9,11 +9,10 @@ from dataclasses import dataclass
 
 import yaml
 
+from azureaccess.errors import JobError
 from trainingplatform import config, dataconfig
 
-from ..errors import JobError
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)

@@ -62,10 +62,13 @@ def test_local_tensorflow_is_the_images_tensorflow():
     )
 
 
-def _instructions(image: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) of a Dockerfile: continuation lines joined, comments dropped."""
+SHARED_BUILD = ROOT / "images/build_stage.sh"
+
+
+def _commands(text: str) -> list[str]:
+    """Shell or Dockerfile lines: continuation lines joined, comments and blank lines dropped."""
     lines, current = [], ""
-    for raw in (ROOT / "images" / image / "Dockerfile").read_text().splitlines():
+    for raw in text.splitlines():
         if not current and (not raw.strip() or raw.lstrip().startswith("#")):
             continue
         if raw.lstrip().startswith("#"):  # a comment inside a continued instruction
@@ -76,7 +79,24 @@ def _instructions(image: str) -> list[tuple[str, str]]:
             continue
         lines.append(current)
         current = ""
-    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "") for line in lines]
+    return lines
+
+
+def _instructions(image: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile; a RUN of the shared build stage's script (COPY'd, then run) reads as
+    the script's commands joined with &&, which is what it runs."""
+    lines = _commands((ROOT / "images" / image / "Dockerfile").read_text())
+    out = [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "") for line in lines]
+    copied = {args.split()[-1]: args.split()[0] for op, args in out if op == "COPY" and len(args.split()) == 2}
+    shared = " && ".join(_commands(SHARED_BUILD.read_text())[1:])  # without `set -euo pipefail`
+    return [
+        ("RUN", shared) if op == "RUN" and copied.get(args.strip()) == "images/build_stage.sh" else (op, args)
+        for op, args in out
+    ]
+
+
+def _shared_pins() -> dict[str, str]:
+    return dict(re.findall(r"^([A-Z_0-9]+)=(\S+)$", SHARED_BUILD.read_text(), re.M))
 
 
 def _env(image: str) -> list[tuple[str, str]]:
@@ -161,7 +181,7 @@ def test_python_is_a_pinned_release_not_ubuntus_release_candidate(image):
     """Issue 19, item 1: jammy's apt python3.11 is 3.11.0~rc1, which lacks sys.get_int_max_str_digits (3.11.0rc2);
     torch/_dynamo/polyfills/sys.py calls it at import and torch/optim/optimizer.py imports torch._dynamo in every
     step(). The images take a python-build-standalone build pinned by release tag and sha256 instead."""
-    args = _global_args(image)
+    args = _shared_pins()
     assert re.fullmatch(
         r"https://github\.com/astral-sh/python-build-standalone/releases/download/(\d{8})/"
         r"cpython-3\.11\.\d+%2B\1-x86_64-unknown-linux-gnu-install_only(_stripped)?\.tar\.gz",
@@ -318,8 +338,7 @@ def test_build_and_runtime_share_one_ubuntu_release(image):
 
 
 def _build_stage(image: str) -> str:
-    text = (ROOT / "images" / image / "Dockerfile").read_text()
-    return text.split(" AS build\n", 1)[1].split("\nFROM ", 1)[0]
+    return "\n".join(f"{op} {args}" for op, args in _stages(image)[0])
 
 
 @pytest.mark.parametrize("image", IMAGES)
@@ -334,7 +353,29 @@ def test_the_build_stage_compiles_with_gxx_12_for_cmake_mpi_and_nvcc_alike(image
     env = dict(re.findall(r"(\w+)=(\S+)", " ".join(re.findall(r"^ENV (.+)$", stage, re.M))))
     expected = {"CC": "gcc-12", "CXX": "g++-12", "OMPI_CC": "gcc-12", "OMPI_CXX": "g++-12", "CUDAHOSTCXX": "g++-12"}
     assert {k: env.get(k) for k in expected} == expected
-    assert stage.index("ENV CC=") < stage.index("build_horovod.sh \\"), "the compiler is set before the build"
+    assert stage.index("ENV CC=") < stage.index("/src/toolchain/build_horovod.sh"), (
+        "the compiler is set before the build"
+    )
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_the_shared_build_stage_is_run_by_each_image_and_its_pins_live_only_there(image):
+    """One home for what both build stages do: each Dockerfile copies images/build_stage.sh and runs it first, on its
+    own CUDA devel base, and repeats none of its pins (a pin updated in one place only would split the images)."""
+    dockerfile = (ROOT / "images" / image / "Dockerfile").read_text()
+    build = _stages(image)[0]
+    assert ("COPY", "images/build_stage.sh /src/images/build_stage.sh") in build
+    runs = [args for op, args in build if op == "RUN"]
+    assert "apt-get install" in runs[0] and "/src/toolchain/build_horovod.sh" in runs[-1], runs
+    pins = _shared_pins()
+    assert {"PYTHON_URL", "PYTHON_SHA256", "AZHPC_IMAGES"} <= set(pins)
+    shared = SHARED_BUILD.read_text()
+    for pin in [pins["PYTHON_SHA256"], *re.findall(r"/([0-9a-f]{40})/topology/", shared)]:
+        assert pin not in dockerfile, f"{image}: {pin} is repeated outside images/build_stage.sh"
+    import subprocess
+
+    assert subprocess.run(["bash", "-n", str(SHARED_BUILD)]).returncode == 0
+    assert SHARED_BUILD.stat().st_mode & 0o111, "RUN /src/images/build_stage.sh needs it executable"
 
 
 # Compute capability of each GPU model the catalog names (NVIDIA's CUDA GPUs list, developer.nvidia.com/cuda-gpus).

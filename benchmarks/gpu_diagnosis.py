@@ -1,7 +1,8 @@
-"""The one-call device diagnosis that wrote benchmarks/results/gpu-h200-diagnosis.json (H200, 2026-11-26): the payload
-in bf16 and fp16 (and fp16 --compile), each epoch's first-batch wait of the shard loader at 12 and 15 workers, real data
-in fp16 over 4 epochs, and the checkpoint write. Kept as run; benchmarks.gpu has carried its rows since (but --compile
-on the payload). Run: python3 -m benchmarks.gpu_diagnosis (OUT=folder for the JSON; DIAG_CPU=1: a smoke run here)."""
+"""The one-call device diagnosis that wrote benchmarks/results/gpu-h200-diagnosis.json (docs/benchmarks.md#h200):
+the payload in bf16 and fp16 (and fp16 --compile), each epoch's first-batch wait of the shard loader at 12 and 15
+workers, real data in fp16 over 4 epochs, and the checkpoint write. Kept as run; benchmarks.gpu has carried its
+rows since (but --compile on the payload). Run: python3 -m benchmarks.gpu_diagnosis (OUT=folder for the JSON;
+DIAG_CPU=1: a smoke run here)."""
 
 import json
 import os

@@ -85,9 +85,9 @@ part_cached() {
     return 1
 }
 jobs=$("$ROOT/toolchain/build_horovod.sh" --jobs 2>/dev/null || echo 1)
-# Measured from a bare 2-core machine, rounded up (docs/benchmarks.md#set-up-and-ci): the local part's downloads
-# and installs (75 s), the rest's (57 s); each Horovod part's compile with 2 jobs (PyTorch's 150 s, overlapping
-# the local part's second half; TensorFlow's 124 s), scaled by the jobs this machine runs. The network sets the first two.
+# A bare 2-core machine's set-up times, rounded up (docs/benchmarks.md#the-set-up-estimate): the local part's
+# downloads and installs, the rest's; each Horovod part's compile with 2 jobs (PyTorch's overlapping the local
+# part's second half), scaled by the jobs this machine runs. The network sets the first two.
 DOWNLOAD_LOCAL_S=90 DOWNLOAD_REST_S=60
 COMPILE_TORCH_S=160 COMPILE_TF_S=130
 plan=() seconds=0
@@ -136,7 +136,7 @@ fi
 quiet_pip() { "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1 | quiet; }
 # pip byte-compiles what it installs, and that stays: where PYTHONDONTWRITEBYTECODE is set (this workplace's
 # machines) Python never writes a .pyc itself, so with --no-compile every process compiled every module it
-# imported, every time (tried: set-up 226 -> 191 s, the tests 1.7 times slower).
+# imported, every time: set-up a little faster, the tests much slower (docs/benchmarks.md#byte-compiled-packages).
 # torch first (with what importing it may touch), so that Horovod's PyTorch part compiles while pip fetches the rest.
 has_module torch || log "installing torch $torch_pin (a large download: its CUDA libraries come with it)"
 quiet_pip torch torchvision numpy -c "$ROOT/constraints.txt"

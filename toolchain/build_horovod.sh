@@ -24,9 +24,9 @@ log() { echo "[build_horovod] $*" >&2; }
 
 # Parallel compile jobs when HOROVOD_BUILD_JOBS is unset: one per core, and no more than the memory the
 # build may use holds at GIB_PER_JOB each: the less of MemAvailable and the cgroup's limit (a container
-# build sees the host's /proc/meminfo; its own limit is in the cgroup). The largest units peak at 2.3 GiB
-# resident (horovod/torch/mpi_ops_v2.cc, C++20; adapter_v2.cc 1.9 GiB; measured with gcc 12, docs/images.md);
-# most stay under 1 GiB, so 3 GiB a job covers the peaks meeting. `build_horovod.sh --jobs` prints the number. HOROVOD_BUILD_MEMINFO, HOROVOD_BUILD_CGROUP_ROOT
+# build sees the host's /proc/meminfo; its own limit is in the cgroup). 3 GiB a job leaves room for the largest
+# unit's peak beside others, which use far less (measured: docs/benchmarks.md#horovods-compile-memory).
+# `build_horovod.sh --jobs` prints the number. HOROVOD_BUILD_MEMINFO, HOROVOD_BUILD_CGROUP_ROOT
 # and HOROVOD_BUILD_NPROC replace /proc/meminfo, /sys/fs/cgroup and nproc (tests, unusual machines).
 GIB_PER_JOB=${HOROVOD_BUILD_GIB_PER_JOB:-3}
 build_jobs() {

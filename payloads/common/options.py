@@ -244,8 +244,8 @@ def _pytorch(g, c: Declared) -> None:
         "--amp-dtype",
         default=d.amp_dtype,
         choices=("auto", "bf16", "fp16"),
-        help="auto = float16 with a loss scaler on GPUs (25%% faster than bfloat16 on Hopper: cuDNN's NHWC "
-        "BatchNorm; with --adasum bfloat16 on compute capability 8.0+), bfloat16 on CPUs",
+        help="auto = float16 with a loss scaler on GPUs (faster than bfloat16 on Hopper: cuDNN's NHWC "
+        "BatchNorm, docs/benchmarks.md#one-gpu; with --adasum bfloat16 on compute capability 8.0+), bfloat16 on CPUs",
     )
     g.add_argument(
         "--loss-scale-init",

@@ -131,7 +131,7 @@ def set_rng_state(state: dict) -> None:
 def align_state_layouts(opt: torch.optim.Optimizer) -> None:
     """Give every optimizer state tensor its parameter's memory layout. A fused optimizer walks parameter, gradient
     and state memory element by element, so a momentum buffer laid out differently from its channels_last
-    parameter pairs the wrong elements (measured: 0.36 off after one fused SGD step; tests/test_layouts.py).
+    parameter pairs the wrong elements (tests/test_layouts.py; docs/benchmarks.md#fused-sgd-and-memory-layouts).
     Resume can make such buffers: a checkpoint written without --channels-last holds default-layout state, and
     load_state_dict keeps the layout it is given."""
     for group in opt.param_groups:

@@ -193,7 +193,8 @@ class Transform:
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         i, j, h, w, flip = self.params(image.shape[0], image.shape[1], rng)
         # Crop, then Pillow's antialiased bilinear resize: torchvision's resized_crop on a PIL image. The crop is
-        # made contiguous first: Pillow 13 takes ~30x longer to import a strided array.
+        # made contiguous first: Pillow 13 imports a strided array far more slowly
+        # (docs/benchmarks.md#strided-crops-and-pillow).
         crop = np.ascontiguousarray(image[i : i + h, j : j + w])
         out = Image.fromarray(crop).resize((self.size, self.size), Image.BILINEAR)
         if flip:

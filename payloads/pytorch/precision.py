@@ -1,8 +1,8 @@
 """Mixed precision by device: which autocast dtype, and whether a loss scaler is needed.
 
-- GPUs: fp16 autocast with a GradScaler (NVIDIA's ResNet-50 recipe). On Hopper it measured 25% faster than bf16
-  (H200, ResNet-50, channels_last, batch 256: 5,897 against 4,704 images/sec, docs/benchmarks.md#one-gpu): cuDNN's
-  NHWC BatchNorm kernels take fp16, and bf16 BatchNorm falls back to PyTorch's own, half the step's GPU time.
+- GPUs: fp16 autocast with a GradScaler (NVIDIA's ResNet-50 recipe). On Hopper it is faster than bf16
+  (docs/benchmarks.md#one-gpu): cuDNN's NHWC BatchNorm kernels take fp16, and bf16 BatchNorm falls back to
+  PyTorch's own, slower ones.
 - With --adasum, whose optimizer steps inside backward before a scaler could unscale, auto picks bf16 where the GPU
   has it (compute capability 8.0+: bf16 has fp32's exponent range and needs no scaler) and no autocast below.
 - A CPU runs bf16 autocast when --amp is asked for (off by default there), so CI exercises the same path; fp16

@@ -34,9 +34,9 @@ def make_step(cfg, hvd, tf, model, optimizer, prepare):
     scaling = runtime.loss_scaling()
 
     # autograph=False: AutoGraph would rewrite every Python function the step calls (the model's layers, the loss,
-    # Horovod's tape) from its source when the step is traced, about 4 s of CPU per process for the tests' tiny
-    # model; nothing here branches on a tensor value (`scaling` is a Python bool; Horovod's own conditions are
-    # tf.cond inside its tf.functions, which keep their AutoGraph).
+    # Horovod's tape) from its source when the step is traced, seconds of CPU per process
+    # (docs/benchmarks.md#tracing-without-autograph); nothing here branches on a tensor value (`scaling` is a
+    # Python bool; Horovod's own conditions are tf.cond inside its tf.functions, which keep their AutoGraph).
     @tf.function(reduce_retracing=True, autograph=False)
     def step(x, labels):
         with tf.GradientTape() as tape:

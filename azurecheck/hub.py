@@ -28,7 +28,7 @@ import re
 
 from azure.core.exceptions import AzureError, ClientAuthenticationError, ResourceNotFoundError
 
-from trainingplatform import config, naming
+from trainingplatform import config, naming, networkconfig
 
 from .arm import NETWORK_API, PRIVATE_DNS_API, Arm, attempt, describe
 from .findings import FAIL, OK, Finding
@@ -76,7 +76,7 @@ def _free_range(own: ipaddress.IPv4Network, taken: list) -> ipaddress.IPv4Networ
     """A range of vnetCidr's size in 10.0.0.0/8 clear of `taken` and of Docker's bridge, to suggest."""
     if own.version != 4 or own.prefixlen < 8:
         return None
-    avoid = [n for n in taken if n.version == 4] + [config.DOCKER_BRIDGE]
+    avoid = [n for n in taken if n.version == 4] + [networkconfig.DOCKER_BRIDGE]
     for i, candidate in enumerate(ipaddress.IPv4Network("10.0.0.0/8").subnets(new_prefix=own.prefixlen)):
         if i >= 4096:
             return None

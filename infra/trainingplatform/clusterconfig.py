@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 
 from . import vm_sizes
-from .config import Reader
+from .reader import Reader
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from . import config
-from .config import ConfigError, Principal, Reader
+from . import config, networkconfig
+from .reader import ConfigError, Principal, Reader
 
 PROJECT = "azure-horovod-training-data"
 
@@ -128,8 +128,8 @@ def load(raw: dict, stack: str, location: str | None, subscription_id: str | Non
             prefix,
             "2-8 lowercase letters and digits, starting with a letter (it goes into storage account names)",
         )
-    ips = config.read_client_ips(r, raw, "")
-    subnets = config.read_subnet_ids(r, raw, "")
+    ips = networkconfig.read_client_ips(r, raw, "")
+    subnets = networkconfig.read_subnet_ids(r, raw, "")
     storage = _storage(r, raw)
     nfs = _nfs(r, raw)
     users = config.read_users(r, raw)

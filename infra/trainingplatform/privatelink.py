@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 import pulumi
 from pulumi_azure_native import network, privatedns
 
-from .config import PRIVATE_DNS_ZONES
+from .networkconfig import PRIVATE_DNS_ZONES
 
 # group id -> the private DNS zones its endpoint needs (public Azure cloud); config.py holds the table, since it
 # also checks hub mode's existing zones (privateDnsZoneIds) cover every endpoint before anything is declared.

@@ -9,7 +9,8 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from .config import Network, Principal, Reader, read_principals, required_dns_zones
+from .networkconfig import Network, required_dns_zones
+from .reader import Principal, Reader, read_principals
 
 ACCESS_MODES = ("bastion", "hub", "none")
 _ACCESS_KEYS = {

@@ -28,7 +28,7 @@ from test_preflight import ARM, CONTRIBUTOR, ML, ROOT, SUB, lines, usages, worki
 
 from azurecheck import hub, preflight, roles, stackfile
 from azurecheck.arm import NETWORK_API, Arm
-from trainingplatform import config, naming
+from trainingplatform import naming, networkconfig
 
 HUB_SUB = "0c0c0000-aaaa-bbbb-cccc-ddddeeeeffff"  # a landing zone's connectivity subscription
 HUB_RG = "rg-connectivity"
@@ -36,7 +36,7 @@ HUB = f"/subscriptions/{HUB_SUB}/resourceGroups/{HUB_RG}/providers/Microsoft.Net
 HUB_RE = HUB.replace(".", r"\.")
 ZONES_RG = f"/subscriptions/{HUB_SUB}/resourceGroups/rg-dns/providers/Microsoft.Network/privateDnsZones"
 # Every zone the prod profile's private endpoints need (the program's own list), as a landing zone holds them.
-ZONE_NAMES = sorted(config.required_dns_zones(False, False, False, True))
+ZONE_NAMES = sorted(networkconfig.required_dns_zones(False, False, False, True))
 ZONE_IDS = [f"{ZONES_RG}/{z}" for z in ZONE_NAMES]
 OTHER_SPOKE = f"/subscriptions/{HUB_SUB}/resourceGroups/rg-spoke-a/providers/Microsoft.Network/virtualNetworks/spoke-a"
 # Network Contributor's actions; Private DNS Zone Contributor's

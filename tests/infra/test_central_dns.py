@@ -16,11 +16,11 @@ import copy
 import pytest
 import training_policies
 
-from trainingplatform import config, mocked, privatelink
+from trainingplatform import config, mocked, networkconfig, privatelink
 
 HUB = "/subscriptions/33333333-3333-3333-3333-333333333333/resourceGroups/hub-rg/providers/Microsoft.Network/virtualNetworks/hub-vnet"
 DNS_RG = "/subscriptions/33333333-3333-3333-3333-333333333333/resourceGroups/dns-rg/providers/Microsoft.Network/privateDnsZones/"
-ALL_ZONES = sorted({z for zones in config.PRIVATE_DNS_ZONES.values() for z in zones})
+ALL_ZONES = sorted({z for zones in networkconfig.PRIVATE_DNS_ZONES.values() for z in zones})
 HUB_DNS = "10.0.0.4"
 
 
@@ -122,7 +122,7 @@ def test_no_vnet_is_ever_linked_to_two_zones_of_one_name(prod_raw, prod_data_out
     ],
 )
 def test_the_zones_config_requires_are_exactly_those_the_endpoints_use(prod_raw, prod_data_out, changes):
-    # config.required_dns_zones decides, before anything is declared, which of the hub's zones must be listed; it
+    # networkconfig.required_dns_zones decides, before anything is declared, which of the hub's zones must be listed; it
     # must name every zone an endpoint registers in (else the program fails mid-`up`) and no other (else a hub
     # without, say, the vault's zone is refused for a vault that is public).
     mocks, _ = _run(prod_raw, prod_data_out, _hub(), **changes)
@@ -130,7 +130,7 @@ def test_the_zones_config_requires_are_exactly_those_the_endpoints_use(prod_raw,
     raw = dict(copy.deepcopy(prod_raw[0]), **changes)
     cfg = config.load(dict(raw, access=_hub()), "prod", prod_raw[1], mocked.SUBSCRIPTION)
     assert used == set(
-        config.required_dns_zones(
+        networkconfig.required_dns_zones(
             cfg.workspace_public_access, cfg.registry_public_access, cfg.key_vault_public_access, cfg.mount_nfs
         )
     )

@@ -42,7 +42,7 @@ def test_retain_on_delete_is_refused_rather_than_ignored(dev_data_raw):
 
 
 def test_bad_prefix_region_and_client_ip(dev_data_raw):
-    # The same IP rules as the platform's (config.read_client_ips; Azure Storage's firewall rules).
+    # The same IP rules as the platform's (networkconfig.read_client_ips; Azure Storage's firewall rules).
     msg = bad(dev_data_raw, lambda r: r.update(prefix="Team_B", allowedClientIps=["10.0.0.1", "52.10.20.30/32"]))
     assert "prefix = 'Team_B': 2-8 lowercase letters and digits" in msg
     assert "allowedClientIps = '10.0.0.1': storage firewall rules take public internet addresses only" in msg

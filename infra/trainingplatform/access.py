@@ -208,7 +208,7 @@ class AccessGrants(pulumi.ComponentResource):
 
 # ---- The quota reader role (config `quotaReaderRole`): the submission's quota check for the platform's users ----
 
-# What the quota check reads (launcher/checks/quota.py): Usages - List, Virtual Machine Sizes - List and Quotas - List,
+# What the quota check reads (azurecheck/quota.py): Usages - List, Virtual Machine Sizes - List and Quotas - List,
 # GETs under /subscriptions/{id}/providers/Microsoft.MachineLearningServices/locations/{location}/. Workspace roles
 # (AzureML Data Scientist) cannot read them: they live at the subscription. Azure's permission for each, as "Azure
 # permissions for AI + machine learning" lists them (learn.microsoft.com/azure/role-based-access-control/permissions/
@@ -273,7 +273,7 @@ class QuotaReaders(pulumi.ComponentResource):
 
     Declaring it needs Microsoft.Authorization/roleDefinitions/write on the subscription (Owner, User Access
     Administrator: not Role Based Access Control Administrator, which writes assignments only); preflight checks it
-    (launcher/checks/roles.py). Each stack defines its own role, so destroying one stack never takes another's away.
+    (azurecheck/roles.py). Each stack defines its own role, so destroying one stack never takes another's away.
     `role_name` goes to the stack outputs, where the quota check names it."""
 
     def __init__(

@@ -84,7 +84,7 @@ def _render(stack_file: pathlib.Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-# The key that marks outputs rendered under mocks (launcher/stack.py reads the same name): the launcher fills and
+# The key that marks outputs rendered under mocks (azureaccess/stack.py reads the same name): the launcher fills and
 # prints jobs from them (--dry-run) and refuses to submit, check or cost anything with them.
 RENDERED = "rendered_under_mocks"
 

@@ -5,272 +5,39 @@ azure-storage-blob and azure-core run for real. Each history is written in the d
 (a CommandJob) and "Compute - Get" (AmlCompute: vmSize, vmPriority, scaleSettings), run history's run details
 (createdTimeUtc, startTimeUtc, endTimeUtc, computeDuration as a .NET TimeSpan, lastStartTimeUtc, currentAttemptId,
 compute), the Log Analytics query API's tables for AmlRunStatusChangedEvent, and Blob storage's Get Blob and List
-Blobs (with versions). Every expected figure is worked out here from the recorded times and the price table's row,
-never by calling the ledger's own arithmetic.
+Blobs (with versions): cost_helpers.py's Workspace. Every expected figure is worked out here from the recorded times
+and the price table's row, never by calling the ledger's own arithmetic. The ledger at the end of a watched job and of
+a local run: test_cost_watched.py.
 """
 
-import csv
 import datetime as dt
 import json
 import re
-import urllib.parse
 
 import fake_arm
 import pytest
-import urllib3
-from test_submit import FakeAzure as SubmitFake
-from test_submit import submit
+from cost_helpers import (
+    EPOCH_IMAGES,
+    GPU_SIZE,
+    LOG_WS,
+    NAME,
+    PLAIN,
+    PLAIN_EPOCHS,
+    Workspace,
+    at,
+    gpu_rate,
+    iso,
+    metrics_json,
+    price_row,
+    seconds,
+    timespan,
+)
 
+from azureaccess import stack
 from launcher import __main__ as cli
-from launcher import prices, stack
-from launcher.cost import history, local
+from launcher import prices
+from launcher.cost import history
 from launcher.cost.ledger import clock
-
-DAY = dt.datetime(2026, 11, 20, tzinfo=dt.UTC)
-NAME = "bright_sail_x7k2m9q4wd"
-LOG_WS = "5b1b4a39-7e2f-4c1e-9d3a-2f6c0e8b7a11"  # a Log Analytics workspace id (customerId)
-EPOCH_IMAGES = 1_281_167  # one ImageNet epoch
-GPU_SIZE, NODES = "Standard_ND96asr_v4", 2
-
-
-def at(clock: str) -> dt.datetime:
-    h, m, *s = (int(x) for x in clock.split(":"))
-    return DAY.replace(hour=h, minute=m, second=s[0] if s else 0)
-
-
-def iso(when: dt.datetime, digits: int = 3) -> str:
-    """As run history writes times: '2026-11-20T09:09:00.000Z'; createdTimeUtc with 7 digits and an offset, here
-    always '.1234567+00:00' (read as 123456 microseconds: Python keeps 6)."""
-    if digits == 7:
-        return when.strftime("%Y-%m-%dT%H:%M:%S") + ".1234567+00:00"
-    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
-
-
-def timespan(seconds: float) -> str:
-    """A .NET TimeSpan as run history writes computeDuration: '03:12:00.0000000'."""
-    s = int(seconds)
-    return f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}.0000000"
-
-
-def seconds(a: str, b: str) -> float:
-    return (at(b) - at(a)).total_seconds()
-
-
-def price_row(size: str, region: str) -> tuple[str, float, float | None, str | None]:
-    """The table's row for the size in `region`, else its first region's (read here with csv, not prices.py), and
-    the date its header gives for that region."""
-    lines = prices.TABLE.read_text().splitlines()
-    rows = [r for r in csv.DictReader(x for x in lines if not x.startswith("#")) if r["vm_size"] == size]
-    row = next((r for r in rows if r["region"] == region), None) or sorted(rows, key=lambda r: r["region"])[0]
-    header = " ".join(x for x in lines if x.startswith("#"))
-    date = re.search(rf"{row['region']}: [^#]*?(\d{{4}}-\d{{2}}-\d{{2}})", header)
-    low = float(row["low_priority"]) if row["low_priority"] else None
-    return row["region"], float(row["dedicated"]), low, date.group(1) if date else None
-
-
-# ---- the recorded workspace ---------------------------------------------------------------------------------------
-
-
-def metrics_json(epochs: list[tuple[int, float]], target: int, startup: float | None = None) -> dict:
-    """metrics.json as payloads/common/metrics.py writes it: run (config, world), epochs, summary."""
-    records = [
-        {
-            "epoch": n,
-            "train_loss": 6.9 - 0.1 * n,
-            "train_accuracy": 0.001 * n,
-            "images": EPOCH_IMAGES,
-            "skipped_images": 0,
-            "epoch_seconds": secs,
-            "images_per_sec": EPOCH_IMAGES / secs,
-            "lr": 0.1,
-        }
-        for n, secs in epochs
-    ]
-    summary = {}
-    if startup is not None:
-        summary = {
-            "epochs_run": len(epochs),
-            "images": EPOCH_IMAGES * len(epochs),
-            "train_seconds": sum(s for _, s in epochs),
-            "total_images_per_sec": EPOCH_IMAGES * len(epochs) / sum(s for _, s in epochs),
-            "startup_seconds": startup,
-            "steady_state": True,
-            "ranks_identical": True,
-        }
-    return {
-        "run": {
-            "config": {"epochs": target, "batch_size": 256, "backward_passes_per_step": 1, "model": "resnet50"},
-            "world": {"processes": 16, "local_processes": 8, "gradient_mbytes": 102.228128, "precision": "bf16"},
-        },
-        "epochs": records,
-        "summary": summary,
-    }
-
-
-class Workspace:
-    """The dev stack's workspace with one recorded job, answered through tests/fake_arm.py."""
-
-    def __init__(self, fake: fake_arm.FakeAzure, outputs: dict):
-        self.fake, self.outputs = fake, outputs
-        self.ws_id = (
-            f"/subscriptions/{outputs['subscription_id']}/resourceGroups/{outputs['resource_group']}/providers/"
-            f"Microsoft.MachineLearningServices/workspaces/{outputs['workspace_name']}"
-        )
-        self.compute = outputs["clusters"]["gpu-ib"]["compute_name"]
-        self.logs = outputs["datastores"]["logs"]
-        self.status_queries: list[str] = []
-        api = "https://westeurope.api.azureml.ms"
-        arm = "management.azure.com" + self.ws_id
-        fake.on(
-            "GET",
-            re.escape(arm),
-            (200, {"id": self.ws_id, "name": outputs["workspace_name"], "location": "westeurope",
-                   "properties": {"discoveryUrl": f"{api}/discovery"}}, {}),
-        )  # fmt: skip
-        fake.on("GET", r"westeurope\.api\.azureml\.ms/discovery", (200, {"api": api, "history": api}, {}))
-        fake.on(
-            "GET",
-            re.escape(arm) + r"/computes/" + re.escape(self.compute),
-            (200, self.cluster("STANDARD_ND96ASR_V4", "LowPriority", 0, "PT10M"), {}),
-        )
-
-    def cluster(self, size: str, priority: str, min_nodes: int, idle: str) -> dict:
-        """ARM "Compute - Get" of an AmlCompute cluster (ARM writes some sizes in capitals)."""
-        return {
-            "id": f"{self.ws_id}/computes/{self.compute}",
-            "name": self.compute,
-            "type": "Microsoft.MachineLearningServices/workspaces/computes",
-            "location": "westeurope",
-            "properties": {
-                "computeType": "AmlCompute",
-                "provisioningState": "Succeeded",
-                "properties": {
-                    "vmSize": size,
-                    "vmPriority": priority,
-                    "osType": "Linux",
-                    "scaleSettings": {
-                        "maxNodeCount": 2,
-                        "minNodeCount": min_nodes,
-                        "nodeIdleTimeBeforeScaleDown": idle,
-                    },
-                    "currentNodeCount": 0,
-                    "allocationState": "Steady",
-                },
-            },
-        }
-
-    def folder(self, name: str) -> str:
-        return f"runs/pytorch-resnet50-synthetic/{name}/"
-
-    def job(self, name: str, status: str, created: dt.datetime, nodes: int = NODES, folder: str | None = None):
-        """ARM "Jobs - Get" of a command job; its output `run` in the logs datastore under the job's name."""
-        uri = f"azureml://datastores/{self.logs['name']}/paths/{folder or self.folder(name)}"
-        body = {
-            "id": f"{self.ws_id}/jobs/{name}",
-            "name": name,
-            "type": "Microsoft.MachineLearningServices/workspaces/jobs",
-            "systemData": {"createdAt": iso(created), "createdBy": "someone@example.com", "createdByType": "User"},
-            "properties": {
-                "jobType": "Command",
-                "displayName": "pytorch-resnet50-synthetic",
-                "experimentName": "resnet50-synthetic",
-                "status": status,
-                "computeId": f"{self.ws_id}/computes/{self.compute}",
-                "command": "python -m payloads.pytorch.train --model resnet50 --output-dir ${{outputs.run}}",
-                "environmentId": f"{self.ws_id}/environments/CliV2AnonymousEnvironment/versions/1",
-                "resources": {"instanceCount": nodes, "shmSize": "32g"},
-                "distribution": {"distributionType": "Mpi", "processCountPerInstance": 8},
-                "outputs": {"run": {"jobOutputType": "uri_folder", "mode": "ReadWriteMount", "uri": uri}},
-                "services": {"Studio": {"jobServiceType": "Studio", "endpoint": f"https://ml.azure.com/runs/{name}"}},
-                "tags": {},
-                "properties": {},
-            },
-        }
-        self.fake.on("GET", re.escape("management.azure.com" + self.ws_id) + "/jobs/" + name, (200, body, {}))
-
-    def run(self, name: str, status: str, created: dt.datetime, start=None, end=None, held=None, **more):
-        """Run history's details: what `az ml job stream` polls."""
-        body = {
-            "runId": name,
-            "runUuid": "114befc9-48ce-4762-96f3-63c5817fd851",
-            "target": self.compute,
-            "status": status,
-            "createdTimeUtc": iso(created, 7),
-            "startTimeUtc": iso(start) if start else None,
-            "endTimeUtc": iso(end) if end else None,
-            "computeDuration": timespan(held) if held is not None else None,
-            "effectiveStartTimeUtc": None,
-            "lastStartTimeUtc": None,
-            "currentAttemptId": 1,
-            "compute": {
-                "target": self.compute,
-                "targetType": "AmlCompute",
-                "vmSize": "STANDARD_ND96ASR_V4",
-                "instanceType": "STANDARD_ND96ASR_V4",
-                "instanceCount": NODES,
-                "gpuCount": None,
-                "priority": "LowPriority",
-                "region": None,
-            },
-            "logFiles": {},
-            "warnings": None,
-            "error": None,
-            **more,
-        }
-        self.fake.on(
-            "GET",
-            r"westeurope\.api\.azureml\.ms/history/v1\.0" + re.escape(self.ws_id) + f"/runs/{name}/details",
-            (200, body, {}),
-        )
-
-    def status_log(self, name: str, changes: list[tuple[str, str]], workspace_id: str = LOG_WS):
-        """AmlRunStatusChangedEvent rows for run `name` in Log Analytics workspace `workspace_id` (its customerId),
-        answered only to a query for that RunId."""
-
-        def answer(request, match):
-            query = json.loads(request.body)["query"]
-            self.status_queries.append(query)
-            rows = [[iso(at(t)), s] for t, s in changes] if f'RunId == "{name}"' in query else []
-            return fake_arm.log_analytics([("TimeGenerated", "datetime"), ("Status", "string")], rows)
-
-        self.fake.on("POST", rf"api\.loganalytics\.io/v1/workspaces/{workspace_id}/query", answer)
-
-    def log_queries(self) -> list[str]:
-        """The Log Analytics workspaces the ledger queried, in order."""
-        return [
-            r.url.split("/workspaces/", 1)[1].split("/", 1)[0] for r in self.fake.requests if "loganalytics" in r.url
-        ]
-
-    def outputs_folder(self, name: str, metrics: dict | None, markers: list[tuple[int, str, bool]], folder=None):
-        """The run folder in the logs container: metrics.json, and each checkpoint's data file and completion
-        marker (epoch, time written, still current: the payload rotates old checkpoints out, their versions stay)."""
-        base = folder or self.folder(name)
-        host = re.escape(f"{self.logs['account']}.blob.core.windows.net/{self.logs['container']}/")
-        if metrics is not None:
-            data = json.dumps(metrics).encode()
-            self.fake.on("GET", host + re.escape(base + "metrics.json"), fake_arm.blob_content(data, DAY))
-        blobs = []
-        for epoch, written, current in markers:
-            when = at(written)
-            version = when.strftime("%Y-%m-%dT%H:%M:%S.0000000Z")
-            for file in (f"checkpoint-epoch-{epoch:04d}.pt", f".checkpoint-epoch-{epoch:04d}.pt.complete"):
-                blobs.append(
-                    {"name": base + "checkpoints/" + file, "last_modified": when, "version_id": version,
-                     "current": current, "size": 204_000_000 if not file.startswith(".") else 120}
-                )  # fmt: skip
-
-        def listing(request, match):
-            # Previous versions are listed only when asked for (include=versions); a prefix filters as Azure does.
-            query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.url).query)
-            versions = "versions" in ",".join(query.get("include", [])).split(",")
-            prefix = query.get("prefix", [""])[0]
-            shown = [b for b in blobs if b["name"].startswith(prefix) and (versions or b["current"])]
-            if not versions:
-                shown = [{k: v for k, v in b.items() if k != "version_id"} for b in shown]
-            xml = fake_arm.list_blobs_xml(self.logs["account"], self.logs["container"], prefix, shown)
-            return 200, xml, {"Content-Type": "application/xml"}
-
-        self.fake.on("GET", host.rstrip("/"), listing)
 
 
 @pytest.fixture
@@ -298,23 +65,7 @@ def ledger_of(dev_outputs, tmp_path, capsys, *extra, name=NAME):
     return code, printed.out, json.loads(out.read_text()) if out.exists() else None, printed.err
 
 
-def gpu_rate(per_node_low: float | None, dedicated: float) -> float:
-    """USD per second for the job's nodes: the cluster is low priority."""
-    return (per_node_low if per_node_low is not None else dedicated) * NODES / 3600
-
-
 # ---- a plain completed job ------------------------------------------------------------------------------------------
-
-PLAIN = [
-    ("09:00:00", "NotStarted"),
-    ("09:00:02", "Starting"),
-    ("09:00:05", "Preparing"),
-    ("09:01:00", "Queued"),
-    ("09:09:00", "Running"),
-    ("10:39:00", "Finalizing"),
-    ("10:40:00", "Completed"),
-]
-PLAIN_EPOCHS = [(1, 1650.0), (2, 1700.0), (3, 1720.0)]
 
 
 def record_plain(workspace, status_log=True):
@@ -656,104 +407,6 @@ def test_a_refreshed_region_is_dated_and_sizes_match_in_any_case(tmp_path):
     assert found.region == "westeurope" and found.date == "2026-12-01"
     found, _ = prices.quote("standard_nd96asr_v4", True, "westeurope", table)  # no low-priority price there
     assert found.kind == "dedicated" and found.no_low_priority_price
-
-
-# ---- at the end of a watched job ------------------------------------------------------------------------------------
-
-
-class Watched(SubmitFake):
-    """test_submit's fake (create, stream, get), with the ledger's reads answered from recorded routes and the
-    job's run history carrying its times."""
-
-    def __init__(self, routes: fake_arm.FakeAzure, details: dict):
-        super().__init__()
-        self.routes, self.details = routes, details
-
-    def __call__(self, request):
-        url = urllib3.util.parse_url(request.url)
-        target = f"{url.host}{url.path}"
-        if any(m == request.method and p.fullmatch(target) for m, p, _ in self.routes.routes):
-            return self.routes(request)
-        response = super().__call__(request)
-        if request.method == "GET" and re.search(r"/runs/[^/]+/details$", target):
-            body = {**json.loads(response._content), **self.details}
-            response._content = json.dumps(body).encode()
-        elif request.method == "GET" and re.search(r"/jobs/[^/]+$", target) and response.status_code == 200:
-            body = json.loads(response._content)
-            body["systemData"] = {"createdAt": iso(at("09:00")), "createdBy": "someone@example.com"}
-            response._content = json.dumps(body).encode()
-        return response
-
-
-@pytest.fixture
-def watched(monkeypatch, dev_outputs):
-    import requests.adapters
-
-    routes = fake_arm.FakeAzure()
-    space = Workspace(routes, json.loads(dev_outputs.read_text()))
-    logs = space.logs
-    base = re.escape(f"{logs['account']}.blob.core.windows.net/{logs['container']}/runs/pytorch-resnet50-synthetic/")
-    routes.on(
-        "GET",
-        base + r"[^/]+/metrics\.json",
-        fake_arm.blob_content(json.dumps(metrics_json(PLAIN_EPOCHS, 3, 95.5)).encode(), DAY),
-    )
-    listing = fake_arm.list_blobs_xml(logs["account"], logs["container"], "runs/", [])
-    routes.on("GET", re.escape(f"{logs['account']}.blob.core.windows.net/{logs['container']}"), (200, listing, {}))
-    details = {
-        "createdTimeUtc": iso(at("09:00"), 7),
-        "startTimeUtc": iso(at("09:09")),
-        "endTimeUtc": iso(at("10:40")),
-        "computeDuration": timespan(seconds("09:09", "10:40")),
-        "compute": {"vmSize": GPU_SIZE, "instanceCount": NODES, "priority": "LowPriority"},
-    }
-    fake = Watched(routes, details)
-    monkeypatch.setattr(requests.adapters.HTTPAdapter, "send", lambda self, request, **kw: fake(request))
-    monkeypatch.setattr("azure.identity.DefaultAzureCredential", lambda **kw: fake_arm.Credential())
-    monkeypatch.setattr("azure.ai.ml.operations._job_ops_helper._wait_before_polling", lambda seconds: 0)
-    return fake
-
-
-def test_a_watched_job_ends_with_its_ledger(watched, dev_outputs, tmp_path, capsys):
-    watched.run_statuses = ["Running", "Completed"]
-    assert submit(dev_outputs, tmp_path) == 0
-    out = capsys.readouterr().out
-    _, dedicated, low, _ = price_row(GPU_SIZE, "westeurope")
-    held = seconds("09:09", "10:40")
-    name = next(iter(watched.jobs))
-    ledger_at = out.index(f"cost of job {name} (Completed)")
-    assert ledger_at < out.index(f"job {name} ended: Completed")
-    total = next(x for x in out.splitlines() if x.startswith("total"))
-    assert f"${held * gpu_rate(low, dedicated):,.2f}" in total
-    assert "per epoch: " in out
-
-
-def test_a_ledger_that_cannot_be_computed_leaves_the_exit_status_alone(watched, dev_outputs, tmp_path, capsys):
-    watched.run_statuses = ["Running", "Failed"]
-    watched.job_status = "Failed"
-    watched.details["compute"] = {}  # no size in run history, and the cluster is gone:
-    watched.routes.on("GET", r"management\.azure\.com/.*/computes/.*", fake_arm.arm_error(404, "NotFound", "gone"))
-    assert submit(dev_outputs, tmp_path) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert any(line.startswith("cost: not computed: job ") and "no VM size" in line for line in err)
-    assert err[-1].startswith(f"job {next(iter(watched.jobs))} ended: Failed")
-
-
-# ---- a local run ---------------------------------------------------------------------------------------------------
-
-
-def test_a_local_run_splits_its_time_the_same_way(tmp_path):
-    path = tmp_path / "metrics.json"
-    path.write_text(json.dumps(metrics_json([(1, 40.0), (2, 38.0)], 2, startup=6.25)))
-    split = local.local_split(path, 90.0)
-    assert split["startup_seconds"] == 6.25 and split["training_seconds"] == 90.0 - 6.25
-    assert split["epochs"] == 2 and split["images"] == 2 * EPOCH_IMAGES and split["in_epochs_seconds"] == 78.0
-    assert local.render_local(split).startswith("time: 0:01:30 in all = start-up 0:00:06")
-    path.write_text("{cut short")  # a crash mid-write: the spare copy has the previous epoch
-    path.with_name(".metrics.json.spare").write_text(json.dumps(metrics_json([(1, 40.0)], 2)))
-    split = local.local_split(path, 50.0)
-    assert split["epochs"] == 1 and split["startup_seconds"] is None and split["training_seconds"] == 50.0
-    assert local.local_split(tmp_path / "none.json", 5.0)["metrics"] is None
 
 
 def test_outputs_dev_has_what_the_ledger_reads(dev_outputs):

@@ -1,0 +1,25 @@
+"""Class folders of small images, and the TFRecord shards the data line writes from them: the TensorFlow tests'
+data (test_tensorflow.py, test_tensorflow_input.py)."""
+
+import numpy as np
+
+
+def _images(root, classes=3, per_class=8, size=20):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        (root / f"class{c}").mkdir(parents=True)
+        for i in range(per_class):
+            pixels = np.full((size, size, 3), 60 * c, np.uint8) + rng.integers(0, 40, (size, size, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / f"class{c}" / f"{i}.png")
+    return root
+
+
+def _write_shards(images, shards_dir, shards=3):
+    """The data line's writer (python -m datatools.prepare --formats tfrecord); returns the folder the
+    TensorFlow payloads read (--data-dir)."""
+    from datatools import prepare
+
+    prepare.run(images, shards_dir, shards=shards, formats=["tfrecord"], workers=1, progress=False)
+    return shards_dir / "tfrecord"

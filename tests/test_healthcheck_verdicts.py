@@ -12,11 +12,6 @@ from payloads.common.errors import ConfigError
 from payloads.healthcheck import allreduce, infiniband, options, verdicts
 from payloads.healthcheck import facts as node_facts
 
-# These tests start no training process. They keep the marker of test_healthcheck.py's module, where they were,
-# and with it their place in the launches' group (tests/conftest.py).
-pytestmark = pytest.mark.launches
-
-
 # ---- per-node verdicts from recorded figures ---------------------------------------------------------------
 
 

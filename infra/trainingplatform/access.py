@@ -41,7 +41,7 @@ from pulumi_azure_native import authorization
 from .config import ConfigError, Principal
 
 # Azure built-in role definition IDs (the same in every tenant), as Microsoft's "Azure built-in roles" page lists
-# them (learn.microsoft.com/azure/role-based-access-control/built-in-roles; tests/infra/test_wayin.py quotes the rows).
+# them (learn.microsoft.com/azure/role-based-access-control/built-in-roles; tests/infra/wayin_helpers.py quotes the rows).
 ROLES = {
     "Storage Blob Data Reader": "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1",
     "Storage Blob Data Contributor": "ba92f5b4-2d11-453d-a403-e96b0029c9fe",

@@ -74,7 +74,7 @@ done
 # dockerd-rootless-setuptool.sh in /usr/bin", docs.docker.com/engine/security/rootless). The repository's key is
 # accepted only with Docker's published fingerprint ("Verify that you now have the key with the fingerprint 9DC8 5822
 # 9FC7 DD38 854A E2D8 8D81 803C 0EBF CD88", the same install page's earlier edition): one primary key, that one.
-# `install-docker verify FILE` runs the check alone (tests/infra/test_wayin.py runs it on keys of its own).
+# `install-docker verify FILE` runs the check alone (tests/infra/test_wayin_jumphost.py runs it on keys of its own).
 DOCKER_KEY_FINGERPRINT = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
 CLOUD_INIT_WAIT = (
     "WaitForCloudInit"  # the jump host's first extension: the login extension's apt waits for cloud-init's

@@ -82,7 +82,7 @@ def test_storage_accounts(dev, dev_data):
         assert acct["publicNetworkAccess"] == "Disabled"
     compute_subnet = one(dev[0], "Subnet", "net-compute").id
     # The endpoints' subnet too: the studio needs the storage service endpoint in the workspace endpoint's subnet
-    # (how-to-enable-studio-virtual-network, "Limitations"; test_wayin.py).
+    # (how-to-enable-studio-virtual-network, "Limitations"; test_wayin_services.py).
     endpoint_subnet = one(dev[0], "Subnet", "net-endpoints").id
     assert [v["virtualNetworkResourceId"] for v in workspace_storage["networkRuleSet"]["virtualNetworkRules"]] == [
         compute_subnet,
@@ -299,7 +299,7 @@ def test_compute_identity_gets_exactly_read_data_write_logs_pull_images(dev, dev
     assert workspace == {
         (BUILT_IN_ROLES["Storage Blob Data Reader"], f"{data}/blobServices/default/containers/training-data"),
         (BUILT_IN_ROLES["Storage Blob Data Reader"], f"{logs}/blobServices/default/containers/logs"),
-        # Studio data preview through the storage private endpoints (test_wayin.py)
+        # Studio data preview through the storage private endpoints (test_wayin_services.py)
         (BUILT_IN_ROLES["Reader"], one(mocks, "PrivateEndpoint", "data-blob-endpoint").id),
         (BUILT_IN_ROLES["Reader"], one(mocks, "PrivateEndpoint", "logs-blob-endpoint").id),
     }

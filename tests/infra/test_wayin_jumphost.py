@@ -327,7 +327,7 @@ def test_the_sign_in_hook_gives_each_user_a_range_of_their_own_once(tmp_path):
 def test_no_role_is_ever_given_to_the_jump_hosts_own_identity(prod_raw, prod_data_out):
     """Issue 43, item 13: the jump host's system-assigned identity exists for Entra sign-in over SSH only. Anyone who
     signs in there could use a role given to it (the credential chain once picked it before the person's own sign-in:
-    launcher/credential.py), so no role assignment anywhere in the platform names it."""
+    azureaccess/credential.py), so no role assignment anywhere in the platform names it."""
     mocks, _ = _run(prod_raw, prod_data_out)
     (vm,) = [r for r in mocks.resources if r.type.endswith(":VirtualMachine")]
     assert vm.inputs["identity"]["type"] == "SystemAssigned"

@@ -15,8 +15,8 @@ import urllib.parse
 
 import fake_arm
 import pytest
-from test_submit import SYNTHETIC
-from test_submit import FakeAzure as SubmitFake
+from fake_azureml import SYNTHETIC
+from fake_azureml import FakeAzure as SubmitFake
 
 from azureaccess import stack
 from azureaccess.errors import JobError

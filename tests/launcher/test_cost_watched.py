@@ -1,4 +1,4 @@
-"""The cost ledger nobody asks for: printed at the end of a job `python -m launcher submit` watches (test_submit.py's
+"""The cost ledger nobody asks for: printed at the end of a job `python -m launcher submit` watches (fake_azureml.py's
 fake, with cost_helpers.py's recorded history), its failure leaving the job's exit status alone, and a local run's
 time split the same way."""
 
@@ -23,8 +23,8 @@ from cost_helpers import (
     seconds,
     timespan,
 )
-from test_submit import FakeAzure as SubmitFake
-from test_submit import submit
+from fake_azureml import FakeAzure as SubmitFake
+from fake_azureml import submit
 
 from launcher.cost import local
 
@@ -32,7 +32,7 @@ from launcher.cost import local
 
 
 class Watched(SubmitFake):
-    """test_submit's fake (create, stream, get), with the ledger's reads answered from recorded routes and the
+    """fake_azureml.py's fake (create, stream, get), with the ledger's reads answered from recorded routes and the
     job's run history carrying its times."""
 
     def __init__(self, routes: fake_arm.FakeAzure, details: dict):

@@ -329,7 +329,7 @@ def test_a_check_without_azures_figure_says_why_in_the_table():
 
 
 class Jobs:
-    """azure-ai-ml's job operations, faked in Python (submission over HTTP is tests/launcher/test_submit.py's):
+    """azure-ai-ml's job operations, faked in Python (submission over HTTP is tests/launcher/fake_azureml.py's):
     the health check job ends as `status`, and its report output holds `report`."""
 
     def __init__(self, report: dict, fails: bool):

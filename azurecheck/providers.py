@@ -8,9 +8,7 @@ a declared module is missing here).
 
 from __future__ import annotations
 
-from azure.core.exceptions import AzureError, ClientAuthenticationError
-
-from .arm import PROVIDERS_API, Arm, describe
+from .arm import PROVIDERS_API, Arm, attempt
 from .findings import FAIL, OK, Finding
 
 # azure-native module -> the ARM namespace its resource types live in.
@@ -38,21 +36,16 @@ REQUIRED = tuple(sorted({ns for ns in NAMESPACES.values() if ns}))
 def check(arm: Arm, subscription: str, namespaces: tuple[str, ...] = REQUIRED) -> list[Finding]:
     findings = []
     for ns in namespaces:
-        try:
-            state = arm.get(f"/subscriptions/{subscription}/providers/{ns}", PROVIDERS_API).get("registrationState")
-        except ClientAuthenticationError:
-            raise
-        except AzureError as e:
-            findings.append(
-                Finding(
-                    FAIL,
-                    f"provider {ns}",
-                    describe(e, f"reading {ns}'s registration"),
-                    f"`az provider show -n {ns} --subscription {subscription}` with an identity that "
-                    "can read the subscription",
-                )
-            )
+        provider, failed = attempt(
+            lambda ns=ns: arm.get(f"/subscriptions/{subscription}/providers/{ns}", PROVIDERS_API),
+            f"provider {ns}",
+            f"reading {ns}'s registration",
+            f"`az provider show -n {ns} --subscription {subscription}` with an identity that can read the subscription",
+        )
+        findings += failed
+        if failed:
             continue
+        state = provider.get("registrationState")
         if state == "Registered":
             findings.append(Finding(OK, f"provider {ns}", "registered"))
         else:

@@ -8,7 +8,7 @@ decoding, corrupt records, synthetic data, threads): test_tensorflow_input.py.""
 import numpy as np
 import pytest
 from helpers import TINY, metrics, stop_lines, stopped_run, train
-from tfrecord_shards import _images, _write_shards
+from tfrecord_shards import _images, _write_shards, tfrecord_config
 
 from payloads.common import schedule
 
@@ -309,17 +309,7 @@ def test_resumed_input_starts_at_the_step_for_synthetic_data_and_tfrecords(tmp_p
     assert other.skip == 0 and len(list(other.train)) == 16  # written in an epoch of another step count
 
     shards = _write_shards(_images(tmp_path / "images"), tmp_path / "shards", shards=1)
-    cfg = types.SimpleNamespace(
-        data="tfrecord",
-        data_dir=shards,
-        image_size=8,
-        num_classes=3,
-        seed=42,
-        epochs=3,
-        max_steps_per_epoch=0,
-        workers=1,
-        skip_corrupt_images=False,
-    )
+    cfg = tfrecord_config(shards, num_classes=3, epochs=3)
     for corrupt in (False, True):  # records skipped before the decode; or decoded and counted, after the filter
         cfg.skip_corrupt_images = corrupt
         whole = _stream(data.build(cfg, rank=0, size=1, batch=4, start_epoch=1, threads=1), 9)

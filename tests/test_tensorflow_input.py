@@ -5,7 +5,7 @@ processes too; a label beyond --num-classes explained; the synthetic pool; threa
 import numpy as np
 import pytest
 from helpers import TINY, metrics, train
-from tfrecord_shards import _images, _write_shards
+from tfrecord_shards import _images, _write_shards, tfrecord_config
 
 PAYLOADS = ["tensorflow", "keras"]
 
@@ -172,7 +172,6 @@ def test_a_corrupt_record_counts_once_per_epoch_however_often_the_stream_meets_i
 def test_a_shard_with_one_corrupt_record_is_read_to_full_batches_and_counted_once_per_epoch(tmp_path):
     """The input function itself, one process: a share of 3 records, one bad, trained 3 at a time, so every
     epoch reads across two passes of it."""
-    import types
 
     import numpy as np
 
@@ -181,17 +180,7 @@ def test_a_shard_with_one_corrupt_record_is_read_to_full_batches_and_counted_onc
     shards = _write_shards(_images(tmp_path / "images", classes=2, per_class=1), tmp_path / "shards", shards=1)
     (shard,) = tfrecords.shard_files(shards, "train")
     _corrupt_record(shard)
-    cfg = types.SimpleNamespace(
-        data="tfrecord",
-        data_dir=shards,
-        image_size=8,
-        num_classes=2,
-        seed=42,
-        epochs=4,
-        max_steps_per_epoch=0,
-        workers=2,
-        skip_corrupt_images=True,
-    )
+    cfg = tfrecord_config(shards, epochs=4, workers=2, skip_corrupt_images=True)
     inputs = data.build(cfg, rank=0, size=1, batch=3, start_epoch=0, threads=2)
     assert inputs.steps == 1
     batches = iter(inputs.train)
@@ -300,7 +289,6 @@ def test_the_training_crop_window_is_drawn_as_before_from_the_jpeg_header(tmp_pa
     """The window is the same op's draw from the same shape (the JPEG header's is the decoded image's): with the
     op seeded (training leaves it unseeded, seed 0: a fresh draw every run, as before), the new crops, and the
     whole training decode with its flip, are the old ones bit for bit, for JPEGs and for PNG and GIF records."""
-    import types
 
     import tensorflow as tf
 
@@ -350,17 +338,7 @@ def test_the_training_crop_window_is_drawn_as_before_from_the_jpeg_header(tmp_pa
             (root / f"class{c}" / f"{i}.jpg").write_bytes(_encoded(height=60 + 7 * i, width=45 + 11 * c, seed=i))
     shards = _write_shards(root, tmp_path / "shards", shards=1)
     for skip_corrupt in (False, True):
-        cfg = types.SimpleNamespace(
-            data="tfrecord",
-            data_dir=shards,
-            image_size=16,
-            num_classes=2,
-            seed=42,
-            epochs=1,
-            max_steps_per_epoch=0,
-            workers=2,
-            skip_corrupt_images=skip_corrupt,
-        )
+        cfg = tfrecord_config(shards, image_size=16, workers=2, skip_corrupt_images=skip_corrupt)
         images, labels = next(iter(data.build(cfg, rank=0, size=1, batch=3, start_epoch=0, threads=2).train))
         assert images.dtype == tf.float32 and tuple(images.shape) == (3, 16, 16, 3) and labels.dtype == tf.int32
 

@@ -1,6 +1,8 @@
 """Class folders of small images, and the TFRecord shards the data line writes from them: the TensorFlow tests'
 data (test_tensorflow.py, test_tensorflow_input.py)."""
 
+import types
+
 import numpy as np
 
 
@@ -23,3 +25,10 @@ def _write_shards(images, shards_dir, shards=3):
 
     prepare.run(images, shards_dir, shards=shards, formats=["tfrecord"], workers=1, progress=False)
     return shards_dir / "tfrecord"
+
+
+def tfrecord_config(shards, **changes) -> types.SimpleNamespace:
+    """What payloads/tensorflow/data.build reads of the configuration, for the shards in `shards`."""
+    settings = dict(data="tfrecord", data_dir=shards, image_size=8, num_classes=2, seed=42, epochs=1)
+    settings.update(max_steps_per_epoch=0, workers=1, skip_corrupt_images=False)
+    return types.SimpleNamespace(**{**settings, **changes})

@@ -16,6 +16,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 JOBS = sorted((ROOT / "jobs").glob("*.yaml"))
 
 
+# The payload arguments of the local runs below: two epochs of a tiny model on synthetic data, in seconds.
+SMALL_RUN = ["--model", "tiny_cnn", "--image-size", "16", "--num-classes", "4", "--synthetic-samples", "64"]
+SMALL_RUN += ["--batch-size", "8", "--epochs", "2", "--workers", "0", "--threads", "1"]
+
+
 def render(outputs_file, job, cluster, nodes=None, ppn=None, extra=()):
     outs = stack.load_file(outputs_file)
     template = jobspec.read_template(job)
@@ -206,22 +211,7 @@ def test_local_target_runs_the_job_end_to_end(tmp_path, job, controller, suffix)
             "--output-dir",
             str(out),
             "--",
-            "--model",
-            "tiny_cnn",
-            "--image-size",
-            "16",
-            "--num-classes",
-            "4",
-            "--synthetic-samples",
-            "64",
-            "--batch-size",
-            "8",
-            "--epochs",
-            "2",
-            "--workers",
-            "0",
-            "--threads",
-            "1",
+            *SMALL_RUN,
         ]
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -406,22 +396,7 @@ def test_local_target_runs_the_ddp_job_with_torchrun(tmp_path):
             "--output-dir",
             str(out),
             "--",
-            "--model",
-            "tiny_cnn",
-            "--image-size",
-            "16",
-            "--num-classes",
-            "4",
-            "--synthetic-samples",
-            "64",
-            "--batch-size",
-            "8",
-            "--epochs",
-            "2",
-            "--workers",
-            "0",
-            "--threads",
-            "1",
+            *SMALL_RUN,
         ]
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

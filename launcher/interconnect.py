@@ -26,6 +26,7 @@ from __future__ import annotations
 from azureaccess.errors import JobError
 
 # The catalog is a plain module (no Pulumi import): the same facts the stack was built from.
+from payloads.healthcheck import expected as node_figures
 from trainingplatform import vm_sizes
 
 # Horovod's background thread runs a coordination collective every cycle; Open MPI busy-polls in it by
@@ -109,19 +110,6 @@ GLOO_ENV = {"GLOO_SOCKET_IFNAME": "eth0"}
 # The payloads' start-up check (payloads/common/devices.py) and the health check's floor read these.
 GPUS_PER_NODE = "TRAINING_GPUS_PER_NODE"
 VM_SIZE = "TRAINING_VM_SIZE"
-MIN_BUSBW = "HEALTHCHECK_MIN_BUSBW_GBYTES_PER_SEC"
-# What each node of the size should deliver, for the health check's per-node verdicts (payloads/healthcheck/options.py
-# parses it): the catalog's figures from Azure's node health checks, "check=value@message_bytes[/processes]"
-# joined by commas. Plain characters only: no quotes, spaces or $ for a shell or mpirun to mangle.
-EXPECTED = "HEALTHCHECK_EXPECTED"
-
-
-def expected_figures(size: vm_sizes.VmSize) -> str:
-    return ",".join(
-        f"{e.check}={e.value:g}@{e.message_bytes}" + (f"/{e.processes}" if e.processes else "") for e in size.health
-    )
-
-
 KINDS = ("cpu", "gpu-tcp", "infiniband")
 
 
@@ -171,9 +159,9 @@ def environment(cluster: dict, processes_per_node: int, distribution: str = "mpi
             env["NCCL_TOPO_FILE"] = f"{TOPOLOGY_DIR}/{size.nccl_topology}"
             env.update(NCCL_CONF[size.nccl_topology])
     if size is not None and size.min_busbw_gbytes_per_sec:
-        env[MIN_BUSBW] = f"{size.min_busbw_gbytes_per_sec:g}"
+        env[node_figures.MIN_BUSBW] = f"{size.min_busbw_gbytes_per_sec:g}"
     if size is not None and size.health:
-        env[EXPECTED] = expected_figures(size)
+        env[node_figures.EXPECTED] = node_figures.write(size.health)  # the health check's format
     return env
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from .options import IN_NODE, OVER_IB
+from .expected import IN_NODE, OVER_IB
 
 
 def busbw(nbytes: int, processes: int, seconds: float) -> float:

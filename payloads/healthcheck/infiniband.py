@@ -11,7 +11,7 @@ import threading
 import time
 
 from ..common import devices
-from .options import IB_WRITE
+from .expected import IB_WRITE
 
 IB_SYSFS = devices.IB_SYSFS
 

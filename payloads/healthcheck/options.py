@@ -1,5 +1,5 @@
-"""The health check's options and the expected figures' format (HEALTHCHECK_EXPECTED, --expect): what each node
-should deliver, as the launcher passes it from the VM-size catalog.
+"""The health check's options, with what each node should deliver read from HEALTHCHECK_EXPECTED and --expect
+(expected.py, the format's one home).
 """
 
 from __future__ import annotations
@@ -9,23 +9,8 @@ import os
 import pathlib
 
 from ..common.errors import ConfigError
-
-MIN_BUSBW = "HEALTHCHECK_MIN_BUSBW_GBYTES_PER_SEC"
-
-
-# What each node should deliver, set by the launcher from the VM-size catalog (launcher/interconnect.py):
-# "check=value[@message_bytes][/processes],..." (e.g. allreduce_in_node=460@17179869184/8,ib_write_bw=380@8388608).
-EXPECTED = "HEALTHCHECK_EXPECTED"
-
-
-IN_NODE, OVER_IB, IB_WRITE = "allreduce_in_node", "allreduce_over_ib", "ib_write_bw"
-
-
-NODE_CHECKS = (IN_NODE, OVER_IB, IB_WRITE)
-
-
-UNITS = {IN_NODE: "GB/s", OVER_IB: "GB/s", IB_WRITE: "Gb/s"}
-
+from . import expected
+from .expected import EXPECTED, IB_WRITE, IN_NODE, MIN_BUSBW, NODE_CHECKS, OVER_IB
 
 TITLES = {
     IN_NODE: "all-reduce in the node",
@@ -43,47 +28,6 @@ MODELS = ("resnet18", "resnet34", "resnet50", "mobilenet_v3_small", "mobilenet_v
 
 
 NUM_CLASSES = 10
-
-
-def _floor(text: str | None, source: str) -> float | None:
-    if text in (None, ""):
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise ConfigError(f"{source} {text!r}: a bus bandwidth floor in GB/s, a positive number like 20")
-    return value
-
-
-def parse_expected(text: str, source: str) -> dict[str, dict]:
-    """{check: {value, unit, message_bytes, processes, source}} from "check=value[@bytes][/processes],..."."""
-    out = {}
-    for item in (x.strip() for x in text.split(",")):
-        if not item:
-            continue
-        check, sep, rest = item.partition("=")
-        figure, _, processes = rest.partition("/")
-        value, _, size = figure.partition("@")
-        try:
-            entry = {
-                "value": float(value),
-                "unit": UNITS[check],
-                "message_bytes": int(size) if size else None,
-                "processes": int(processes) if processes else None,
-                "source": source,
-            }
-        except (KeyError, ValueError):
-            entry = None
-        if not sep or entry is None or entry["value"] <= 0:
-            raise ConfigError(
-                f"{source}: {item!r} is not CHECK=VALUE[@MESSAGE_BYTES][/PROCESSES] with CHECK one of "
-                f"{', '.join(NODE_CHECKS)} and VALUE in its unit (GB/s, Gb/s for ib_write_bw), e.g. "
-                "allreduce_over_ib=18"
-            )
-        out[check] = entry
-    return out
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -150,9 +94,9 @@ def parse(argv=None) -> argparse.Namespace:
     if args.ib_repeats < 1:
         raise ConfigError(f"--ib-repeats {args.ib_repeats}: at least 1")
     vm = os.environ.get("TRAINING_VM_SIZE") or "this VM size"
-    args.expected = parse_expected(os.environ.get(EXPECTED, ""), f"{EXPECTED} (the VM-size catalog's figures for {vm})")
+    args.expected = expected.parse(os.environ.get(EXPECTED, ""), f"{EXPECTED} (the VM-size catalog's figures for {vm})")
     for item in args.expect:
-        args.expected.update(parse_expected(item, "--expect"))
+        args.expected.update(expected.parse(item, "--expect"))
     args.sizes_bytes = message_sizes(args.sizes if args.sizes_mb is not None else None, args.expected)
     if args.train_steps < 1:
         raise ConfigError(f"--train-steps {args.train_steps}: at least 1 (the optimizer step is what is checked)")
@@ -164,9 +108,9 @@ def parse(argv=None) -> argparse.Namespace:
         # batch norm in training mode needs 2 values per channel once a ResNet has pooled the image to 1x1
         raise ConfigError(f"--batch-size {args.batch_size}: at least 2 per process (batch norm needs 2 samples)")
     if args.min_busbw is not None:
-        args.floor = _floor(args.min_busbw, "--min-busbw")
+        args.floor = expected.floor(args.min_busbw, "--min-busbw")
     else:
-        args.floor = _floor(os.environ.get(MIN_BUSBW), MIN_BUSBW)
+        args.floor = expected.floor(os.environ.get(MIN_BUSBW), MIN_BUSBW)
     return args
 
 

@@ -15,9 +15,10 @@ from ..common.errors import ConfigError
 from ..common.metrics import say
 from . import nccl
 from .allreduce import allreduce_checks, judge, measure, node_groups
+from .expected import MIN_BUSBW
 from .facts import disks_line, node_facts
 from .infiniband import ib_card_check
-from .options import FAIL, MIN_BUSBW, parse
+from .options import FAIL, parse
 from .training import judge_training, train_steps, training_line
 from .verdicts import failure_line, judge_nodes, node_table
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import statistics
 
 from .allreduce import busbw, node_groups
+from .expected import IB_WRITE, IN_NODE, NODE_CHECKS, OVER_IB, UNITS
 from .infiniband import IB_WRITE_BW_MESSAGE
-from .options import FAIL, IB_WRITE, IN_NODE, NODE_CHECKS, NOT_JUDGED, OVER_IB, PASS, SKIPPED, TITLES, UNITS, size_text
+from .options import FAIL, NOT_JUDGED, PASS, SKIPPED, TITLES, size_text
 
 
 def _combined(records: list[dict]) -> dict:

@@ -1,5 +1,10 @@
+"""The one error every tool raises for bad input (the launcher, azurecheck, the data tools), and the one-line form of
+an Azure error's message."""
+
+
 class JobError(ValueError):
-    """A problem with the job, its inputs or the stack outputs: named, with the fix, before anything runs."""
+    """Bad input to a tool (a job, its options, a stack file or the stack outputs): named, with the fix, before
+    anything runs; the commands print it and exit 2."""
 
 
 def first_line(text: object, limit: int) -> str:

@@ -1,4 +1,5 @@
-"""Stack outputs: the contract between `pulumi up` and job submission (see infra/trainingplatform/program.py)."""
+"""Stack outputs: the contract between `pulumi up` and the tools that use the platform (submission, doctor, the data
+tools; see infra/trainingplatform/program.py)."""
 
 from __future__ import annotations
 

@@ -225,7 +225,7 @@ def data_accounts(data) -> list[str]:
 
 
 def check_data_records(arm: Arm, cfg: config.PlatformConfig, accounts: list[str]) -> list[Finding]:
-    """The hub blob zone's record of each data account against access.dataEndpointRecords (config.py)."""
+    """The hub blob zone's record of each data account against access.dataEndpointRecords (wayinconfig.py)."""
     access = cfg.access
     zone_id = dict(access.private_dns_zones).get(BLOB_ZONE) if access is not None else None
     mine = access.data_endpoint_records if access is not None else None

@@ -36,7 +36,7 @@ def check(account: str, container: str, credential, transport=None) -> list[Find
     blob = service.get_blob_client(container, f"{PROBE_PREFIX}/{uuid.uuid4()}.txt")
     check_name = "code upload"
     try:
-        blob.upload_blob(b"written and deleted by python -m launcher doctor\n")
+        blob.upload_blob(b"written and deleted by doctor (python -m azurecheck doctor)\n")
     except ClientAuthenticationError as e:
         return [Finding(FAIL, check_name, describe(e, f"writing to {account}/{container}"), ROLE_FIX)]
     except HttpResponseError as e:

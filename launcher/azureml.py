@@ -26,9 +26,8 @@ EXIT_ENDED_BADLY, EXIT_INTERRUPTED = 1, 130
 def client(outputs: StackOutputs):
     from azure.ai.ml import MLClient
 
-    from azureaccess.credential import (
-        azure_credential,  # the person's sign-in (or env credentials), not a machine's identity
-    )
+    # the person's sign-in (or env credentials), not a machine's identity
+    from azureaccess.credential import azure_credential
 
     return MLClient(
         azure_credential(), outputs["subscription_id"], outputs["resource_group"], outputs["workspace_name"]

@@ -24,10 +24,8 @@ image's ENV.
 from __future__ import annotations
 
 from azureaccess.errors import JobError
-
-# The catalog is a plain module (no Pulumi import): the same facts the stack was built from.
 from payloads.healthcheck import expected as node_figures
-from trainingplatform import vm_sizes
+from trainingplatform import vm_sizes  # a plain module (no Pulumi import): the facts the stack was built from
 
 # Horovod's background thread runs a coordination collective every cycle; Open MPI busy-polls in it by
 # default, taking the core from the training thread when the processes use every core (CPU training): the step
@@ -107,7 +105,7 @@ SCHEDULED_EVENTS_ENV = {
 # "Common environment variables").
 GLOO_ENV = {"GLOO_SOCKET_IFNAME": "eth0"}
 
-# The payloads' start-up check (payloads/common/devices.py) and the health check's floor read these.
+# The payloads' start-up check (payloads/common/devices.py) reads these.
 GPUS_PER_NODE = "TRAINING_GPUS_PER_NODE"
 VM_SIZE = "TRAINING_VM_SIZE"
 KINDS = ("cpu", "gpu-tcp", "infiniband")

@@ -3,9 +3,9 @@
 The chain of autoresume.py, followed by a small job on one node of the stack's CPU cluster instead of by this
 machine, so that nobody's laptop has to stay open overnight. The supervisor runs this launcher with `--follow`
 (launcher/supervisor.yaml): with the identity of the person who submitted it (Azure ML's on-behalf-of, identity
-`user_identity`; credential.py reads it with AzureMLOnBehalfOfCredential), the stack outputs in its environment
-and, as its code, the launcher, the VM-size catalog, the payloads (for the health check) and the job file, copied
-from this checkout. Resumed jobs run the chain's first job's code asset, whatever the supervisor carries.
+`user_identity`; azureaccess/credential.py reads it with AzureMLOnBehalfOfCredential), the stack outputs in its
+environment and, as its code, the launcher with what it imports (azureaccess, azurecheck), the VM-size catalog, the
+payloads (for the health check) and the job file, copied from this checkout. Resumed jobs run the chain's first job's code asset, whatever the supervisor carries.
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ def job(outputs: StackOutputs, cluster: str, argv: list[str], code: pathlib.Path
 
 @contextlib.contextmanager
 def carried(job_file: pathlib.Path, template: dict) -> Iterator[pathlib.Path]:
-    """A temporary folder holding what the supervisor runs: the launcher, the payloads, trainingplatform and jobs/
-    (this checkout's, with the job file given)."""
+    """A temporary folder holding what the supervisor runs: the launcher, azureaccess, azurecheck, the payloads,
+    trainingplatform and jobs/ (this checkout's, with the job file given)."""
     if str(template.get("code", "")).rstrip("/") != "..":
         raise JobError(
             f"--supervise: {job_file.name} has `code: {template.get('code')}`; the supervisor carries job files "

@@ -1,4 +1,4 @@
-"""Azure at the network boundary for the launcher's checks: every azure-core pipeline (ARM, blob storage,
+"""Azure at the network boundary for azurecheck's checks (and the launcher's submission-time quota check): every azure-core pipeline (ARM, blob storage,
 container registry) sends through requests' HTTPAdapter, which the `fake` fixture replaces with routes
 answering recorded-shaped JSON (the REST reference's documented examples) or Azure's error bodies."""
 

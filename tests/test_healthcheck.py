@@ -30,7 +30,7 @@ from helpers import ROOT, TINY, train
 from payloads.common import devices
 from payloads.common.errors import ConfigError
 from payloads.healthcheck import allreduce, options, training
-from payloads.healthcheck import expected as figures
+from payloads.healthcheck import expected as node_figures
 from payloads.healthcheck import facts as node_facts
 from payloads.pytorch import affinity, models
 
@@ -61,8 +61,8 @@ def healthcheck_run(
         *args,
     ]
     e = helpers.env()
-    e.pop(figures.MIN_BUSBW, None)
-    e.pop(figures.EXPECTED, None)
+    e.pop(node_figures.MIN_BUSBW, None)
+    e.pop(node_figures.EXPECTED, None)
     e.pop(devices.GPUS_PER_NODE, None)
     e.update(env or {})
     return subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=180)
@@ -78,7 +78,7 @@ LATE = 0.5
 def test_passes_above_the_floor_and_reports_what_it_saw(tmp_path):
     """Also the control of the per-node verdicts: the in-node all-reduce of a normal run passes the EXPECT that
     a late rank fails (test_a_late_rank_fails_its_node...)."""
-    proc = healthcheck_run(tmp_path, "--expect", f"allreduce_in_node={EXPECT}", env={figures.MIN_BUSBW: "0.0001"})
+    proc = healthcheck_run(tmp_path, "--expect", f"allreduce_in_node={EXPECT}", env={node_figures.MIN_BUSBW: "0.0001"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "allreduce.json").read_text())
     assert report["passed"] is True and report["processes"] == 2 and report["failures"] == []
@@ -280,13 +280,13 @@ def test_a_bad_floor_is_refused_before_anything_runs(value, tmp_path):
     proc = subprocess.run(
         [*helpers.python_m("payloads.healthcheck"), "--output", str(tmp_path / "r.json")],
         cwd=ROOT,
-        env={**helpers.env(), figures.MIN_BUSBW: value},
+        env={**helpers.env(), node_figures.MIN_BUSBW: value},
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert proc.returncode == 2
-    assert f"{figures.MIN_BUSBW} {value!r}: a bus bandwidth floor in GB/s" in proc.stderr
+    assert f"{node_figures.MIN_BUSBW} {value!r}: a bus bandwidth floor in GB/s" in proc.stderr
     assert not (tmp_path / "r.json").exists()
 
 
@@ -382,7 +382,7 @@ def test_a_late_rank_fails_its_node_with_the_figure_and_the_other_nodes_pass(tmp
     (its pair with node-0 is fast), and so does node-0 across nodes. The EXPECT figure passes a normal run
     (test_passes_above_the_floor_and_reports_what_it_saw, the same 2 MB)."""
     hosts = ["node-0", "node-0", "node-1", "node-2"]
-    env = nodes_and_late_ranks(tmp_path, hosts, {1: figures.IN_NODE, 3: figures.OVER_IB})
+    env = nodes_and_late_ranks(tmp_path, hosts, {1: node_figures.IN_NODE, 3: node_figures.OVER_IB})
     proc = healthcheck_run(
         tmp_path,
         "--iterations",

@@ -10,7 +10,7 @@ import pytest
 from payloads.common import devices
 from payloads.common.errors import ConfigError
 from payloads.healthcheck import allreduce, infiniband, options, verdicts
-from payloads.healthcheck import expected as figures
+from payloads.healthcheck import expected as node_figures
 from payloads.healthcheck import facts as node_facts
 
 # ---- per-node verdicts from recorded figures ---------------------------------------------------------------
@@ -37,18 +37,18 @@ def seconds_for(gbytes_per_sec: float, nbytes: int, n: int) -> float:
 def test_a_node_is_judged_on_the_median_so_one_slow_run_does_not_fail_it():
     """Healthy nodes vary (azurehpc-health-checks #690): one run of five at a tenth of the speed leaves the median."""
     good, slow = seconds_for(240, 2**30, 8), seconds_for(24, 2**30, 8)
-    expected = figures.parse("allreduce_in_node=228", "test")
-    one_bad_run = runs(figures.IN_NODE, list(range(8)), [good, good, slow, good, good])
+    expected = node_figures.parse("allreduce_in_node=228", "test")
+    one_bad_run = runs(node_figures.IN_NODE, list(range(8)), [good, good, slow, good, good])
     (v,) = verdicts.judge_nodes(facts(["n"] * 8), one_bad_run, [], expected)
     assert v["checks"]["allreduce_in_node"]["status"] == "PASS"
     assert v["checks"]["allreduce_in_node"]["figure"] == pytest.approx(240)
-    mostly_bad = runs(figures.IN_NODE, list(range(8)), [good, slow, slow, good, slow])
+    mostly_bad = runs(node_figures.IN_NODE, list(range(8)), [good, slow, slow, good, slow])
     (v,) = verdicts.judge_nodes(facts(["n"] * 8), mostly_bad, [], expected)
     assert v["verdict"] == "FAIL" and v["checks"]["allreduce_in_node"]["figure"] == pytest.approx(24)
 
 
 def test_a_collective_is_timed_at_its_slowest_rank():
-    ranks = [{**r, "seconds": [seconds_for(240, 2**30, 2)] * 3} for r in runs(figures.IN_NODE, [0, 1], [])]
+    ranks = [{**r, "seconds": [seconds_for(240, 2**30, 2)] * 3} for r in runs(node_figures.IN_NODE, [0, 1], [])]
     ranks[1]["seconds"] = [seconds_for(100, 2**30, 2)] * 3
     (v,) = verdicts.judge_nodes(facts(["n", "n"]), ranks, [], {})
     assert v["checks"]["allreduce_in_node"]["figure"] == pytest.approx(100)
@@ -58,18 +58,20 @@ def test_a_collective_is_timed_at_its_slowest_rank():
 def test_azures_in_node_figure_applies_to_one_process_per_gpu_at_its_message_size():
     """nd96isr_h100_v5.conf: check_nccl_allreduce 460.0 1 16G, with 8 processes. Two processes, or a smaller
     message, are not what Azure measured: reported, not judged (a slow figure that fails is still failed)."""
-    expected = figures.parse(f"allreduce_in_node=460@{16 * 2**30}/8", "catalog")
+    expected = node_figures.parse(f"allreduce_in_node=460@{16 * 2**30}/8", "catalog")
     fast = seconds_for(470, 16 * 2**30, 2)
-    (v,) = verdicts.judge_nodes(facts(["n"] * 2), runs(figures.IN_NODE, [0, 1], [fast] * 3, 16 * 2**30), [], expected)
+    (v,) = verdicts.judge_nodes(
+        facts(["n"] * 2), runs(node_figures.IN_NODE, [0, 1], [fast] * 3, 16 * 2**30), [], expected
+    )
     c = v["checks"]["allreduce_in_node"]
     assert c["status"] == "NOT JUDGED" and "figure is for 8 processes (one per GPU); this node ran 2" in c["reason"]
-    small = runs(figures.IN_NODE, list(range(8)), [seconds_for(470, 2**30, 8)] * 3, 2**30)
+    small = runs(node_figures.IN_NODE, list(range(8)), [seconds_for(470, 2**30, 8)] * 3, 2**30)
     (v,) = verdicts.judge_nodes(facts(["n"] * 8), small, [], expected)
     c = v["checks"]["allreduce_in_node"]
     assert c["status"] == "NOT JUDGED" and c["reason"] == (
         "measured up to 1 GiB; the expected figure is at 16 GiB (leave --sizes-mb out)"
     )
-    full = runs(figures.IN_NODE, list(range(8)), [seconds_for(430, 16 * 2**30, 8)] * 3, 16 * 2**30)
+    full = runs(node_figures.IN_NODE, list(range(8)), [seconds_for(430, 16 * 2**30, 8)] * 3, 16 * 2**30)
     (v,) = verdicts.judge_nodes(facts(["n"] * 8), full, [], expected)
     assert v["checks"]["allreduce_in_node"]["status"] == "FAIL" and v["checks"]["allreduce_in_node"][
         "figure"
@@ -87,8 +89,8 @@ def test_each_card_is_judged_by_its_best_pair_and_the_node_by_its_weakest_card()
         for i in (0, 1):
             pair = [hosts.index(x) + i, hosts.index(y) + i]
             late = "c" in (x, y) and i == 1
-            records += runs(figures.OVER_IB, pair, [slow if late else good] * 3, nodes=[x, y], local_index=i)
-    expected = figures.parse("allreduce_over_ib=18", "catalog")
+            records += runs(node_figures.OVER_IB, pair, [slow if late else good] * 3, nodes=[x, y], local_index=i)
+    expected = node_figures.parse("allreduce_over_ib=18", "catalog")
     v = {n["host"]: n for n in verdicts.judge_nodes(facts(hosts), records, [], expected)}
     assert {h: v[h]["checks"]["allreduce_over_ib"]["status"] for h in v} == {"a": "PASS", "b": "PASS", "c": "FAIL"}
     c = v["c"]["checks"]["allreduce_over_ib"]
@@ -98,8 +100,8 @@ def test_each_card_is_judged_by_its_best_pair_and_the_node_by_its_weakest_card()
 
 def test_with_two_nodes_the_pair_is_both_nodes_figure_and_says_so():
     slow = seconds_for(6, 2**30, 2)
-    records = runs(figures.OVER_IB, [0, 1], [slow] * 3, nodes=["a", "b"], local_index=0)
-    expected = figures.parse("allreduce_over_ib=18", "catalog")
+    records = runs(node_figures.OVER_IB, [0, 1], [slow] * 3, nodes=["a", "b"], local_index=0)
+    expected = node_figures.parse("allreduce_over_ib=18", "catalog")
     judged = verdicts.judge_nodes(facts(["a", "b"]), records, [], expected)
     assert [n["verdict"] for n in judged] == ["FAIL", "FAIL"]
     assert "a third node tells which is slow" in judged[0]["checks"]["allreduce_over_ib"]["reason"]
@@ -186,7 +188,7 @@ def test_ib_write_bw_runs_each_card_as_azure_does_and_fails_the_weak_card(tmp_pa
         [f"-p {18510 + i} {common} {d}" for i, d in enumerate(cards)] * 3
         + [f"-p {18510 + i} {common} {d} peer-host" for i, d in enumerate(cards)] * 3
     )
-    expected = figures.parse("ib_write_bw=180", "catalog")
+    expected = node_figures.parse("ib_write_bw=180", "catalog")
     card = {"check": "ib_write_bw", "host": "n", "memory": "host", "cards": measured}
     (v,) = verdicts.judge_nodes(facts(["n"]), [], [card], expected)
     c = v["checks"]["ib_write_bw"]
@@ -202,7 +204,7 @@ def test_a_card_whose_ib_write_bw_fails_fails_the_node(tmp_path):
     measured = infiniband.ib_write_bw(["mlx5_ib0"], str(binary), repeats=1, host="peer-host", wait=0.01)
     assert measured == {"mlx5_ib0": {"gbits": [], "error": "ib_write_bw exited 1: Couldn't connect to peer-host:18510"}}
     card = {"check": "ib_write_bw", "host": "n", "memory": "host", "cards": measured}
-    (v,) = verdicts.judge_nodes(facts(["n"]), [], [card], figures.parse("ib_write_bw=180", "c"))
+    (v,) = verdicts.judge_nodes(facts(["n"]), [], [card], node_figures.parse("ib_write_bw=180", "c"))
     assert v["verdict"] == "FAIL" and "mlx5_ib0: ib_write_bw exited 1" in v["checks"]["ib_write_bw"]["reason"]
 
 
@@ -245,11 +247,11 @@ def test_the_physical_host_name_is_read_from_hyper_vs_key_value_pool(tmp_path):
 )
 def test_a_bad_expected_figure_is_refused(text):
     with pytest.raises(ConfigError, match="is not CHECK=VALUE"):
-        figures.parse(text, "--expect")
+        node_figures.parse(text, "--expect")
 
 
 def test_default_message_sizes_reach_azures_size():
-    expected = figures.parse(f"allreduce_in_node=460@{16 * 2**30}/8,ib_write_bw=380@8388608", "c")
+    expected = node_figures.parse(f"allreduce_in_node=460@{16 * 2**30}/8,ib_write_bw=380@8388608", "c")
     assert options.message_sizes(None, expected) == [8 * 2**20 * 4**k for k in range(6)] + [16 * 2**30]
     assert options.message_sizes(None, {}) == [8_000_000, 32_000_000, 128_000_000, 256_000_000]
     assert options.message_sizes([1, 2.5], expected) == [1_000_000, 2_500_000]

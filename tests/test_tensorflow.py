@@ -8,7 +8,7 @@ decoding, corrupt records, synthetic data, threads): test_tensorflow_input.py.""
 import numpy as np
 import pytest
 from helpers import TINY, metrics, stop_lines, stopped_run, train
-from tfrecord_shards import _images, _write_shards, tfrecord_config
+from tfrecord_shards import tfrecord_config, write_images, write_shards
 
 from payloads.common import schedule
 
@@ -308,7 +308,7 @@ def test_resumed_input_starts_at_the_step_for_synthetic_data_and_tfrecords(tmp_p
     other = data.build(cfg, rank=1, size=2, batch=8, start_epoch=0, threads=1, skip=3, written_steps=16)
     assert other.skip == 0 and len(list(other.train)) == 16  # written in an epoch of another step count
 
-    shards = _write_shards(_images(tmp_path / "images"), tmp_path / "shards", shards=1)
+    shards = write_shards(write_images(tmp_path / "images"), tmp_path / "shards", shards=1)
     cfg = tfrecord_config(shards, num_classes=3, epochs=3)
     for corrupt in (False, True):  # records skipped before the decode; or decoded and counted, after the filter
         cfg.skip_corrupt_images = corrupt

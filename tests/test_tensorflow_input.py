@@ -5,7 +5,7 @@ processes too; a label beyond --num-classes explained; the synthetic pool; threa
 import numpy as np
 import pytest
 from helpers import TINY, metrics, train
-from tfrecord_shards import _images, _write_shards, tfrecord_config
+from tfrecord_shards import tfrecord_config, write_images, write_shards
 
 PAYLOADS = ["tensorflow", "keras"]
 
@@ -25,7 +25,7 @@ def _corrupt_record(shard, label: int = 1):
 def test_tfrecord_shards_are_written_counted_and_planned_disjoint_and_complete(tmp_path):
     from payloads.tensorflow import tfrecords
 
-    shards = _write_shards(_images(tmp_path / "images"), tmp_path / "shards")
+    shards = write_shards(write_images(tmp_path / "images"), tmp_path / "shards")
     train_files, val_files = tfrecords.find(shards)
     assert len(train_files) == 3 and val_files == []
     counts = [tfrecords.count_records(f) for f in train_files]
@@ -49,7 +49,7 @@ def test_truncated_or_missing_shards_are_named(tmp_path):
     from payloads.common.errors import ConfigError
     from payloads.tensorflow import tfrecords
 
-    shards = _write_shards(_images(tmp_path / "images", per_class=2), tmp_path / "shards", shards=1)
+    shards = write_shards(write_images(tmp_path / "images", per_class=2), tmp_path / "shards", shards=1)
     (f,) = tfrecords.shard_files(shards, "train")
     f.write_bytes(f.read_bytes()[:-7])
     with pytest.raises(ConfigError, match="truncated in record 6"):
@@ -61,9 +61,9 @@ def test_truncated_or_missing_shards_are_named(tmp_path):
 @pytest.mark.launches
 @pytest.mark.parametrize("payload", PAYLOADS)
 def test_trains_on_tfrecord_shards_with_validation(tmp_path, payload):
-    _images(tmp_path / "images" / "train")
-    _images(tmp_path / "images" / "val", per_class=4)
-    shards = _write_shards(tmp_path / "images", tmp_path / "shards")
+    write_images(tmp_path / "images" / "train")
+    write_images(tmp_path / "images" / "val", per_class=4)
+    shards = write_shards(tmp_path / "images", tmp_path / "shards")
     out = tmp_path / "out"
     train(
         2,
@@ -100,9 +100,9 @@ def test_corrupt_records_fail_with_the_fix_then_are_skipped_and_counted_when_ask
     validation record once per validation pass."""
     from payloads.tensorflow import tfrecords
 
-    _images(tmp_path / "images" / "train")
-    _images(tmp_path / "images" / "val", per_class=4)
-    shards = _write_shards(tmp_path / "images", tmp_path / "shards", shards=2)
+    write_images(tmp_path / "images" / "train")
+    write_images(tmp_path / "images" / "val", per_class=4)
+    shards = write_shards(tmp_path / "images", tmp_path / "shards", shards=2)
     train_shard, val_shard = tfrecords.shard_files(shards, "train")[0], tfrecords.shard_files(shards, "validation")[0]
     _corrupt_record(train_shard)  # rank 0 reads this file: 13 records, 12 good
     _corrupt_record(val_shard, label=2)
@@ -177,7 +177,7 @@ def test_a_shard_with_one_corrupt_record_is_read_to_full_batches_and_counted_onc
 
     from payloads.tensorflow import data, tfrecords
 
-    shards = _write_shards(_images(tmp_path / "images", classes=2, per_class=1), tmp_path / "shards", shards=1)
+    shards = write_shards(write_images(tmp_path / "images", classes=2, per_class=1), tmp_path / "shards", shards=1)
     (shard,) = tfrecords.shard_files(shards, "train")
     _corrupt_record(shard)
     cfg = tfrecord_config(shards, epochs=4, workers=2, skip_corrupt_images=True)
@@ -336,7 +336,7 @@ def test_the_training_crop_window_is_drawn_as_before_from_the_jpeg_header(tmp_pa
         (root / f"class{c}").mkdir(parents=True)
         for i in range(3):
             (root / f"class{c}" / f"{i}.jpg").write_bytes(_encoded(height=60 + 7 * i, width=45 + 11 * c, seed=i))
-    shards = _write_shards(root, tmp_path / "shards", shards=1)
+    shards = write_shards(root, tmp_path / "shards", shards=1)
     for skip_corrupt in (False, True):
         cfg = tfrecord_config(shards, image_size=16, workers=2, skip_corrupt_images=skip_corrupt)
         images, labels = next(iter(data.build(cfg, rank=0, size=1, batch=3, start_epoch=0, threads=2).train))
@@ -395,7 +395,7 @@ def test_png_gif_cut_off_and_corrupt_records_are_decoded_whole_and_fail_as_befor
 @pytest.mark.launches
 @pytest.mark.one_core
 def test_label_beyond_num_classes_is_explained(tmp_path):
-    shards = _write_shards(_images(tmp_path / "images"), tmp_path / "shards")
+    shards = write_shards(write_images(tmp_path / "images"), tmp_path / "shards")
     proc = train(
         1,
         TINY

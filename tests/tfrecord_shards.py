@@ -6,7 +6,7 @@ import types
 import numpy as np
 
 
-def _images(root, classes=3, per_class=8, size=20):
+def write_images(root, classes=3, per_class=8, size=20):
     from PIL import Image
 
     rng = np.random.default_rng(0)
@@ -18,7 +18,7 @@ def _images(root, classes=3, per_class=8, size=20):
     return root
 
 
-def _write_shards(images, shards_dir, shards=3):
+def write_shards(images, shards_dir, shards=3):
     """The data line's writer (python -m datatools.prepare --formats tfrecord); returns the folder the
     TensorFlow payloads read (--data-dir)."""
     from datatools import prepare

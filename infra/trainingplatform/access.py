@@ -168,7 +168,7 @@ def deployer_users(users: tuple[Principal, ...] | None, project: str) -> tuple[P
                 "principal itself with type ServicePrincipal if it needs the roles)"
             ]
         )
-    deployer = authorization.get_client_config().object_id.lower()  # as config.py writes listed ids
+    deployer = authorization.get_client_config().object_id.lower()  # as reader.read_principals writes listed ids
     return (Principal(object_id=deployer, type="User"),)
 
 

@@ -27,8 +27,9 @@ from pulumi_azure_native import network, privatedns
 
 from .networkconfig import PRIVATE_DNS_ZONES
 
-# group id -> the private DNS zones its endpoint needs (public Azure cloud); config.py holds the table, since it
-# also checks hub mode's existing zones (privateDnsZoneIds) cover every endpoint before anything is declared.
+# group id -> the private DNS zones its endpoint needs (public Azure cloud); networkconfig.py holds the table, since
+# the configuration also checks that hub mode's existing zones (privateDnsZoneIds) cover every endpoint before anything
+# is declared (wayinconfig.central_zones_cover).
 ZONES: dict[str, tuple[str, ...]] = PRIVATE_DNS_ZONES
 
 
@@ -69,7 +70,7 @@ class PrivateDnsZones(pulumi.ComponentResource):
             self.used.append(zone_name)
         if self.existing:
             if zone_name not in self.existing:
-                # config.py checks the list covers every endpoint first; this is the program's own guard.
+                # the configuration checks the list covers every endpoint first (wayinconfig.py); this is the program's own guard.
                 raise ValueError(f"no existing private DNS zone {zone_name} given (access.privateDnsZoneIds)")
             return self.existing[zone_name]
         return self.ensure(zone_name).id

@@ -79,7 +79,7 @@ def build(
         )
 
     links = []
-    # In the hub's zones the data accounts' records belong to one platform of the data stack (config.py,
+    # In the hub's zones the data accounts' records belong to one platform of the data stack (wayinconfig.py,
     # DATA_ENDPOINT_RECORDS); the others reach the data through that platform's endpoints.
     if cfg.access is None or cfg.access.data_endpoint_records != "another-platform":
         links = [link("data-blob", data.data_account.id, "blob"), link("logs-blob", data.logs_account.id, "blob")]

@@ -7,14 +7,14 @@ import copy
 
 import pytest
 from infra_helpers import one
-from wayin_helpers import ALICE, BOB, HUB, TEAM, _load, _problems, _roles_of, _run
+from wayin_helpers import ALICE, BOB, HUB, TEAM, load_config, problems_of, roles_of, run_stack
 
 from trainingplatform import access, config, mocked, wayin, wayinconfig
 
 
 @pytest.fixture(scope="module")
 def hub(prod_raw, prod_data_out):
-    return _run(
+    return run_stack(
         prod_raw,
         prod_data_out,
         access={"mode": "hub", "hubVnetId": HUB, "useHubGateway": True, "resolverSubnetCidr": "10.41.18.0/28"},
@@ -30,12 +30,14 @@ def test_a_private_workspace_without_a_way_in_is_refused(prod_raw):
     # "You can only access the workspace from inside the VNet"): without a way in nobody can use it.
     raw = copy.deepcopy(prod_raw[0])
     del raw["access"]
-    assert "access is missing while workspacePublicAccess is false" in _problems(raw)
+    assert "access is missing while workspacePublicAccess is false" in problems_of(raw)
     raw["access"] = {"mode": "none"}
-    assert "access.mode = 'none': workspacePublicAccess is false, so nobody could reach the workspace" in _problems(raw)
+    assert "access.mode = 'none': workspacePublicAccess is false, so nobody could reach the workspace" in problems_of(
+        raw
+    )
     # A public workspace needs none.
     raw.update(workspacePublicAccess=True)
-    assert _load(raw).access.mode == "none"
+    assert load_config(raw).access.mode == "none"
 
 
 @pytest.mark.parametrize(
@@ -84,7 +86,7 @@ def test_a_private_workspace_without_a_way_in_is_refused(prod_raw):
 )
 def test_way_in_settings_are_checked_before_anything_is_declared(prod_raw, access_cfg, message):
     raw = dict(copy.deepcopy(prod_raw[0]), access=access_cfg)
-    assert message in _problems(raw)
+    assert message in problems_of(raw)
 
 
 def test_bastion_is_allowed_on_the_public_profile(dev_raw):
@@ -94,7 +96,7 @@ def test_bastion_is_allowed_on_the_public_profile(dev_raw):
         copy.deepcopy(dev_raw[0]),
         access={"mode": "bastion", "bastionSubnetCidr": "10.40.17.0/26", "jumpHostSubnetCidr": "10.40.17.64/28"},
     )
-    assert _load(raw).access.mode == "bastion"
+    assert load_config(raw).access.mode == "bastion"
 
 
 def test_bastion_and_jump_host(prod):
@@ -147,7 +149,7 @@ def test_bastion_and_jump_host(prod):
     # Users sign in with Entra ID: "Virtual Machine User Login" on the VM, Administrator Login for jumpHostAdmins
     # only (https://learn.microsoft.com/entra/identity/devices/howto-vm-sign-in-azure-ad-linux; item 6 in
     # test_wayin_jumphost.py).
-    assert (access.ROLES["Virtual Machine User Login"], vm.id) in _roles_of(mocks, mocked.DEPLOYER)
+    assert (access.ROLES["Virtual Machine User Login"], vm.id) in roles_of(mocks, mocked.DEPLOYER)
     assert outputs["way_in"]["mode"] == "bastion" and outputs["way_in"]["jump_host_id"] == vm.id
     # Subnets change one at a time in a VNet: each new one waits for the one before.
     assert "net-endpoints" in mocks.depends_on("wayin-bastion-subnet")
@@ -200,7 +202,7 @@ def test_the_way_in_is_part_of_every_life_of_the_stack(prod_raw, prod_data_out):
     # Declared in the stack: `pulumi destroy` removes it (nothing retained or protected would outlive the
     # VNet it points at) and the next `up` declares it again, pointing at that life's VNet.
     for random_result in ("x7k2q", "p3m9w"):
-        mocks, _ = _run(prod_raw, prod_data_out, random_result, access={"mode": "hub", "hubVnetId": HUB})
+        mocks, _ = run_stack(prod_raw, prod_data_out, random_result, access={"mode": "hub", "hubVnetId": HUB})
         assert mocks.retained == set() and mocks.protected == set()
         back = one(mocks, "VirtualNetworkPeering", "wayin-from-hub").inputs
         assert back["remoteVirtualNetwork"]["id"] == one(mocks, "VirtualNetwork", "net-vnet").id
@@ -255,10 +257,10 @@ def test_the_shutdown_time_and_zone_are_settings(prod_raw, prod_data_out):
     way_in = dict(
         prod_raw[0]["access"], jumpHostShutdownTime="0730", jumpHostShutdownTimeZone="W. Europe Standard Time"
     )
-    mocks, _ = _run(prod_raw, prod_data_out, access=way_in)
+    mocks, _ = run_stack(prod_raw, prod_data_out, access=way_in)
     schedule = one(mocks, "devtestlab:GlobalSchedule", "wayin-jumphost-shutdown").inputs
     assert (schedule["dailyRecurrence"]["time"], schedule["timeZoneId"]) == ("0730", "W. Europe Standard Time")
-    off, _ = _run(prod_raw, prod_data_out, access=dict(prod_raw[0]["access"], jumpHostShutdownTime="off"))
+    off, _ = run_stack(prod_raw, prod_data_out, access=dict(prod_raw[0]["access"], jumpHostShutdownTime="off"))
     assert not off.of_type("devtestlab:GlobalSchedule")
 
 
@@ -280,7 +282,7 @@ def test_the_shutdown_time_and_zone_are_settings(prod_raw, prod_data_out):
 def test_bad_shutdown_settings_are_refused_naming_the_fix(prod_raw, settings, message):
     raw = dict(copy.deepcopy(prod_raw[0]))
     raw["access"] = dict(raw["access"], **settings)
-    assert message in _problems(raw)
+    assert message in problems_of(raw)
 
 
 # ---- issue 28: a user starts the jump host after its evening auto-shutdown ----
@@ -309,7 +311,7 @@ def test_every_user_may_start_the_jump_host_and_nothing_else_gets_that_role(prod
         {"objectId": BOB, "type": "User"},
     ]
     way_in = dict(prod_raw[0]["access"], jumpHostAdmins=[{"objectId": BOB, "type": "User"}])
-    mocks, _ = _run(prod_raw, prod_data_out, users=users, access=way_in)
+    mocks, _ = run_stack(prod_raw, prod_data_out, users=users, access=way_in)
     vm = one(mocks, "compute:VirtualMachine", "wayin-jumphost").id
     assert access.ROLES["Desktop Virtualization Power On Contributor"] == POWER_ON
     starters = _starters(mocks)
@@ -334,7 +336,7 @@ def test_every_user_may_start_the_jump_host_and_nothing_else_gets_that_role(prod
 def test_the_default_user_may_start_the_jump_host(prod):
     mocks, _ = prod  # no `users`: the deployer is the one user
     vm = one(mocks, "compute:VirtualMachine", "wayin-jumphost").id
-    assert (POWER_ON, vm) in _roles_of(mocks, mocked.DEPLOYER)
+    assert (POWER_ON, vm) in roles_of(mocks, mocked.DEPLOYER)
     assert len(_starters(mocks)) == 1
 
 
@@ -362,7 +364,7 @@ def test_the_hubs_provider_signs_in_as_the_default_provider_does(prod_raw, prod_
     try:
         # a service principal's sign-in: the users are listed (program.py refuses the deployer as a User then)
         people = [{"objectId": "55555555-5555-5555-5555-555555555555", "type": "User"}]
-        mocks, _ = _run(prod_raw, prod_data_out, access={"mode": "hub", "hubVnetId": HUB}, users=people)
+        mocks, _ = run_stack(prod_raw, prod_data_out, access={"mode": "hub", "hubVnetId": HUB}, users=people)
     finally:
         runtime_config.set_all_config(before, list(secrets))
     (provider,) = [r for r in mocks.resources if r.type == "pulumi:providers:azure-native"]

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import yaml
 from infra_helpers import one
-from wayin_helpers import ALICE, BOB, BUILT_IN_ROLES, HUB, TEAM, _problems, _roles_of, _run
+from wayin_helpers import ALICE, BOB, BUILT_IN_ROLES, HUB, TEAM, problems_of, roles_of, run_stack
 
 from trainingplatform import access, config, mocked, wayin
 
@@ -41,7 +41,7 @@ def test_a_new_jump_host_key_or_cloud_init_replaces_the_vm_instead_of_failing(
 
     # Its own key setting: jumpHostSshPublicKey changes the jump host's osProfile ...
     keyed = one(
-        _run(prod_raw, prod_data_out, jumpHostSshPublicKey=JUMP_KEY)[0], "compute:VirtualMachine", "wayin-jumphost"
+        run_stack(prod_raw, prod_data_out, jumpHostSshPublicKey=JUMP_KEY)[0], "compute:VirtualMachine", "wayin-jumphost"
     )
     profile = keyed.inputs["osProfile"]
     assert profile != before
@@ -49,18 +49,20 @@ def test_a_new_jump_host_key_or_cloud_init_replaces_the_vm_instead_of_failing(
     assert profile["linuxConfiguration"]["ssh"]["publicKeys"][0]["keyData"] == JUMP_KEY
     assert "adminPassword" not in profile
     # ... and the clusters' sshPublicKey does not touch it.
-    cluster_key = _run(prod_raw, prod_data_out, sshPublicKey="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIClusters c@l")[0]
+    cluster_key = run_stack(prod_raw, prod_data_out, sshPublicKey="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIClusters c@l")[
+        0
+    ]
     assert one(cluster_key, "compute:VirtualMachine", "wayin-jumphost").inputs["osProfile"] == before
 
     # An edited cloud-init (custom data) changes osProfile too, so it replaces the VM as well.
     monkeypatch.setattr(wayin, "CLOUD_INIT", wayin.CLOUD_INIT + "  - [sh, -c, 'echo edited']\n")
-    edited = one(_run(prod_raw, prod_data_out)[0], "compute:VirtualMachine", "wayin-jumphost").inputs["osProfile"]
+    edited = one(run_stack(prod_raw, prod_data_out)[0], "compute:VirtualMachine", "wayin-jumphost").inputs["osProfile"]
     assert edited["customData"] != before["customData"]
 
 
 def test_a_jump_host_key_without_a_jump_host_is_refused(prod_raw, prod_data_out):
     with pytest.raises(ValueError, match="jumpHostSshPublicKey is set, but only access.mode bastion declares"):
-        _run(
+        run_stack(
             prod_raw,
             prod_data_out,
             jumpHostSshPublicKey=JUMP_KEY,
@@ -95,7 +97,7 @@ def test_every_user_can_connect_through_bastion_as_an_ordinary_user(prod):
     mocks, _ = prod  # no `users`: the deployer is the one user
     vm, nic, bastion = _way_in_ids(mocks)
     reader, user_login = access.ROLES["Reader"], access.ROLES["Virtual Machine User Login"]
-    roles = _roles_of(mocks, mocked.DEPLOYER)
+    roles = roles_of(mocks, mocked.DEPLOYER)
     assert {(reader, vm), (reader, nic), (reader, bastion), (user_login, vm)} <= roles
     assert BUILT_IN_ROLES["Virtual Machine Administrator Login"] not in {role for role, _ in roles}, "no sudo"
 
@@ -107,13 +109,13 @@ def test_jump_host_admins_get_administrator_login_and_everyone_the_readers(prod_
         {"objectId": BOB, "type": "User"},
     ]
     way_in = dict(prod_raw[0]["access"], jumpHostAdmins=[{"objectId": BOB.upper(), "type": "User"}])
-    mocks, _ = _run(prod_raw, prod_data_out, users=users, access=way_in)
+    mocks, _ = run_stack(prod_raw, prod_data_out, users=users, access=way_in)
     vm, nic, bastion = _way_in_ids(mocks)
     reader = access.ROLES["Reader"]
     user_login = access.ROLES["Virtual Machine User Login"]
     admin_login = access.ROLES["Virtual Machine Administrator Login"]
     for principal, kind in ((ALICE, "User"), (TEAM, "Group"), (BOB, "User")):
-        roles = _roles_of(mocks, principal)
+        roles = roles_of(mocks, principal)
         assert {(reader, vm), (reader, nic), (reader, bastion)} <= roles, principal
         logins = {role for role, scope in roles if scope == vm and role in (user_login, admin_login)}
         assert logins == ({admin_login} if principal == BOB else {user_login}), principal
@@ -121,7 +123,7 @@ def test_jump_host_admins_get_administrator_login_and_everyone_the_readers(prod_
             r.inputs["principalType"] for r in mocks.of_type("RoleAssignment") if r.inputs["principalId"] == principal
         }
         assert kinds == {kind}
-    assert _roles_of(mocks, mocked.DEPLOYER) == set(), "a listed set replaces the default"
+    assert roles_of(mocks, mocked.DEPLOYER) == set(), "a listed set replaces the default"
 
 
 @pytest.mark.parametrize(
@@ -152,7 +154,7 @@ def test_bad_jump_host_admins_are_refused_before_anything_is_declared(prod_raw, 
 
 def test_jump_host_admins_belong_to_the_bastion_mode(prod_raw):
     raw = dict(copy.deepcopy(prod_raw[0]), access={"mode": "hub", "hubVnetId": HUB, "jumpHostAdmins": []})
-    assert "access.jumpHostAdmins = []: not a setting of mode hub" in _problems(raw)
+    assert "access.jumpHostAdmins = []: not a setting of mode hub" in problems_of(raw)
 
 
 # ---- issue 28, item 17: the break-glass admin signs in with a key only; people with Entra ID ----
@@ -328,7 +330,7 @@ def test_no_role_is_ever_given_to_the_jump_hosts_own_identity(prod_raw, prod_dat
     """Issue 43, item 13: the jump host's system-assigned identity exists for Entra sign-in over SSH only. Anyone who
     signs in there could use a role given to it (the credential chain once picked it before the person's own sign-in:
     azureaccess/credential.py), so no role assignment anywhere in the platform names it."""
-    mocks, _ = _run(prod_raw, prod_data_out)
+    mocks, _ = run_stack(prod_raw, prod_data_out)
     (vm,) = [r for r in mocks.resources if r.type.endswith(":VirtualMachine")]
     assert vm.inputs["identity"]["type"] == "SystemAssigned"
     own = f"principal-{vm.name}"  # what the mocks answer as its identity's principalId

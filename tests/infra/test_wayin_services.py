@@ -6,7 +6,7 @@ import copy
 
 import pytest
 from infra_helpers import one
-from wayin_helpers import ALICE, BOB, BUILT_IN_ROLES, TEAM, _load, _problems, _roles_of, _run
+from wayin_helpers import ALICE, BOB, BUILT_IN_ROLES, TEAM, load_config, problems_of, roles_of, run_stack
 
 from trainingplatform import access, egress, mocked
 
@@ -24,9 +24,9 @@ def test_only_image_builders_can_push_and_every_user_pulls(prod, prod_raw, prod_
     assert acr.inputs["publicNetworkAccess"] == "Disabled"
     push, pull = access.ROLES["AcrPush"], access.ROLES["AcrPull"]
     tasks = BUILT_IN_ROLES["Container Registry Tasks Contributor"]
-    assert {role for role, scope in _roles_of(mocks, mocked.DEPLOYER) if scope == acr.id} == {pull, push}
+    assert {role for role, scope in roles_of(mocks, mocked.DEPLOYER) if scope == acr.id} == {pull, push}
     assert not [r for r in dev[0].of_type("RoleAssignment") if r.inputs["roleDefinitionId"].endswith(push)]
-    listed = _run(
+    listed = run_stack(
         prod_raw,
         prod_data_out,
         users=[{"objectId": ALICE, "type": "User"}, {"objectId": BOB, "type": "User"}],
@@ -39,7 +39,7 @@ def test_only_image_builders_can_push_and_every_user_pulls(prod, prod_raw, prod_
     }
     assert pushers == {(TEAM, "Group", acr.id)}
     for user in (ALICE, BOB):
-        assert {role for role, scope in _roles_of(listed, user) if scope == acr.id} == {pull}, user
+        assert {role for role, scope in roles_of(listed, user) if scope == acr.id} == {pull}, user
     # No Tasks role on a private registry: `az acr build` cannot reach it (docker push from the jump host).
     assert not [r for r in listed.of_type("RoleAssignment") if r.inputs["roleDefinitionId"].endswith(tasks)]
     # A public registry: the builders build with `az acr build` (docs/images.md), whose quick runs need Container
@@ -47,7 +47,7 @@ def test_only_image_builders_can_push_and_every_user_pulls(prod, prod_raw, prod_
     raw = dict(copy.deepcopy(dev_raw[0]), imageBuilders=[{"objectId": TEAM, "type": "Group"}])
     public = mocked.run(raw, "dev", dev_raw[1], data_outputs=dev_data[1])[0]
     dev_acr = one(public, "Registry", "registry-acr")
-    assert {role for role, scope in _roles_of(public, TEAM) if scope == dev_acr.id} == {push, tasks}
+    assert {role for role, scope in roles_of(public, TEAM) if scope == dev_acr.id} == {push, tasks}
     # The jump host resolves the registry privately: its VNet is the one the registry's zone is linked to.
     zone = next(r for r in mocks.of_type("PrivateZone") if r.inputs["privateZoneName"] == "privatelink.azurecr.io")
     links = [
@@ -64,10 +64,10 @@ def test_only_image_builders_can_push_and_every_user_pulls(prod, prod_raw, prod_
 
 
 def test_a_private_registry_without_builders_is_warned_about(prod_raw):
-    cfg = _load(copy.deepcopy(prod_raw[0]))
+    cfg = load_config(copy.deepcopy(prod_raw[0]))
     assert any(w.startswith("imageBuilders is not set: every principal in users gets AcrPush") for w in cfg.warnings)
     raw = dict(copy.deepcopy(prod_raw[0]), imageBuilders=[{"objectId": TEAM, "type": "Group"}])
-    assert not any("imageBuilders" in w for w in _load(raw).warnings)
+    assert not any("imageBuilders" in w for w in load_config(raw).warnings)
 
 
 # ---- item 12: the studio's data preview ----
@@ -77,7 +77,7 @@ def test_workspace_identity_reads_the_storage_private_endpoints(prod):
     # "Add the workspace managed identity to the Reader role for the storage private endpoint(s)"
     # (https://learn.microsoft.com/azure/machine-learning/how-to-enable-studio-virtual-network).
     mocks, _ = prod
-    roles = _roles_of(mocks, "principal-ml-workspace")
+    roles = roles_of(mocks, "principal-ml-workspace")
     for endpoint in (
         "data-blob-endpoint",
         "logs-blob-endpoint",
@@ -210,9 +210,9 @@ def test_restricted_outbound_with_a_public_registry_is_refused(prod_raw, dev_raw
     # (how-to-prevent-data-loss-exfiltration). A private registry's layers come through its private endpoint, which
     # the policy does not filter.
     raw = dict(copy.deepcopy(prod_raw[0]), registryPublicAccess=True)
-    problems = _problems(raw)
+    problems = problems_of(raw)
     assert "registryPublicAccess = True: network.restrictOutbound" in problems
     assert "registryPublicAccess: false" in problems and "restrictOutbound: false" in problems
     # Each alone is fine: the private profile (private registry), the public profile (open outbound).
-    assert _load(copy.deepcopy(prod_raw[0])).network.restrict_outbound is True
-    assert _load(copy.deepcopy(dev_raw[0])).registry_public_access is True
+    assert load_config(copy.deepcopy(prod_raw[0])).network.restrict_outbound is True
+    assert load_config(copy.deepcopy(dev_raw[0])).registry_public_access is True

@@ -11,7 +11,7 @@ from trainingplatform import config, mocked
 HUB = "/subscriptions/33333333-3333-3333-3333-333333333333/resourceGroups/hub-rg/providers/Microsoft.Network/virtualNetworks/hub-vnet"
 
 
-def _run(prod_raw, prod_data_out, random_result="x7k2q", **changes):
+def run_stack(prod_raw, prod_data_out, random_result="x7k2q", **changes):
     raw, location = copy.deepcopy(prod_raw)
     raw.update(changes)
     return mocked.run(
@@ -19,17 +19,17 @@ def _run(prod_raw, prod_data_out, random_result="x7k2q", **changes):
     )
 
 
-def _load(raw, location="westeurope"):
+def load_config(raw, location="westeurope"):
     return config.load(raw, "prod", location, mocked.SUBSCRIPTION)
 
 
-def _problems(raw):
+def problems_of(raw):
     with pytest.raises(config.ConfigError) as e:
-        _load(raw)
+        load_config(raw)
     return "\n".join(e.value.problems)
 
 
-def _roles_of(mocks, principal):
+def roles_of(mocks, principal):
     return {
         (r.inputs["roleDefinitionId"].rsplit("/", 1)[1], r.inputs["scope"])
         for r in mocks.of_type("RoleAssignment")

@@ -1,5 +1,5 @@
 """Auto-resume on Azure ML (launcher/autoresume.py), with azure-ai-ml and azure-storage-blob running for real down to
-the HTTP layer (test_submit's fake): each job the chain submits ends as scripted, its run folder in the logs
+the HTTP layer (fake_azureml.py): each job the chain submits ends as scripted, its run folder in the logs
 container holding what the payloads write (heartbeats, the watchdog's report). The decision table against real
 local runs' folders is asserted where those runs happen (test_replicas, test_watchdog, test_bad_input,
 test_preemption); a rank killed under the local launcher resumes by itself in test_drill."""

@@ -17,7 +17,7 @@ import helpers
 import pytest
 
 from launcher import interconnect
-from payloads.healthcheck import expected as figures
+from payloads.healthcheck import expected as node_figures
 from trainingplatform import clusterconfig, compute, vm_sizes
 
 # What both images set before issue 12 (images/*/Dockerfile ENV).
@@ -63,7 +63,7 @@ def test_every_current_size_resolves_to_its_kind(size):
         assert env["NCCL_IB_DISABLE"] == "0" and env["NCCL_SOCKET_IFNAME"] == "eth0"
         # one home per fact: the topology file is the catalog's, in the folder the images fill
         assert env["NCCL_TOPO_FILE"] == f"{interconnect.TOPOLOGY_DIR}/{s.nccl_topology}"
-        assert env[figures.MIN_BUSBW] == f"{s.min_busbw_gbytes_per_sec:g}"
+        assert env[node_figures.MIN_BUSBW] == f"{s.min_busbw_gbytes_per_sec:g}"
 
 
 # What each GPU size resolves to: MPI (Horovod's coordination) over TCP on eth0 everywhere, InfiniBand for NCCL

@@ -15,7 +15,7 @@ import pytest
 
 from azureaccess import stack
 from launcher import interconnect, nodes
-from payloads.healthcheck import expected as figures
+from payloads.healthcheck import expected as node_figures
 from payloads.healthcheck import options, verdicts
 from trainingplatform import vm_sizes
 
@@ -93,7 +93,7 @@ def test_the_health_check_reads_the_catalogs_figures_from_the_launchers_environm
     s = vm_sizes.CATALOG[size]
     cluster = {"vm_size": size, "gpus_per_node": s.gpus, "infiniband": bool(s.infiniband), "vcpus_per_node": s.vcpus}
     env = interconnect.environment(cluster, s.gpus)
-    read = figures.parse(env[figures.EXPECTED], "env")
+    read = node_figures.parse(env[node_figures.EXPECTED], "env")
     assert {c: (e["value"], e["unit"], e["message_bytes"]) for c, e in read.items()} == azure_figures(
         AZURE_CONF[size][1]
     )
@@ -123,7 +123,7 @@ def test_cpu_and_one_gpu_sizes_get_no_expected_figures():
     for name in ("Standard_D4s_v5", "Standard_NC24ads_A100_v4", "Standard_NC40ads_H100_v5", "Standard_NC4as_T4_v3"):
         s = vm_sizes.CATALOG[name]
         cluster = {"vm_size": name, "gpus_per_node": s.gpus, "infiniband": False, "vcpus_per_node": s.vcpus}
-        assert figures.EXPECTED not in interconnect.environment(cluster, max(1, s.gpus))
+        assert node_figures.EXPECTED not in interconnect.environment(cluster, max(1, s.gpus))
 
 
 # ---- node ids: the compute's node list, matched by private IP ------------------------------------------------
@@ -241,7 +241,7 @@ def nd96asr_report(slow_host: str | None = None) -> dict:
     against Azure's 228."""
     size = vm_sizes.CATALOG["Standard_ND96asr_v4"]
     cluster = {"vm_size": size.name, "gpus_per_node": 8, "infiniband": True, "vcpus_per_node": 96}
-    expected = figures.parse(interconnect.environment(cluster, 8)[figures.EXPECTED], "catalog")
+    expected = node_figures.parse(interconnect.environment(cluster, 8)[node_figures.EXPECTED], "catalog")
     hosts = ["node-a"] * 8 + ["node-b"] * 8
     facts = [{"host": h, "private_ip": "10.0.0.4" if h == "node-a" else "10.0.0.5"} for h in hosts]
     big = 8 * 2**30
@@ -363,7 +363,7 @@ def test_health_check_first_runs_the_check_on_the_training_jobs_nodes_and_gates_
     (job,) = jobs.created
     assert job.display_name == "healthcheck-allreduce" and job.resources.instance_count == 2
     assert job.distribution.process_count_per_instance == 8  # one per GPU: Azure's in-node figure is for all 8
-    assert job.environment_variables[figures.EXPECTED].startswith("allreduce_in_node=228@8589934592/8")
+    assert job.environment_variables[node_figures.EXPECTED].startswith("allreduce_in_node=228@8589934592/8")
     if slow:
         assert code == 1
         assert "1 of 2 nodes of gpu-ib-jvedj FAILED: tvm-3601533753_3-20261126t101010z" in out

@@ -43,36 +43,26 @@ def _settings(path: pathlib.Path, project: str) -> tuple[dict, dict]:
     return raw, native
 
 
-def _subscription(native: dict) -> str | None:
+def _load(path: pathlib.Path, stack: str, program, template: str):
+    """(settings, subscription) of a stack file, validated by `program`'s own load (config or dataconfig)."""
+    if not path.is_file():
+        raise JobError(f"{path} not found: copy {template} to it and edit it (docs/deploying.md#deploy)")
+    raw, native = _settings(path, program.PROJECT)
     subscription = native.get("subscriptionId")
-    return str(subscription).strip() if subscription else None
+    subscription = str(subscription).strip() if subscription else None
+    try:
+        # The programs refuse a stack that pins no subscription (their names hash it), with the fix.
+        settings = program.load(raw, stack, native.get("location"), subscription)
+    except config.ConfigError as e:
+        raise JobError(f"{path}: {e}") from None
+    return settings, subscription
 
 
 def read(stack: str, root: pathlib.Path | None = None) -> StackFile:
-    path = (root or ROOT) / f"Pulumi.{stack}.yaml"
-    if not path.is_file():
-        raise JobError(f"{path} not found: copy Pulumi.dev.yaml to it and edit it (docs/deploying.md#deploy)")
-    raw, native = _settings(path, config.PROJECT)
-    subscription = _subscription(native)
-    try:
-        # The program refuses a stack that pins no subscription (its names hash it), with the fix.
-        settings = config.load(raw, stack, native.get("location"), subscription)
-    except config.ConfigError as e:
-        raise JobError(f"{path}: {e}") from None
-    return StackFile(settings, subscription)
+    return StackFile(*_load((root or ROOT) / f"Pulumi.{stack}.yaml", stack, config, "Pulumi.dev.yaml"))
 
 
 def read_data(stack: str, root: pathlib.Path | None = None) -> DataStackFile:
     """infra/data-stack/Pulumi.<stack>.yaml (project azure-horovod-training-data), as the data program reads it."""
     path = (root or ROOT) / "infra" / "data-stack" / f"Pulumi.{stack}.yaml"
-    if not path.is_file():
-        raise JobError(
-            f"{path} not found: copy infra/data-stack/Pulumi.dev.yaml to it and edit it (docs/deploying.md#deploy)"
-        )
-    raw, native = _settings(path, dataconfig.PROJECT)
-    subscription = _subscription(native)
-    try:
-        settings = dataconfig.load(raw, stack, native.get("location"), subscription)
-    except config.ConfigError as e:
-        raise JobError(f"{path}: {e}") from None
-    return DataStackFile(settings, subscription)
+    return DataStackFile(*_load(path, stack, dataconfig, "infra/data-stack/Pulumi.dev.yaml"))

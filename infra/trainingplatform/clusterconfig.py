@@ -39,12 +39,7 @@ def read_clusters(r: Reader, raw: dict, today: dt.date) -> tuple[Cluster, ...]:
     if not items:
         r.bad("clusters", items, "declare at least one cluster")
     out, seen = [], set()
-    for i, c in enumerate(items):
-        p = f"clusters[{i}]."
-        if not isinstance(c, dict):
-            r.bad(f"clusters[{i}]", c, "expected a mapping with name, vmSize, minNodes, maxNodes")
-            continue
-        r.known(c, p, CLUSTER_KEYS)
+    for p, c in r.mappings(items, "clusters", "expected a mapping with name, vmSize, minNodes, maxNodes", CLUSTER_KEYS):
         name = r.get(c, "name", p, str)
         if name is not None:
             if not _CLUSTER.match(name):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +77,16 @@ class Reader:
             self.bad(f"{path}{key}", value, allowed)
         return value
 
+    def mappings(self, items: list, where: str, expected: str, keys: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
+        """(key prefix, item) of each mapping in the list at `where`, its unknown keys refused; any other item is
+        recorded as bad (`expected` says what belongs there) and skipped."""
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                self.bad(f"{where}[{i}]", item, expected)
+                continue
+            self.known(item, f"{where}[{i}].", keys)
+            yield f"{where}[{i}].", item
+
     def choice(self, d: dict, key: str, path: str, default: str, choices: tuple[str, ...], allowed: str) -> str:
         value = self.get(d, key, path, str, default)
         if value not in choices:
@@ -93,12 +104,8 @@ def read_principals(r: Reader, d: dict, key: str, path: str) -> tuple[Principal,
     if items is None:
         return None
     out, seen = [], set()
-    for i, u in enumerate(items):
-        p = f"{path}{key}[{i}]."
-        if not isinstance(u, dict):
-            r.bad(f"{path}{key}[{i}]", u, "expected {objectId: <guid>, type: User|Group|ServicePrincipal}")
-            continue
-        r.known(u, p, PRINCIPAL_KEYS)
+    expected = "expected {objectId: <guid>, type: User|Group|ServicePrincipal}"
+    for p, u in r.mappings(items, f"{path}{key}", expected, PRINCIPAL_KEYS):
         oid = r.get(
             u,
             "objectId",

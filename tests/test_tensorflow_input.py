@@ -10,6 +10,12 @@ from tfrecord_shards import tfrecord_config, write_images, write_shards
 PAYLOADS = ["tensorflow", "keras"]
 
 
+def on_shards(shards, classes: int, epochs: int, out) -> list[str]:
+    """The TensorFlow payloads' arguments for a tiny run on TFRecord shards, batch 4 a rank."""
+    data = ["--data", "tfrecord", "--data-dir", str(shards), "--num-classes", str(classes), "--batch-size", "4"]
+    return TINY + data + ["--epochs", str(epochs), "--output-dir", str(out)]
+
+
 def _corrupt_record(shard, label: int = 1):
     """Append one record whose image does not decode (prepare never writes one: a damaged copy, a bad disk)."""
     import tensorflow as tf
@@ -67,21 +73,7 @@ def test_trains_on_tfrecord_shards_with_validation(tmp_path, payload):
     out = tmp_path / "out"
     train(
         2,
-        TINY
-        + [
-            "--data",
-            "tfrecord",
-            "--data-dir",
-            str(shards),
-            "--num-classes",
-            "3",
-            "--batch-size",
-            "4",
-            "--epochs",
-            "2",
-            "--output-dir",
-            str(out),
-        ],
+        on_shards(shards, classes=3, epochs=2, out=str(out)),
         payload=payload,
     )
     m = metrics(out)
@@ -108,20 +100,7 @@ def test_corrupt_records_fail_with_the_fix_then_are_skipped_and_counted_when_ask
     _corrupt_record(val_shard, label=2)
     bad = tfrecords.check(shards)
     assert [line.split(":")[0] for line in bad] == [f"{train_shard}#12", f"{val_shard}#{_records(val_shard) - 1}"]
-    args = TINY + [
-        "--data",
-        "tfrecord",
-        "--data-dir",
-        str(shards),
-        "--num-classes",
-        "3",
-        "--batch-size",
-        "4",
-        "--epochs",
-        "3",
-        "--output-dir",
-        str(tmp_path / "out"),
-    ]
+    args = on_shards(shards, classes=3, epochs=3, out=str(tmp_path / "out"))
     proc = train(2, args, check=False, payload="tensorflow")
     assert proc.returncode != 0
     assert "payloads.tensorflow.tfrecords --check" in proc.stdout + proc.stderr
@@ -398,21 +377,7 @@ def test_label_beyond_num_classes_is_explained(tmp_path):
     shards = write_shards(write_images(tmp_path / "images"), tmp_path / "shards")
     proc = train(
         1,
-        TINY
-        + [
-            "--data",
-            "tfrecord",
-            "--data-dir",
-            str(shards),
-            "--num-classes",
-            "2",
-            "--batch-size",
-            "4",
-            "--epochs",
-            "1",
-            "--output-dir",
-            str(tmp_path / "out"),
-        ],
+        on_shards(shards, classes=2, epochs=1, out=str(tmp_path / "out")),
         check=False,
         payload="tensorflow",
     )

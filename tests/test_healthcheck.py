@@ -77,8 +77,10 @@ LATE = 0.5
 
 def test_passes_above_the_floor_and_reports_what_it_saw(tmp_path):
     """Also the control of the per-node verdicts: the in-node all-reduce of a normal run passes the EXPECT that
-    a late rank fails (test_a_late_rank_fails_its_node...)."""
-    proc = healthcheck_run(tmp_path, "--expect", f"allreduce_in_node={EXPECT}", env={node_figures.MIN_BUSBW: "0.0001"})
+    a late rank fails (test_a_late_rank_fails_its_node...), over as many runs as that test (a median of 3, which one
+    descheduled run on a loaded machine does not move; a median of 2 is their mean, which it does)."""
+    expect = ["--iterations", "3", "--expect", f"allreduce_in_node={EXPECT}"]
+    proc = healthcheck_run(tmp_path, *expect, env={node_figures.MIN_BUSBW: "0.0001"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "allreduce.json").read_text())
     assert report["passed"] is True and report["processes"] == 2 and report["failures"] == []

@@ -92,7 +92,7 @@ def decide(ending: endings.Ending, chain: Chain, spent_usd: float) -> Decision:
         return Decision(STOP, "completed")
     if ending.kind in (endings.PERMANENT, endings.CANCELED):
         return Decision(STOP, f"not resumed: {ending.why}")
-    if ending.signature in chain.history:
+    if ending.signature in chain.history and ending.kind != endings.PREEMPTED:  # Azure's doing, not the job's
         first = chain.history.index(ending.signature) + 1
         return Decision(
             STOP,

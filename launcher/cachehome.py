@@ -29,6 +29,8 @@ from azureaccess.errors import JobError
 
 SHM = "/dev/shm"
 MEMORY_SHARE = 0.5  # of the node's memory, at most, in /dev/shm
+# A job without resources.shm_size gets Azure ML's 2g, not Docker's 64m (azureml-core's environment._DEFAULT_SHM_SIZE)
+AML_DEFAULT_SHM = "2g"
 IMAGENET = {"train": 1_281_167, "validation": 50_000}  # ILSVRC-2012
 ASSUMED_RESIZE = 256  # docs/data.md's --resize for the shard sets
 ASPECT = 4 / 3  # ImageNet's common width:height: 256 x 341 x 3 bytes, the 260 KB an image the docs give
@@ -50,8 +52,8 @@ def _gib(n: float) -> int:
 
 
 def _shm_gib(text: str | None) -> int:
-    """Azure ML's shm_size ("64g", "512m", a byte count) in whole GiB; Docker's default without one."""
-    m = re.fullmatch(r"(\d+)\s*([bkmg]?)", (text or "64m").strip().lower())
+    """Azure ML's shm_size ("64g", "512m", a byte count) in whole GiB; Azure ML's default without one."""
+    m = re.fullmatch(r"(\d+)\s*([bkmg]?)", (text or AML_DEFAULT_SHM).strip().lower())
     if not m:
         raise JobError(f"resources.shm_size {text!r}: a size such as 64g")
     n, unit = int(m.group(1)), m.group(2) or "b"
@@ -91,7 +93,7 @@ def place(job: dict, memory_gib: int | None, vm_size: str, nodes: int, counts: C
         if not chosen:
             out["command"] = job["command"].rstrip() + f" --cache-dir {SHM}"
         return out, (
-            f"{what} in {SHM}: shm_size {shm or 'Docker default 64m'} -> {wanted}g (the loaders' {loaders} GiB "
+            f"{what} in {SHM}: shm_size {shm or f'Azure ML default {AML_DEFAULT_SHM}'} -> {wanted}g (the loaders' {loaders} GiB "
             f"and the cache), within half of a {vm_size} node's {memory_gib} GiB"
         )
     room = "unknown memory" if memory_gib is None else f"{memory_gib} GiB"

@@ -28,6 +28,7 @@ HANG = "hang"  # the watchdog ended a stalled job (exit 124), naming hosts: heal
 NODE_FAULT = "node fault"  # replicas went wrong and stayed wrong (exit 70), a GPU missing: health check, then resume
 PERMANENT = "permanent"  # a refused configuration, bad data or a full disk (exit 2): a rerun fails the same way
 CANCELED = "canceled"  # a person (or a policy) canceled the job: not resumed
+PREEMPTED = "preempted"  # Azure ML took the low-priority nodes and does not restart the job: resume
 UNKNOWN = "unknown"  # anything else (a rank killed, a node lost, a decode worker that died): resume from a checkpoint
 
 EXIT_CLASSES = {0: COMPLETED, 75: STOPPED, 124: HANG, 70: NODE_FAULT, 2: PERMANENT}
@@ -35,6 +36,9 @@ EXIT_CLASSES = {0: COMPLETED, 75: STOPPED, 124: HANG, 70: NODE_FAULT, 2: PERMANE
 EXIT_IN_MESSAGE = re.compile(r"exit(?:ed)? with (?:status|exit) code:? *(-?\d+)", re.IGNORECASE)
 # Azure ML's message when a node has fewer GPUs than the job asks for (a GPU fell off the bus)
 NODE_MESSAGES = re.compile(r"(?:number of GPUs|GPU count|gpus? (?:are|is) (?:not )?available|nvidia-smi)", re.I)
+# Azure ML's error for a preempted job ("PreemptionError", "Received pre-emption warning signal"): "You have to
+# restart a preempted job" (how-to-create-attach-compute-cluster), so the chain resumes it
+PREEMPTION_MESSAGES = re.compile(r"pre-?emption|preempted", re.I)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,10 +110,12 @@ def classify(
     replicas = read("replicas.json")
     if status == "Completed" or (exit_code == 0 and status != "Canceled"):
         return Ending(COMPLETED, 0, at)
+    if PREEMPTION_MESSAGES.search(message or ""):
+        return Ending(PREEMPTED, exit_code, at, why=first_line(message, 200))
+    if status == "Canceled":  # before the ranks' stop: a cancel stops every rank with a checkpoint too
+        return Ending(CANCELED, exit_code, at, why="canceled on Azure ML (a person or a policy): not resumed")
     if every_rank_stopped(beats):
         return Ending(STOPPED, 75, at, why="every rank stopped with a checkpoint")
-    if status == "Canceled":
-        return Ending(CANCELED, exit_code, at, why="canceled on Azure ML (a person or a policy): not resumed")
     if stall and run and stall.get("run") == run:
         ranks = [r for r in stall.get("ranks", []) if r.get("host") not in (None, "?")]
         stuck = [r for r in ranks if r.get("why") != "waiting"] or ranks  # all waiting: a collective, every host

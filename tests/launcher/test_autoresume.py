@@ -229,6 +229,8 @@ def test_a_hang_runs_the_health_check_before_the_resume(chained, dev_outputs, ca
     [
         (("Failed", failed(2), beats((0, 3), codes=(2, 143))), "permanent, exit 2 at epoch 1, step 3"),
         (("Canceled", None, beats((0, 3))), "canceled on Azure ML"),
+        # a person's cancel stops every rank with a checkpoint, as a preemption's SIGTERM does: Canceled decides
+        (("Canceled", None, beats((0, 3), doing="stopped", codes=(75, 75))), "canceled, exit 75 at epoch 1, step 3"),
     ],
 )
 def test_a_refused_configuration_or_a_cancel_ends_the_chain(chained, dev_outputs, capsys, outcome, says):
@@ -236,6 +238,24 @@ def test_a_refused_configuration_or_a_cancel_ends_the_chain(chained, dev_outputs
     assert chain(chained, dev_outputs, budget=3) == 1
     out = capsys.readouterr().out
     assert says in out and "not resumed" in out and len(chained.jobs) == 1
+
+
+def test_a_preempted_job_is_resumed_each_time_azure_ml_preempts_it(chained, dev_outputs, capsys):
+    """Azure ML does not restart a preempted job ("You have to restart a preempted job"): it ends Failed with a
+    preemption error, before or after any step, and the chain resumes it; the same preemption twice is Azure's doing,
+    not a deterministic failure."""
+    preempted = "PreemptionError: Received pre-emption warning signal, the job is being preempted"
+    chained.outcomes = [
+        ("Failed", preempted, {}),
+        ("Failed", preempted, {}),
+        ("Completed", None, beats((2, 0), doing="finished", codes=(0, 0))),
+    ]
+    assert chain(chained, dev_outputs, budget=3) == 0
+    out = capsys.readouterr().out
+    first = next(iter(chained.jobs))
+    assert list(chained.jobs) == [first, f"{first}-r1", f"{first}-r2"]
+    assert re.search(rf"ended: preempted at before the first step: .*{preempted}; resume 1 of 3", out), out
+    assert "resume 2 of 3" in out and tags(chained, f"{first}-r2")["autoresume_history"] == "preempted|-|-;preempted|-|-"
 
 
 def test_the_decision_table(tmp_path):

@@ -45,6 +45,14 @@ def test_the_cache_goes_to_dev_shm_sized_by_the_node_count_where_the_nodes_memor
     assert job["resources"]["shm_size"] == "64g" and "--cache-dir /mnt/nvme/cache: yours" in out
 
 
+def test_a_job_without_shm_size_counts_azure_mls_default_of_2g_for_its_loaders(dev_outputs):
+    job = jobspec.fill(jobspec.read_template(SHARDS), stack.load_file(dev_outputs), "gpu-ib", 1, None, [])
+    del job["resources"]["shm_size"]
+    out, line = cachehome.place(job, 900, "Standard_ND96asr_v4", 1, cachehome.imagenet("assumed"))
+    assert out["resources"]["shm_size"] == "328g"  # the loaders' 2 GiB and the cache's 326
+    assert "shm_size Azure ML default 2g -> 328g (the loaders' 2 GiB and the cache)" in line
+
+
 def test_a_node_too_small_for_the_cache_trains_without_it_and_says_so_before_submitting(dev_outputs):
     template = jobspec.read_template(SHARDS)
     job = jobspec.fill(template, stack.load_file(dev_outputs), "gpu-ib", 1, None, [])

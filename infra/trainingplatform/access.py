@@ -172,6 +172,99 @@ def deployer_users(users: tuple[Principal, ...] | None, project: str) -> tuple[P
     return (Principal(object_id=deployer, type="User"),)
 
 
+def platform_grants(cfg, users: tuple[Principal, ...], job_identity, ws, registry, data, way_in, data_links) -> list[Grant]:
+    """Every grant of the platform stack (program.py declares them in one AccessGrants): its identities', and its
+    users' on its own resources only. Their access to the data and logs containers is the data stack's grant (its
+    `users`): two platforms on one data stack would otherwise both claim the same (scope, principal, role), which
+    Azure holds once (above). data_links: the data accounts' private endpoints this stack declares (none with
+    access.dataEndpointRecords another-platform)."""
+    workspace_identity = ws.workspace.identity.apply(lambda i: i.principal_id)
+    data_scope = container_scope(data.data_account.id, data.data_container.name)
+    logs_scope = container_scope(data.logs_account.id, data.logs_container.name)
+    acr = registry.registry.id
+    grants = [
+        Grant("compute-reads-data", "Storage Blob Data Reader", job_identity, data_scope),
+        Grant("compute-writes-logs", "Storage Blob Data Contributor", job_identity, logs_scope),
+        Grant("compute-pulls-images", "AcrPull", job_identity, acr),
+        # Jobs upload code snapshots to and read them from the workspace's own storage.
+        Grant("compute-workspace-storage", "Storage Blob Data Contributor", job_identity, ws.storage.id),
+        # The workspace identity browses the datastores in the studio.
+        Grant("workspace-reads-data", "Storage Blob Data Reader", workspace_identity, data_scope),
+        Grant("workspace-reads-logs", "Storage Blob Data Reader", workspace_identity, logs_scope),
+    ]
+    for u in users:
+        label = f"user-{u.object_id}"  # from the object id alone: listing the deployer keeps the same resources
+        grants += [
+            # Submitting a job uploads its code snapshot to the workspace storage with the user's token
+            # (blob), and the studio's file views need the file share (how-to-disable-local-auth-storage).
+            Grant(f"{label}-workspace-blob", "Storage Blob Data Contributor", u.object_id, ws.storage.id, u.type),
+            Grant(
+                f"{label}-workspace-files",
+                "Storage File Data Privileged Contributor",
+                u.object_id,
+                ws.storage.id,
+                u.type,
+            ),
+            Grant(f"{label}-submits-jobs", "AzureML Data Scientist", u.object_id, ws.workspace.id, u.type),
+            # The cost ledger's status log: AmlRunStatusChangedEvent, which the workspace's diagnostic setting sends
+            # to the stack's Log Analytics workspace (workspace.py). Querying it, on that workspace alone.
+            Grant(f"{label}-reads-status-log", "Log Analytics Reader", u.object_id, ws.logs.id, u.type),
+            # Reading the registry's tags (the doctor's image check) and pulling a job's image to reproduce it:
+            # AcrPull, and no more. Pushing is the builders' (below): a user who could push could overwrite the image
+            # every job runs (learn.microsoft.com/azure/container-registry/container-registry-roles: AcrPush "Push
+            # artifacts to or pull artifacts from a registry"; AcrPull "Pull artifacts from a registry").
+            Grant(f"{label}-pulls-images", "AcrPull", u.object_id, acr, u.type),
+        ]
+    # Who builds and pushes the images (config imageBuilders). Absent with a private registry: the users, since
+    # images are pushed from inside the VNet and every job pulls one; absent with a public one: nobody by this grant.
+    builders = cfg.image_builders
+    if builders is None and not cfg.registry_public_access:
+        builders = users
+    for b in builders or ():
+        grants.append(Grant(f"builder-{b.object_id}-pushes-images", "AcrPush", b.object_id, acr, b.type))
+        if cfg.registry_public_access:
+            # `az acr build` (docs/images.md, the public profile's build) queues an ACR Tasks run, which AcrPush
+            # does not allow: Container Registry Tasks Contributor (registries/scheduleRun/action and the runs'
+            # logs). A private registry has no Tasks path (shared agents cannot reach it): docker push from the
+            # jump host, AcrPush alone.
+            grants.append(
+                Grant(f"builder-{b.object_id}-runs-builds", "Container Registry Tasks Contributor", b.object_id, acr, b.type)
+            )
+    # Studio data preview over storage behind private endpoints: "the workspace managed identity ... Reader role for
+    # the storage private endpoint(s)" (learn.microsoft.com/azure/machine-learning/how-to-enable-studio-virtual-network,
+    # "Azure Storage Account"): the datastores' accounts and the workspace storage (not the NFS share: no datastore).
+    studio_links = [*data_links[:2], *(link for k, link in ws.links.items() if k.startswith("storage"))]
+    grants += [
+        Grant(f"workspace-reads-{link.pulumi_resource_name}", "Reader", workspace_identity, link.endpoint.id)
+        for link in studio_links
+    ]
+    if way_in is None or way_in.jump_host is None:
+        return grants
+    jump_host, admins = way_in.jump_host, {a.object_id for a in cfg.access.jump_host_admins}
+    for u in users:
+        label = f"user-{u.object_id}"
+        # Bastion's native client (`az network bastion ssh`, learn.microsoft.com/azure/bastion/
+        # connect-vm-native-client-linux, "Verify roles and ports"): "Reader role on the virtual machine.
+        # Reader role on the NIC with private IP of the virtual machine. Reader role on the Azure Bastion
+        # resource. Virtual Machine Administrator Login or Virtual Machine User Login role".
+        # Entra ID sign-in (learn.microsoft.com/entra/identity/devices/howto-vm-sign-in-azure-ad-linux): User
+        # Login for "regular user privileges" ("Users who are assigned the VM User role won't be able to run
+        # sudo"); Administrator Login, with sudo (the machine's upkeep; builds use rootless Docker), for
+        # access.jumpHostAdmins only.
+        login = "Virtual Machine Administrator Login" if u.object_id in admins else "Virtual Machine User Login"
+        grants += [
+            Grant(f"{label}-reads-jumphost", "Reader", u.object_id, jump_host.id, u.type),
+            Grant(f"{label}-reads-jumphost-nic", "Reader", u.object_id, way_in.jump_host_nic.id, u.type),
+            Grant(f"{label}-reads-bastion", "Reader", u.object_id, way_in.bastion.id, u.type),
+            Grant(f"{label}-jumphost-login", login, u.object_id, jump_host.id, u.type),
+            # The auto-shutdown (wayin.py) deallocates the jump host every evening; the first user of the day starts
+            # it again (`az vm start`, Microsoft.Compute/virtualMachines/start/action). The narrowest built-in role
+            # holding that action, on the VM alone (ROLES explains the choice).
+            Grant(f"{label}-starts-jumphost", "Desktop Virtualization Power On Contributor", u.object_id, jump_host.id, u.type),
+        ]
+    return grants
+
+
 class AccessGrants(pulumi.ComponentResource):
     """`assignments`: {label: RoleAssignment}, so that other resources can depend on a grant."""
 

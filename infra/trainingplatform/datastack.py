@@ -23,7 +23,7 @@ from . import naming
 from .access import AccessGrants, Grant, container_scope, deployer_users
 from .dataconfig import PROJECT, DataConfig
 from .nfs import MOUNT_OPTIONS, NfsShare
-from .storage import TrainingStorage
+from .storage import StorageArgs, TrainingStorage
 
 OUTPUTS = (
     "subscription_id",
@@ -62,14 +62,8 @@ def build(cfg: DataConfig) -> dict[str, pulumi.Input]:
     store = TrainingStorage(
         "storage",
         resource_group=group.name,
-        location=cfg.location,
-        prefix=cfg.prefix,
-        stack=cfg.stack,
+        args=StorageArgs.of(cfg),
         suffix=suffix,
-        cfg=cfg.storage,
-        allowed_client_ips=cfg.allowed_client_ips,
-        allowed_subnet_ids=cfg.allowed_subnet_ids,
-        tags=cfg.tags,
         opts=protect,
     )
     data_scope = container_scope(store.data_account.id, store.data_container.name)

@@ -1,20 +1,16 @@
 """The private profile's additions to the platform, in one place for program.py: the storage egress
-policy (egress.py), the way in (wayin.py) and the grants they and the studio need.
+policy (egress.py) and the way in (wayin.py); the grants they and the studio need are access.py's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pulumi
 
 from . import naming
-from .access import Grant
 from .config import PlatformConfig, Principal
 from .egress import StorageEgressPolicy, storage_account_id
 from .network import PlatformNetwork
-from .privatelink import PrivateDnsZones, PrivateLink
-from .registry import Registry
+from .privatelink import PrivateDnsZones
 from .wayin import WayIn
 
 
@@ -95,51 +91,3 @@ def way_in(
         jump_host_ssh_public_key,
     )
 
-
-def grants(
-    cfg: PlatformConfig,
-    users: list[tuple[str, str, str]],
-    workspace_identity,
-    registry: Registry,
-    way_in: WayIn | None,
-    storage_links: Sequence[PrivateLink],
-) -> list[Grant]:
-    out = [
-        # Studio data preview over storage behind private endpoints: "the workspace managed identity ... Reader
-        # role for the storage private endpoint(s)" (learn.microsoft.com/azure/machine-learning/
-        # how-to-enable-studio-virtual-network, "Azure Storage Account").
-        Grant(f"workspace-reads-{link.pulumi_resource_name}", "Reader", workspace_identity, link.endpoint.id)
-        for link in storage_links
-    ]
-    admins = {a.object_id for a in cfg.access.jump_host_admins} if cfg.access else set()
-    for label, principal, kind in users:
-        # Pushing images is the builders' alone (config imageBuilders, program.py), in every profile.
-        if way_in is not None and way_in.jump_host is not None:
-            # Bastion's native client (`az network bastion ssh`, learn.microsoft.com/azure/bastion/
-            # connect-vm-native-client-linux, "Verify roles and ports"): "Reader role on the virtual machine.
-            # Reader role on the NIC with private IP of the virtual machine. Reader role on the Azure Bastion
-            # resource. Virtual Machine Administrator Login or Virtual Machine User Login role".
-            out += [
-                Grant(f"{label}-reads-jumphost", "Reader", principal, way_in.jump_host.id, kind),
-                Grant(f"{label}-reads-jumphost-nic", "Reader", principal, way_in.jump_host_nic.id, kind),
-                Grant(f"{label}-reads-bastion", "Reader", principal, way_in.bastion.id, kind),
-            ]
-            # Entra ID sign-in (learn.microsoft.com/entra/identity/devices/howto-vm-sign-in-azure-ad-linux): User
-            # Login for "regular user privileges" ("Users who are assigned the VM User role won't be able to run
-            # sudo"); Administrator Login, with sudo (the machine's upkeep; builds use rootless Docker), for
-            # access.jumpHostAdmins only.
-            login = "Virtual Machine Administrator Login" if principal in admins else "Virtual Machine User Login"
-            out.append(Grant(f"{label}-jumphost-login", login, principal, way_in.jump_host.id, kind))
-            # The auto-shutdown (wayin.py) deallocates the jump host every evening; the first user of the day starts
-            # it again (`az vm start`, Microsoft.Compute/virtualMachines/start/action). The narrowest built-in role
-            # holding that action, on the VM alone (access.ROLES explains the choice).
-            out.append(
-                Grant(
-                    f"{label}-starts-jumphost",
-                    "Desktop Virtualization Power On Contributor",
-                    principal,
-                    way_in.jump_host.id,
-                    kind,
-                )
-            )
-    return out

@@ -12,13 +12,13 @@ import pulumi_random as random
 from pulumi_azure_native import authorization, resources
 
 from . import naming, private
-from .access import AccessGrants, Grant, QuotaReaders, container_scope, deployer_users
+from .access import AccessGrants, QuotaReaders, deployer_users, platform_grants
 from .compute import ComputeClusters, compute_identity, describe
 from .config import PROJECT, ConfigError, PlatformConfig
 from .datastack import DataStackReference, default_reference
 from .network import PlatformNetwork
 from .privatelink import PrivateDnsZones, PrivateLink
-from .registry import Registry
+from .registry import Registry, RegistryArgs
 from .workspace import Workspace, WorkspaceArgs
 
 
@@ -89,12 +89,8 @@ def build(
     registry = Registry(
         "registry",
         resource_group=group.name,
-        location=cfg.location,
-        prefix=cfg.prefix,
-        stack=cfg.stack,
+        args=RegistryArgs.of(cfg),
         suffix=suffix,
-        public_access=cfg.registry_public_access,
-        tags=tags,
         endpoint_subnet_id=endpoints,
         dns=dns,
     )
@@ -116,80 +112,8 @@ def build(
     )
     identity = compute_identity("compute", group.name, cfg.location, tags)
     way_in = private.way_in(cfg, group.name, net, dns, tags, jump_host_ssh_public_key)  # after every private endpoint
-
-    job_identity = identity.principal_id
-    workspace_identity = ws.workspace.identity.apply(lambda i: i.principal_id)
-    data_scope = container_scope(data.data_account.id, data.data_container.name)
-    logs_scope = container_scope(data.logs_account.id, data.logs_container.name)
-    grants = [
-        Grant("compute-reads-data", "Storage Blob Data Reader", job_identity, data_scope),
-        Grant("compute-writes-logs", "Storage Blob Data Contributor", job_identity, logs_scope),
-        Grant("compute-pulls-images", "AcrPull", job_identity, registry.registry.id),
-        # Jobs upload code snapshots to and read them from the workspace's own storage.
-        Grant("compute-workspace-storage", "Storage Blob Data Contributor", job_identity, ws.storage.id),
-        # The workspace identity browses the datastores in the studio.
-        Grant("workspace-reads-data", "Storage Blob Data Reader", workspace_identity, data_scope),
-        Grant("workspace-reads-logs", "Storage Blob Data Reader", workspace_identity, logs_scope),
-    ]
-    # Users' roles on this stack's own resources only. Their access to the data and logs containers is the
-    # data stack's grant (its `users`): two platforms on one data stack would otherwise both claim the same
-    # (scope, principal, role), which Azure holds once (access.py).
-    for u in users:
-        label = f"user-{u.object_id}"  # from the object id alone: listing the deployer keeps the same resources
-        grants += [
-            # Submitting a job uploads its code snapshot to the workspace storage with the user's token
-            # (blob), and the studio's file views need the file share (how-to-disable-local-auth-storage).
-            Grant(f"{label}-workspace-blob", "Storage Blob Data Contributor", u.object_id, ws.storage.id, u.type),
-            Grant(
-                f"{label}-workspace-files",
-                "Storage File Data Privileged Contributor",
-                u.object_id,
-                ws.storage.id,
-                u.type,
-            ),
-            Grant(f"{label}-submits-jobs", "AzureML Data Scientist", u.object_id, ws.workspace.id, u.type),
-            # The cost ledger's status log: AmlRunStatusChangedEvent, which the workspace's diagnostic setting sends
-            # to the stack's Log Analytics workspace (workspace.py). Querying it, on that workspace alone.
-            Grant(f"{label}-reads-status-log", "Log Analytics Reader", u.object_id, ws.logs.id, u.type),
-        ]
-        # Reading the registry's tags (the doctor's image check) and pulling a job's image to reproduce it: AcrPull,
-        # and no more. Pushing is the builders' (below): a user who could push could overwrite the image every job
-        # runs (learn.microsoft.com/azure/container-registry/container-registry-roles: AcrPush "Push artifacts to
-        # or pull artifacts from a registry"; AcrPull "Pull artifacts from a registry").
-        grants.append(Grant(f"{label}-pulls-images", "AcrPull", u.object_id, registry.registry.id, u.type))
-    # Who builds and pushes the images (config imageBuilders). Absent with a private registry: the users, since
-    # images are pushed from inside the VNet and every job pulls one; absent with a public one: nobody by this grant.
-    builders = cfg.image_builders
-    if builders is None and not cfg.registry_public_access:
-        builders = users
-    for b in builders or ():
-        grants.append(
-            Grant(f"builder-{b.object_id}-pushes-images", "AcrPush", b.object_id, registry.registry.id, b.type)
-        )
-        if cfg.registry_public_access:
-            # `az acr build` (docs/images.md, the public profile's build) queues an ACR Tasks run, which AcrPush
-            # does not allow: Container Registry Tasks Contributor (registries/scheduleRun/action and the runs'
-            # logs). A private registry has no Tasks path (shared agents cannot reach it): docker push from the
-            # jump host, AcrPush alone.
-            grants.append(
-                Grant(
-                    f"builder-{b.object_id}-runs-builds",
-                    "Container Registry Tasks Contributor",
-                    b.object_id,
-                    registry.registry.id,
-                    b.type,
-                )
-            )
-    # The studio reads the datastores' accounts and the workspace storage (not the NFS share: no datastore).
-    studio_links = [*links[:2], *(link for k, link in ws.links.items() if k.startswith("storage"))]
-    grants += private.grants(
-        cfg,
-        [(f"user-{u.object_id}", u.object_id, u.type) for u in users],
-        workspace_identity,
-        registry,
-        way_in,
-        studio_links,
-    )
+    # Who may do what, at the narrowest scope (access.py).
+    grants = platform_grants(cfg, users, identity.principal_id, ws, registry, data, way_in, links)
     access = AccessGrants("access", cfg.subscription_id, cfg.stack, grants)
     # The users' read of Azure ML's quota at the subscription, for the submission's quota check (access.py).
     quota = QuotaReaders("quota", cfg.subscription_id, cfg.prefix, cfg.stack, users) if cfg.quota_reader_role else None

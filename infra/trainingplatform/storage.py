@@ -16,6 +16,8 @@ gets in through a VNet rule (a subnet with the Microsoft.Storage service endpoin
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pulumi
 from pulumi_azure_native import storage
 
@@ -129,6 +131,25 @@ def run_versions_rule(logs_container: str) -> storage.ManagementPolicyRuleArgs:
     )
 
 
+@dataclass(frozen=True)
+class StorageArgs:
+    """What the data stack's storage takes from its configuration (dataconfig.DataConfig)."""
+
+    location: str
+    prefix: str
+    stack: str
+    storage: Storage
+    allowed_client_ips: tuple[str, ...]
+    allowed_subnet_ids: tuple[str, ...]
+    tags: dict
+
+    @classmethod
+    def of(cls, cfg) -> StorageArgs:
+        return cls(
+            cfg.location, cfg.prefix, cfg.stack, cfg.storage, cfg.allowed_client_ips, cfg.allowed_subnet_ids, cfg.tags
+        )
+
+
 class TrainingStorage(pulumi.ComponentResource):
     """The data stack's blob storage. Outputs: data_account, data_container, logs_account, logs_container.
 
@@ -139,52 +160,46 @@ class TrainingStorage(pulumi.ComponentResource):
         self,
         name: str,
         resource_group,
-        location: str,
-        prefix: str,
-        stack: str,
+        args: StorageArgs,
         suffix: pulumi.Input[str],
-        cfg: Storage,
-        allowed_client_ips: tuple[str, ...],
-        tags: dict,
-        allowed_subnet_ids: tuple[str, ...] = (),
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("trainingplatform:storage:TrainingStorage", name, None, opts)
         keep = pulumi.ResourceOptions(parent=self, protect=True)
-        rules = closed_rules(allowed_client_ips, allowed_subnet_ids)
+        rules = closed_rules(args.allowed_client_ips, args.allowed_subnet_ids)
         # Public network access on only to admit the listed client IPs and subnets (VNet rules act on the
         # public endpoint too); without any, it is off altogether.
-        public = "Enabled" if allowed_client_ips or allowed_subnet_ids else "Disabled"
+        public = "Enabled" if args.allowed_client_ips or args.allowed_subnet_ids else "Disabled"
         self.data_account = secure_account(
             f"{name}-data",
-            naming.storage_account(prefix, stack, "data", suffix),
+            naming.storage_account(args.prefix, args.stack, "data", suffix),
             resource_group,
-            location,
+            args.location,
             "BlockBlobStorage",
-            f"Premium_{cfg.replication}",
+            f"Premium_{args.storage.replication}",
             rules,
-            tags,
+            args.tags,
             keep,
             public_network_access=public,
         )
         self.logs_account = secure_account(
             f"{name}-logs",
-            naming.storage_account(prefix, stack, "logs", suffix),
+            naming.storage_account(args.prefix, args.stack, "logs", suffix),
             resource_group,
-            location,
+            args.location,
             "StorageV2",
-            f"Standard_{cfg.replication}",
+            f"Standard_{args.storage.replication}",
             rules,
-            tags,
+            args.tags,
             keep,
             access_tier="Hot",
             public_network_access=public,
         )
         self.data_container = self._container(
-            f"{name}-data", self.data_account, resource_group, cfg.data_container, cfg
+            f"{name}-data", self.data_account, resource_group, args.storage.data_container, args.storage
         )
         self.logs_container = self._container(
-            f"{name}-logs", self.logs_account, resource_group, cfg.logs_container, cfg, versioning=True
+            f"{name}-logs", self.logs_account, resource_group, args.storage.logs_container, args.storage, versioning=True
         )
         # An account has one management policy, named "default" (Microsoft.Storage managementPolicies).
         self.logs_lifecycle = storage.ManagementPolicy(
@@ -192,7 +207,7 @@ class TrainingStorage(pulumi.ComponentResource):
             account_name=self.logs_account.name,
             resource_group_name=resource_group,
             management_policy_name="default",
-            policy=storage.ManagementPolicySchemaArgs(rules=[run_versions_rule(cfg.logs_container)]),
+            policy=storage.ManagementPolicySchemaArgs(rules=[run_versions_rule(args.storage.logs_container)]),
             opts=keep,
         )
         self.register_outputs({"data_account": self.data_account.name, "logs_account": self.logs_account.name})

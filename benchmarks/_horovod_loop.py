@@ -1,6 +1,6 @@
 """Horovod's synthetic benchmark loop (the pattern of horovod/examples/pytorch/pytorch_synthetic_benchmark.py:
 one fixed random batch, SGD through DistributedOptimizer, warm-up batches not timed), with the payload's model,
-batch, image size and threads. Run under horovodrun by benchmarks/horovod_reference.py; prints the total
+batch, image size and threads. Run under horovodrun by benchmarks/backends.py; prints the total
 images/sec of all processes on its last line."""
 
 from __future__ import annotations

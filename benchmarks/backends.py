@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.backends [--max-np 4] [--repeats 3] [--json benchmarks/results/backends.json]
     .venv/bin/python -m benchmarks.backends --quick            # smoke test: toy sizes, one repeat
 
-One model and step for all three (benchmarks/horovod_reference.py's LOCAL: torchvision resnet18, 100 classes,
+One model and step for all three (LOCAL, scripts/train-local's arguments: torchvision resnet18, 100 classes,
 64 px, batch 16 per process, 1 thread; one fixed random batch per rank, SGD at lr 0.01 x workers, warm-up
 batches untimed, images/sec the mean of the timed iterations x workers):
   horovod  hvd.DistributedOptimizer (benchmarks/_horovod_loop.py) under horovodrun with the launcher's local
@@ -30,12 +30,20 @@ import subprocess
 import sys
 
 from benchmarks._backend_common import MARK
-from benchmarks.horovod_reference import LOCAL, ROOT, horovodrun_command
-from launcher.local import controller
+from launcher.local import controller, horovodrun_options
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LOCAL = {"model": "resnet18", "image_size": 64, "num_classes": 100, "batch_size": 16, "threads": 1}
 
 BACKENDS = ("horovod", "ddp", "ps")
 FULL = {"warmup_batches": 10, "batches_per_iter": 10, "iters": 5}
 QUICK = {"image_size": 32, "batch_size": 4, "warmup_batches": 1, "batches_per_iter": 2, "iters": 2}
+
+
+def horovodrun_command(np: int) -> tuple[list[str], dict]:
+    flags, fast_env = horovodrun_options(controller("auto"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **fast_env)
+    return [str(pathlib.Path(sys.executable).parent / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", *flags], env
 
 
 def _args(config: dict) -> list[str]:

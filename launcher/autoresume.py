@@ -24,7 +24,7 @@ from azureaccess.errors import JobError, first_line
 from . import endings
 
 RESUME, CHECK_THEN_RESUME, STOP = "resume", "health check, then resume", "stop"
-TAG = "autoresume_"  # the chain's tags: budget, attempt, history, spent_usd, cap_usd, chain
+TAG = "autoresume_"  # the chain's tags: budget, attempt, history, spent_usd, cap_usd, chain, image
 LOCAL_STATE = "autoresume.json"
 
 
@@ -38,6 +38,7 @@ class Chain:
     attempt: int = 0  # 0: the first job
     history: tuple[str, ...] = ()  # the signatures of the attempts that ended
     spent_usd: float = 0.0
+    image: str | None = None  # the first job's image by digest (azureml.pin_image): every resume runs it
 
     def tags(self) -> dict[str, str]:
         out = {
@@ -50,6 +51,8 @@ class Chain:
             out[TAG + "chain"] = self.name
         if self.cap_usd is not None:
             out[TAG + "cap_usd"] = f"{self.cap_usd:.2f}"
+        if self.image:
+            out[TAG + "image"] = self.image
         return out
 
     @classmethod
@@ -66,6 +69,7 @@ class Chain:
                 attempt=int(tags.get(TAG + "attempt", 0)),
                 history=tuple(x for x in tags.get(TAG + "history", "").split(";") if x),
                 spent_usd=float(tags.get(TAG + "spent_usd") or 0.0),
+                image=tags.get(TAG + "image") or None,
             )
         except ValueError as e:
             raise JobError(f"job {own_name}: its auto-resume tags are not this tool's ({e}): {tags}") from None
@@ -184,8 +188,9 @@ def run_azureml(
             _say(f"{follow_name}'s chain has a budget of {chain.budget} resume(s): that budget holds, not {budget}")
         name, url = follow_name, found.studio_url
     else:
-        chain = Chain(None, budget, cap_usd)
         job = build(resume_from)
+        azureml.pin_image(job, outputs, ml)
+        chain = Chain(None, budget, cap_usd, image=getattr(getattr(job, "environment", None), "image", None))
         job.tags = {**(job.tags or {}), **chain.tags()}
         created = azureml.create(ml, job, outputs, resume_from)
         if isinstance(created, int):
@@ -218,20 +223,29 @@ def run_azureml(
         following = chain.after(ending, spent)
         next_name = chain.next_name()
         taken = _get(ml, next_name, outputs)
-        if taken is not None:  # another launcher follows this chain and resubmitted first
-            _say(f"{next_name} was already submitted by another launcher following this chain: following it")
-            chain = Chain.from_tags(taken.tags, next_name) or following
-            name, url = next_name, taken.studio_url
-            continue
-        job = build(name)
-        job.name = next_name
-        job.tags = {**(job.tags or {}), **following.tags()}
-        if _is_asset(getattr(before, "code", None)):
-            job.code = before.code  # a resume runs the chain's code, not what this checkout holds now
-        created = azureml.create(ml, job, outputs, resume_from=name)
-        if isinstance(created, int):
-            return created
-        chain, name, url = following, created.name, created.studio_url
+        if taken is None:
+            job = build(name)
+            job.name = next_name
+            job.tags = {**(job.tags or {}), **following.tags()}
+            if _is_asset(getattr(before, "code", None)):
+                job.code = before.code  # a resume runs the chain's code, not what this checkout holds now
+            if chain.image:
+                job.environment.image = chain.image  # and the chain's image, wherever its tag has moved since
+            try:
+                created = azureml.create(ml, job, outputs, resume_from=name)
+            except JobError:
+                taken = _get(ml, next_name, outputs)  # refused because another launcher created it just now?
+                if taken is None:
+                    raise
+            else:
+                if isinstance(created, int):
+                    return created
+                chain, name, url = following, created.name, created.studio_url
+                continue
+        # another launcher follows this chain and resubmitted first
+        _say(f"{next_name} was already submitted by another launcher following this chain: following it")
+        chain = Chain.from_tags(taken.tags, next_name) or following
+        name, url = next_name, taken.studio_url
 
 
 def _get(ml, name: str, outputs):
@@ -240,12 +254,14 @@ def _get(ml, name: str, outputs):
 
     from . import azureml
 
+    refusals = 0
     while True:
         try:
             return ml.jobs.get(name)
         except ResourceNotFoundError:
             return None
         except AzureError as e:
+            refusals = azureml.count_refusal(e, refusals, outputs, name)
             print(
                 f"auto-resume: cannot read job {name} ({first_line(e, 200)}): nothing is done while it is unknown; "
                 f"asking again in {azureml.POLL_SECONDS:.0f}s",

@@ -124,6 +124,43 @@ def submission_failure(error: BaseException, outputs: StackOutputs, compute: str
     return f"Azure ML refused the job ({status} {code}): {message}"
 
 
+# A refused sign-in (no token, an on-behalf-of token no longer issued, a 401 or 403) does not come back by waiting: a
+# chain stops after this many in a row, where a supervisor would otherwise poll a dead token for its 14 days.
+AUTH_TRIES = 3
+
+
+def refused(error: BaseException, outputs: StackOutputs) -> str | None:
+    """The one line naming the fix where Azure refused who asks (ClientAuthenticationError, HTTP 401 or 403); None
+    for anything else (an outage, which waiting mends)."""
+    from azure.core.exceptions import ClientAuthenticationError
+
+    http = _http(error)
+    if not any(isinstance(e, ClientAuthenticationError) for e in _chain(error)) and getattr(
+        http, "status_code", None
+    ) not in (401, 403):
+        return None
+    from azureaccess.credential import ON_BEHALF_OF
+
+    if os.environ.get(ON_BEHALF_OF[0]):
+        return (
+            f"Azure refused the on-behalf-of sign-in of the person who submitted this supervisor "
+            f"({_first_line(error, 200)}): the token is no longer issued, or their access to workspace "
+            f"{outputs['workspace_name']} has gone; follow the chain from a signed-in machine (python -m launcher JOB "
+            "--auto-resume N --follow <the newest job>), or hand it to a new supervisor with --supervise there"
+        )
+    return submission_failure(error, outputs, "", "").replace("the submission", "the read")
+
+
+def count_refusal(error: BaseException, refusals: int, outputs: StackOutputs, name: str) -> int:
+    """The refusals in a row with `error` counted (0: it was none); the AUTH_TRIES-th ends the chain (JobError)."""
+    line = refused(error, outputs)
+    if line is None:
+        return 0
+    if refusals + 1 >= AUTH_TRIES:
+        raise JobError(f"job {name}: {line}; asked {AUTH_TRIES} times, the chain stops here (the job is not affected)")
+    return refusals + 1
+
+
 def failure_cause(error: BaseException) -> str:
     """The one-line cause azure-ai-ml's stream() puts in the JobException it raises for a Failed job: the run's
     error as JSON after 'Exception :' (azure/ai/ml/operations/_job_ops_helper.py)."""
@@ -309,6 +346,40 @@ def _code_snapshot(job):
             job.code = code
 
 
+def pin_image(job, outputs: StackOutputs, ml=None) -> None:
+    """The job's image by digest: a tag in the stack's registry read now, so that what runs is what was built, not
+    what a push moved the tag to before the nodes pulled it; printed. An image by digest or from elsewhere stays."""
+    env, login = getattr(job, "environment", None), outputs["registry_login_server"]
+    image = str(getattr(env, "image", "") or "")
+    if "@" in image or not image.startswith(login + "/"):
+        return
+    from azure.containerregistry import ContainerRegistryClient
+    from azure.core.exceptions import AzureError, ResourceNotFoundError
+
+    credential = getattr(ml, "_credential", None)
+    if credential is None:
+        from azureaccess.credential import azure_credential
+
+        credential = azure_credential()
+    try:
+        credential.get_token("https://management.azure.com/.default")
+    except AzureError as e:  # no sign-in, said as such before any request (the registry's first is anonymous)
+        raise JobError(submission_failure(e, outputs, "", "")) from None
+    repo, _, tag = image.removeprefix(login + "/").rpartition(":")
+    client = ContainerRegistryClient(f"https://{login}", credential, audience="https://management.azure.com")
+    try:
+        digest = client.get_tag_properties(repo, tag).digest
+    except ResourceNotFoundError:
+        raise JobError(f"image {image} is not in {login}: build it first (docs/images.md#building)") from None
+    except AzureError as e:
+        raise JobError(
+            f"image {image}: its digest was not read from {login} ({_first_line(e, 200)}): jobs are submitted by "
+            "digest, which needs AcrPull on the registry (the stack grants it to `users`)"
+        ) from None
+    env.image = f"{login}/{repo}@{digest}"
+    print(f"image {image}: {env.image}", flush=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class Ended:
     """How a followed job ended: Azure ML's final status, and the run's error where it Failed."""
@@ -337,6 +408,7 @@ def create(ml, job, outputs: StackOutputs, resume_from: str | None = None):
     # create_or_update rewrites these into ARM ids: keep the names the user knows for the messages
     compute = str(getattr(job, "compute", "") or "").removeprefix("azureml:")
     image = str(getattr(getattr(job, "environment", None), "image", "") or "")
+    pin_image(job, outputs, ml)
     sending, created = False, None
     try:
         with _code_snapshot(job):
@@ -397,7 +469,7 @@ def follow(ml, name: str, studio_url: str | None, outputs: StackOutputs, patient
             )
             return EXIT_ENDED_BADLY
         try:
-            final, cause = wait_for_end(ml, name, first_error=e)
+            final, cause = wait_for_end(ml, name, outputs, first_error=e)
         except KeyboardInterrupt:
             return _interrupted(name, studio_url, outputs)
     return Ended(name, str(getattr(final, "value", final)), cause, studio_url)
@@ -410,16 +482,17 @@ def pause(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def wait_for_end(ml, name: str, first_error: BaseException | None = None) -> tuple[str, str | None]:
+def wait_for_end(ml, name: str, outputs: StackOutputs, first_error: BaseException | None = None) -> tuple[str, str | None]:
     """Poll the job's status until it is terminal: (status, the run's error). A read that fails is said, and tried
-    again after POLL_SECONDS (doubling to 15 minutes): it never ends the wait."""
+    again after POLL_SECONDS (doubling to 15 minutes): only AUTH_TRIES refused sign-ins in a row end the wait."""
     from azure.ai.ml.operations._run_history_constants import RunHistoryConstants
     from azure.core.exceptions import AzureError
 
     terminal = {str(getattr(s, "value", s)) for s in RunHistoryConstants.TERMINAL_STATUSES}
-    error, wait = first_error, POLL_SECONDS
+    error, wait, refusals = first_error, POLL_SECONDS, 0
     while True:
         if error is not None:
+            refusals = count_refusal(error, refusals, outputs, name)
             print(
                 f"cannot read job {name}'s status ({_first_line(error)}): nothing is done while it is unknown; "
                 f"asking again in {wait:.0f}s",
@@ -433,7 +506,7 @@ def wait_for_end(ml, name: str, first_error: BaseException | None = None) -> tup
         except AzureError as e:
             error = e
             continue
-        error, wait = None, POLL_SECONDS
+        error, wait, refusals = None, POLL_SECONDS, 0
         status = str(getattr(job.status, "value", job.status))
         if status in terminal:
             return status, _job_error(ml, name) if status == "Failed" else None

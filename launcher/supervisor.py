@@ -37,20 +37,23 @@ CARRIED = {
 
 
 def cpu_cluster(outputs: StackOutputs, chosen: str | None) -> str:
-    """The cluster the supervisor runs on: `chosen`, which must have no GPU, or the stack's first CPU cluster."""
+    """The cluster the supervisor runs on: `chosen`, which must have no GPU and be dedicated, or the stack's first
+    such cluster. A low-priority node can be taken at any time, and Azure ML ends a low-priority job after 7 days,
+    half the supervisor's 14."""
     clusters = outputs["clusters"]
+    cpu = [n for n, c in clusters.items() if not c.get("gpus_per_node") and not c.get("low_priority")]
     if chosen:
         cluster = outputs.cluster(chosen)
-        if cluster.get("gpus_per_node"):
+        if cluster.get("gpus_per_node") or cluster.get("low_priority"):
+            why = "a GPU cluster" if cluster.get("gpus_per_node") else "a low-priority cluster (jobs there live 7 days)"
             raise JobError(
-                f"--supervise {chosen}: a GPU cluster; the supervisor only follows a job: name a CPU cluster "
-                f"({', '.join(n for n, c in clusters.items() if not c.get('gpus_per_node')) or 'the stack has none'})"
+                f"--supervise {chosen}: {why}; the supervisor only follows a job: name a dedicated CPU cluster "
+                f"({', '.join(cpu) or 'the stack has none'})"
             )
         return chosen
-    cpu = [name for name, c in clusters.items() if not c.get("gpus_per_node")]
     if not cpu:
         raise JobError(
-            "--supervise: the stack has no CPU cluster to run the supervisor on: add one to `clusters` in "
+            "--supervise: the stack has no dedicated CPU cluster to run the supervisor on: add one to `clusters` in "
             "Pulumi.<stack>.yaml (the dev profile's cpu-smoke), or follow the chain from a machine that stays on "
             "(--follow, docs/preempted-and-resumed.md#my-job-died-overnight)"
         )

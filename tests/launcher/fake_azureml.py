@@ -17,6 +17,8 @@ WS = (
     "Microsoft.MachineLearningServices/workspaces/hvd-dev475c-mlwx7k2q5b8e"
 )
 API = "https://westeurope.api.azureml.ms"
+REGISTRY = "hvddevacr0e4baacb.azurecr.io"  # the dev stack's (infra/review/dev-outputs.json)
+DIGEST = "sha256:" + "ab" * 32
 
 
 class FakeAzure:
@@ -31,6 +33,8 @@ class FakeAzure:
         self.upload_code = False  # False: the code snapshot is already there (hash match)
         self.fail = None  # (predicate(method, url), status, body, headers) to inject
         self.resolve_name = False  # True: record output paths with ${{name}} replaced by the job name
+        self.digest = DIGEST  # what the registry answers for every tag (a push moves it)
+        self.images = []  # the images of the environments sent
 
     @staticmethod
     def response(request, status, body=None, headers=None, raw=None):
@@ -81,6 +85,7 @@ class FakeAzure:
             )
         if re.search(r"/environments/[^/]+/versions/[^/]+$", path) and method == "PUT":
             body = json.loads(request.body)
+            self.images.append(body["properties"].get("image"))
             return self.response(request, 200, {**body, "id": path, "name": path.rsplit("/", 1)[1]})
         m = re.search(r"/jobs/([^/]+)$", path)
         if m and method == "PUT":
@@ -96,6 +101,19 @@ class FakeAzure:
             body = json.loads(json.dumps(self.jobs[m[1]]))
             body["properties"]["status"] = self.job_status
             return self.response(request, 200, body)
+        m = re.match(rf"https://{REGISTRY}/(oauth2/exchange|oauth2/token|acr/v1/(.+)/_tags/([^/?]+))", url)
+        if m:  # the registry's data plane (azure-containerregistry): Entra token exchanged, then the tag's digest
+            if m[1] == "oauth2/exchange":
+                return self.response(request, 200, {"refresh_token": "acr-refresh"})
+            if m[1] == "oauth2/token":
+                return self.response(request, 200, {"access_token": "acr-access"})
+            if request.headers.get("Authorization") != "Bearer acr-access":
+                challenge = f'Bearer realm="https://{REGISTRY}/oauth2/token",service="{REGISTRY}",scope="x"'
+                return self.response(request, 401, {"errors": []}, {"WWW-Authenticate": challenge})
+            can = {"deleteEnabled": True, "writeEnabled": True, "readEnabled": True, "listEnabled": True}
+            tag = {"name": m[3], "digest": self.digest, "createdTime": "2026-11-20T10:00:00Z"}
+            tag |= {"lastUpdateTime": "2026-11-20T10:00:00Z", "changeableAttributes": can}
+            return self.response(request, 200, {"registry": REGISTRY, "imageName": m[2], "tag": tag})
         if path == WS:
             return self.response(
                 request,

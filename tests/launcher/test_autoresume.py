@@ -51,10 +51,11 @@ class Chained(SubmitFake):
         self.outcomes: list[tuple[str, str | None, dict]] = []
         self.ended: dict[str, tuple[str, str | None, dict]] = {}
         self.outage = 0  # job and run-history reads that answer 503 (azure-core retries each a few times first)
+        self.refused = False  # job and run-history reads answer 403 (the person's role on the workspace gone)
+        self.race = False  # another launcher creates the next attempt just before this one does
         logs = outputs["datastores"]["logs"]
         self.blob_host = f"https://{logs['account']}.blob.core.windows.net/{logs['container']}/"
         self.folder = None  # the chain's run folder (the first job's)
-        self.images = []  # the images of the environments sent
 
     def __call__(self, request):
         method, url = request.method, request.url.split("?")[0]
@@ -67,16 +68,23 @@ class Chained(SubmitFake):
                 return self.response(request, status, headers=headers, raw=body)
             status, body, headers = fake_arm.storage_error(404, "BlobNotFound", "The specified blob does not exist.")
             return self.response(request, status, headers=headers, raw=body)
-        if method == "PUT" and "/environments/" in url:
-            self.images.append(json.loads(request.body)["properties"].get("image"))
         m = re.search(r"/jobs/([^/]+)$", url)
+        if m and method == "PUT" and self.race and m[1] not in self.jobs and m[1].endswith("-r1"):
+            self.race = False
+            self(request)  # the winner's identical job, a moment earlier
+            body = {"error": {"code": "Conflict", "message": f"A job named {m[1]} already exists"}}
+            return self.response(request, 409, body)
         if m and method == "PUT":
             response = super().__call__(request)
             self.ended[m[1]] = self.outcomes.pop(0)
+            self.digest = "sha256:" + "cd" * 32  # the image's tag pushed again once the chain's first job is in
             if self.folder is None:
                 run = self.jobs[m[1]]["properties"]["outputs"]["run"]["uri"]
                 self.folder = run.split("/paths/", 1)[1].replace("${{name}}", m[1])
             return response
+        if method == "GET" and self.refused and (m or "/details" in url):
+            body = {"error": {"code": "AuthorizationFailed", "message": "The client does not have authorization"}}
+            return self.response(request, 403, body)
         if method == "GET" and self.outage and (m or "/details" in url):
             self.outage -= 1
             return self.response(request, 503, {"error": {"code": "ServiceUnavailable", "message": "try later"}})
@@ -139,6 +147,10 @@ def chain(fake, dev_outputs, budget: int, follow: str | None = None, health=None
     return autoresume.run_azureml(build, outs, budget, cap, follow_name=follow, health=health)
 
 
+def outs_registry(dev_outputs) -> str:
+    return stack.load_file(dev_outputs)["registry_login_server"]
+
+
 def tags(fake, name: str) -> dict:
     return fake.jobs[name]["properties"]["tags"]
 
@@ -160,6 +172,9 @@ def test_a_chain_resumes_what_can_resume_and_stops_on_the_same_failure_twice(cha
     assert tags(chained, second)["autoresume_history"] == "stopped|75|0.5"
     assert tags(chained, third)["autoresume_history"] == "stopped|75|0.5;unknown|137|1.2"
     assert (tags(chained, third)["autoresume_attempt"], tags(chained, third)["autoresume_chain"]) == ("2", first)
+    pinned = f"{outs_registry(dev_outputs)}/training/pytorch@sha256:{'ab' * 32}"
+    assert chained.images == [pinned] * 3 and tags(chained, third)["autoresume_image"] == pinned  # the tag moved
+    assert f"image {outs_registry(dev_outputs)}/training/pytorch:torch2.14.1-horovod0.28.1: {pinned}" in out
     assert f"{first} (attempt 1 of chain {first}) ended: stopped, exit 75 at epoch 1, step 5" in out
     assert "resume 1 of 5" in out and "resume 2 of 5" in out
     assert "not resumed: attempt 2 ended the same way at the same step (unknown|137|1.2)" in out
@@ -193,6 +208,19 @@ def test_two_launchers_share_one_budget_and_submit_each_attempt_once(chained, de
     assert "not resumed: the chain's budget of 1 resume(s) is spent" in out
 
 
+def test_the_launcher_that_loses_the_race_for_the_next_name_follows_the_winners_job(chained, dev_outputs, capsys):
+    chained.outcomes = [
+        ("Failed", failed(75), beats((0, 5), doing="stopped", codes=(75, 75))),
+        ("Completed", None, beats((2, 0), doing="finished", codes=(0, 0))),
+    ]
+    chained.race = True
+    assert chain(chained, dev_outputs, budget=2) == 0
+    first, second = chained.jobs
+    out = capsys.readouterr().out
+    assert f"{second} was already submitted by another launcher following this chain: following it" in out
+    assert f"job {second} ended: Completed" in out
+
+
 def test_nothing_is_decided_while_the_status_cannot_be_read(chained, dev_outputs, capsys):
     chained.outcomes = [("Completed", None, beats((2, 0), doing="finished", codes=(0, 0)))]
     chained.outage = 40  # the stream loses contact, then the status cannot be read for a while
@@ -202,6 +230,47 @@ def test_nothing_is_decided_while_the_status_cannot_be_read(chained, dev_outputs
     assert unknown >= 2 and chained.outage == 0, err
     assert chained.paused[:2] == [azureml.POLL_SECONDS, 2 * azureml.POLL_SECONDS]  # backing off, never ending
     assert len(chained.jobs) == 1
+
+
+def test_a_refused_read_ends_the_chain_after_a_few_tries_naming_the_fix(chained, dev_outputs):
+    """A 403 (the person's role gone) does not mend by waiting: the third refusal in a row ends the chain."""
+    chained.outcomes = [("Failed", failed(75), beats((0, 5), doing="stopped", codes=(75, 75)))]
+    chained.refused = True
+    with pytest.raises(JobError) as e:
+        chain(chained, dev_outputs, budget=3)
+    assert "Azure refused the read (403 AuthorizationFailed" in str(e.value) and "'AzureML Data Scientist'" in str(e.value)
+    assert str(e.value).endswith("asked 3 times, the chain stops here (the job is not affected)")
+    assert chained.paused == [azureml.POLL_SECONDS, 2 * azureml.POLL_SECONDS] and len(chained.jobs) == 1
+
+
+def test_a_supervisor_whose_on_behalf_of_token_is_no_longer_issued_stops_naming_the_fix(
+    chained, dev_outputs, monkeypatch
+):
+    """Inside the supervisor (Azure ML's on-behalf-of credential), a token endpoint that refuses the person's token
+    (expired consent, a revoked session) ends the chain with one line, not 14 days of polling."""
+    chained.outcomes = [("Completed", None, beats((2, 0), doing="finished", codes=(0, 0)))]
+    assert chain(chained, dev_outputs, budget=1) == 0
+    first = next(iter(chained.jobs))
+    real, asked = chained.__call__, []
+
+    def refusing_obo(request):
+        if request.url.startswith("http://obo.local/"):
+            asked.append(request.url)
+            body = {"error": "invalid_grant", "error_description": "AADSTS50173: the provided grant has expired"}
+            return chained.response(request, 400, body)
+        return real(request)
+
+    import requests.adapters
+
+    monkeypatch.setattr(requests.adapters.HTTPAdapter, "send", lambda self, request, **kw: refusing_obo(request))
+    monkeypatch.setenv("LAUNCHER_CREDENTIAL", "azureml-on-behalf-of")
+    monkeypatch.setenv("OBO_ENDPOINT", "http://obo.local/token")
+    with pytest.raises(JobError) as e:
+        chain(chained, dev_outputs, budget=1, follow=first)
+    assert f"job {first}: Azure refused the on-behalf-of sign-in of the person who submitted this supervisor" in str(
+        e.value
+    )
+    assert "--follow <the newest job>" in str(e.value) and "asked 3 times" in str(e.value) and asked
 
 
 @pytest.mark.parametrize("verdict", [0, 1])
@@ -230,7 +299,7 @@ def test_a_hang_runs_the_health_check_before_the_resume(chained, dev_outputs, ca
         (("Failed", failed(2), beats((0, 3), codes=(2, 143))), "permanent, exit 2 at epoch 1, step 3"),
         (("Canceled", None, beats((0, 3))), "canceled on Azure ML"),
         # a person's cancel stops every rank with a checkpoint, as a preemption's SIGTERM does: Canceled decides
-        (("Canceled", None, beats((0, 3), doing="stopped", codes=(75, 75))), "canceled, exit 75 at epoch 1, step 3"),
+        (("Canceled", None, beats((0, 3), doing="stopped", codes=(75, 75))), "canceled at epoch 1, step 3: canceled"),
     ],
 )
 def test_a_refused_configuration_or_a_cancel_ends_the_chain(chained, dev_outputs, capsys, outcome, says):
@@ -317,7 +386,7 @@ def test_a_supervisor_job_follows_the_chain_with_the_persons_identity(chained, d
     outs = stack.load_file(dev_outputs)
     assert sent["identity"]["identityType"] == "UserIdentity"
     assert sent["computeId"].endswith("/computes/" + outs.cluster("cpu-smoke")["compute_name"])
-    assert chained.images[-1] == f"{outs['registry_login_server']}/training/launcher:azure-ai-ml1.35.2"
+    assert chained.images[-1] == f"{outs['registry_login_server']}/training/launcher@sha256:{'cd' * 32}"
     env = sent["environmentVariables"]
     assert (
         env["LAUNCHER_CREDENTIAL"] == "azureml-on-behalf-of"
@@ -381,15 +450,18 @@ def test_the_supervisor_carries_every_module_its_launcher_imports():
         assert len(files) == len(modules) > 30 and all(f.startswith(str(folder)) for f in files), files
 
 
-def test_supervise_refuses_a_stack_without_a_cpu_cluster_and_a_gpu_cluster(dev_outputs, tmp_path, capsys):
+def test_supervise_refuses_a_stack_without_a_cpu_cluster_a_gpu_cluster_and_a_low_priority_one(dev_outputs, tmp_path, capsys):
     from launcher import supervisor
 
     outs = stack.load_file(dev_outputs)
     gpu_only = {k: v for k, v in outs.values["clusters"].items() if v.get("gpus_per_node")}
-    with pytest.raises(JobError, match="no CPU cluster to run the supervisor on"):
+    with pytest.raises(JobError, match="no dedicated CPU cluster to run the supervisor on"):
         supervisor.cpu_cluster(stack.StackOutputs({**outs.values, "clusters": gpu_only}), None)
     with pytest.raises(JobError, match="a GPU cluster; the supervisor only follows a job"):
         supervisor.cpu_cluster(outs, "gpu-ib")
+    spot = {**outs.values["clusters"], "cpu-smoke": {**outs.values["clusters"]["cpu-smoke"], "low_priority": True}}
+    with pytest.raises(JobError, match=r"a low-priority cluster \(jobs there live 7 days\).*\(the stack has none\)"):
+        supervisor.cpu_cluster(stack.StackOutputs({**outs.values, "clusters": spot}), "cpu-smoke")
     assert supervisor.cpu_cluster(outs, None) == "cpu-smoke"
 
 

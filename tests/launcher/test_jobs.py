@@ -5,6 +5,7 @@ import pathlib
 import subprocess
 import sys
 
+import fake_azureml
 import pytest
 import yaml
 
@@ -64,7 +65,7 @@ def test_azure_target_sends_the_job_it_built(dev_outputs, monkeypatch):
     )
     monkeypatch.setattr(JobOperations, "stream", lambda self, name: sent.setdefault("streamed", name))
     monkeypatch.setattr(JobOperations, "get", lambda self, name: Created)
-    monkeypatch.setattr("azure.identity.DefaultAzureCredential", lambda **kw: object())
+    fake_azureml.install(monkeypatch)  # the sign-in, and the registry that gives the image's digest
     job = ROOT / "jobs/pytorch-resnet50-imagenet.yaml"
     code = cli.main([str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--nodes", "2"])
     assert code == 0 and sent["streamed"] == "job-123"
@@ -78,6 +79,7 @@ def test_azure_target_sends_the_job_it_built(dev_outputs, monkeypatch):
     assert j.environment_variables["DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED"] == "true"
     assert "--data-dir ${{inputs.imagenet}}" in j.command
     assert j.tags["processes"] == "16"
+    assert j.environment.image == f"{fake_azureml.REGISTRY}/training/pytorch@{fake_azureml.DIGEST}"
 
 
 def test_dry_run_prints_the_job_and_its_hourly_cost(dev_outputs, capsys):
@@ -323,7 +325,7 @@ def test_azure_target_sends_the_ddp_job(dev_outputs, monkeypatch):
     )
     monkeypatch.setattr(JobOperations, "stream", lambda self, name: None)
     monkeypatch.setattr(JobOperations, "get", lambda self, name: Created)
-    monkeypatch.setattr("azure.identity.DefaultAzureCredential", lambda **kw: object())
+    fake_azureml.install(monkeypatch)  # the sign-in, and the registry that gives the image's digest
     job = ROOT / "jobs/pytorch-resnet50-imagenet.yaml"
     code = cli.main(
         [str(job), "--stack-outputs", str(dev_outputs), "--cluster", "gpu-ib", "--nodes", "2", "--backend", "ddp"]

@@ -4,6 +4,7 @@ refused by ARM, storage or the service), with azure-ai-ml replaced only where it
 
 import json
 
+import fake_azureml
 import pytest
 from fake_azureml import SYNTHETIC, arm, blob, storage_error, submit
 
@@ -20,6 +21,17 @@ def test_completed_job_end_to_end(azure, dev_outputs, capsys):
     sent = azure.jobs[name]["properties"]
     compute_name = stack.load_file(dev_outputs).cluster("gpu-ib")["compute_name"]  # the Azure ML name, hashed
     assert sent["computeId"].endswith(f"/computes/{compute_name}") and sent["resources"]["instanceCount"] == 2
+    # the image by digest, read from the registry at submission and printed: what runs is what was built
+    image = f"{fake_azureml.REGISTRY}/training/pytorch"
+    assert azure.images == [f"{image}@{fake_azureml.DIGEST}"]
+    assert f"image {image}:torch2.14.1-horovod0.28.1: {image}@{fake_azureml.DIGEST}" in out
+
+
+def test_an_image_the_registry_does_not_hold_is_refused_before_submitting(azure, dev_outputs, small_job):
+    azure.fail = (lambda method, url: "/_tags/" in url, 404, {"errors": [{"code": "TAG_UNKNOWN"}]}, {})
+    result = submit(dev_outputs, small_job)
+    assert result.startswith("error: image ") and "is not in hvddevacr0e4baacb.azurecr.io: build it first" in result
+    assert not azure.jobs
 
 
 def test_failed_job_exits_1_with_its_cause(azure, dev_outputs, small_job, capsys):

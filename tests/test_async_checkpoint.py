@@ -281,7 +281,7 @@ def test_a_stop_mid_epoch_exits_only_after_its_checkpoint_is_complete(tmp_path, 
     run, concern = _run(cfg, SINGLE, model, opt, _stop(signalled=True), step=2)
     threading.Timer(0.5, gate.release.set).start()
     with pytest.raises(preempt.Stopped) as raised:
-        concern.pause(run, "signal")
+        concern._pause(run, "signal")
     assert _latest(cfg) == (0, checkpoints.checkpoint_path(cfg, 0, 3))  # complete, marker and all
     assert float(re.search(r" in ([\d.]+)s;", str(raised.value)).group(1)) >= 0.4
 
@@ -290,7 +290,7 @@ def test_the_clock_checkpoint_is_written_while_training_goes_on(tmp_path, gate):
     cfg = _cfg(tmp_path)
     model, opt = _tiny()
     run, concern = _run(cfg, SINGLE, model, opt, step=2)
-    concern.pause(run, "clock")  # returns with the write held
+    concern._pause(run, "clock")  # returns with the write held
     assert gate.entered.wait(30) and _latest(cfg) is None
     gate.release.set()
     checkpoints.finish_checkpoints(SINGLE)

@@ -34,11 +34,6 @@ def test_latest_and_prune(tmp_path):
     assert (tmp_path / "checkpoint-epoch-0012.pt").exists(), "an unfinished file newer than the newest is left"
 
 
-def test_the_old_name_still_writes(tmp_path):
-    checkpoint.write_atomically(checkpoint.path_for(tmp_path, 1, ".pt"), lambda p: p.write_text("x"))
-    assert checkpoint.latest(tmp_path, ".pt")[0] == 1
-
-
 def test_a_failed_save_leaves_the_previous_checkpoint_and_no_partial_file(tmp_path):
     _write(checkpoint.path_for(tmp_path, 1, ".pt"), "good")
 

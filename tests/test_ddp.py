@@ -16,6 +16,7 @@ import torch
 from helpers import ROOT, TINY, env, final_weights, max_diff, metrics, python_m, train
 
 from payloads.common import options
+from payloads.common.config import TrainConfig
 from payloads.common.errors import ConfigError
 
 FP32 = TINY + ["--epochs", "2", "--no-amp", "--no-channels-last"]
@@ -251,10 +252,10 @@ def test_cuda_branches_of_the_backends_follow_horovods_and_pytorchs_rules(monkey
             seen.update(kw)
 
         def register_comm_hook(self, state, hook):
-            seen["hook"] = hook.__name__
+            seen["hook"] = state.hook.__name__  # backends._exchanged, through which the sentinel sees each bucket
 
     monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", RecordingDDP)
-    model, cfg = torch.nn.Linear(2, 2), SimpleNamespace(fp16_allreduce=True)
+    model, cfg = torch.nn.Linear(2, 2), TrainConfig(fp16_allreduce=True)
     backends.DDP().wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg, torch.device("cuda", 3))
     assert seen == {"device_ids": [3], "forward_sync_buffers": False, "hook": "fp16_compress_hook"}
     backends.DDP().wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg, torch.device("cpu"))

@@ -111,6 +111,7 @@ def sample(payload: str, option: Listed, tmp: pathlib.Path) -> list[str]:
         "--cache-dir": [str(tmp / "cache"), "--cache-decoded"],  # refused without the cache it places
         "--stall-timeout": ["900"],  # default "auto"
         "--checkpoint-every-minutes": ["30"],  # default "auto"
+        "--ema-decay": ["0.999"],  # below 1
     }
     if flag == "--image-size":  # land cover: a multiple of the encoder's stride
         return [flag, str(2 * int(option.default))]

@@ -11,6 +11,7 @@ from helpers import TINY, metrics, stop_lines, stopped_run, train
 from tfrecord_shards import tfrecord_config, write_images, write_shards
 
 from payloads.common import schedule
+from payloads.common.config import TrainConfig
 
 PAYLOADS = ["tensorflow", "keras"]
 
@@ -218,7 +219,7 @@ def _two_rank_reference_tf(epochs: int, batch: int, base_lr: float, mean: bool =
     tf.keras.utils.set_random_seed(42)
     model = models.build("tiny_cnn", 4, 16)
     dataset = data.SyntheticImages(128, 4, 16, 42)
-    cfg = types.SimpleNamespace(weight_decay=1e-4)  # the payloads' default
+    cfg = TrainConfig()  # the payloads' weight decay, 1e-4
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     optimizer = tf.keras.optimizers.SGD(learning_rate=base_lr, momentum=0.9)
     for epoch in range(epochs):
@@ -296,9 +297,7 @@ def test_resumed_input_starts_at_the_step_for_synthetic_data_and_tfrecords(tmp_p
 
     from payloads.tensorflow import data
 
-    cfg = types.SimpleNamespace(
-        synthetic_samples=128, num_classes=4, image_size=16, seed=42, epochs=2, max_steps_per_epoch=0, data="synthetic"
-    )
+    cfg = TrainConfig(synthetic_samples=128, num_classes=4, image_size=16, epochs=2)
     whole = data.build(cfg, rank=1, size=2, batch=8, start_epoch=0, threads=1)
     resumed = data.build(cfg, rank=1, size=2, batch=8, start_epoch=0, threads=1, skip=3, written_steps=8)
     assert (whole.skip, resumed.skip, resumed.steps) == (0, 3, 8)
@@ -369,14 +368,7 @@ def test_pause_writes_the_position_on_the_clock_and_stops_on_a_signal(tmp_path):
     from payloads.tensorflow import models, runtime
 
     hvd = types.SimpleNamespace(rank=lambda: 0, size=lambda: 1, broadcast_object=lambda obj, root_rank, name: obj)
-    cfg = types.SimpleNamespace(
-        checkpoint_dir=tmp_path / "checkpoints",
-        keep_checkpoints=0,
-        seed=42,
-        to_json=lambda: {"seed": 42},
-        checkpoint_every_minutes=0,
-        epochs=3,
-    )
+    cfg = TrainConfig(output_dir=tmp_path, keep_checkpoints=0, checkpoint_every_minutes=0, epochs=3)
     model = models.build("tiny_cnn", 4, 16)
     optimizer = tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)
     runtime.build_optimizer_state(optimizer, model)
@@ -398,14 +390,14 @@ def test_pause_writes_the_position_on_the_clock_and_stops_on_a_signal(tmp_path):
     checkpoints = concerns.Checkpoints(run)
     stop = checkpoints.stop
 
-    checkpoints.pause(run, None)
+    checkpoints._pause(run, None)
     run.step = 9
     stop._handler(signal.SIGTERM, None)
     checkpoints.step_end(run)  # the epoch's last step: its own checkpoint and agreement follow, no sum here
     assert not cfg.checkpoint_dir.exists()
     stop.signalled = None
     run.step = 4
-    checkpoints.pause(run, "clock")
+    checkpoints._pause(run, "clock")
     assert [p.name for _, p in checkpoint.list_checkpoints(cfg.checkpoint_dir, ".npz")] == [
         "checkpoint-epoch-0001-step-000005.npz"
     ]
@@ -413,7 +405,7 @@ def test_pause_writes_the_position_on_the_clock_and_stops_on_a_signal(tmp_path):
     stop._handler(signal.SIGTERM, None)
     run.step = 6
     with pytest.raises(preemption.Stopped, match=r"stopped by SIGTERM: wrote .*checkpoint-epoch-0001-step-000007\.npz"):
-        checkpoints.pause(run, "signal")
+        checkpoints._pause(run, "signal")
     path = checkpoint.latest(cfg.checkpoint_dir, ".npz")[1]
     assert runtime.load(path, model, optimizer) == runtime.Position(1, 7, 10)
     assert runtime.read_meta(path)["data_order"] == {"seed": 42, "epoch": 1, "skip": 7}

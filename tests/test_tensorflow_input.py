@@ -7,6 +7,8 @@ import pytest
 from helpers import TINY, metrics, train
 from tfrecord_shards import tfrecord_config, write_images, write_shards
 
+from payloads.common.config import TrainConfig
+
 PAYLOADS = ["tensorflow", "keras"]
 
 
@@ -416,9 +418,7 @@ def test_synthetic_input_ships_positions_not_images(tmp_path):
     from payloads.common import sharding
     from payloads.tensorflow import data
 
-    cfg = types.SimpleNamespace(
-        synthetic_samples=128, num_classes=4, image_size=16, seed=42, epochs=2, max_steps_per_epoch=0, data="synthetic"
-    )
+    cfg = TrainConfig(synthetic_samples=128, num_classes=4, image_size=16, epochs=2)
     inputs = data.build(cfg, rank=1, size=2, batch=8, start_epoch=0, threads=3)
     x_spec, y_spec = inputs.train.element_spec
     assert x_spec.dtype.name == "int32" and tuple(x_spec.shape) == (8,)  # 32 bytes a step, not 8 images

@@ -248,10 +248,6 @@ def on_root(root: bool, attempt: Callable[[], None], share: Callable[[str | None
         raise OutputFull(failure)
 
 
-# The name callers used when this renamed a temporary file; it is the rename-free write now.
-write_atomically = write
-
-
 def prune(directory: pathlib.Path, suffix: str, keep: int) -> None:
     """Keep the newest `keep` complete checkpoints (0 keeps all), and drop unfinished files older than the newest.
     The marker goes first: a prune cut short leaves an unvouched file, never a marker without its file."""

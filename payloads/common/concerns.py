@@ -3,9 +3,9 @@ comparison, and checkpoints with the SIGTERM stop and the checkpoint clock. Each
 event it attaches to; a loop holds them in a list and fires the events in order (`Events.fire`).
 
 The events these attach to, fired by payloads/pytorch/loop.py from its loop, payloads/tensorflow/train.py from its
-custom loop and payloads/keras/train.py through one Keras callback (KerasEvents): doing(what), run_start,
-step_end, epoch_end, epoch_record(record), validation_step, checkpoint, after_epoch, run_end, stopped, close,
-finished. The PyTorch loop fires a few more for its own concerns (epoch_start, epoch_done, summary: loop.py).
+custom loop and payloads/keras/train.py through one Keras callback (KerasEvents): EVENTS. The PyTorch loop fires a
+few more for its own concerns (loop.Run.EVENTS). A concern's public methods are its handlers: attach() refuses one
+that names no event (a misspelt `step_ended` would otherwise never be called); its helpers start with `_`.
 
 What a concern reads from the run: `cfg`, `log` (the framework's logger), `backend` (rank, size,
 broadcast_object(obj, name), allgather_object(obj, name)), `root`, `epoch`, `step` (the step just trained,
@@ -21,10 +21,41 @@ from . import preemption as preempt
 from . import stragglers, watchdog
 
 
+EVENTS = (
+    "doing",
+    "run_start",
+    "step_end",
+    "epoch_end",
+    "epoch_record",
+    "validation_start",
+    "validation_step",
+    "checkpoint",
+    "after_epoch",
+    "run_end",
+    "stopped",
+    "close",
+    "finished",
+)
+
+
 class Events:
     """What a run's state object needs to fire events: its `concerns`, in the order each event reaches them."""
 
+    EVENTS = EVENTS
     concerns: list
+
+    def attach(self, concerns: list) -> None:
+        """The run's concerns, each public method checked against the events (state_dict and load_state_dict: a
+        concern's state, which the checkpoints carry)."""
+        for concern in concerns:
+            for name in dir(type(concern)):
+                known = name.startswith("_") or name in (*self.EVENTS, "state_dict", "load_state_dict")
+                if not known and callable(getattr(concern, name)):
+                    raise TypeError(
+                        f"{type(concern).__name__}.{name} is no event: a concern's handlers are named "
+                        f"{', '.join(self.EVENTS)} (helpers start with _)"
+                    )
+        self.concerns = concerns
 
     def fire(self, event: str, *args) -> None:
         """Call `event` on every concern that has it, in the order they are listed."""
@@ -84,6 +115,9 @@ class Watch:
     def epoch_end(self, run) -> None:
         self.watch.doing("epoch end")
 
+    def validation_start(self, run) -> None:
+        self.watch.doing("validation")
+
     def validation_step(self, run) -> None:
         self.watch.tick()
 
@@ -102,7 +136,7 @@ class Stragglers:
     def __init__(self, cfg, backend, watch: watchdog.Watchdog):
         self.phases = stragglers.Phases(watch, backend.allgather_object(watch.host, "hosts"), cfg.straggler_every)
 
-    def compare(self, run) -> None:
+    def _compare(self, run) -> None:
         doing = self.phases.watch.what
         run.doing("exchange")
         for line in self.phases.add(run.sum_floats(self.phases.matrix(), "step_phases")):
@@ -112,10 +146,10 @@ class Stragglers:
 
     def step_end(self, run) -> None:
         if self.phases.due():  # every rank at the same step: the sum is safe here
-            self.compare(run)
+            self._compare(run)
 
     def epoch_end(self, run) -> None:
-        self.compare(run)  # the epoch's last steps, for its per-rank totals
+        self._compare(run)  # the epoch's last steps, for its per-rank totals
 
     def epoch_record(self, run, record: dict) -> None:
         record.update(self.phases.epoch_record())
@@ -132,7 +166,7 @@ class Checkpoints:
         self.stop = preempt.Preemption(run.backend.rank(), run.cfg.checkpoint_every_minutes)
         self.events: preempt.ScheduledEvents | None = None
 
-    def agree(self, run) -> str | None:
+    def _agree(self, run) -> str | None:
         """One sum of three host numbers over ranks: no device sync."""
         return self.stop.agree(lambda values: run.sum_floats(values, "preemption"))
 
@@ -142,9 +176,9 @@ class Checkpoints:
 
     def step_end(self, run) -> None:
         if self.stop.due() and run.step + 1 < run.steps:
-            self.pause(run, self.agree(run))
+            self._pause(run, self._agree(run))
 
-    def pause(self, run, verdict: str | None) -> None:
+    def _pause(self, run, verdict: str | None) -> None:
         """After the ranks agreed on `verdict` at run.step: the mid-epoch checkpoint of a signal (then the stop) or
         of the clock."""
         if verdict is None:
@@ -169,7 +203,7 @@ class Checkpoints:
         checkpoint is the one to resume from, complete on disk before the exit. Not after the last epoch: the run
         ends anyway (and run_end waits for that checkpoint)."""
         done = run.epoch + 1
-        if done < run.cfg.epochs and self.agree(run) == "signal":
+        if done < run.cfg.epochs and self._agree(run) == "signal":
             where = run.saver.path(run, done)
             seconds = (self.stop.write_seconds or 0.0) + run.saver.finish(run)
             raise preempt.Stopped(self.stop.stop_line(str(where), seconds))

@@ -95,6 +95,7 @@ class TrainConfig:
     checkpoint_every_minutes: float | str = preemption.AUTO
     # PyTorch: steps between the ranks' comparisons of their parameters (payloads/pytorch/sentinel.py); 0 = off
     replica_check_every: int = 100
+    ema_decay: float = 0.0  # PyTorch: an exponential moving average of the weights (payloads/pytorch/ema.py); 0 = off
 
     @property
     def checkpoint_dir(self) -> pathlib.Path:
@@ -155,6 +156,8 @@ class TrainConfig:
         )
         if self.base_lr is not None and self.base_lr <= 0:
             raise ConfigError(f"--base-lr must be positive, got {self.base_lr}")
+        if not 0 <= self.ema_decay < 1:
+            raise ConfigError(f"--ema-decay must be at least 0 and below 1 (0.9999, say; 0 = off), got {self.ema_decay}")
         if self.loss_scale_init <= 0:
             raise ConfigError(f"--loss-scale-init must be positive, got {self.loss_scale_init}")
         if self.amp_dtype not in ("auto", "bf16", "fp16"):

@@ -269,6 +269,12 @@ def _pytorch(g, c: Declared) -> None:
         "back to the last agreed checkpoint; 0 = off",
     )
     g.add_argument(
+        "--ema-decay",
+        type=float,
+        default=d.ema_decay,
+        help="an exponential moving average of the weights, validated beside them (ema_ figures); 0 = off",
+    )
+    g.add_argument(
         "--backend",
         default=d.backend,
         choices=BACKENDS,

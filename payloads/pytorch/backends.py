@@ -128,7 +128,7 @@ class Single:
         return 1
 
     def check(self, cfg) -> None:
-        for flag, asked in (("--adasum", cfg.adasum), ("--fp16-allreduce", getattr(cfg, "fp16_allreduce", False))):
+        for flag, asked in (("--adasum", cfg.adasum), ("--fp16-allreduce", cfg.fp16_allreduce)):
             if asked:
                 raise ConfigError(
                     f"{flag} combines the gradients of several processes, and this run trains alone in one "
@@ -142,6 +142,10 @@ class Single:
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, device: torch.device):
         """(the module to train, the optimizer to step): both as they are."""
         return model, optimizer
+
+    def before_exchange(self, optimizer, see) -> None:
+        """Nothing is exchanged: `see` gets the gradients before the step."""
+        _before_step(optimizer, see)
 
     def accumulate(self, model: torch.nn.Module, last: bool):
         """Micro-batches add to p.grad; nothing to hold back."""
@@ -214,6 +218,7 @@ class Horovod:
         optimizer = hvd.DistributedOptimizer(
             optimizer,
             named_parameters=model.named_parameters(),
+            groups=_buckets(model),
             compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
             # One allreduce after the N-th backward pass of a step: Horovod's hook counts the passes and
             # asserts when there are more than this (horovod/torch/optimizer.py, _make_hook). The passes'
@@ -222,6 +227,19 @@ class Horovod:
             op=hvd.Adasum if cfg.adasum else hvd.Average,
         )
         return model, optimizer
+
+    def before_exchange(self, optimizer, see) -> None:
+        """`see(grads)` on each group of this rank's gradients (wrap's _buckets) once backward has made them all,
+        just before Horovod exchanges it (horovod/torch/optimizer.py, _make_hook); one process exchanges nothing."""
+        if self.size() == 1:
+            return _before_step(optimizer, see)
+        exchange = optimizer._grouped_allreduce_grad_async
+
+        def seen(group):
+            see([p.grad for p in group])
+            return exchange(group)
+
+        optimizer._grouped_allreduce_grad_async = seen
 
     def accumulate(self, model: torch.nn.Module, last: bool):
         """Context for one backward pass of a step; Horovod's hooks count the passes themselves."""
@@ -355,11 +373,25 @@ class DDP:
         ddp = DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None, **no_forward_buffer_sync()
         )
+        self._ddp, self._exchange = ddp, None
         if cfg.fp16_allreduce:
             # Each gradient bucket cast to fp16, divided by the world size, summed, cast back: Horovod's
             # Compression.fp16 on the wire. fp16 (not bf16) on both backends, so --fp16-allreduce means one thing.
-            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+            self._exchange_by(default_hooks.fp16_compress_hook)
         return ddp, optimizer
+
+    def before_exchange(self, optimizer, see) -> None:
+        """`see(grads)` on each bucket of this rank's gradients just before its allreduce (a comm hook: called
+        before the first backward)."""
+        if self._exchange is None:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            self._exchange_by(default_hooks.allreduce_hook)
+        self._exchange.before.append(see)
+
+    def _exchange_by(self, hook) -> None:
+        self._exchange = _Exchange(hook)
+        self._ddp.register_comm_hook(self._exchange, _exchanged)
 
     def accumulate(self, model: torch.nn.Module, last: bool):
         """Context for one backward pass of a step: every pass but the last only adds to p.grad (no_sync), the
@@ -465,3 +497,38 @@ def _to_cpu(value):
     if isinstance(value, (list, tuple)):
         return type(value)(_to_cpu(v) for v in value)
     return value
+
+
+def _before_step(optimizer, see) -> None:
+    """`see(grads)` on the step's gradients, before each optimizer step (one hook, whatever the parameters)."""
+
+    def hook(opt, args, kwargs):
+        see([p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None])
+
+    optimizer.register_step_pre_hook(hook)
+
+
+def _buckets(model: torch.nn.Module, limit: int = 25 << 20) -> list[list[torch.Tensor]]:
+    """Horovod's groups: the trained parameters in runs of about `limit` bytes, last first (as backward makes their
+    gradients; DDP's buckets' rule). A group is exchanged once all its gradients are in: one fused check each."""
+    groups, size = [[]], 0
+    for p in reversed([p for p in model.parameters() if p.requires_grad]):
+        if size >= limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(p)
+        size += p.numel() * p.element_size()
+    return groups
+
+
+class _Exchange:
+    """DDP's comm hook state: the hook that exchanges a bucket (allreduce, or fp16's) and what sees it first."""
+
+    def __init__(self, hook):
+        self.hook, self.before = hook, []
+
+
+def _exchanged(state: _Exchange, bucket):
+    for see in state.before:
+        see([bucket.buffer()])
+    return state.hook(None, bucket)

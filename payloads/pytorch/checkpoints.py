@@ -23,6 +23,11 @@ SUFFIX = ".pt"
 log = logging.getLogger("payloads.pytorch")
 
 
+class Rollback(Exception):
+    """Raised out of a step, every rank at the same one (the replica sentinel's finding): the loop fires rollback,
+    then restores the newest checkpoint left, as a resume does (loop.Run.restore)."""
+
+
 class Position(NamedTuple):
     """Where a resumed run starts: `epoch` whole epochs done and `step` steps of the next (0: an epoch's start)."""
 
@@ -30,14 +35,21 @@ class Position(NamedTuple):
     step: int = 0
 
 
-def restore(cfg, backend, model, opt, scaler, steps_per_epoch: int | None = None) -> Position:
-    """Rank 0 loads the newest checkpoint (if any); every rank ends with its weights, optimizer state and loss
-    scaler state, and, from a mid-epoch checkpoint, the position inside the epoch and its own random states.
-    Returns the position, agreed by all ranks. `steps_per_epoch`: this run's; a mid-epoch checkpoint of a run
-    with another step count (another world size or batch) resumes at the start of its epoch, with a warning."""
+def stateful(concerns) -> dict:
+    """The concerns that carry state (state_dict, load_state_dict), by their class's name: a checkpoint holds each
+    one's under that name."""
+    return {type(c).__name__: c for c in concerns if hasattr(c, "state_dict")}
+
+
+def restore(cfg, backend, model, opt, scaler, steps_per_epoch=None, concerns=(), resume=None) -> Position:
+    """Rank 0 loads the newest checkpoint (if any, and `resume`: --resume unless given); every rank ends with its
+    weights, optimizer state and loss scaler state, each stateful concern's state, and, from a mid-epoch
+    checkpoint, the position inside the epoch and its own random states. Returns the position, agreed by all
+    ranks. `steps_per_epoch`: this run's; a mid-epoch checkpoint of a run with another step count (another world
+    size or batch) resumes at the start of its epoch, with a warning."""
     start, step, state = 0, 0, None
     _writer.settle()  # a checkpoint this process is still writing (rank 0) is complete before one is looked for
-    if backend.rank() == 0 and cfg.resume:
+    if backend.rank() == 0 and (cfg.resume if resume is None else resume):
         found = checkpoint.latest(cfg.checkpoint_dir, SUFFIX)
         if found:
             start, path = found
@@ -93,6 +105,10 @@ def restore(cfg, backend, model, opt, scaler, steps_per_epoch: int | None = None
         own = backend.broadcast_object(state.get("rank_buffers") if state is not None else None, name="resume_buffers")
         if own and len(own) == backend.size():
             set_rank_buffers(model, own[backend.rank()])
+        for name, concern in stateful(concerns).items():
+            saved = backend.broadcast_object((state or {}).get("concerns", {}).get(name), name=f"resume_{name}")
+            if saved is not None:
+                concern.load_state_dict(saved)
     align_state_layouts(opt)
     return Position(start, step)
 
@@ -230,6 +246,7 @@ def save(
     steps_per_epoch: int | None = None,
     wait: bool = False,
     config: dict | None = None,
+    concerns=(),
 ) -> float:
     """Rank 0 writes the checkpoint: after `epoch_done` epochs and, mid-epoch, `step` steps of the next one. `model`
     is the plain module (never DDP's wrapper, whose names carry a `module.` prefix), so a checkpoint resumes under
@@ -242,7 +259,8 @@ def save(
     Each save first waits for the write before it: that write's failure is raised here on every rank (the one
     broadcast every save makes), and the end of training does the same for the last (finish_checkpoints). Returns
     the seconds the job waited: the snapshot, any wait for the previous write, and with `wait` the write. `config`:
-    the configuration as the run resolved it (runtime.Settings.config_record); the parsed one where not given."""
+    the configuration as the run resolved it (runtime.Settings.config_record); the parsed one where not given.
+    `concerns`: the run's; each stateful one's state_dict() is saved under its name (stateful)."""
     started = time.perf_counter()
     rngs = backend.allgather_object(rng_state(), "rng_states")
     # Each rank's own floating buffers (BatchNorm's running statistics are per rank under both backends): a resume
@@ -261,6 +279,7 @@ def save(
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": rngs,
             "rank_buffers": buffers,
+            "concerns": {name: concern.state_dict() for name, concern in stateful(concerns).items()},
             "config": config if config is not None else cfg.to_json(),
             "world_size": backend.size(),
             "backend": backend.name,
@@ -312,6 +331,7 @@ class Saver:
             run.steps,
             wait=wait,
             config=run.settings.config_record(run.cfg),
+            concerns=run.concerns,
         )
 
     def path(self, run, epochs_done: int, step: int = 0):

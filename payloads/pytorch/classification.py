@@ -113,6 +113,7 @@ class Classification(loop.Task):
 
     def epoch_line(self, run: loop.Run, record: dict) -> str:
         val = f", val accuracy {record['val_accuracy']:.3f}" if "val_accuracy" in record else ""
+        val += f", EMA val accuracy {record['ema_val_accuracy']:.3f}" if "ema_val_accuracy" in record else ""
         return (
             f"epoch {record['epoch']}/{run.cfg.epochs}: loss {record['train_loss']:.4f}, accuracy "
             f"{record['train_accuracy']:.3f}{val}, {record['images_per_sec']:.1f} images/sec"

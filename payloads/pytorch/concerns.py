@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from ..common.concerns import Checkpoints, Stragglers, Watch
 from ..common.metrics import MetricsFile, finish
-from . import models, runtime
+from . import ema, models, runtime
 from .sentinel import Replicas
 
 log = logging.getLogger("payloads.pytorch")
@@ -142,6 +142,7 @@ class Outputs:
 
 def for_run(run, watch: Watch, stragglers: Stragglers, clock: Clock) -> list:
     """The run's concerns, in the order each event reaches them: the watchdog first (a step is done before it is
-    compared or checkpointed), the replicas' check before the checkpoints (a checkpoint is written agreed), the
-    outputs last (they record what the others measured)."""
-    return [watch, stragglers, Replicas(run), Checkpoints(run), clock, Progress(run), Outputs(run, clock)]
+    compared or checkpointed), the replicas' check and the EMA's step before the checkpoints (a checkpoint is
+    written agreed, with the step's average), the outputs last (they record what the others measured)."""
+    averaged = [ema.EMA(run)] if run.cfg.ema_decay else []
+    return [watch, stragglers, Replicas(run), *averaged, Checkpoints(run), clock, Progress(run), Outputs(run, clock)]

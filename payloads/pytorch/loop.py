@@ -16,13 +16,15 @@ One epoch, in this order on every rank (task.X: the task's methods; the rest are
     epoch_end           the epoch's steps are done (stragglers' last window, clock, bar)
     task.train_record, epoch_record(record)    the epoch's sums over ranks; concerns add to the record
     task.epoch_end      (land cover averages BatchNorm's statistics)
-    doing("validation"), task.evaluate (validation_step after each batch), when the data has a validation split
+    validation_start, task.evaluate (validation_step after each batch), validation_end(record): when the data
+                        has a validation split (the EMA evaluates its weights at validation_end)
     checkpoint          the replicas' check, then the epoch's checkpoint
     epoch_done(record)  metrics.json, TensorBoard, the epoch's line
     after_epoch         a SIGTERM during the epoch's end stops here, at that checkpoint
 
 Around the epochs: run_start after the restore (outputs: metrics.json's run record, the opening lines); then
 run_end (the last checkpoint write complete) and close; then summary and finished. On a stop: stopped, close.
+On checkpoints.Rollback (the replica sentinel's finding): rollback, then Run.restore, the resume's own path.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ import torch
 
 from ..common import concerns as common_concerns
 from ..common import config, schedule
-from ..common.concerns import Events
-from . import backends, checkpoints, concerns, runtime, sentinel
+from ..common.concerns import EVENTS, Events
+from . import backends, checkpoints, concerns, runtime
 
 log = logging.getLogger("payloads.pytorch")
 
@@ -122,6 +124,7 @@ class Run(Events):
     (the step this epoch was entered at)."""
 
     log: ClassVar[logging.Logger] = log  # the concerns' lines (a task's own lines: Task.log)
+    EVENTS: ClassVar[tuple] = (*EVENTS, "epoch_start", "validation_end", "epoch_done", "summary", "rollback")
     cfg: config.TrainConfig
     settings: runtime.Settings
     backend: Any
@@ -158,6 +161,14 @@ class Run(Events):
             self.doing("exchange")
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
+    def restore(self, resume: bool) -> checkpoints.Position:
+        """The newest checkpoint back into the run (resume: any; a rollback: the agreed one left), the concerns'
+        state included; its position, in self.start."""
+        self.start = checkpoints.restore(
+            self.cfg, self.backend, self.model, self.optimizer, self.scaler, self.steps, self.concerns, resume
+        )
+        return self.start
+
 
 def start(task: Task, cfg: config.TrainConfig, started: float) -> Run:
     """Everything before the first step: the backend, the watchdog (from here on a rank that stops making progress
@@ -166,15 +177,17 @@ def start(task: Task, cfg: config.TrainConfig, started: float) -> Run:
     backend.init()
     watch = common_concerns.Watch(cfg, backend)
     stragglers = common_concerns.Stragglers(cfg, backend, watch.watch)
-    run = prepare(task, cfg, backend, *runtime.resolve(cfg, backend))
-    clock = concerns.Clock(run.device, cfg.startup_steps, started)
-    run.concerns = concerns.for_run(run, watch, stragglers, clock)
-    return run
+
+    def attach(run: Run) -> list:
+        return concerns.for_run(run, watch, stragglers, concerns.Clock(run.device, cfg.startup_steps, started))
+
+    return prepare(task, cfg, backend, *runtime.resolve(cfg, backend), attach)
 
 
-def prepare(task: Task, cfg: config.TrainConfig, backend, device, prec, settings: runtime.Settings) -> Run:
-    """A run with no concerns yet, ready for its first step: the task's data and model, the optimizer and loss
-    scaler, and the newest checkpoint restored (its position in run.start). The health check calls it too."""
+def prepare(task: Task, cfg: config.TrainConfig, backend, device, prec, settings: runtime.Settings, attach=None) -> Run:
+    """A run ready for its first step: the task's data and model, the optimizer and loss scaler, its concerns
+    (`attach(run)`; none for the health check, which calls this too), and the newest checkpoint restored (its
+    position in run.start)."""
     run = Run(cfg, settings, backend, device, prec, task)
     run.steps = task.load(run)
     torch.manual_seed(cfg.seed)
@@ -184,12 +197,13 @@ def prepare(task: Task, cfg: config.TrainConfig, backend, device, prec, settings
     optimizer = runtime.optimizer(cfg, model, settings.base_lr * settings.lr_scale, device)
     # `model` stays the plain module (checkpoints, digest); `trained` is what the steps run (DDP's wrapper).
     trained, optimizer = backend.wrap(model, optimizer, cfg, device)
-    scaler = prec.grad_scaler(cfg.loss_scale_init)
-    run.start = checkpoints.restore(cfg, backend, model, optimizer, scaler, run.steps)
-    runtime.scaler_in_kernel(optimizer, scaler)
-    # Compiled after the weights are final: the compiled module shares them, and checkpoints keep the plain names.
+    # The compiled module shares the weights (traced at the first step, after the restore); checkpoints keep the
+    # plain names.
     run.model, run.trained = model, torch.compile(trained) if cfg.compile else trained
-    run.optimizer, run.scaler = optimizer, scaler
+    run.optimizer, run.scaler = optimizer, prec.grad_scaler(cfg.loss_scale_init)
+    run.attach(attach(run) if attach else [])
+    run.restore(cfg.resume)
+    runtime.scaler_in_kernel(optimizer, run.scaler)
     return run
 
 
@@ -203,8 +217,9 @@ def train(task: Task, cfg: config.TrainConfig) -> dict:
             try:
                 train_epoch(run, epoch, skip)
                 epoch, skip = epoch + 1, 0
-            except sentinel.Rollback:  # every rank at the same step: back to the last agreed checkpoint
-                epoch, skip = next(c for c in run.concerns if isinstance(c, sentinel.Replicas)).rollback(run)
+            except checkpoints.Rollback:  # every rank at the same step: back to the last agreed checkpoint
+                run.fire("rollback")
+                epoch, skip = run.restore(resume=True)
     run.doing("finishing")
     run.fire("summary")
     run.backend.shutdown()
@@ -254,9 +269,10 @@ def train_epoch(run: Run, epoch: int, skip: int = 0) -> None:
     task.epoch_end(run, epoch, record)
     if task.has_validation:
         run.trained.eval()
-        run.doing("validation")
+        run.fire("validation_start")
         with torch.no_grad():
             record.update(task.evaluate(run, epoch))
+            run.fire("validation_end", record)
     run.fire("checkpoint")
     run.fire("epoch_done", record)
     run.fire("after_epoch")

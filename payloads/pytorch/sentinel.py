@@ -7,20 +7,21 @@ BatchNorm's running statistics, which follow each rank's batches) to one integer
 the tensor's bits read as integers, so one flipped bit changes it. The ranks gather these with two flags in one
 small collective. Between checks each rank notes on the device, without a sync, the first step at which its own
 loss, or (without fp16's loss scaler, whose overflows are expected and skipped) its own gradients before the
-average, held a value that is not finite; a rank's gradients are seen by a hook on each parameter, which runs
-before Horovod's or DDP's.
+average, held a value that is not finite; the backend hands over each bucket (DDP) or group (Horovod) of this
+rank's gradients just before its exchange (backends.before_exchange), and one fused reduction checks it: a cost
+per step that follows the gradients' bytes, not the number of parameters.
 
 On a finding, one line names the ranks (the earliest non-finite one, else those whose parameters differ from the
 others', with the first tensor that differs), with their hosts; the checkpoints written after the last check that
-agreed are set aside (renamed *.suspect), and every rank restores the newest one left (checkpoints.restore, as a
-resumed run: weights, optimizer, loss scaler, random states, running statistics) and trains on from there. A
+agreed are set aside (renamed *.suspect, at the rollback event), and every rank restores the newest one left
+(loop.Run.restore, as a resumed run: weights, optimizer, loss scaler, random states, running statistics, the
+concerns' state) and trains on from there. A
 second finding within WINDOW steps of the first, or no checkpoint to go back to, ends the run with
 errors.ReplicaFault (exit code 70, payloads/common/entry.py) and the report in <output>/replicas.json.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import socket
@@ -37,10 +38,6 @@ WINDOW = 1000  # steps after a rollback in which a second finding stops the run:
 _INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-class Rollback(Exception):
-    """Raised out of a step (every rank at the same one): the loop restores the agreed checkpoint."""
-
-
 def fingerprint(model: torch.nn.Module) -> list[int]:
     """One integer per parameter tensor, in name order: the wrapping sum of its elements' bits read as integers
     of their size (logical order, whatever the memory format). Equal replicas give equal lists; one flipped bit
@@ -53,25 +50,27 @@ def fingerprint(model: torch.nn.Module) -> list[int]:
 
 
 class Replicas:
-    """The sentinel as a concern of the loop (concerns.for_run): step_end and checkpoint check, Rollback is
-    handled by loop.train."""
+    """The sentinel as a concern of the loop (concerns.for_run): step_end and checkpoint check and raise
+    checkpoints.Rollback; rollback sets aside what came after the last agreed check, and the loop restores."""
 
     def __init__(self, run):
         self.every = run.cfg.replica_check_every
         self.names = [name for name, _ in sorted(run.model.named_parameters())]
         self.hosts = run.backend.allgather_object(socket.gethostname(), "replica_hosts")
         self.steps = 0  # steps trained by this process (rollbacks do not rewind it)
-        self.verified = (run.start.epoch, run.start.step)  # the position of the last check every rank passed
         self.findings: list[dict] = []
         self._first_bad = torch.full((), -1, dtype=torch.int64, device=run.device)  # this rank's first bad step
         self._finite = torch.ones((), dtype=torch.bool, device=run.device)  # this step's gradients so far
-        self._hooks = []
         if self.every and run.scaler is None:  # with fp16's scaler, non-finite gradients are its overflows
-            self._hooks = [p.register_hook(self._gradient) for p in run.model.parameters() if p.requires_grad]
+            run.backend.before_exchange(run.optimizer, self._exchanging)
 
-    def _gradient(self, grad: torch.Tensor) -> None:
-        """This rank's own gradient of one tensor, before the backend averages it: three small device ops."""
-        self._finite &= torch.isfinite(grad).all()
+    def _exchanging(self, grads: list[torch.Tensor]) -> None:
+        """This rank's own gradients of one bucket or group, before the backend averages them: their L1 norms in
+        one fused call (NaN and inf carry through a sum), four small device ops whatever the tensors."""
+        self._finite &= torch.stack(torch._foreach_norm(grads, 1)).sum().isfinite()
+
+    def run_start(self, run) -> None:
+        self.verified = tuple(run.start)  # the position of the last check every rank passed
 
     def step_end(self, run) -> None:
         if not self.every:
@@ -82,18 +81,14 @@ class Replicas:
         self.steps += 1
         if self.steps % self.every == 0:
             done = run.step + 1
-            self.check(run, (run.epoch + 1, 0) if done == run.steps else (run.epoch, done))
+            self._check(run, (run.epoch + 1, 0) if done == run.steps else (run.epoch, done))
 
     def checkpoint(self, run) -> None:
         """Before the epoch's checkpoint (this concern is listed before Checkpoints): it is written agreed."""
         if self.every:
-            self.check(run, (run.epoch + 1, 0))
+            self._check(run, (run.epoch + 1, 0))
 
-    def close(self, run) -> None:
-        for hook in self._hooks:
-            hook.remove()
-
-    def check(self, run, position: tuple[int, int]) -> None:
+    def _check(self, run, position: tuple[int, int]) -> None:
         """Every rank at the same step: gather the fingerprints and first bad steps; raise Rollback on a
         finding, else note `position` as agreed."""
         mine = {"fingerprint": fingerprint(run.model), "first_bad": int(self._first_bad)}
@@ -107,11 +102,11 @@ class Replicas:
         self._first_bad.fill_(-1)
         if run.root:
             log.error("replica check: %s", finding["line"])
-        raise Rollback(finding["line"])
+        raise checkpoints.Rollback(finding["line"])
 
-    def rollback(self, run) -> checkpoints.Position:
-        """After Rollback: set aside the checkpoints written after the last agreed check, restore the newest one
-        left on every rank, and return its position; Fault when it cannot help."""
+    def rollback(self, run) -> None:
+        """After Rollback, before the loop restores: set aside the checkpoints written after the last agreed check
+        (the newest one left is the one restored); Fault when that cannot help."""
         first = self.findings[0]["steps_trained"]
         again = len(self.findings) > 1 and self.steps - first <= WINDOW
         checkpoints.finish_checkpoints(run.backend)  # a write in flight is complete before the folder is read
@@ -130,12 +125,9 @@ class Replicas:
                 f"replica check: {why}: {self.findings[-1]['line']}; run the health check on the named hosts "
                 "(python -m payloads.healthcheck), then resume"
             )
-        cfg = dataclasses.replace(run.cfg, resume=True)  # the agreed checkpoint, even in a --no-resume run
-        position = checkpoints.restore(cfg, run.backend, run.model, run.optimizer, run.scaler, run.steps)
         if run.root:
             log.warning("replica check: rolled back to %s; training goes on from there", target)
         self._report(run, None)
-        return position
 
     def _report(self, run, stopped: str | None) -> None:
         if run.root:

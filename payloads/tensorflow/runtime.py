@@ -330,7 +330,7 @@ class Run(concerns.Events):
         self.backend = Collectives(self.hvd)
         # The watchdog from here on: a rank that stops making progress ends the job, named (docs/jobs.md).
         watch = concerns.Watch(self.cfg, self.backend)
-        self.concerns = [watch, concerns.Stragglers(self.cfg, self.backend, watch.watch), concerns.Checkpoints(self)]
+        self.attach([watch, concerns.Stragglers(self.cfg, self.backend, watch.watch), concerns.Checkpoints(self)])
 
     @property
     def root(self) -> bool:

@@ -198,7 +198,7 @@ def evaluate(state, tf, epoch, inputs, predict) -> dict:
     from . import data
 
     v_loss = v_correct = v_seen = 0.0
-    state.doing("validation")
+    state.fire("validation_start")
     try:
         for x, labels in inputs.validation:
             loss, c = predict(x, labels)

@@ -18,6 +18,7 @@ import math
 import os
 import pathlib
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from helpers import ROOT, TINY, train
 
 from payloads.common import devices
 from payloads.common.errors import ConfigError
-from payloads.healthcheck import allreduce, options, training
+from payloads.healthcheck import allreduce, mpistop, options, training
 from payloads.healthcheck import expected as node_figures
 from payloads.healthcheck import facts as node_facts
 from payloads.pytorch import affinity, models
@@ -75,12 +76,42 @@ EXPECT = 0.01
 LATE = 0.5
 
 
+@pytest.mark.skipif(shutil.which("ompi_info") is None, reason="no Open MPI here (Gloo-only set-up)")
+def test_the_stop_grace_is_read_as_the_nodes_open_mpi_reads_it_from_the_environment_a_file_or_its_default(tmp_path):
+    """Against the installed ompi_info (Debian's Open MPI 4.1): the value and where it came from, with the job's
+    variable (which wins) and without it (the image's file, or Open MPI's 1 s default, which the line names)."""
+    empty, image = tmp_path / "empty.conf", tmp_path / "openmpi-mca-params.conf"
+    empty.write_text("")
+    image.write_text("odls_base_sigkill_timeout = 30\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_")}
+    default = {**base, "OMPI_MCA_mca_base_param_files": str(empty)}
+    assert mpistop.read(default) == {"value": 1, "source": "default"}
+    in_image = {**base, "OMPI_MCA_mca_base_param_files": str(image)}
+    assert mpistop.read(in_image) == {"value": 30, "source": f"file ({image}:1)"}
+    both = mpistop.settings({**in_image, mpistop.VARIABLE: "7"})
+    assert both == {
+        "effective": {"value": 7, "source": "environment"},
+        "image": {"value": 30, "source": f"file ({image}:1)"},
+    }
+    line = mpistop.line("vm", both)
+    assert line == (
+        "node vm: mpirun's stop grace (odls_base_sigkill_timeout) 7 s from the environment; without "
+        f"OMPI_MCA_odls_base_sigkill_timeout 30 s from file ({image}:1)"
+    ), line
+    said = mpistop.line("vm", mpistop.settings(default))
+    assert "1 s from Open MPI's default" in said and "a stop's checkpoint gets 2 s before SIGKILL" in said, said
+    said = mpistop.line("vm", mpistop.settings({**default, mpistop.VARIABLE: "30"}))
+    assert said.endswith("an mpirun or orted started without the job's environment stops with Open MPI's default")
+    assert mpistop.line("vm", {"effective": None, "image": None}).count("unknown (no ompi_info)") == 2
+
+
 def test_passes_above_the_floor_and_reports_what_it_saw(tmp_path):
     """Also the control of the per-node verdicts: the in-node all-reduce of a normal run passes the EXPECT that
     a late rank fails (test_a_late_rank_fails_its_node...), over as many runs as that test (a median of 3, which one
     descheduled run on a loaded machine does not move; a median of 2 is their mean, which it does)."""
     expect = ["--iterations", "3", "--expect", f"allreduce_in_node={EXPECT}"]
-    proc = healthcheck_run(tmp_path, *expect, env={node_figures.MIN_BUSBW: "0.0001"})
+    grace = {mpistop.VARIABLE: "30"}  # the job's (launcher/interconnect.py MPI_STOP_ENV)
+    proc = healthcheck_run(tmp_path, *expect, env={node_figures.MIN_BUSBW: "0.0001", **grace})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "allreduce.json").read_text())
     assert report["passed"] is True and report["processes"] == 2 and report["failures"] == []
@@ -93,7 +124,6 @@ def test_passes_above_the_floor_and_reports_what_it_saw(tmp_path):
     assert node["infiniband_devices"] == []
     assert "driver none, CUDA none, NCCL none, 0 GPUs, InfiniBand devices: none" in proc.stdout
     # each node's disks (root, temporary folder, shared memory: one entry per file system) and each rank's CPUs
-    import shutil
     import tempfile
 
     places = {d["path"]: d for d in node["disks"]}
@@ -102,6 +132,12 @@ def test_passes_above_the_floor_and_reports_what_it_saw(tmp_path):
         os.stat(d).st_dev for d in places
     }
     assert f"node {node['host']} disks: / " in proc.stdout and " GB free" in proc.stdout
+    # mpirun's stop grace as the node reads it: the job's variable, and without it what this machine's Open MPI gives
+    if shutil.which("ompi_info"):
+        stop = node["mpi_stop"]
+        assert stop["effective"] == {"value": 30, "source": "environment"}, stop
+        assert stop["image"] == mpistop.read({k: v for k, v in os.environ.items() if k != mpistop.VARIABLE}), stop
+        assert mpistop.line(node["host"], stop) in proc.stdout, proc.stdout[-3000:]
     cpus = affinity.ranges(os.sched_getaffinity(0))
     assert report["cpu_binding"] == [{"rank": r, "host": node["host"], "cpus": cpus} for r in (0, 1)]
     assert (

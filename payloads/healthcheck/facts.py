@@ -1,5 +1,5 @@
 """What each node is: driver, CUDA and NCCL versions, GPUs, InfiniBand devices, disks and free space, private IP and
-physical host (what Azure support asks for when a node is reported).
+physical host (what Azure support asks for when a node is reported), and the grace of mpirun's stop (mpistop.py).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import struct
 import tempfile
 
 from ..common import devices
+from . import mpistop
 
 # The node's private IP (what Azure ML's node list matches it by): eth0, the interface the launcher names
 # for every collective (launcher/interconnect.py).
@@ -74,6 +75,7 @@ def node_facts(torch) -> dict:
         "infiniband_cards": devices.infiniband_cards(),  # the InfiniBand link layer's (not the Ethernet NIC)
         "nccl_ib_hca": os.environ.get("NCCL_IB_HCA"),  # devices.pin_nccl_to_infiniband, or the job file's
         "disks": disks(),
+        "mpi_stop": mpistop.settings(),  # mpirun's stop grace as this node's Open MPI reads it (mpistop.py)
     }
 
 

@@ -13,7 +13,7 @@ import tempfile
 from ..common import devices
 from ..common.errors import ConfigError
 from ..common.metrics import say
-from . import nccl
+from . import mpistop, nccl
 from .allreduce import allreduce_checks, judge, measure, node_groups
 from .expected import MIN_BUSBW
 from .facts import disks_line, node_facts
@@ -118,6 +118,7 @@ def main(argv=None) -> int:
                 + (f"; MISMATCH: {f['driver_mismatch']}" if f.get("driver_mismatch") else "")
             )
             say(f"node {f['host']} disks: {disks_line(f['disks'])}")
+            say(mpistop.line(f["host"], f["mpi_stop"]))
         for line, problem in network:
             say(line + (f": {problem}" if problem else ""))
         say(

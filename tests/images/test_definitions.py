@@ -1,7 +1,10 @@
 """The image definitions agree with the pins, the jobs and Azure ML's schema (no Docker needed)."""
 
+import os
 import pathlib
 import re
+import shutil
+import subprocess
 
 import pytest
 import yaml
@@ -411,3 +414,76 @@ def test_the_launchers_image_installs_the_submission_set_and_the_supervisor_runs
     supervisor = yaml.safe_load((ROOT / "launcher/supervisor.yaml").read_text())
     assert supervisor["environment"]["image"] == f"<<registry>>/training/{tag}"
     assert supervisor["identity"] == {"type": "user_identity"}
+
+
+# ---- Open MPI's settings for every job: the image's system MCA parameters file (issue 54, item 6) ---------------
+
+MCA_SETTINGS = ROOT / "images/openmpi-mca-params.conf"
+MPI_SETTINGS = ROOT / "images/mpi_settings.sh"
+
+
+def _mca_settings() -> dict[str, str]:
+    pairs = re.findall(r"^\s*([a-z0-9_]+)\s*=\s*(\S+)\s*$", MCA_SETTINGS.read_text(), re.M)
+    return dict(pairs)
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_each_runtime_stage_writes_the_jobs_open_mpi_settings_into_its_system_file(image):
+    """Every mpirun and orted reads Open MPI's system MCA parameters file however Azure ML starts them (its
+    mpirun, each node's daemon through ssh): the runtime stage, where Open MPI is installed, appends the settings
+    there with the script that reads them back."""
+    runtime = _stages(image)[-1]
+    ops = [op for op, _ in runtime]
+    copies = [args for op, args in runtime if op == "COPY" and not args.startswith("--from")]
+    copy = next(a for a in copies if "images/mpi_settings.sh" in a)
+    assert copy == "images/mpi_settings.sh images/openmpi-mca-params.conf /tmp/mpi/", copy
+    run = next(args for op, args in runtime if op == "RUN" and "mpi_settings.sh" in args)
+    assert run.startswith("bash /tmp/mpi/mpi_settings.sh /tmp/mpi/openmpi-mca-params.conf"), run
+    apt = next(i for i, (op, args) in enumerate(runtime) if op == "RUN" and "openmpi-bin" in args)
+    assert apt < runtime.index(("RUN", run)) and ops.count("FROM") == 1, "after Open MPI is installed"
+
+
+def test_the_images_open_mpi_settings_are_the_jobs_environment():
+    """Two sources, one value: the image's file and every MPI job's environment (launcher/interconnect.py)."""
+    from launcher import interconnect
+
+    job = {k.removeprefix("OMPI_MCA_"): v for k, v in interconnect.MPI_STOP_ENV.items() if k.startswith("OMPI_MCA_")}
+    assert job and _mca_settings() == job, (_mca_settings(), job)
+
+
+needs_ompi_info = pytest.mark.skipif(shutil.which("ompi_info") is None, reason="no Open MPI here (Gloo-only set-up)")
+
+
+def _ompi_info(env: dict) -> dict:
+    from payloads.healthcheck import mpistop
+
+    out = subprocess.run(list(mpistop.COMMAND), env=env, capture_output=True, text=True, check=True).stdout
+    return mpistop.parse(out)
+
+
+@needs_ompi_info
+def test_the_script_appends_the_settings_and_open_mpi_reads_them_from_that_file(tmp_path):
+    """Against a copy of this machine's system file (Debian's Open MPI 4.1, as Ubuntu's in the images): after the
+    script, ompi_info reads the job's grace from that file; a job variable still wins (the second source), and a
+    setting Open MPI does not know fails the script, naming it."""
+    system = pathlib.Path(subprocess.check_output(["ompi_info", "--path", "sysconfdir", "--parsable"], text=True)
+                          .strip().split(":", 2)[2]) / "openmpi-mca-params.conf"  # fmt: skip
+    target = tmp_path / "openmpi-mca-params.conf"
+    target.write_text(system.read_text() if system.is_file() else "")
+    before = target.read_text()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_")}
+    proc = subprocess.run(["bash", str(MPI_SETTINGS), str(MCA_SETTINGS), str(target)], env=env, capture_output=True,
+                          text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert target.read_text().startswith(before), "appended: the distribution's own settings stay"
+    env["OMPI_MCA_mca_base_param_files"] = str(target)
+    got = _ompi_info(env)
+    assert got["value"] == int(_mca_settings()["odls_base_sigkill_timeout"]), got
+    assert got["source"].startswith(f"file ({target}:"), got
+    assert _ompi_info({**env, "OMPI_MCA_odls_base_sigkill_timeout": "7"}) == {"value": 7, "source": "environment"}
+
+    wrong = tmp_path / "wrong.conf"
+    wrong.write_text("odls_base_sigkil_timeout = 30\n")
+    proc = subprocess.run(["bash", str(MPI_SETTINGS), str(wrong), str(tmp_path / "other.conf")], env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode != 0 and "does not read odls_base_sigkil_timeout = 30" in proc.stderr, proc.stderr

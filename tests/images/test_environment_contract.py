@@ -43,6 +43,7 @@ PROFILES = {
         ops=["Gloo"],
         not_ops=["NCCL"],
         mpi=LOCAL_MPI,
+        mca_file=False,  # this machine's Open MPI is Debian's, as installed: no job settings in its system file
     ),
     "pytorch-gpu": dict(
         python="/opt/venv/bin/python",
@@ -52,6 +53,7 @@ PROFILES = {
         ops=["NCCL"],
         not_ops=[],
         mpi=True,
+        mca_file=True,  # images/mpi_settings.sh
     ),
     "tensorflow-gpu": dict(
         python="/opt/venv/bin/python",
@@ -61,6 +63,7 @@ PROFILES = {
         ops=["NCCL"],
         not_ops=[],
         mpi=True,
+        mca_file=True,  # images/mpi_settings.sh
     ),
 }
 PROFILE = PROFILES[os.environ.get("IMAGE_PROFILE", "local-cpu")]
@@ -130,6 +133,22 @@ def test_allreduce_works_with_two_processes(host, controller):
         cmd = cmd.replace("horovod.torch as hvd, torch", "horovod.tensorflow as hvd, tensorflow as torch")
     out = host.check_output(cmd)
     assert re.findall(r"\]<stdout>:(\d+)", out) == ["3", "3"], out
+
+
+def test_open_mpi_reads_the_jobs_stop_grace_from_its_system_file(host):
+    """Every mpirun and orted of a job reads the grace of mpirun's stop from the image's system MCA parameters file
+    (images/mpi_settings.sh), whatever environment Azure ML gives them (issue 54, item 6)."""
+    if not PROFILE["mca_file"]:
+        pytest.skip("this machine's Open MPI is not an image's: tests/images/test_definitions.py checks the script")
+    settings = dict(
+        re.findall(r"^\s*([a-z0-9_]+)\s*=\s*(\S+)\s*$", (ROOT / "images/openmpi-mca-params.conf").read_text(), re.M)
+    )
+    out = host.check_output(
+        "env -u OMPI_MCA_odls_base_sigkill_timeout ompi_info --param odls base --level 9 --parsable"
+    )
+    value = settings["odls_base_sigkill_timeout"]
+    assert f"mca:odls:base:param:odls_base_sigkill_timeout:value:{value}" in out.splitlines(), out
+    assert "mca:odls:base:param:odls_base_sigkill_timeout:source:file (" in out, out
 
 
 # Extended regex for grep: private keys, storage keys and SAS tokens, service principal secrets. Split

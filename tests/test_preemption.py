@@ -128,18 +128,31 @@ def test_a_sigterm_at_an_epochs_last_step_stops_at_that_epochs_checkpoint(tmp_pa
 
 
 class _Events:
-    """A stand-in for Azure's instance metadata service: Scheduled Events as the documentation shows them."""
+    """A stand-in for Azure's instance metadata service on 127.0.0.1: Scheduled Events as the documentation shows
+    them. `first_delay`: seconds before the first answer (a fresh node's endpoint, slow to answer its first call);
+    `fail`: that many calls answered 503 first. It records each call's Metadata header and the process that made it
+    (its pid, from the connection's other end)."""
 
-    def __init__(self):
+    def __init__(self, first_delay: float = 0.0, fail: int = 0):
         import http.server
         import threading
 
-        self.events, self.headers = [], []
+        self.events, self.headers, self.callers, self.calls = [], [], [], 0
+        self.first_delay, self.fail = first_delay, fail
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
+                import time
+
+                outer.calls += 1
                 outer.headers.append(self.headers.get("Metadata"))
+                outer.callers.append(_pid_of(self.client_address[1]))
+                if outer.calls == 1 and outer.first_delay:
+                    time.sleep(outer.first_delay)
+                if outer.calls <= outer.fail:
+                    self.send_error(503)
+                    return
                 body = json.dumps({"DocumentIncarnation": len(outer.events), "Events": outer.events}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -150,8 +163,47 @@ class _Events:
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_port}/metadata/scheduledevents?api-version=2020-07-01"
+
+
+def _pid_of(port: int) -> int | None:
+    """The process whose TCP connection to the fake endpoint comes from `port` on 127.0.0.1."""
+    import psutil
+
+    for c in psutil.net_connections("tcp"):
+        if c.laddr and c.laddr.port == port and c.raddr:
+            return c.pid
+    return None
+
+
+class _Proxy:
+    """A proxy that must never be asked: it counts the connections it is offered and answers none of them."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        self.offered = 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+        def accept():
+            while True:
+                try:
+                    conn, _ = self.sock.accept()
+                except OSError:
+                    return
+                self.offered += 1
+                conn.close()  # the request fails: what a proxy that cannot reach IMDS would do
+
+        threading.Thread(target=accept, daemon=True).start()
+
+    def env(self) -> dict:
+        return {"HTTP_PROXY": self.url, "http_proxy": self.url, "HTTPS_PROXY": self.url, "https_proxy": self.url}
 
 
 def _preempt(resources: list[str]) -> dict:
@@ -170,23 +222,26 @@ def _preempt(resources: list[str]) -> dict:
 
 @pytest.mark.launches
 def test_a_scheduled_preempt_event_stops_every_rank_with_a_checkpoint_before_any_signal(tmp_path):
-    """Azure announces a Spot eviction at least 30 s ahead (Scheduled Events' Preempt): each rank polls the
-    endpoint the launcher names (TRAINING_SCHEDULED_EVENTS) and the event stops the run as a SIGTERM would, at a
-    step every rank agrees on, with the mid-epoch checkpoint and exit 75. No signal is sent: tests/stop_at holds
-    both ranks after step 1 until the event's notice reaches them (the payload's own poll, every POLL_SECONDS), so
-    the first agreement is the stop's."""
+    """Azure announces a Spot eviction at least 30 s ahead (Scheduled Events' Preempt): the node's first process
+    (local rank 0) polls the endpoint the launcher names (TRAINING_SCHEDULED_EVENTS), and the event stops the run
+    as a SIGTERM would, at a step every rank agrees on, with the mid-epoch checkpoint and exit 75: rank 1, which never
+    polls (IMDS allows 5 requests a second per VM), learns it in the agreement. No signal is sent: tests/stop_at
+    holds rank 0 after step 1 until the event's notice reaches it (the payload's own poll, every POLL_SECONDS), so
+    the first agreement is the stop's. HTTP_PROXY and HTTPS_PROXY name a proxy that answers nothing: the poll
+    bypasses it, as IMDS requires."""
     import subprocess
 
     from helpers import ROOT, horovodrun, stop_at_env, wait_until
 
-    events = _Events()
+    events, proxy = _Events(), _Proxy()
     out = tmp_path / "out"
-    env = {**stop_at_env(1, [0, 1], hold=True), preemption.SCHEDULED_EVENTS: events.url}
+    env = {**stop_at_env(1, [0], hold=True), preemption.SCHEDULED_EVENTS: events.url, **proxy.env()}
+    env.pop("NO_PROXY", None)
+    env.pop("no_proxy", None)
     cmd = horovodrun(2, ARGS + ["--output-dir", str(out)])
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        # Both ranks' first polls: they poll from the start of training.
-        wait_until(proc, lambda: len(events.headers) >= 2, "both ranks polled before the event")
+        wait_until(proc, lambda: events.calls >= 1, "rank 0 polled before the event")  # from the start of training
         events.events.append(_preempt([]))
         stdout, stderr = proc.communicate(timeout=60)
     finally:
@@ -194,10 +249,91 @@ def test_a_scheduled_preempt_event_stops_every_rank_with_a_checkpoint_before_any
             proc.kill()
         events.server.shutdown()
     text = stdout + stderr
-    lines = [ln for ln in text.splitlines() if "stopped by Scheduled Event Preempt: wrote" in ln]
+    lines = [ln for ln in text.splitlines() if "checkpoint-epoch-0000-step-000001.pt" in ln and "(exit 75)" in ln]
     assert proc.returncode != 0 and len(lines) == 2, text[-3000:]
-    assert all("checkpoint-epoch-0000-step-000001.pt" in ln and "(exit 75)" in ln for ln in lines), lines
+    assert sum("stopped by Scheduled Event Preempt: wrote" in ln for ln in lines) == 1, lines  # rank 0's
+    assert sum("stopped by a signal on another rank: wrote" in ln for ln in lines) == 1, lines  # rank 1's
     assert set(events.headers) == {"true"}  # the header the metadata service requires
+    rank0 = json.loads((out / "progress" / "rank0.json").read_text())["pid"]
+    assert set(events.callers) == {rank0}, (events.callers, rank0)  # one poller on the node: rank 0
+    assert proxy.offered == 0
+
+
+def test_a_fresh_nodes_first_answer_after_most_of_two_minutes_is_waited_for_and_no_proxy_is_asked(monkeypatch):
+    """Scheduled Events' first call on a fresh node can take up to two minutes (the feature is switched on by it):
+    the endpoint answers its first call after 90 s and the poller waits for it (FIRST_TIMEOUT 120 s), then polls
+    with the short timeout and meets the event. The times are scaled down 20 times through the poller's own
+    parameters. HTTP_PROXY names a proxy that answers nothing, and Python's default opener would go through it
+    (the control): the poller's does not. The old poller (5 s per call, given up after three) never saw an answer
+    from such a node."""
+    import time
+    import urllib.request
+
+    scale = 20.0
+    proxy = _Proxy()
+    for key, value in proxy.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    events = _Events(first_delay=90 / scale)
+    with pytest.raises(OSError):  # the control: honoured, the proxy variable breaks the call
+        urllib.request.urlopen(urllib.request.Request(events.url, headers={"Metadata": "true"}), timeout=5)
+    assert proxy.offered == 1 and events.calls == 0
+    stop = preemption.Preemption(0, 0)
+    poller = preemption.ScheduledEvents(
+        events.url, stop, poll=5 / scale, first_timeout=preemption.FIRST_TIMEOUT / scale,
+        timeout=preemption.TIMEOUT / scale,
+    )  # fmt: skip
+    started = time.monotonic()
+    poller.start()
+    try:
+        deadline = started + 30
+        while not poller.answered and time.monotonic() < deadline:
+            time.sleep(0.05)
+        answered = time.monotonic() - started
+        assert poller.answered and events.calls == 1, events.calls  # the first call, waited for
+        assert answered >= 90 / scale - 0.1, answered
+        events.events.append(_preempt([]))
+        while stop.signalled is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        poller.close()
+        events.server.shutdown()
+    assert stop.signalled == "Scheduled Event Preempt" and events.calls >= 2
+    assert proxy.offered == 1  # the control's connection only
+
+
+def test_an_endpoint_that_fails_is_asked_again_with_backoff_never_given_up():
+    """Five failed calls in a row (the old poller quit after three) and then an answer with the event: the notice
+    comes, each wait twice the one before (capped at backoff_max)."""
+    import time
+
+    events = _Events(fail=5)
+    events.events.append(_preempt([]))
+    stop = preemption.Preemption(0, 0)
+    poller = preemption.ScheduledEvents(events.url, stop, poll=0.02, first_timeout=5, timeout=5, backoff_max=0.2)
+    assert [poller.backoff(n) for n in (1, 2, 3, 4, 10)] == [0.04, 0.08, 0.16, 0.2, 0.2]
+    poller.start()
+    try:
+        deadline = time.monotonic() + 30
+        while stop.signalled is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        poller.close()
+        events.server.shutdown()
+    assert stop.signalled == "Scheduled Event Preempt" and events.calls == 6, events.calls
+
+
+def test_one_poller_per_node_the_first_process_of_each_launcher():
+    stop = preemption.Preemption(0, 0)
+    url = {preemption.SCHEDULED_EVENTS: "http://127.0.0.1:9/unused"}
+    for local in ({}, {"OMPI_COMM_WORLD_LOCAL_RANK": "0"}, {"HOROVOD_LOCAL_RANK": "0"}, {"LOCAL_RANK": "0"}):
+        poller = preemption.ScheduledEvents.from_env(stop, {**url, **local})
+        assert poller is not None, local
+        poller.close()
+    for local in ({"OMPI_COMM_WORLD_LOCAL_RANK": "1"}, {"HOROVOD_LOCAL_RANK": "3"}, {"LOCAL_RANK": "7"}):
+        assert preemption.ScheduledEvents.from_env(stop, {**url, **local}) is None, local
+    assert preemption.ScheduledEvents.from_env(stop, {"LOCAL_RANK": "0"}) is None  # no endpoint named
 
 
 def test_only_an_event_that_ends_this_vm_stops_it():

@@ -165,31 +165,73 @@ class Preemption:
 
 
 # Azure's Scheduled Events (learn.microsoft.com/azure/virtual-machines/linux/scheduled-events): the instance
-# metadata service lists what will happen to this VM, a Spot/low-priority eviction (Preempt) at least 30 s ahead,
-# a deletion (Terminate) with its own notice. The launcher gives Azure ML jobs this variable (launcher/
-# interconnect.py); where it is set, every rank polls it and an event that ends its VM stops the run as a SIGTERM
-# would, before the signal.
+# metadata service (IMDS) lists what will happen to this VM, a Spot/low-priority eviction (Preempt) at least 30 s
+# ahead, a deletion (Terminate) with its own notice. The launcher gives Azure ML jobs this variable (launcher/
+# interconnect.py); where it is set, one process per node polls it (the node's local rank 0) and an event that ends
+# its VM stops the run as a SIGTERM would, before the signal: the notice is that rank's flag in the next agreement,
+# so every rank of every node stops at the same step.
 SCHEDULED_EVENTS = "TRAINING_SCHEDULED_EVENTS"
 ENDING_EVENTS = ("Preempt", "Terminate")
-POLL_SECONDS = 5.0
-VM_NAME_URL = "http://169.254.169.254/metadata/instance/compute/name?api-version=2021-02-01&format=text"
+IMDS = "169.254.169.254"
+VM_NAME_URL = f"http://{IMDS}/metadata/instance/compute/name?api-version=2021-02-01&format=text"
+# The same page, "Enabling and Disabling Scheduled Events": "Scheduled Events is enabled for your service the first
+# time you make a request for events. You should expect a delayed response in your first call of up to two
+# minutes." So every call until the first answer may take FIRST_TIMEOUT; later ones TIMEOUT.
+FIRST_TIMEOUT = 120.0
+TIMEOUT = 10.0
+POLL_SECONDS = 5.0  # between answered polls
+# A call that fails (no answer in time, refused, 429 Too Many Requests, a body that is not JSON) is tried again
+# after POLL_SECONDS, doubled per failure in a row up to BACKOFF_MAX: never given up, since a fresh node's endpoint
+# answers late. IMDS allows 5 requests a second per VM (instance-metadata-service, "Rate limiting"), shared with
+# every other client on the node: one poller per node asking every 5 s takes a twenty-fifth of it.
+BACKOFF_MAX = 300.0
+# Which process of its node this one is, as each launcher says it: mpirun (Horovod on Azure ML), horovodrun, torchrun
+# and Azure ML's PyTorch distribution. A process alone (none set) is its node's first.
+LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "HOROVOD_LOCAL_RANK", "LOCAL_RANK")
+
+
+def local_rank(environ=None) -> int:
+    environ = os.environ if environ is None else environ
+    for name in LOCAL_RANK_VARIABLES:
+        if environ.get(name, "").strip().isdigit():
+            return int(environ[name])
+    return 0
+
+
+# IMDS "is not intended to be used behind a proxy and doing so is unsupported" (instance-metadata-service,
+# "Proxies"): an opener whose ProxyHandler has no proxies ignores HTTP_PROXY, HTTPS_PROXY and NO_PROXY alike.
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class ScheduledEvents:
-    """A daemon thread polling the Scheduled Events endpoint every POLL_SECONDS; the first event that ends this VM
-    (ENDING_EVENTS naming this VM, or naming no VM, or any where this VM's name is unknown) calls
-    stop.notice(). An endpoint that does not answer three times in a row is left alone, with one log line: the
-    stop then comes by SIGTERM only."""
+    """A daemon thread polling the Scheduled Events endpoint; the first event that ends this VM (ENDING_EVENTS
+    naming this VM, or naming no VM, or any where this VM's name is unknown) calls stop.notice(). Until the endpoint
+    has answered once each call may take `first_timeout`, later ones `timeout`; answered polls come `poll` seconds
+    apart, and a failed call is tried again after `poll` doubled per failure in a row, at most `backoff_max`: the
+    thread polls until the run closes it. Never through a proxy."""
 
-    def __init__(self, url: str, stop: Preemption, vm_name: str | None = None):
+    def __init__(
+        self,
+        url: str,
+        stop: Preemption,
+        vm_name: str | None = None,
+        poll: float = POLL_SECONDS,
+        first_timeout: float = FIRST_TIMEOUT,
+        timeout: float = TIMEOUT,
+        backoff_max: float = BACKOFF_MAX,
+    ):
         self.url, self.stop, self.vm_name = url, stop, vm_name
+        self.poll, self.first_timeout, self.timeout, self.backoff_max = poll, first_timeout, timeout, backoff_max
+        self.answered = False  # the endpoint has answered once
         self._ended = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scheduled-events", daemon=True)
 
     @classmethod
     def from_env(cls, stop: Preemption, environ=None) -> ScheduledEvents | None:
-        url = (os.environ if environ is None else environ).get(SCHEDULED_EVENTS)
-        return cls(url, stop).start() if url else None
+        """Started where the job names the endpoint, on the node's first process only (local_rank 0)."""
+        environ = os.environ if environ is None else environ
+        url = environ.get(SCHEDULED_EVENTS)
+        return cls(url, stop).start() if url and local_rank(environ) == 0 else None
 
     def start(self) -> ScheduledEvents:
         self._thread.start()
@@ -198,9 +240,9 @@ class ScheduledEvents:
     def close(self) -> None:
         self._ended.set()
 
-    def _get(self, url: str) -> bytes:
+    def _get(self, url: str, timeout: float) -> bytes:
         request = urllib.request.Request(url, headers={"Metadata": "true"})
-        with urllib.request.urlopen(request, timeout=5) as answer:
+        with _NO_PROXY.open(request, timeout=timeout) as answer:
             return answer.read()
 
     def ending(self, document: dict) -> str | None:
@@ -211,26 +253,37 @@ class ScheduledEvents:
                 return event["EventType"]
         return None
 
+    def backoff(self, failures: int) -> float:
+        """Seconds before the next call after `failures` failed calls in a row."""
+        return min(self.backoff_max, self.poll * 2 ** min(failures, 30))
+
     def _run(self) -> None:
-        failures = 0
-        if self.vm_name is None and "169.254.169.254" in self.url:
+        if self.vm_name is None and IMDS in self.url:
             try:
-                self.vm_name = self._get(VM_NAME_URL).decode().strip() or None
+                self.vm_name = self._get(VM_NAME_URL, self.timeout).decode().strip() or None
             except (OSError, ValueError):
                 self.vm_name = None
+        failures = 0
         while not self._ended.is_set():
             try:
-                found = self.ending(json.loads(self._get(self.url)))
-                failures = 0
+                document = json.loads(self._get(self.url, self.timeout if self.answered else self.first_timeout))
+                found = self.ending(document if isinstance(document, dict) else {})
             except (OSError, ValueError) as e:
                 failures += 1
-                if failures == 3:
+                if failures == 1:
                     log.warning(
-                        "Scheduled Events at %s do not answer (%s): a preemption is met by SIGTERM", self.url, e
+                        "Scheduled Events at %s: no answer (%s); asking again, up to every %.0f s: until it answers "
+                        "a preemption is met by SIGTERM",
+                        self.url,
+                        e,
+                        self.backoff_max,
                     )
-                    return
-                found = None
+                self._ended.wait(self.backoff(failures))
+                continue
+            if failures:
+                log.info("Scheduled Events at %s answer (after %d failed calls)", self.url, failures)
+            self.answered, failures = True, 0
             if found:
                 self.stop.notice(f"Scheduled Event {found}")
                 return
-            self._ended.wait(POLL_SECONDS)
+            self._ended.wait(self.poll)

@@ -1,11 +1,12 @@
 """The stall watchdog (payloads/common/watchdog.py, issue 30 items 1-3): a job whose training stops making progress
 ends within the stall limit plus a margin, non-zero, with the stuck rank and its host named and every running
-rank's stacks written; with both PyTorch backends (two real processes: one stopped with SIGSTOP, one asleep in
-its data loader), and wired into the TensorFlow, Keras and land-cover payloads (one process asleep in its input).
+rank's stacks written; with both PyTorch backends (two real processes: one stopped with SIGSTOP, one whose decode
+worker stopped, after which no process of the job is left), and wired into the TensorFlow, Keras and land-cover
+payloads (one process asleep in its input).
 
-The stuck rank comes from tests/stall (a sitecustomize on PYTHONPATH: one rank's Nth batch sleeps for an hour)
-or from a SIGSTOP sent here once its heartbeat shows steps done. Every launch is killed in a finally, process
-tree and stopped rank included, so nothing is left running."""
+The stuck rank comes from tests/stall (a sitecustomize on PYTHONPATH: one rank's Nth batch sleeps for an hour, or
+its decode worker stops itself), or from a SIGSTOP sent here once its heartbeat shows steps done. Every launch is
+killed in a finally, process tree and stopped rank included, so nothing is left running."""
 
 from __future__ import annotations
 
@@ -137,34 +138,80 @@ def test_a_stopped_rank_is_named_and_the_job_ends(backend, tmp_path):
     assert ending.at is not None and decision.action == autoresume.CHECK_THEN_RESUME, (ending, decision)
 
 
+def _shards(root: pathlib.Path) -> pathlib.Path:
+    """48 small JPEGs of 4 classes in 2 WebDataset shards: 6 steps of 4 per rank and epoch over 2 ranks."""
+    import numpy as np
+    from PIL import Image
+
+    from datatools import prepare
+
+    rng = np.random.default_rng(0)
+    for c in range(4):
+        (root / "img" / f"class{c}").mkdir(parents=True)
+        for i in range(12):
+            pixels = rng.integers(0, 256, (24, 24, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / "img" / f"class{c}" / f"{i}.jpg")
+    prepare.run(root / "img", root / "shards", shards=2, formats=["webdataset"], progress=False)
+    return root / "shards" / "webdataset"
+
+
+def _alive(pids) -> list[int]:
+    left = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.append(pid)
+    return left
+
+
 @pytest.mark.one_core
 @pytest.mark.parametrize("backend", ["horovod", "ddp"])
-def test_a_rank_asleep_in_its_data_loader_is_named_and_the_job_ends(backend, tmp_path):
-    """Rank 1's 30th batch sleeps (tests/stall): both ranks' watchdogs run, both write their stacks (rank 1's
-    shows the loader), and rank 0 names rank 1 as behind, waiting for input, while rank 0 waits in the exchange."""
+def test_a_rank_whose_decode_worker_stopped_is_named_and_the_job_ends_with_nothing_left(backend, tmp_path):
+    """Rank 1's shard-decode worker stops itself (SIGSTOP, tests/stall STALL_WORKER) in its 10th step, mid-epoch:
+    what a read stuck on a blob mount looks like (issue 54, item 10). Both ranks' watchdogs run (rank 1 waits for
+    that batch, rank 0 in the exchange), both write their stacks (rank 1's shows the wait on its worker), rank 0
+    names rank 1 as behind, waiting for input, and each ends its own decode workers before it exits: the stopped
+    worker, which ignores SIGTERM and held the rank's stdout, left horovodrun waiting for that pipe for ever (the
+    job held its nodes). The job ends within the limit plus the launcher's margin, and no process of it is left."""
     out = tmp_path / "out"
     log = tmp_path / "log"
-    cmd = _command(backend, LONG + ["--stall-timeout", str(STALL), "--output-dir", str(out)])
-    proc = _launch(cmd, _stall_hook(rank=1, at=30), log)
+    args = [a for a in _set(LONG, workers="1") if a not in ("--synthetic-samples", "2048")]
+    args += ["--data", "shards", "--data-dir", str(_shards(tmp_path)), "--batch-size", "4"]
+    cmd = _command(backend, args + ["--stall-timeout", str(STALL), "--output-dir", str(out)])
+    proc = _launch(cmd, {**_stall_hook(rank=1, at=10), "STALL_WORKER": "1"}, log)
+    seen: set[int] = set()  # every process of the job, taken while it runs (orphans leave the tree)
+    worker = stopped_at = None
     try:
-        rc = proc.wait(timeout=120)
-        ended = time.time()
+        deadline = time.monotonic() + 150
+        while proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    seen.add(child.pid)
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        if worker is None and child.status() == psutil.STATUS_STOPPED:
+                            worker, stopped_at = child.pid, time.monotonic()
+            time.sleep(0.1)
+        rc = proc.wait(timeout=5)
+        took = time.monotonic() - stopped_at if stopped_at else None
+        time.sleep(1)  # a SIGKILL sent at the end lands
+        left = _alive(seen)
     finally:
-        _kill_tree(proc)
+        _kill_tree(proc, _alive(seen))
     text = log.read_text()
-    assert rc != 0, text[-3000:]
-    asleep_since = _beat(out, 1)["last_progress_at"]
-    print(f"{backend}: the job ended {ended - asleep_since:.1f} s after rank 1's last step, exit {rc}")
-    assert ended - asleep_since < STALL + MARGIN[backend], text[-3000:]
+    assert worker is not None, f"no decode worker stopped:\n{text[-3000:]}"
+    print(f"{backend}: the job ended {took:.1f} s after rank 1's decode worker stopped, exit {rc}")
+    assert rc != 0 and took < STALL + MARGIN[backend], f"ended {took:.0f} s after the stop\n{text[-3000:]}"
+    assert worker not in left and left == [], [psutil.Process(p).cmdline() for p in left]
     report = _report(out)
     ranks = {r["rank"]: r for r in report["ranks"]}
     assert ranks[1]["why"] == "behind" and ranks[1]["doing"] == "input" and ranks[1]["host"] == HOST, report
     assert ranks[0]["why"] == "waiting" and ranks[0]["doing"] == "exchange", report
     line = next(ln for ln in text.splitlines() if "stalled: no training step" in ln)
-    assert f"rank 1 on {HOST} at step 29, waiting for input" in line, line
-    assert f"rank 0 on {HOST} waiting at step 29" in line, line
-    asleep = (watchdog.stalls_dir(out) / "rank1-stacks.txt").read_text()
-    assert "tests/stall/sitecustomize.py" in asleep and "train_epoch" in asleep, asleep
+    assert f"rank 1 on {HOST} at step" in line and "waiting for input" in line, line
+    assert f"rank 0 on {HOST} waiting at step" in line, line
+    stuck = (watchdog.stalls_dir(out) / "rank1-stacks.txt").read_text()
+    assert "ring.py" in stuck and "train_epoch" in stuck, stuck  # waiting on its worker
+    assert f"pid {worker} (" in stuck.splitlines()[0] and "stopped" in stuck.splitlines()[0], stuck.splitlines()[0]
     assert (watchdog.stalls_dir(out) / "rank0-stacks.txt").is_file()
     assert f"exit with status code {watchdog.EXIT_CODE}" in text or f"exitcode  : {watchdog.EXIT_CODE}" in text
 
@@ -377,6 +424,40 @@ def test_the_watchdog_thread_stalls_writes_stacks_and_reports_in_process(tmp_pat
     assert report["run"] == "run-a" and report["ranks"][0]["steps"] == watchdog.WARM_STEPS + 2
     stacks = (watchdog.stalls_dir(tmp_path) / "rank0-stacks.txt").read_text()
     assert "test_the_watchdog_thread_stalls_writes_stacks_and_reports_in_process" in stacks  # the main thread's
+
+
+KEEPER = """
+import os, signal, subprocess, sys, time
+sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+frozen = subprocess.Popen([sys.executable, "-c", "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); os.kill(os.getpid(), signal.SIGSTOP); time.sleep(120)"])
+print(sleeper.pid, frozen.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_the_watchdogs_end_kills_every_process_under_the_rank_a_stopped_one_too():
+    """What end_process does before os._exit, on a process of its own (never this test's): every process under
+    it, at any depth, gets SIGKILL, a stopped one that ignores SIGTERM included, and the report names each with its
+    state first."""
+    import sys
+
+    keeper = subprocess.Popen([sys.executable, "-c", KEEPER], stdout=subprocess.PIPE, text=True)
+    try:
+        sleeper, frozen = map(int, keeper.stdout.readline().split())
+        deadline = time.monotonic() + 30
+        while psutil.Process(frozen).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert set(watchdog.descendants(keeper.pid)) == {sleeper, frozen}
+        said = watchdog.children_line(watchdog.descendants(keeper.pid))
+        assert f"pid {frozen} (python" in said and said.count("stopped") == 1 and "sleeping" in said, said
+        assert set(watchdog.kill_descendants(keeper.pid)) == {sleeper, frozen}
+        deadline = time.monotonic() + 10
+        while _alive([sleeper, frozen]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _alive([sleeper, frozen]) == [] and keeper.poll() is None  # the children only
+    finally:
+        keeper.kill()
+        keeper.wait()
 
 
 def test_heartbeats_of_an_earlier_run_in_the_same_folder_are_not_read_as_this_runs(tmp_path):

@@ -15,7 +15,11 @@ A thread of its own, which depends on no collective, writes this rank's heartbea
     2. waits a few heartbeats so the others' marks are visible, then the lowest rank still running reads every
        rank's heartbeat and logs one line naming the ranks that are behind (fewer steps, or an earlier part of
        the same step) or whose heartbeat stopped, with their hosts; it writes `<output>/stalls/report.json`;
-    3. ends with os._exit(EXIT_CODE): a normal exit would wait forever in the collective that is stuck.
+    3. ends with os._exit(EXIT_CODE): a normal exit would wait forever in the collective that is stuck. Its
+       child processes at any depth (decode workers, their forkserver, DataLoader workers) are killed first
+       (end_process): a worker that is itself the stuck part (stopped, or blocked in a read on a dead mount)
+       ignores SIGTERM or cannot act on it, and left behind it holds the rank's stdout, so that horovodrun and
+       mpirun, which wait for that pipe to close, would hold the job's nodes until its limits.timeout.
 
 The output folder is shared by every node on Azure ML (the job's output mount) and a local folder locally,
 so heartbeats are files there, written in place (no rename: durable.py says why).
@@ -45,6 +49,7 @@ import json
 import logging
 import os
 import pathlib
+import signal
 import socket
 import statistics
 import sys
@@ -93,6 +98,69 @@ SAYS = {
     "exchange": "in the gradient exchange",
     "finishing": "finishing",
 }
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid`, at any depth, from /proc (no process of its own started to find them)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        parent = int(stat[stat.rfind(")") + 2 :].split()[1])  # after "pid (comm) state": the parent's pid
+        children.setdefault(parent, []).append(int(name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+# A process's state letter in /proc/<pid>/stat, as the report says it: a decode worker stopped (T), or in an
+# uninterruptible wait (D: a read on a mount that does not answer), is the likely cause of a wait for input.
+STATES = {"R": "running", "S": "sleeping", "D": "in an uninterruptible wait (I/O)", "T": "stopped", "t": "stopped"}
+
+
+def children_line(pids: list[int]) -> str:
+    """One line naming each process under this one with its state: the stalled rank's report says what its
+    workers were doing when it ended them."""
+    said = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name, state = stat[stat.find("(") + 1 : stat.rfind(")")], stat[stat.rfind(")") + 2]
+        said.append(f"pid {pid} ({name}) {STATES.get(state, state)}")
+    return "; ".join(said)
+
+
+def kill_descendants(pid: int | None = None) -> list[int]:
+    """SIGKILL to every process under `pid` (this one by default): the only signal a stopped process, or one that
+    ignores SIGTERM, cannot refuse. Returns their pids."""
+    found = descendants(os.getpid() if pid is None else pid)
+    for child in found:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except OSError:  # ended meanwhile
+            pass
+    return found
+
+
+def end_process(code: int) -> None:
+    """The watchdog's end of this process: its children at any depth killed, then os._exit(code)."""
+    kill_descendants()
+    os._exit(code)
 
 
 def parse_timeout(text: str) -> float | str:
@@ -272,7 +340,7 @@ class Watchdog:
         host: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        exit: Callable[[int], None] = os._exit,
+        exit: Callable[[int], None] = end_process,
     ):
         self.output, self.rank, self.size, self.run = pathlib.Path(output), rank, size, run
         self.timeout = timeout
@@ -418,6 +486,9 @@ class Watchdog:
             f"rank {self.rank} on {self.host} (pid {self.pid}): no training step for {quiet:.0f} s (limit "
             f"{bound:.0f} s); {self.steps} steps done, {self.what} for {self.clock() - self.since:.0f} s"
         )
+        children = children_line(descendants(self.pid))
+        if children:
+            mine += f"; its child processes (ended with it): {children}"
         log.error("%s; stacks in %s", mine, stalls_dir(self.output))
         self._stacks(mine)
         self._beat(stalled=True, stalled_at=detected)

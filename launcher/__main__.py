@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _outputs(args) -> stack.StackOutputs | None:
     if args.stack_outputs:
-        return stack.load_file(args.stack_outputs, rendered_ok=args.dry_run)
+        return stack.load_file(args.stack_outputs, rendered_ok=args.dry_run or args.target == "local")
     if args.stack:
         return stack.load_from_pulumi(args.stack)
     return None
@@ -169,54 +169,65 @@ def run(args, extra: list[str]) -> int:
         )
     _check_auto_resume(args)
     if args.target == "local":
-        if args.input_mode:
-            raise JobError("--input-mode is for Azure ML jobs; here inputs are local folders (--input NAME=PATH)")
-        if args.health_check:
-            raise JobError(
-                "--health-check is for Azure ML jobs; here run jobs/healthcheck-allreduce.yaml --target local"
-            )
-        if args.resume_from:
-            raise JobError(
-                "--resume-from is for Azure ML jobs; here, pass the earlier run's folder as --output-dir "
-                "and the payload resumes from its checkpoints"
-            )
-        inputs = {}
-        for item in args.input:
-            name, sep, path = item.partition("=")
-            if not sep or not name or not path:
-                raise JobError(f"--input {item!r}: expected NAME=PATH, e.g. --input imagenet=/data/imagenet")
-            inputs[name] = path
-        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        out_root = args.output_dir or jobspec.ROOT / "runs" / f"{template.get('display_name', args.job.stem)}-{stamp}"
-        overrides = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "120"}
-        if args.drill:
-            if args.dry_run:
-                raise JobError("--drill runs the job three times; --dry-run prints one command: drop one of them")
-            from . import drill
+        return _run_local(args, extra, template, outputs)
+    return _run_azureml(args, extra, template, outputs)
 
-            def plan_for(folder):
-                return local.plan(template, args.job, inputs, folder, args.np, extra, args.controller)
 
-            return drill.drill(
-                plan_for,
-                lambda a, o: local.run(a, o, overrides),
-                out_root.resolve(),
-                args.drill,
-                args.drill_seed,
-                args.np,
-            )
-        argv, out = local.plan(template, args.job, inputs, out_root.resolve(), args.np, extra, args.controller)
+def _run_local(args, extra: list[str], template: dict, outputs: stack.StackOutputs | None) -> int:
+    if args.input_mode:
+        raise JobError("--input-mode is for Azure ML jobs; here inputs are local folders (--input NAME=PATH)")
+    if args.health_check:
+        raise JobError(
+            "--health-check is for Azure ML jobs; here run jobs/healthcheck-allreduce.yaml --target local"
+        )
+    if args.resume_from:
+        raise JobError(
+            "--resume-from is for Azure ML jobs; here, pass the earlier run's folder as --output-dir "
+            "and the payload resumes from its checkpoints"
+        )
+    inputs = {}
+    for item in args.input:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise JobError(f"--input {item!r}: expected NAME=PATH, e.g. --input imagenet=/data/imagenet")
+        inputs[name] = path
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_root = args.output_dir or jobspec.ROOT / "runs" / f"{template.get('display_name', args.job.stem)}-{stamp}"
+    overrides = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "120"}
+    if args.nodes is not None:
+        from . import simcluster
+
+        return simcluster.main(args, template, inputs, out_root.resolve(), extra, outputs, overrides)
+    if args.drill:
         if args.dry_run:
-            print(shlex.join(argv))
-            return 0
-        if args.auto_resume is not None:
-            from . import autoresume
+            raise JobError("--drill runs the job three times; --dry-run prints one command: drop one of them")
+        from . import drill
 
-            if "run" not in out:
-                raise JobError(f"--auto-resume: {args.job.name} declares no `run` output, where runs leave checkpoints")
-            return autoresume.run_local(lambda: local.run(argv, out, overrides), out["run"], args.np, args.auto_resume)
-        return local.run(argv, out, overrides)
+        def plan_for(folder):
+            return local.plan(template, args.job, inputs, folder, args.np, extra, args.controller)
 
+        return drill.drill(
+            plan_for,
+            lambda a, o: local.run(a, o, overrides),
+            out_root.resolve(),
+            args.drill,
+            args.drill_seed,
+            args.np,
+        )
+    argv, out = local.plan(template, args.job, inputs, out_root.resolve(), args.np, extra, args.controller)
+    if args.dry_run:
+        print(shlex.join(argv))
+        return 0
+    if args.auto_resume is not None:
+        from . import autoresume
+
+        if "run" not in out:
+            raise JobError(f"--auto-resume: {args.job.name} declares no `run` output, where runs leave checkpoints")
+        return autoresume.run_local(lambda: local.run(argv, out, overrides), out["run"], args.np, args.auto_resume)
+    return local.run(argv, out, overrides)
+
+
+def _run_azureml(args, extra: list[str], template: dict, outputs: stack.StackOutputs | None) -> int:
     if outputs is None:
         raise JobError(
             "--target azureml needs the stack outputs: --stack-outputs outputs.<stack>.json "

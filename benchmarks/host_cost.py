@@ -95,17 +95,7 @@ def main(argv=None) -> int:
     train, _, _ = shards.open_set(out / "webdataset")
 
     def make(cache: bool):
-        return shards.ShardLoader(
-            train,
-            0,
-            1,
-            args.batch,
-            seed=0,
-            transform=shards.Transform(args.image_size, train=True),
-            workers=args.workers,
-            cache=cache,
-            cache_dir=work,
-        )
+        return shards.ShardLoader(train, shards.Reading(0, 1, args.batch, seed=0, workers=args.workers, cache=cache, cache_dir=work), shards.Transform(args.image_size, train=True))
 
     rows = []
     plain = make(False)

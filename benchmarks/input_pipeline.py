@@ -111,17 +111,7 @@ def shard_loader(
     from payloads.pytorch import shards
 
     train, _, _ = shards.open_set(shard_dir)
-    return shards.ShardLoader(
-        train,
-        0,
-        1,
-        batch,
-        seed=0,
-        transform=shards.Transform(image_size, train=True),
-        workers=workers,
-        cache=cache,
-        decoder=decoder,
-    )
+    return shards.ShardLoader(train, shards.Reading(0, 1, batch, seed=0, workers=workers, cache=cache, decoder=decoder), shards.Transform(image_size, train=True))
 
 
 def shard_epochs(

@@ -21,10 +21,15 @@ What differs from the worker processes (shards.py), on purpose or as DALI does i
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
+import os
 import pathlib
+import shutil
+import tempfile
 
+import numpy as np
 import torch
 
 from ..common.errors import ConfigError
@@ -54,33 +59,48 @@ def check(cfg) -> None:
 
 
 def labels_of(padded: torch.Tensor) -> torch.Tensor:
-    """int64 labels from the .cls members' ASCII digits (one row per sample, padded with zero bytes)."""
+    """int64 labels from the .cls members' ASCII digits (one row per sample, padded with zero bytes), in a few
+    whole-batch operations where the tensor lies (on the GPU: no copy, no sync)."""
     x = padded.to(torch.int64)
     digit = (x >= 48) & (x <= 57)
-    value = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
-    for j in range(x.shape[1]):
-        value = torch.where(digit[:, j], value * 10 + (x[:, j] - 48), value)
-    return value
+    after = digit.flip(1).cumsum(1).flip(1) - digit.to(torch.int64)  # digits to the right of each position
+    return (torch.where(digit, x - 48, 0) * torch.pow(10, after)).sum(1)
 
 
-def _pipeline(files, rank, size, batch, threads, device_id, seed, train, shuffle, buffer, side):
+def index_files(files: list[str]) -> list[str]:
+    """DALI's index of each tar (its wds2idx, shipped with DALI), written once per loader in a folder of its own: the
+    reader otherwise indexes every tar each time a pipeline is built, each epoch and pass."""
+    from wds2idx import IndexCreator
+
+    folder = tempfile.mkdtemp(prefix="dali-index-")
+    atexit.register(shutil.rmtree, folder, True)
+    out = []
+    for i, tar in enumerate(files):
+        out.append(os.path.join(folder, f"{i}.idx"))
+        with IndexCreator(tar, out[-1], verbose=False) as creator:
+            creator.create_index()
+    return out
+
+
+def _pipeline(files, indexes, r: data.Reading, device_id, seed: int, side: int):
     from nvidia.dali import fn, pipeline_def, types
 
-    @pipeline_def(batch_size=batch, num_threads=threads, device_id=device_id, seed=seed, prefetch_queue_depth=2)
+    @pipeline_def(batch_size=r.batch, num_threads=max(1, r.workers), device_id=device_id, seed=seed, prefetch_queue_depth=2)
     def pipe():
         jpegs, cls = fn.readers.webdataset(
             paths=files,
+            index_paths=indexes,
             ext=["jpg;png;jpeg", "cls"],
             missing_component_behavior="error",
-            random_shuffle=shuffle,
-            initial_fill=max(buffer, 1),
-            shard_id=rank,
-            num_shards=size,
+            random_shuffle=r.shuffle,
+            initial_fill=max(r.shuffle_buffer, 1),
+            shard_id=r.rank,
+            num_shards=r.size,
             pad_last_batch=True,
             name="Reader",
         )
         images = fn.decoders.image(jpegs, device="mixed" if device_id is not None else "cpu", output_type=types.RGB)
-        if train:
+        if r.shuffle:  # training: random crops and flips; validation: the centre crop
             images = fn.random_resized_crop(
                 images, size=[side, side], random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3], antialias=True
             )
@@ -97,7 +117,8 @@ def _pipeline(files, rank, size, batch, threads, device_id, seed, train, shuffle
             std=[s * 255 for s in data.STD],
             mirror=mirror,
         )
-        return images, fn.pad(cls, fill_value=0, shape=[LABEL_BYTES])
+        labels = fn.pad(cls, fill_value=0, shape=[LABEL_BYTES])
+        return images, labels.gpu() if device_id is not None else labels  # on a GPU the labels arrive there
 
     return pipe()
 
@@ -105,39 +126,27 @@ def _pipeline(files, rank, size, batch, threads, device_id, seed, train, shuffle
 class Batches(data.EpochSteps):
     """This rank's steps of one split through DALI: (float Nx3xHxW on the device, int64 labels there, 0)."""
 
-    def __init__(self, split, cfg, rank: int, size: int, batch: int, shuffle: bool, device, channels_last: bool):
-        self.files, self.rank, self.size, self.batch = [str(f) for f in split.files], rank, size, batch
-        self.shuffle, self.device, self.channels_last = shuffle, device, channels_last
-        self.seed, self.buffer, self.side, self.threads = (
-            cfg.seed,
-            cfg.shuffle_buffer,
-            cfg.image_size,
-            max(1, cfg.workers),
-        )
-        largest = math.ceil(len(split) / size)  # DALI's parts differ by at most one sample
+    def __init__(self, split, reading: data.Reading, side: int, device, channels_last: bool):
+        self.files, self.reading, self.side = [str(f) for f in split.files], reading, side
+        self.device, self.channels_last, self.indexes = device, channels_last, None
+        largest = math.ceil(len(split) / reading.size)  # DALI's parts differ by at most one sample
         if largest < 1:
-            raise ConfigError(f"{len(split)} samples cannot be split over {size} processes: prepare more samples")
-        self.limit(math.ceil(largest / batch), cfg.max_steps_per_epoch if shuffle else 0)
+            raise ConfigError(f"{len(split)} samples cannot be split over {reading.size} processes: prepare more samples")
+        self.limit(math.ceil(largest / reading.batch), reading.max_steps)
 
     def __iter__(self):
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
+        r = self.reading
+        self.indexes = self.indexes or index_files(self.files)
         # The epoch's own, whatever ran before it, and the rank's own: ranks draw different crops and buffers.
-        seed = ((self.seed * 1_000_003 + self.epoch) * 1_009 + self.rank) % 2**31
+        seed = ((r.seed * 1_000_003 + self.epoch) * 1_009 + r.rank) % 2**31
+        order = range(len(self.files))  # training: the files in a new order each epoch, the same on every rank
+        if r.shuffle:
+            order = np.random.default_rng([r.seed, self.epoch]).permutation(len(self.files)).tolist()
+        files, indexes = [self.files[i] for i in order], [self.indexes[i] for i in order]
         device_id = self.device.index if self.device.type == "cuda" else None
-        pipe = _pipeline(
-            self.files,
-            self.rank,
-            self.size,
-            self.batch,
-            self.threads,
-            device_id,
-            seed,
-            self.shuffle,  # training: random crops and flips; validation: the centre crop
-            self.shuffle,
-            self.buffer,
-            self.side,
-        )
+        pipe = _pipeline(files, indexes, r, device_id, seed, self.side)
         try:
             pipe.build()
         except RuntimeError as e:  # its reader's index of the tars, a decoder or the device it was given
@@ -157,6 +166,6 @@ class Batches(data.EpochSteps):
                 images = out[0]["images"].permute(0, 3, 1, 2)  # NHWC in memory: a channels_last NCHW view
                 if not self.channels_last:
                     images = images.contiguous()
-                yield images, labels_of(out[0]["labels"]).to(self.device), 0
+                yield images, labels_of(out[0]["labels"]), 0
         finally:
             del batches, pipe

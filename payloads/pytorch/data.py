@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import pathlib
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -91,6 +93,44 @@ class EpochSteps:
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
         self.epoch, self.skip = epoch, skip
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How one rank reads one split, the one argument of the shard loaders' constructors (shards.ShardLoader,
+    dali.Batches): its part (`rank` of `size`, `batch` per step), the order (seed, shuffle or not) and the options."""
+
+    rank: int
+    size: int
+    batch: int
+    seed: int = 0
+    shuffle: bool = True  # training; validation reads in order
+    shuffle_buffer: int = 5000
+    workers: int = 2
+    max_steps: int = 0
+    cache: bool = False
+    cache_dir: pathlib.Path | None = None
+    skip_corrupt: bool = False
+    decoder: str = "auto"
+    encoded: bool = False  # --gpu-decode: the JPEG bytes go through the slots
+    pin_memory: bool = False  # on a GPU: the slots registered as page-locked memory
+
+    @classmethod
+    def of(cls, cfg, rank: int, size: int, batch: int, shuffle: bool, **options) -> Reading:
+        return cls(
+            rank,
+            size,
+            batch,
+            cfg.seed,
+            shuffle,
+            cfg.shuffle_buffer,
+            cfg.workers,
+            cfg.max_steps_per_epoch if shuffle else 0,
+            cfg.cache_decoded,
+            cfg.cache_dir,
+            cfg.skip_corrupt_images,
+            **options,
+        )
 
 
 class SyntheticImages(Dataset):

@@ -63,27 +63,30 @@ class Prefetched:
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
         self.host.set_epoch(epoch, skip)
 
-    def _to_device(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _copy(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both to the device without blocking: from pinned memory (the ring's slots, DataLoader's pinned batches)
+        an asynchronous copy; the host never waits for the device here."""
         if images.dtype != torch.uint8:
             raise TypeError(f"the host loader yielded {images.dtype} images: uint8 is what crosses to the device")
-        images = images.to(self.device, non_blocking=True)
-        return data.normalize(images, self.channels_last), labels.to(self.device, non_blocking=True)
+        return images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
 
     def __iter__(self) -> Iterator[Batch]:
         if self.device.type != "cuda":
             for images, labels, skipped in self.host:
-                yield (*self._to_device(images, labels), skipped)
+                images, labels = self._copy(images, labels)
+                yield data.normalize(images, self.channels_last), labels, skipped
             return
         stream = torch.cuda.Stream(self.device)
         ready = None
         fence = getattr(self.host, "fence", None)  # a loader that reuses its host buffers (shards.ShardLoader)
         for images, labels, skipped in self.host:
             with torch.cuda.stream(stream):
-                nxt = self._to_device(images, labels)
-            if fence is not None:
-                copied = torch.cuda.Event()
-                copied.record(stream)
-                fence(copied)
+                images, labels = self._copy(images, labels)
+                if fence is not None:  # the slot is free once the copies are done, before the normalisation
+                    copied = torch.cuda.Event()
+                    copied.record(stream)
+                    fence(copied)
+                nxt = (data.normalize(images, self.channels_last), labels)
             if ready is not None:
                 yield ready
             compute = torch.cuda.current_stream(self.device)
@@ -237,9 +240,10 @@ def build(
 
         dali.check(cfg)
         train_split, val_split, num_classes = shards.datasets(cfg.data_dir)
-        train = dali.Batches(train_split, cfg, rank, size, batch, True, device, channels_last)
-        val = dali.Batches(val_split, cfg, rank, size, batch, False, device, channels_last) if val_split else None
-        return Inputs(train, val, num_classes)
+        part = lambda split, shuffle: dali.Batches(  # noqa: E731
+            split, data.Reading.of(cfg, rank, size, batch, shuffle), cfg.image_size, device, channels_last
+        )
+        return Inputs(part(train_split, True), part(val_split, False) if val_split else None, num_classes)
     if cfg.data == "synthetic":
         images = data.SyntheticImages(cfg.synthetic_samples, cfg.num_classes, cfg.image_size, cfg.seed, device=device)
         return Inputs(
@@ -250,13 +254,19 @@ def build(
     decoder = decoder or decoder_of(cfg)
     if cfg.data == "shards":
         train_split, val_split, num_classes = shards.datasets(cfg.data_dir)
-        make = shards.gpu_loader if gpu_decode else shards.loader
+        if gpu_decode and device.type != "cuda":
+            log.warning("--gpu-decode without a GPU: torchvision's CPU JPEG decoder runs in the training process")
+
+        def make(split, shuffle):
+            pin = device.type == "cuda"
+            how = data.Reading.of(cfg, rank, size, batch, shuffle, decoder=decoder, encoded=gpu_decode, pin_memory=pin)
+            return shards.ShardLoader(split, how, data.Transform(cfg.image_size, train=shuffle))
 
         def wrap(host):
             return host.on_device(device, channels_last) if gpu_decode else Prefetched(host, device, channels_last)
 
-        train = make(train_split, cfg, rank, size, batch, True, device, decoder=decoder)
-        val = make(val_split, cfg, rank, size, batch, False, device, decoder=decoder) if val_split is not None else None
+        train = make(train_split, True)
+        val = make(val_split, False) if val_split is not None else None
         shards.check_cache_room([train, val], local_size)  # indexes the files: before anything is trained
         if val is not None:
             val.prefetch()  # its first pass decodes during epoch 1, later ones after each pass

@@ -105,18 +105,21 @@ class Slots:
         }
 
     def pin(self) -> None:
-        """Registers the mapping with CUDA as page-locked host memory (the training process on a GPU)."""
-        import torch
-
+        """Registers the mapping with CUDA as page-locked host memory (the training process on a GPU) through the
+        runtime torch loaded. A failed registration leaves its error pending in that runtime, where the next kernel
+        launch would raise it as its own (vLLM #50070): it is read off there, and batches are copied from pageable
+        memory."""
+        rt = cuda_runtime()
         self._buf = ctypes.c_char.from_buffer(self.map)
-        cudart = torch.cuda.cudart()
         address = ctypes.addressof(self._buf)
-        err = cudart.cudaHostRegister(address, len(self.map), 0)
-        if int(err) != 0:
+        err = rt.cudaHostRegister(address, len(self.map), 0) if rt else "torch's CUDA runtime not found"
+        if err:
+            if rt:
+                rt.cudaGetLastError()
             log.warning("cudaHostRegister of %s failed (%s): batches are copied from pageable memory", self.path, err)
             return
         self.pinned = True
-        weakref.finalize(self, cudart.cudaHostUnregister, address)  # before the mapping goes with this object
+        weakref.finalize(self, rt.cudaHostUnregister, address)  # before the mapping goes with this object
 
     def unlink(self) -> None:
         try:
@@ -125,11 +128,49 @@ class Slots:
             pass
 
 
-def make_slots(layout: Layout, count: int, tag: str) -> Slots:
-    fd, path = tempfile.mkstemp(prefix=f"batches-{os.getpid()}-{tag}-", dir=shm_folder())
+def cuda_runtime():
+    """libcudart as torch's CUDA library links it (symbols looked up from libtorch_cuda.so, whose dependencies
+    include it): registration, the drain of a failed one's error and unregistration go through this one handle.
+    None for a torch without that library."""
+    import torch
+
+    try:
+        rt = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cuda.so"))
+        rt.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+        rt.cudaHostUnregister.argtypes = [ctypes.c_void_p]
+        rt.cudaGetLastError.argtypes = []
+    except (OSError, AttributeError):
+        return None
+    return rt
+
+
+TMPFS_MAGIC = 0x01021994  # linux/magic.h
+
+
+def on_tmpfs(path: str) -> bool:
+    """Whether `path` lies on a tmpfs (statfs's f_type, the first field of struct statfs)."""
+    buf = ctypes.create_string_buffer(256)
+    if ctypes.CDLL(None, use_errno=True).statfs(os.fsencode(path), buf):
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), path)
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF == TMPFS_MAGIC
+
+
+def make_slots(layout: Layout, count: int, tag: str, pin: bool = False) -> Slots:
+    """The ring's file in /dev/shm; `pin` (a GPU): registered with CUDA, which needs the file on a tmpfs. Pinning a
+    file of a disk file system (the /tmp fallback) holds pages the kernel tracks for writeback: refused here."""
+    folder = shm_folder()
+    if pin and not on_tmpfs(folder):
+        raise ConfigError(
+            f"the loader's shared batch slots would be a file in {folder}, not on a tmpfs, which CUDA cannot pin: "
+            "give the container a /dev/shm (the job's resources.shm_size, docker --shm-size)"
+        )
+    fd, path = tempfile.mkstemp(prefix=f"batches-{os.getpid()}-{tag}-", dir=folder)
     os.close(fd)
     os.unlink(path)
-    return Slots(path, layout, count, create=True)
+    slots = Slots(path, layout, count, create=True)
+    if pin:
+        slots.pin()
+    return slots
 
 
 # ------------------------------------------------------------------------------------------------ workers

@@ -19,11 +19,15 @@ the decoded cache is decodedcache.py's; the worker processes and the shared batc
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
 import errno
 import itertools
 import logging
 import pathlib
+import queue
 import tempfile
+import threading
 import weakref
 
 import numpy as np
@@ -31,7 +35,7 @@ import torch
 
 from ..common.errors import ConfigError
 from . import decodedcache, decoders, ring, shardset
-from .data import EpochSteps, Transform, collate, normalize
+from .data import EpochSteps, Reading, Transform, collate, normalize  # noqa: F401 - Reading, Transform: the API
 from .decodedcache import check_room as check_cache_room  # noqa: F401 - the loader's API
 from .shardset import ShardSplit, index_shard, open_set, plan, read_shard  # noqa: F401 - the loader's API
 
@@ -95,15 +99,14 @@ class Decoder:
     """One loader's decoding of a step: picklable, sent once to each worker (or used inline)."""
 
     def __init__(self, loader: ShardLoader, cache: decodedcache.DecodedCache | None):
-        self.index, self.plan, self.seed, self.rank = loader.index, loader.plan, loader.seed, loader.rank
-        self.shuffle, self.buffer, self.transform = loader.shuffle, loader.buffer, loader.transform
-        self.decoder_name, self.encoded = loader.decoder, loader.encoded
+        self.index, self.plan, self.transform, self.reading = loader.index, loader.plan, loader.transform, loader.reading
         self.starts = np.concatenate([[0], np.cumsum(loader.sizes)]).astype(np.int64)
         self.cache = (cache.path, cache.layout) if cache is not None else None
-        # With --cache-decoded every epoch is a full shuffle in key order, whether its pixels come from the shards or
-        # the cache: the order then depends on (seed, epoch, rank) only, so a resume (a new, empty cache) or a
-        # rollback into the filling epoch repeats the straight run. Decided by the configuration, not by whether the
-        # cache file could be made.
+        # With --cache-decoded, epoch 0 (the straight run's filling epoch) reads the plan's files front to back through
+        # the shuffle buffer, as without the cache; every later epoch is a full shuffle in key order, whether its
+        # pixels come from the cache or (after a resume or a rollback, the cache new or incomplete) from the shards.
+        # The order depends on (seed, epoch, rank) and the configuration only, never on the cache's state, so a
+        # resumed run repeats the straight one.
         self.full_shuffle = loader.full_shuffle
         self.slots: tuple | None = None  # (path, layout, count) of the ring, set by the loader
         self._attached = False
@@ -114,7 +117,7 @@ class Decoder:
     def attach(self) -> None:
         if self._attached:
             return
-        self._decode = decoders.make(self.decoder_name)
+        self._decode = decoders.make(self.reading.decoder)
         self._cached = decodedcache.Mapped(*self.cache) if self.cache else None
         self._views = None
         if self.slots is not None:
@@ -126,12 +129,11 @@ class Decoder:
 
     def order(self, epoch: int) -> np.ndarray:
         if self._order[0] != epoch:
-            if self.full_shuffle:
-                got = shardset.cached_order(shardset.key_order(self.index), self.seed, epoch, self.rank, self.shuffle)
+            r = self.reading
+            if self.full_shuffle and epoch > 0:
+                got = shardset.cached_order(shardset.key_order(self.index), r.seed, epoch, r.rank, r.shuffle)
             else:
-                got = shardset.epoch_order(
-                    self.index, self.plan, self.seed, epoch, self.rank, self.shuffle, self.buffer
-                )
+                got = shardset.epoch_order(self.index, self.plan, r.seed, epoch, r.rank, r.shuffle, r.shuffle_buffer)
             self._order = (epoch, got)
         return self._order[1]
 
@@ -148,7 +150,7 @@ class Decoder:
         try:
             for p in positions.tolist():
                 label, key = int(index.label[p]), index.keys[p]
-                rng = np.random.default_rng([self.seed, epoch, index.seeds[p]])
+                rng = np.random.default_rng([self.reading.seed, epoch, index.seeds[p]])
                 image = None
                 if mode == CACHED:
                     status = self._cached.status[p]
@@ -159,7 +161,7 @@ class Decoder:
                         image = self._cached.image(p)
                 if image is None:
                     data = self._read(files, p)
-                    if self.encoded:
+                    if self.reading.encoded:
                         try:
                             h, w = _jpeg_size(data)
                         except Exception:  # noqa: BLE001 - not a plain JPEG (PNG, CMYK, damaged): decoded here
@@ -206,41 +208,21 @@ class ShardLoader(EpochSteps):
 
     _ids = itertools.count()
 
-    def __init__(
-        self,
-        split: ShardSplit,
-        rank: int,
-        size: int,
-        batch: int,
-        seed: int,
-        transform,
-        shuffle: bool = True,
-        shuffle_buffer: int = 5000,
-        cache: bool = False,
-        cache_dir: pathlib.Path | None = None,
-        workers: int = 2,
-        max_steps: int = 0,
-        skip_corrupt: bool = False,
-        prefetch: int = 4,
-        pin_memory: bool = False,
-        decoder: str = "auto",
-        encoded: bool = False,
-    ):
-        self.split, self.rank, self.size, self.seed = split, rank, size, seed
-        self.plan = plan(split.counts, rank, size, batch)
-        self.transform, self.shuffle, self.buffer = transform, shuffle, shuffle_buffer
-        self.workers, self.skip_corrupt, self.pin, self.encoded = workers, skip_corrupt, pin_memory, encoded
-        self.slot_count = max(prefetch, workers + 1) + 2  # the workers' queue, the batch held, the one being copied
-        self.decoder = decoders.resolve(decoder)
-        self.sizes = self.plan.batch_sizes[:max_steps] if max_steps else self.plan.batch_sizes
+    def __init__(self, split: ShardSplit, reading: Reading, transform):
+        r = self.reading = dataclasses.replace(reading, decoder=decoders.resolve(reading.decoder))
+        self.split, self.transform = split, transform
+        self.plan = plan(split.counts, r.rank, r.size, r.batch)
+        self.slot_count = max(4, r.workers + 1) + 2  # the workers' queue, the batch held, the one being copied
+        self.sizes = self.plan.batch_sizes[: r.max_steps] if r.max_steps else self.plan.batch_sizes
         self.steps = len(self.sizes)  # a resumed epoch's skipped steps are neither read nor decoded
         # A truncated epoch never reads the whole part, so there is nothing complete to keep.
-        self.cache_wanted = cache and len(self.sizes) == len(self.plan.batch_sizes)
-        self.full_shuffle = bool(self.cache_wanted) and shuffle  # the order of every epoch (Decoder.full_shuffle)
-        if cache and not self.cache_wanted:
+        self.cache_wanted = r.cache and len(self.sizes) == len(self.plan.batch_sizes)
+        self.full_shuffle = bool(self.cache_wanted) and r.shuffle  # the order of every epoch (Decoder.full_shuffle)
+        if r.cache and not self.cache_wanted:
             log.warning("--cache-decoded is off: --max-steps-per-epoch stops epochs before the data is read whole")
-        if cache and encoded:
+        if r.cache and r.encoded:
             raise ConfigError("--cache-decoded keeps CPU-decoded images, --gpu-decode decodes on the GPU: choose one")
+        cache_dir = r.cache_dir
         self.cache_dir = pathlib.Path(cache_dir) if cache_dir is not None else pathlib.Path(tempfile.gettempdir())
         self.id = next(self._ids)
         self.index: shardset.Index | None = None
@@ -257,14 +239,14 @@ class ShardLoader(EpochSteps):
     # -- start-up: the index, the cache file, the slots, the workers' copies of the decoder
     def _index(self) -> shardset.Index:
         if self.index is None:
-            paths = [str(self.split.files[f]) for f in self.plan.files]
+            r, paths = self.reading, [str(self.split.files[f]) for f in self.plan.files]
             dims = bool(self.cache_wanted)
-            if self.workers > 0:
-                self.group = ring.workers(self.workers)
+            if r.workers > 0:
+                self.group = ring.workers(r.workers)
                 entries = self.group.call(index_shard, [(p, dims) for p in paths])
             else:
                 entries = [index_shard(p, dims) for p in paths]
-            self.index = shardset.build_index(self.split, self.plan, self.rank, self.size, entries)
+            self.index = shardset.build_index(self.split, self.plan, r.rank, r.size, entries)
         return self.index
 
     def cache_bytes(self) -> int:
@@ -277,19 +259,18 @@ class ShardLoader(EpochSteps):
         index = self._index()
         if self.cache_wanted:
             try:
-                self.cache = decodedcache.DecodedCache(self.cache_dir, self.rank, decodedcache.Layout(index))
+                self.cache = decodedcache.DecodedCache(self.cache_dir, self.reading.rank, decodedcache.Layout(index))
             except OSError as e:
                 self._drop_cache(e)
         coder = Decoder(self, self.cache)
-        if self.workers > 0:
-            slots = ring.make_slots(self._slot_layout(), self.slot_count, f"rank{self.rank}-{self.id}")
+        if self.reading.workers > 0:
+            tag, pin = f"rank{self.reading.rank}-{self.id}", self.reading.pin_memory
+            slots = ring.make_slots(self._slot_layout(), self.slot_count, tag, pin)
             coder.slots = (slots.path, slots.layout, slots.count)
             try:
                 self.group.open(self.id, coder)
             finally:
                 slots.unlink()  # mapped by every worker and by this process: gone with the last of them
-            if self.pin:
-                slots.pin()
             self.slots, self.views = slots, [slots.view(k) for k in range(slots.count)]
             self.free.extend(range(slots.count))
             weakref.finalize(self, self.group.close, self.id)
@@ -301,7 +282,7 @@ class ShardLoader(EpochSteps):
             raise ConfigError("decode workers write fixed-size crops: give the transform a `size`, or use workers=0")
         batch = max(self.sizes)
         fields = [("labels", "int64", (batch,)), ("images", "uint8", (batch, side, side, 3))]
-        if self.encoded:  # the JPEG bytes of the largest `batch` images fit any step
+        if self.reading.encoded:  # the JPEG bytes of the largest `batch` images fit any step
             room = int(np.sort(self.index.size)[-batch:].sum()) if len(self.index) else 1
             fields += [("meta", "int64", (batch, META)), ("bytes", "uint8", (max(room, 1),))]
         return ring.Layout(tuple(fields))
@@ -313,7 +294,7 @@ class ShardLoader(EpochSteps):
         log.warning(
             "--cache-decoded is off for rank %d: %s in %s (%s); every epoch decodes its images. Fix: --cache-dir "
             "on a local disk with room for the decoded images",
-            self.rank,
+            self.reading.rank,
             "the folder is full" if full else "the cache file failed",
             self.cache_dir,
             e,
@@ -330,7 +311,7 @@ class ShardLoader(EpochSteps):
     # -- the batches
     def _checked(self, kept: int, skipped: list) -> None:
         for key, reason in skipped:
-            if not self.skip_corrupt:
+            if not self.reading.skip_corrupt:
                 raise ConfigError(
                     f"cannot decode sample {key} of the shards in {self.split.folder} ({reason}): "
                     "prepare the set again, or pass --skip-corrupt-images to skip and count such samples"
@@ -342,7 +323,7 @@ class ShardLoader(EpochSteps):
     def __iter__(self):
         self._start()
         mode = self._mode()
-        if self.workers == 0:
+        if self.reading.workers == 0:
             yield from self._inline(mode)
         else:
             yield from self._from_ring(mode)
@@ -351,7 +332,7 @@ class ShardLoader(EpochSteps):
             log.info(
                 "kept %d decoded images of rank %d in %s (%.1f MB)",
                 len(self.cache),
-                self.rank,
+                self.reading.rank,
                 self.cache.path,
                 self.cache.nbytes / 1e6,
             )
@@ -362,7 +343,7 @@ class ShardLoader(EpochSteps):
             kept, skipped = self.coder.decode(self.epoch, step, mode, sink)
             self._checked(kept, skipped)
             labels = torch.tensor(sink.labels, dtype=torch.int64)
-            items = sink.items if self.encoded else torch.from_numpy(np.stack(sink.items))
+            items = sink.items if self.reading.encoded else torch.from_numpy(np.stack(sink.items))
             yield items, labels, len(skipped)
 
     def _from_ring(self, mode: int):
@@ -390,7 +371,7 @@ class ShardLoader(EpochSteps):
     def prefetch(self) -> None:
         """Starts the workers on this loader's next pass now (the validation loader: during the first epoch)."""
         self._start()
-        if self.workers and not self.sent:
+        if self.reading.workers and not self.sent:
             self.next_task = (self.epoch, self.skip, self._mode())
             self._send()
 
@@ -433,8 +414,8 @@ class ShardLoader(EpochSteps):
 
     def _batch(self, slot: int, kept: int, skipped: int):
         view = self.views[slot]
-        labels = torch.from_numpy(view["labels"][:kept].copy())
-        if not self.encoded:
+        labels = torch.from_numpy(view["labels"][:kept])  # a view too: copied to the device from pinned memory
+        if not self.reading.encoded:
             return torch.from_numpy(view["images"][:kept]), labels, skipped
         items = []
         for j, (kind, at, n, *params) in enumerate(view["meta"][:kept].tolist()):
@@ -451,7 +432,11 @@ class ShardLoader(EpochSteps):
 class GpuDecoded:
     """--gpu-decode: the loader's JPEGs decoded by nvJPEG (torchvision.io.decode_jpeg on the device), cropped,
     resized and flipped there, then normalised; samples the workers decoded (PNG, CMYK) join as pixels.
-    Without a GPU the same code runs torchvision's CPU decoder: the fallback the tests check."""
+    A thread of its own does it, one batch ahead, on a side CUDA stream: the training thread launches none of the
+    per-image work and never waits in decode_jpeg (which returns once nvJPEG's stream is done, cudaStreamSynchronize
+    in torchvision's decode_jpegs_cuda); it takes each batch after an event. Labels and pixels are copied from the
+    pinned slots without blocking. Without a GPU the same code runs torchvision's CPU decoder: the fallback the tests
+    check."""
 
     def __init__(self, loader: ShardLoader, device: torch.device, channels_last: bool):
         self.loader, self.device, self.channels_last = loader, device, channels_last
@@ -478,59 +463,64 @@ class GpuDecoded:
             out[i] = (x.flip(-1) if flip else x).permute(1, 2, 0)
         for i, item in enumerate(items):
             if out[i] is None:
-                out[i] = torch.from_numpy(np.ascontiguousarray(item)).to(self.device)
+                out[i] = torch.from_numpy(np.ascontiguousarray(item)).to(self.device, non_blocking=True)
         return torch.stack(out)
 
+    def _ahead(self, handed: queue.Queue, stop: threading.Event) -> None:
+        """The thread: each batch on the device, with the event the training thread waits for (None on a CPU)."""
+        cuda = self.device.type == "cuda"
+        stream = torch.cuda.Stream(self.device) if cuda else None
+        batches = iter(self.loader)
+        try:
+            with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+                for items, labels, skipped in batches:
+                    # copy=True: on a CPU too, since the slot is written again while the loop still uses the labels
+                    moved = labels.to(self.device, non_blocking=True, copy=True)
+                    batch, done = (normalize(self.pixels(items), self.channels_last), moved), None
+                    if cuda:  # the slot's bytes and labels are read by copies that may still run
+                        done = torch.cuda.Event()
+                        done.record(stream)
+                        self.loader.fence(done)
+                    if not _put(handed, (*batch, skipped, done), stop):
+                        return
+            _put(handed, None, stop)
+        except BaseException as e:  # noqa: BLE001 - raised in the training thread, which ends the run with it
+            _put(handed, e, stop)
+        finally:
+            batches.close()
+
     def __iter__(self):
-        for items, labels, skipped in self.loader:
-            pixels = self.pixels(items)
-            if self.device.type == "cuda":  # the JPEGs are read from the slot by copies that may still run
-                done = torch.cuda.Event()
-                done.record()
-                self.loader.fence(done)
-            yield normalize(pixels, self.channels_last), labels.to(self.device), skipped
+        handed, stop = queue.Queue(maxsize=1), threading.Event()
+        thread = threading.Thread(target=self._ahead, args=(handed, stop), name="gpu-decode", daemon=True)
+        thread.start()
+        try:
+            while (got := handed.get()) is not None:
+                if isinstance(got, BaseException):
+                    raise got
+                images, labels, skipped, done = got
+                if done is not None:
+                    compute = torch.cuda.current_stream(self.device)
+                    compute.wait_event(done)
+                    for t in (images, labels):  # made on the thread's stream: keep the allocator off them
+                        t.record_stream(compute)
+                yield images, labels, skipped
+        finally:
+            stop.set()
+            while thread.is_alive():
+                with contextlib.suppress(queue.Empty):
+                    handed.get(timeout=0.05)  # a batch it is still handing over
+
+
+def _put(handed: queue.Queue, item, stop: threading.Event) -> bool:
+    """Hands `item` over, waiting while the training thread has one; False once it has stopped taking them."""
+    while not stop.is_set():
+        with contextlib.suppress(queue.Full):
+            handed.put(item, timeout=0.05)
+            return True
+    return False
 
 
 def datasets(data_dir: pathlib.Path):
     """(train, validation or None, number of classes) for the training payload."""
     train, val, classes = open_set(data_dir)
     return train, val, len(classes)
-
-
-def loader(
-    split: ShardSplit,
-    cfg,
-    rank: int,
-    size: int,
-    batch: int,
-    shuffle: bool,
-    device,
-    decoder: str = "auto",
-    encoded: bool = False,
-) -> ShardLoader:
-    return ShardLoader(
-        split,
-        rank,
-        size,
-        batch,
-        cfg.seed,
-        Transform(cfg.image_size, train=shuffle),
-        shuffle=shuffle,
-        shuffle_buffer=cfg.shuffle_buffer,
-        cache=cfg.cache_decoded,
-        cache_dir=cfg.cache_dir,
-        workers=cfg.workers,
-        max_steps=cfg.max_steps_per_epoch if shuffle else 0,
-        skip_corrupt=cfg.skip_corrupt_images,
-        pin_memory=device.type == "cuda" and not encoded,
-        decoder=decoder,
-        encoded=encoded,
-    )
-
-
-def gpu_loader(
-    split: ShardSplit, cfg, rank: int, size: int, batch: int, shuffle: bool, device, decoder: str = "auto"
-) -> ShardLoader:
-    if device.type != "cuda":
-        log.warning("--gpu-decode without a GPU: torchvision's CPU JPEG decoder runs in the training process")
-    return loader(split, cfg, rank, size, batch, shuffle, device, decoder, encoded=True)

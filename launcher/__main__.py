@@ -18,7 +18,7 @@ from azureaccess import stack
 from azureaccess.errors import JobError
 from azurecheck import cli as checks_cli
 
-from . import azureml, jobspec, local, prices
+from . import azureml, jobspec, local, prices, target
 
 
 def parser() -> argparse.ArgumentParser:
@@ -234,10 +234,9 @@ def _run_azureml(args, extra: list[str], template: dict, outputs: stack.StackOut
             "(from `pulumi stack output --json`) or --stack <name>"
         )
     nodes = args.nodes if args.nodes is not None else (template.get("resources") or {}).get("instance_count", 1)
-    job = jobspec.fill(
-        template, outputs, args.cluster, nodes, args.processes_per_node, extra, args.input_mode, args.job
-    )
-    job, cache_line = _decoded_cache(job, outputs, args, nodes)
+    on = target.resolve(outputs, args.cluster, nodes, args.processes_per_node)
+    job = jobspec.fill(template, outputs, on, extra, args.input_mode, args.job)
+    job, cache_line = _decoded_cache(job, outputs, args, on)
     filled = job
     if args.resume_from:
         job = jobspec.resume(job, args.resume_from, args.job)
@@ -248,10 +247,8 @@ def _run_azureml(args, extra: list[str], template: dict, outputs: stack.StackOut
         print(yaml.safe_dump(job, sort_keys=False), end="")
         if cache_line:
             print(f"# {cache_line}")
-        cluster = outputs.cluster(args.cluster)
-        cost, how = prices.hourly(
-            cluster["vm_size"], nodes, cluster.get("low_priority", False), outputs.values.get("location")
-        )
+        low = on.cluster.get("low_priority", False)
+        cost, how = prices.hourly(on.vm_size, nodes, low, outputs.values.get("location"))
         print(f"# cost of one hour: {f'${cost:.2f}' if cost is not None else 'unknown'} ({how})")
         if args.resume_from and jobspec.is_folder(args.resume_from):
             print(
@@ -272,7 +269,7 @@ def _run_azureml(args, extra: list[str], template: dict, outputs: stack.StackOut
     if args.health_check:
         from . import nodes as node_check
 
-        code = node_check.run_health_check(outputs, args.cluster, nodes, args.processes_per_node)
+        code = node_check.run_health_check(outputs, on)
         if code:
             print("error: --health-check: the training job was not submitted (failed nodes above)", file=sys.stderr)
             return code
@@ -290,41 +287,37 @@ def _run_azureml(args, extra: list[str], template: dict, outputs: stack.StackOut
             args.auto_resume_cap,
             follow_name=args.follow,
             resume_from=args.resume_from,
-            health=lambda: node_check.run_health_check(outputs, args.cluster, nodes, args.processes_per_node),
-            handoff=_handoff(args, outputs, nodes, extra, template),
+            health=lambda: node_check.run_health_check(outputs, on),
+            handoff=_handoff(args, outputs, on, extra, template),
         )
     return azureml.submit(sdk_job, outputs, stream=not args.no_stream, resume_from=args.resume_from)
 
 
-def _decoded_cache(job: dict, outputs, args, nodes: int) -> tuple[dict, str | None]:
+def _decoded_cache(job: dict, outputs, args, on: target.Target) -> tuple[dict, str | None]:
     """--cache-decoded: its place on the node, sized before submitting (launcher/cachehome.py); a dry run assumes
     ImageNet's counts instead of reading the manifest."""
     if "--cache-decoded" not in job["command"]:
         return job, None
-    from trainingplatform import vm_sizes
-
     from . import cachehome
 
-    cluster = outputs.cluster(args.cluster)
-    size = vm_sizes.lookup(cluster["vm_size"])
     if args.dry_run:
         counts = cachehome.imagenet("ImageNet's counts: a dry run reads no manifest")
     else:
         counts = cachehome.counts_from_manifest(outputs, job)
-    return cachehome.place(job, size.memory_gib if size else None, cluster["vm_size"], nodes, counts)
+    return cachehome.place(job, on.size.memory_gib if on.size else None, on.vm_size, on.nodes, counts)
 
 
-def _handoff(args, outputs, nodes: int, extra: list[str], template: dict):
+def _handoff(args, outputs, on: target.Target, extra: list[str], template: dict):
     """--supervise: what hands the chain to a supervisor job (launcher/supervisor.py), or None."""
     if args.supervise is None:
         return None
     from . import supervisor
 
-    on = supervisor.cpu_cluster(outputs, args.supervise)
+    cpu = supervisor.cpu_cluster(outputs, args.supervise)
 
     def handoff(ml, name: str) -> int:
-        argv = supervisor.launcher_args(args.job, args, nodes, name, extra)
-        return supervisor.submit(ml, outputs, on, argv, args.job, template)
+        argv = supervisor.launcher_args(args.job, args, on, name, extra)
+        return supervisor.submit(ml, outputs, cpu, argv, args.job, template)
 
     return handoff
 

@@ -59,17 +59,16 @@ def _mpi_available() -> bool:
     return bool(shutil.which("mpirun")) and bool(mpi_built())
 
 
-def plan(
+def job_command(
     job: dict,
     source: pathlib.Path,
     inputs: dict[str, str],
     output_root: pathlib.Path,
     processes: int,
     extra_args: list[str],
-    control: str = "auto",
-) -> tuple[list[str], dict[str, pathlib.Path]]:
-    """(horovodrun or torchrun command line, output name -> local folder); checks every input before anything
-    runs."""
+) -> tuple[str, dict[str, pathlib.Path], dict[str, pathlib.Path]]:
+    """(the job's command with its inputs and outputs as local folders and its sizes for `processes` processes,
+    output name -> local folder, input name -> local path); checks every input before anything runs."""
     if processes < 1:
         raise JobError(f"--np {processes}: at least one process")
     declared_inputs = job.get("inputs") or {}
@@ -101,6 +100,20 @@ def plan(
         command = sizing.apply(command, fit, extra_args)
     if extra_args:
         command += " " + shlex.join(extra_args)
+    return command, local_out, local_in
+
+
+def plan(
+    job: dict,
+    source: pathlib.Path,
+    inputs: dict[str, str],
+    output_root: pathlib.Path,
+    processes: int,
+    extra_args: list[str],
+    control: str = "auto",
+) -> tuple[list[str], dict[str, pathlib.Path]]:
+    """(horovodrun or torchrun command line, output name -> local folder)."""
+    command, local_out, _ = job_command(job, source, inputs, output_root, processes, extra_args)
     if job["distribution"]["type"] == "pytorch":
         if control != "auto":
             raise JobError(
@@ -141,7 +154,9 @@ def plan(
     ], local_out
 
 
-def run(argv: list[str], outputs: dict[str, pathlib.Path], env_overrides: dict[str, str]) -> int:
+def run(argv: list[str], outputs: dict[str, pathlib.Path], env_overrides: dict[str, str], execute=None) -> int:
+    """Run the job and say how it ended; `execute(env)`, the simulated cluster's, runs it instead of this machine
+    (launcher/simcluster/run.py)."""
     for folder in outputs.values():
         folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -152,10 +167,11 @@ def run(argv: list[str], outputs: dict[str, pathlib.Path], env_overrides: dict[s
     env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
     print("+ " + shlex.join(argv), flush=True)
     start = time.time()
-    code = _supervise(argv, env)
+    code = _supervise(argv, env) if execute is None else execute(env)
     wall = time.time() - start
-    if code == 1 and "run" in outputs and stopped_for_resume(outputs["run"], start):
-        # horovodrun and torchrun end 1 when a rank ends non-zero; every rank stopped with a checkpoint (75).
+    if code not in (0, STOPPED) and "run" in outputs and stopped_for_resume(outputs["run"], start):
+        # horovodrun, torchrun and mpirun end non-zero (1, or mpirun's own code) when a rank ends non-zero; every
+        # rank stopped with a checkpoint (75).
         print(f"local job: every rank stopped with a checkpoint: exit {STOPPED}; run the same command again to resume")
         code = STOPPED
     print(f"local job exited {code} after {wall:.0f}s; outputs:", flush=True)

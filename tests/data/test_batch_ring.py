@@ -4,6 +4,7 @@ set of workers."""
 
 import errno
 import os
+import pathlib
 import signal
 
 import numpy as np
@@ -203,3 +204,90 @@ def test_a_slot_waits_for_its_fence_before_a_worker_writes_it_again(train, monke
                 reused += 1
                 assert mine[i + 1 : mine.index("sent", i)] == ["synced"], (slot, mine)
     assert reused >= len(loader)  # slots were written again after being fenced, every time after the wait
+
+
+class FakeRuntime:
+    """libcudart at the boundary ring.py uses: a failed cudaHostRegister leaves its error pending, as CUDA's does, and
+    the next kernel launch (PyTorch checks cudaGetLastError after each) fails with it while it is."""
+
+    def __init__(self, fail: bool):
+        self.fail, self.pending, self.registered = fail, 0, {}
+
+    def cudaHostRegister(self, address, size, flags):
+        if self.fail:
+            self.pending = 1  # cudaErrorInvalidValue
+            return 1
+        self.registered[address] = size
+        return 0
+
+    def cudaGetLastError(self):
+        err, self.pending = self.pending, 0
+        return err
+
+    def cudaHostUnregister(self, address):
+        self.registered.pop(address)
+        return 0
+
+    def launch(self):
+        if self.pending:
+            raise RuntimeError(f"CUDA error {self.pending} at an unrelated kernel")
+
+
+def test_a_failed_registration_leaves_no_error_pending_for_the_next_kernel(train, monkeypatch, caplog):
+    """A ring that CUDA will not register is copied from pageable memory, and the error of the failed call is read
+    off in the same runtime: otherwise the next kernel launch raises it as its own (vLLM #50070). A registered ring
+    covers its whole mapping and is unregistered when its loader goes."""
+    import gc
+
+    for fail in (True, False):
+        rt = FakeRuntime(fail)
+        monkeypatch.setattr(ring, "cuda_runtime", lambda: rt)
+        loader = _loader(train, pin_memory=True)
+        next(iter(loader))
+        rt.launch()
+        assert loader.slots.pinned is not fail
+        if fail:
+            assert "cudaHostRegister of" in caplog.text and "pageable memory" in caplog.text
+        else:
+            assert list(rt.registered.values()) == [len(loader.slots.map)]
+            del loader
+            gc.collect()
+            assert rt.registered == {}
+
+
+def test_the_runtime_is_the_one_torch_loaded():
+    """libcudart's symbols looked up through torch's CUDA library (its dependency): the runtime whose error state
+    PyTorch's kernel launches check. Without a GPU the call answers with an error code, and nothing else happens."""
+    rt = ring.cuda_runtime()
+    if rt is None:
+        pytest.skip("this torch has no libtorch_cuda.so (a CPU build)")
+    assert isinstance(rt.cudaGetLastError(), int)
+
+
+def _mount_type(path) -> str:
+    """The file system type of the mount holding `path`, from /proc/self/mounts (longest mount point that is a
+    prefix): an account of the tmpfs rule that does not go through statfs."""
+    path, best = os.path.realpath(path), ("", "")
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            _, point, kind = line.split()[:3]
+            if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) > len(best[0]):
+                best = (point, kind)
+    return best[1]
+
+
+def test_on_a_gpu_the_ring_must_be_on_a_tmpfs_and_a_disk_folder_is_refused_in_one_line(train, monkeypatch, tmp_path):
+    """CUDA pins the ring's pages; a file on a disk file system (the /tmp fallback where /dev/shm is missing) is one
+    the kernel tracks for writeback. statfs says which is which, as /proc/self/mounts does."""
+    assert ring.on_tmpfs("/dev/shm") == (_mount_type("/dev/shm") == "tmpfs")
+    assert ring.on_tmpfs(str(tmp_path)) == (_mount_type(tmp_path) == "tmpfs")
+    disk = next((p for p in (tmp_path, pathlib.Path(__file__).parent) if _mount_type(p) != "tmpfs"), None)
+    if disk is None:
+        pytest.skip("no folder off tmpfs here")
+    monkeypatch.setattr(ring, "shm_folder", lambda: str(disk))
+    monkeypatch.setattr(ring, "cuda_runtime", lambda: FakeRuntime(False))
+    with pytest.raises(ConfigError) as e:
+        next(iter(_loader(train, pin_memory=True)))
+    text = str(e.value)
+    assert "\n" not in text and "/dev/shm" in text and "shm_size" in text and str(disk) in text
+    next(iter(_loader(train)))  # not pinned (a CPU run): the folder is fine

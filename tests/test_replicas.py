@@ -1,8 +1,8 @@
 """The replica sentinel (issue 44, items 5-7; payloads/pytorch/sentinel.py), with two real processes: a bit flipped in
-rank 1's weights and NaN gradients on rank 1 are each found within --replica-check-every steps, naming rank 1 and
-its host; the run rolls back to the last agreed checkpoint and ends bitwise equal to a run never disturbed; a fault
-that comes back stops the run with exit code 70; a run without a fault finds nothing. tests/fault injects the
-faults."""
+rank 1's weights and NaN gradients on rank 1 (under Horovod and DDP) are each found within --replica-check-every
+steps, naming rank 1 and its host; the run rolls back to the last agreed checkpoint and ends bitwise equal to a run
+never disturbed; a fault that comes back stops the run with exit code 70; a run without a fault finds nothing.
+tests/fault injects the faults."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def assert_equal_weights(a, b) -> None:
 
 
 @pytest.mark.launches
-def test_a_flipped_bit_is_named_rolled_back_and_a_fault_that_returns_stops_the_run(tmp_path):
+def test_a_flipped_bit_is_named_rolled_back_and_nan_gradients_that_return_stop_the_run(tmp_path):
     clean = tmp_path / "clean"
     proc = train(2, ARGS + ["--output-dir", str(clean)])
     assert "replica check" not in proc.stdout + proc.stderr and not (clean / "replicas.json").exists()
@@ -77,12 +77,14 @@ def test_a_flipped_bit_is_named_rolled_back_and_a_fault_that_returns_stops_the_r
     assert_equal_weights(flipped_out := tmp_path / "flipped", clean)
     assert metrics(flipped_out)["summary"]["ranks_identical"] is True
 
-    # The fault again 3 steps after the rollback: not transient, the run stops, every rank saying why.
-    again = faulty(tmp_path, "again", "flip", "11,14")
+    # NaN gradients on rank 1, and again 3 steps after the rollback: not transient, the run stops, every rank saying
+    # why. Rank 1 alone is named: Horovod's groups of its own gradients were checked before their exchange.
+    again = faulty(tmp_path, "again", "nan", "11,14")
     text = again.stdout + again.stderr
     assert again.returncode != 0, text[-3000:]
     lines = [ln for ln in text.splitlines() if "error: replica check: the replicas went wrong again" in ln]
     assert len(lines) == 2 and all(f"rank 1 on {HOST}" in ln and "(exit 70)" in ln for ln in lines), text[-3000:]
+    assert all("rank 0 on" not in ln and "not finite in its loss or gradients" in ln for ln in lines), lines
     assert json.loads((tmp_path / "again" / "replicas.json").read_text())["stopped"].startswith("the replicas went")
     ending, decision = ending_of(tmp_path / "again", again.returncode)  # the launcher's auto-resume reads it so
     assert (ending.kind, ending.exit_code, ending.hosts) == (endings.NODE_FAULT, 70, (HOST,)), ending

@@ -47,6 +47,13 @@ def seg(np_: int, args: list[str], check: bool = True):
     return train(np_, args, payload="segmentation", check=check)
 
 
+def _state(out: pathlib.Path) -> dict:
+    """The newest checkpoint's whole state."""
+    from payloads.common import checkpoint
+
+    return torch.load(checkpoint.latest(out / "checkpoints", ".pt")[1], map_location="cpu", weights_only=False)
+
+
 def _weights(out: pathlib.Path, epoch: int) -> dict:
     return torch.load(out / "checkpoints" / f"checkpoint-epoch-{epoch:04d}.pt", map_location="cpu", weights_only=False)[
         "model"
@@ -324,13 +331,19 @@ def test_sigterm_mid_epoch_stops_and_resumes_exactly_with_batch_norm(tiles, tmp_
     # resolution (the test passed with it removed); with one it fails.
     args = _with(SEG, {"--norm": "batch", "--patches-per-epoch": "640"})
     args += ["--data-dir", str(tiles), "--batch-size", str(BATCH), "--epochs", "1", "--checkpoint-every-minutes", "0"]
+    args += ["--ema-decay", "0.9"]  # the EMA of the weights resumes bitwise too (tests/test_ema.py: under DDP)
     state = check_resume_is_exact(
         tmp_path, args, "horovod", [1], payload="segmentation", same="landcover/horovod/mid-epoch"
     )
     assert any("running_var" in name for name in state["rank_buffers"][1])
-    # The resumed run's last validation counts what the uninterrupted one counted, pixel for pixel.
-    last = [metrics(tmp_path / run)["epochs"][-1]["val_confusion_matrix"] for run in ("straight", "stopped")]
-    assert last[0] == last[1] and np.sum(last[0]) > 0
+    assert len(state["concerns"]["EMA"]["average"]) > 0
+    averages = [_state(tmp_path / run)["concerns"]["EMA"]["average"] for run in ("straight", "stopped")]
+    assert all(torch.equal(a, b) for a, b in zip(*averages))
+    # The resumed run's last validation counts what the uninterrupted one counted, pixel for pixel, the EMA's too.
+    last = [metrics(tmp_path / run)["epochs"][-1] for run in ("straight", "stopped")]
+    assert last[0]["val_confusion_matrix"] == last[1]["val_confusion_matrix"]
+    assert np.sum(last[0]["val_confusion_matrix"]) > 0
+    assert last[0]["ema_val_confusion_matrix"] == last[1]["ema_val_confusion_matrix"] != last[0]["val_confusion_matrix"]
     # The ranks' statistics differ mid-epoch (their patches differ): restoring rank 0's on both would not be exact.
     names = [n for n in state["rank_buffers"][0] if "running_mean" in n]
     assert any(not torch.equal(state["rank_buffers"][0][n], state["rank_buffers"][1][n]) for n in names)

@@ -200,7 +200,6 @@ def _two_rank_reference_tf(epochs: int, batch: int, base_lr: float, mean: bool =
     """The TensorFlow payload's 2-rank Adasum run, in one process: each rank's gradient on its own shard,
     combined per tensor by Adasum's definition (horovod/common/ops/adasum/adasum.h, ScaledAdd), then one
     SGD step with momentum, as DistributedGradientTape(op=Adasum) and the loop do."""
-    import types
 
     import tensorflow as tf
 
@@ -293,7 +292,6 @@ def _stream(inputs, n) -> list[np.ndarray]:
 def test_resumed_input_starts_at_the_step_for_synthetic_data_and_tfrecords(tmp_path):
     """data.build(skip=S): the stream starts at step S of the first epoch, S batches of the stream that starts
     at that epoch's first step later (labels compared: TFRecord crops and flips are drawn anew)."""
-    import types
 
     from payloads.tensorflow import data
 

@@ -413,7 +413,6 @@ def test_synthetic_pool_is_made_once_deterministic_per_index_capped_and_learnabl
 
 
 def test_synthetic_input_ships_positions_not_images(tmp_path):
-    import types
 
     from payloads.common import sharding
     from payloads.tensorflow import data

@@ -157,7 +157,7 @@ class TrainConfig:
         if self.base_lr is not None and self.base_lr <= 0:
             raise ConfigError(f"--base-lr must be positive, got {self.base_lr}")
         if not 0 <= self.ema_decay < 1:
-            raise ConfigError(f"--ema-decay must be at least 0 and below 1 (0.9999, say; 0 = off), got {self.ema_decay}")
+            raise ConfigError(f"--ema-decay must be at least 0 and below 1 (0 = off), got {self.ema_decay}")
         if self.loss_scale_init <= 0:
             raise ConfigError(f"--loss-scale-init must be positive, got {self.loss_scale_init}")
         if self.amp_dtype not in ("auto", "bf16", "fp16"):

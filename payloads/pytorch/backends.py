@@ -144,8 +144,7 @@ class Single:
         return model, optimizer
 
     def before_exchange(self, optimizer, see) -> None:
-        """Nothing is exchanged: `see` gets the gradients before the step."""
-        _before_step(optimizer, see)
+        """Nothing is exchanged: a gradient that is not finite shows in the next step's loss."""
 
     def accumulate(self, model: torch.nn.Module, last: bool):
         """Micro-batches add to p.grad; nothing to hold back."""
@@ -232,7 +231,7 @@ class Horovod:
         """`see(grads)` on each group of this rank's gradients (wrap's _buckets) once backward has made them all,
         just before Horovod exchanges it (horovod/torch/optimizer.py, _make_hook); one process exchanges nothing."""
         if self.size() == 1:
-            return _before_step(optimizer, see)
+            return
         exchange = optimizer._grouped_allreduce_grad_async
 
         def seen(group):
@@ -497,15 +496,6 @@ def _to_cpu(value):
     if isinstance(value, (list, tuple)):
         return type(value)(_to_cpu(v) for v in value)
     return value
-
-
-def _before_step(optimizer, see) -> None:
-    """`see(grads)` on the step's gradients, before each optimizer step (one hook, whatever the parameters)."""
-
-    def hook(opt, args, kwargs):
-        see([p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None])
-
-    optimizer.register_step_pre_hook(hook)
 
 
 def _buckets(model: torch.nn.Module, limit: int = 25 << 20) -> list[list[torch.Tensor]]:

@@ -9,7 +9,8 @@ small collective. Between checks each rank notes on the device, without a sync, 
 loss, or (without fp16's loss scaler, whose overflows are expected and skipped) its own gradients before the
 average, held a value that is not finite; the backend hands over each bucket (DDP) or group (Horovod) of this
 rank's gradients just before its exchange (backends.before_exchange), and one fused reduction checks it: a cost
-per step that follows the gradients' bytes, not the number of parameters.
+per step that follows the gradients' bytes, not the number of parameters. One process exchanges nothing: a
+gradient that is not finite shows in the next step's loss.
 
 On a finding, one line names the ranks (the earliest non-finite one, else those whose parameters differ from the
 others', with the first tensor that differs), with their hosts; the checkpoints written after the last check that

@@ -2,7 +2,8 @@
 python -m launcher preflight --stack STACK [--data-stack STACK] | doctor --stack STACK (azurecheck/, the same as
     python -m azurecheck preflight|doctor)
 python -m launcher cost JOB_NAME --stack STACK [--json PATH] (launcher/cost/)
-python -m launcher nodes REPORT --stack-outputs F --cluster C [--job NAME] (launcher/nodes.py)"""
+python -m launcher nodes REPORT --stack-outputs F --cluster C [--job NAME] (launcher/nodes.py)
+python -m launcher rehearse JOB --nodes N [--faults ...] (launcher/simcluster/rehearse.py: faults on simulated nodes)"""
 
 from __future__ import annotations
 
@@ -45,7 +46,13 @@ def parser() -> argparse.ArgumentParser:
     src.add_argument("--stack-outputs", type=pathlib.Path, help="JSON from `pulumi stack output --json`")
     src.add_argument("--stack", help="ask the Pulumi CLI for this stack's outputs")
     p.add_argument("--cluster", help="compute cluster (a key of the stack output `clusters`)")
-    p.add_argument("--nodes", type=int, default=None, help="nodes (default: the job file's instance_count)")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="nodes (default: the job file's instance_count); local: run on this many simulated nodes, each with "
+        "its own hostname, network, /tmp and /dev/shm, started as Azure ML starts the job (docs/rehearse.md)",
+    )
     p.add_argument(
         "--processes-per-node", type=int, default=None, help="default: the cluster's GPUs per node (1 on CPU clusters)"
     )
@@ -133,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import cost
 
         return cost.main(argv[1:])
+    if argv and argv[0] == "rehearse":
+        from .simcluster import rehearse
+
+        return rehearse.main(argv[1:])
     if argv and argv[0] == "nodes":
         from . import nodes
 
@@ -177,9 +188,7 @@ def _run_local(args, extra: list[str], template: dict, outputs: stack.StackOutpu
     if args.input_mode:
         raise JobError("--input-mode is for Azure ML jobs; here inputs are local folders (--input NAME=PATH)")
     if args.health_check:
-        raise JobError(
-            "--health-check is for Azure ML jobs; here run jobs/healthcheck-allreduce.yaml --target local"
-        )
+        raise JobError("--health-check is for Azure ML jobs; here run jobs/healthcheck-allreduce.yaml --target local")
     if args.resume_from:
         raise JobError(
             "--resume-from is for Azure ML jobs; here, pass the earlier run's folder as --output-dir "

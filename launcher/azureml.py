@@ -482,7 +482,9 @@ def pause(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def wait_for_end(ml, name: str, outputs: StackOutputs, first_error: BaseException | None = None) -> tuple[str, str | None]:
+def wait_for_end(
+    ml, name: str, outputs: StackOutputs, first_error: BaseException | None = None
+) -> tuple[str, str | None]:
     """Poll the job's status until it is terminal: (status, the run's error). A read that fails is said, and tried
     again after POLL_SECONDS (doubling to 15 minutes): only AUTH_TRIES refused sign-ins in a row end the wait."""
     from azure.ai.ml.operations._run_history_constants import RunHistoryConstants

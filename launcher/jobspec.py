@@ -16,7 +16,6 @@ learn.microsoft.com/azure/machine-learning/how-to-train-distributed-gpu, "PyTorc
 from __future__ import annotations
 
 import copy
-import datetime as dt
 import pathlib
 import re
 import shlex
@@ -28,6 +27,7 @@ from azureaccess.errors import JobError
 from azureaccess.stack import StackOutputs
 
 from . import interconnect, sizing
+from .target import Target
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 REFERENCE = re.compile(r"\$\{\{\s*(inputs|outputs)\.([A-Za-z0-9_]+)\s*\}\}")
@@ -167,45 +167,12 @@ def input_mode(job: dict, mode: str | None, source: pathlib.Path) -> tuple[dict,
 def fill(
     template: dict,
     outputs: StackOutputs,
-    cluster_name: str,
-    nodes: int,
-    processes_per_node: int | None,
+    target: Target,
     extra_args: list[str],
     mode: str | None = None,
     source: pathlib.Path | None = None,
 ) -> dict:
-    """The Azure ML job for this stack and cluster; `mode` (--input-mode) overrides the inputs' modes."""
-    cluster = outputs.cluster(cluster_name)
-    retired_size(cluster["vm_size"], cluster_name)
-    if nodes < 1:
-        raise JobError(
-            f"--nodes {nodes}: a job needs at least 1 node (leave --nodes out for the job file's instance_count)"
-        )
-    if nodes > cluster["max_nodes"]:
-        raise JobError(
-            f"--nodes {nodes}: cluster {cluster_name} scales to {cluster['max_nodes']} nodes "
-            "(raise maxNodes in the stack config)"
-        )
-    if processes_per_node is not None and processes_per_node < 1:
-        raise JobError(
-            f"--processes-per-node {processes_per_node}: at least 1 process per node (leave it out "
-            "for one per GPU, or 1 on CPU clusters)"
-        )
-    gpus = cluster["gpus_per_node"]
-    if gpus:
-        ppn = processes_per_node or gpus
-        if ppn > gpus:
-            raise JobError(
-                f"--processes-per-node {ppn} is more than the {gpus} GPUs of a {cluster['vm_size']} node: "
-                "one process per GPU at most"
-            )
-    else:
-        ppn = processes_per_node or 1
-        if ppn > cluster.get("vcpus_per_node", ppn):
-            raise JobError(
-                f"--processes-per-node {ppn} is more than the {cluster['vcpus_per_node']} vCPUs of a "
-                f"{cluster['vm_size']} node"
-            )
+    """The Azure ML job for this stack and its target; `mode` (--input-mode) overrides the inputs' modes."""
     template, data_env = input_mode(template, mode, source or pathlib.Path("the job file"))
     text = yaml.safe_dump(template, sort_keys=False)
     for token, value in zip(
@@ -213,13 +180,12 @@ def fill(
     ):
         text = text.replace(token, value)
     job = yaml.safe_load(text)
-    # The Azure ML name (it carries a hash of the VM size: infra/trainingplatform/naming.py); older stacks
-    # named the cluster as the config did.
-    job["compute"] = f"azureml:{cluster.get('compute_name') or cluster_name}"
+    job["compute"] = f"azureml:{target.compute}"
+    nodes, ppn = target.nodes, target.processes_per_node
     job.setdefault("resources", {})["instance_count"] = nodes
     job["distribution"]["process_count_per_instance"] = ppn
     distribution = job["distribution"]["type"]
-    env = {**data_env, **interconnect.environment(cluster, ppn, distribution)}
+    env = {**data_env, **interconnect.environment(target.cluster, ppn, distribution)}
     if distribution == "pytorch":
         env.update(DDP_WATCHDOG_ENV)
     env.update(job.get("environment_variables") or {})  # the job file may override
@@ -228,7 +194,7 @@ def fill(
     job["environment_variables"] = {k: str(v) for k, v in env.items()}
     if sizing.uses_placeholders(job["command"]):
         args = job["command"].split() + list(extra_args)
-        fit = sizing.for_cluster(cluster, ppn, args)
+        fit = sizing.for_cluster(target, args)
         shm = (job.get("resources") or {}).get("shm_size")
         if shm:
             fit = sizing.within_shm(fit, shm, ppn, nodes * ppn, args)
@@ -241,8 +207,8 @@ def fill(
     tags = job.setdefault("tags", {})
     tags.update(
         {
-            "cluster": cluster_name,
-            "vm_size": cluster["vm_size"],
+            "cluster": target.name,
+            "vm_size": target.vm_size,
             "nodes": str(nodes),
             "processes": str(nodes * ppn),
             "backend": backend_of(job),
@@ -333,19 +299,6 @@ def earlier_output_path(recorded: str, earlier: str) -> str:
     """Where job `earlier` wrote an output, from the path Azure ML records for it: `${{name}}` there (the
     template's own path) is `earlier`; a concrete path (a job that was itself resumed) is taken as it is."""
     return NAME_TOKEN.sub(earlier, recorded)
-
-
-def retired_size(vm_size: str, cluster_name: str) -> None:
-    """A stack outputs file older than a size's retirement still names it: no job can run there."""
-    from trainingplatform import vm_sizes  # the catalog the stack itself validates against
-
-    size = vm_sizes.lookup(vm_size)
-    if size is not None and size.retired is not None and size.retired <= dt.date.today():
-        raise JobError(
-            f"cluster {cluster_name} is a {vm_size}, which Azure retired on {size.retired}: no job can "
-            f"run there; move the cluster to {' or '.join(size.successors)} in Pulumi.<stack>.yaml, "
-            "run pulumi up and write the stack outputs again"
-        )
 
 
 def validate(job: dict, source: pathlib.Path):

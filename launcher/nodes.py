@@ -177,11 +177,6 @@ def verdict_lines(report: dict, matched: list[dict], compute: str) -> tuple[int,
     return 0, lines
 
 
-def compute_name(outputs, cluster: str) -> str:
-    c = outputs.cluster(cluster)
-    return c.get("compute_name") or cluster
-
-
 def read_report(path: pathlib.Path) -> dict:
     if path.is_dir():
         found = sorted(path.rglob(REPORT_FILE))
@@ -194,9 +189,9 @@ def read_report(path: pathlib.Path) -> dict:
         raise JobError(f"cannot read the health check's report {path}: {e}") from None
 
 
-def run_health_check(outputs, cluster: str, nodes: int, processes_per_node: int | None, ml=None) -> int:
-    """The launcher's --health-check: run jobs/healthcheck-allreduce.yaml on `nodes` nodes of `cluster`, list
-    the compute's nodes while they still hold the job, print the verdict table. 0 when every node passed
+def run_health_check(outputs, on, ml=None) -> int:
+    """The launcher's --health-check: run jobs/healthcheck-allreduce.yaml on the job's target `on` (its cluster,
+    nodes and processes per node), list the compute's nodes while they still hold the job, print the verdict table. 0 when every node passed
     (then submit the training job right away, while the checked nodes are the cluster's idle ones), 1 when a
     node failed or the check did not finish."""
     from azure.ai.ml.exceptions import JobException
@@ -205,15 +200,15 @@ def run_health_check(outputs, cluster: str, nodes: int, processes_per_node: int 
     from . import azureml, jobspec
 
     template = jobspec.read_template(HEALTHCHECK_JOB)
-    job = jobspec.fill(template, outputs, cluster, nodes, processes_per_node, [], None, HEALTHCHECK_JOB)
+    job = jobspec.fill(template, outputs, on, [], None, HEALTHCHECK_JOB)
     sdk_job = jobspec.validate(job, HEALTHCHECK_JOB)
     ml = ml or azureml.client(outputs)
-    compute = compute_name(outputs, cluster)
+    compute = on.compute
     try:
         created = ml.jobs.create_or_update(sdk_job)
     except AzureError as e:
         raise JobError("the health check: " + azureml.submission_failure(e, outputs, compute, "")) from None
-    print(f"health check {created.name} on {nodes} node(s) of {compute}: {created.studio_url}", flush=True)
+    print(f"health check {created.name} on {on.nodes} node(s) of {compute}: {created.studio_url}", flush=True)
     try:
         ml.jobs.stream(created.name)
     except JobException:
@@ -253,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         report = read_report(args.report)
         if args.stack_outputs or args.stack:
             outputs = stack.load_file(args.stack_outputs) if args.stack_outputs else stack.load_from_pulumi(args.stack)
-            compute = compute_name(outputs, args.cluster)
+            compute = outputs.cluster(args.cluster).get("compute_name") or args.cluster
             try:
                 compute_nodes = list_nodes(azureml.client(outputs), compute)
             except Exception as e:  # noqa: BLE001 - any failure to read Azure: said, the table printed without ids

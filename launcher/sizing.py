@@ -14,7 +14,6 @@ import re
 from dataclasses import dataclass, replace
 
 from azureaccess.errors import JobError
-from trainingplatform import vm_sizes  # the catalog the stack was built from
 
 BATCH = "<<batch_size>>"
 WORKERS = "<<workers>>"
@@ -82,12 +81,12 @@ def _precision(extra_args: list[str]) -> str:
     return "fp32" if "--no-amp" in extra_args else "amp"
 
 
-def for_cluster(cluster: dict, processes_per_node: int, arguments: list[str] = ()) -> Sizing:
-    """`cluster`: a `clusters` entry of the stack outputs; `arguments`: the payload's (--no-amp: FP32 batch)."""
-    size = vm_sizes.lookup(cluster["vm_size"])
+def for_cluster(target, arguments: list[str] = ()) -> Sizing:
+    """`target`: the submission's (launcher/target.py); `arguments`: the payload's (--no-amp: FP32 batch)."""
+    size, processes_per_node = target.size, target.processes_per_node
     if size is None:
         raise JobError(
-            f"cluster VM size {cluster['vm_size']} is not in the VM-size catalog "
+            f"cluster VM size {target.vm_size} is not in the VM-size catalog "
             "(infra/trainingplatform/vm_sizes.py): add it there, or pass --batch-size and --workers "
             "after `--`"
         )

@@ -162,10 +162,12 @@ def install(monkeypatch) -> FakeAzure:
 
 
 def submit(dev_outputs, code_dir, stream=True):
-    from launcher import azureml, jobspec
+    from launcher import azureml, jobspec, target
 
     outs = stack.load_file(dev_outputs)
-    job = jobspec.validate(jobspec.fill(jobspec.read_template(SYNTHETIC), outs, "gpu-ib", 2, None, []), SYNTHETIC)
+    job = jobspec.validate(
+        jobspec.fill(jobspec.read_template(SYNTHETIC), outs, target.resolve(outs, "gpu-ib", 2, None), []), SYNTHETIC
+    )
     (code_dir / "train.py").write_text("print('hello')\n")
     job.code = str(code_dir)
     try:

@@ -21,7 +21,7 @@ from fake_azureml import FakeAzure as SubmitFake
 from azureaccess import stack
 from azureaccess.errors import JobError
 from launcher import __main__ as cli
-from launcher import autoresume, azureml, endings, jobspec
+from launcher import autoresume, azureml, endings, jobspec, target
 
 HOST = "10.0.0.5-node"
 
@@ -137,7 +137,7 @@ def chained(monkeypatch, dev_outputs, tmp_path):
 def chain(fake, dev_outputs, budget: int, follow: str | None = None, health=None, cap: float | None = None) -> int:
     """The launcher's --auto-resume on the synthetic job, as __main__ builds it."""
     outs = stack.load_file(dev_outputs)
-    filled = jobspec.fill(jobspec.read_template(SYNTHETIC), outs, "gpu-ib", 2, 1, [])
+    filled = jobspec.fill(jobspec.read_template(SYNTHETIC), outs, target.resolve(outs, "gpu-ib", 2, 1), [])
 
     def build(earlier):
         job = jobspec.validate(jobspec.resume(filled, earlier, SYNTHETIC) if earlier else filled, SYNTHETIC)
@@ -238,7 +238,9 @@ def test_a_refused_read_ends_the_chain_after_a_few_tries_naming_the_fix(chained,
     chained.refused = True
     with pytest.raises(JobError) as e:
         chain(chained, dev_outputs, budget=3)
-    assert "Azure refused the read (403 AuthorizationFailed" in str(e.value) and "'AzureML Data Scientist'" in str(e.value)
+    assert "Azure refused the read (403 AuthorizationFailed" in str(e.value) and "'AzureML Data Scientist'" in str(
+        e.value
+    )
     assert str(e.value).endswith("asked 3 times, the chain stops here (the job is not affected)")
     assert chained.paused == [azureml.POLL_SECONDS, 2 * azureml.POLL_SECONDS] and len(chained.jobs) == 1
 
@@ -324,7 +326,9 @@ def test_a_preempted_job_is_resumed_each_time_azure_ml_preempts_it(chained, dev_
     first = next(iter(chained.jobs))
     assert list(chained.jobs) == [first, f"{first}-r1", f"{first}-r2"]
     assert re.search(rf"ended: preempted at before the first step: .*{preempted}; resume 1 of 3", out), out
-    assert "resume 2 of 3" in out and tags(chained, f"{first}-r2")["autoresume_history"] == "preempted|-|-;preempted|-|-"
+    assert (
+        "resume 2 of 3" in out and tags(chained, f"{first}-r2")["autoresume_history"] == "preempted|-|-;preempted|-|-"
+    )
 
 
 def test_the_decision_table(tmp_path):
@@ -450,7 +454,9 @@ def test_the_supervisor_carries_every_module_its_launcher_imports():
         assert len(files) == len(modules) > 30 and all(f.startswith(str(folder)) for f in files), files
 
 
-def test_supervise_refuses_a_stack_without_a_cpu_cluster_a_gpu_cluster_and_a_low_priority_one(dev_outputs, tmp_path, capsys):
+def test_supervise_refuses_a_stack_without_a_cpu_cluster_a_gpu_cluster_and_a_low_priority_one(
+    dev_outputs, tmp_path, capsys
+):
     from launcher import supervisor
 
     outs = stack.load_file(dev_outputs)
@@ -462,7 +468,7 @@ def test_supervise_refuses_a_stack_without_a_cpu_cluster_a_gpu_cluster_and_a_low
     spot = {**outs.values["clusters"], "cpu-smoke": {**outs.values["clusters"]["cpu-smoke"], "low_priority": True}}
     with pytest.raises(JobError, match=r"a low-priority cluster \(jobs there live 7 days\).*\(the stack has none\)"):
         supervisor.cpu_cluster(stack.StackOutputs({**outs.values, "clusters": spot}), "cpu-smoke")
-    assert supervisor.cpu_cluster(outs, None) == "cpu-smoke"
+    assert supervisor.cpu_cluster(outs, None).name == "cpu-smoke"
 
 
 def test_an_unknown_launcher_credential_is_refused(monkeypatch):

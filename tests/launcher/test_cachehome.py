@@ -15,7 +15,7 @@ import yaml
 from azureaccess import stack
 from azureaccess.errors import JobError
 from launcher import __main__ as cli
-from launcher import cachehome, jobspec
+from launcher import cachehome, jobspec, target
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SHARDS = ROOT / "jobs/pytorch-resnet50-imagenet-shards.yaml"
@@ -46,7 +46,8 @@ def test_the_cache_goes_to_dev_shm_sized_by_the_node_count_where_the_nodes_memor
 
 
 def test_a_job_without_shm_size_counts_azure_mls_default_of_2g_for_its_loaders(dev_outputs):
-    job = jobspec.fill(jobspec.read_template(SHARDS), stack.load_file(dev_outputs), "gpu-ib", 1, None, [])
+    outs = stack.load_file(dev_outputs)
+    job = jobspec.fill(jobspec.read_template(SHARDS), outs, target.resolve(outs, "gpu-ib", 1, None), [])
     del job["resources"]["shm_size"]
     out, line = cachehome.place(job, 900, "Standard_ND96asr_v4", 1, cachehome.imagenet("assumed"))
     assert out["resources"]["shm_size"] == "328g"  # the loaders' 2 GiB and the cache's 326
@@ -55,13 +56,14 @@ def test_a_job_without_shm_size_counts_azure_mls_default_of_2g_for_its_loaders(d
 
 def test_a_node_too_small_for_the_cache_trains_without_it_and_says_so_before_submitting(dev_outputs):
     template = jobspec.read_template(SHARDS)
-    job = jobspec.fill(template, stack.load_file(dev_outputs), "gpu-ib", 1, None, [])
+    outs = stack.load_file(dev_outputs)
+    job = jobspec.fill(template, outs, target.resolve(outs, "gpu-ib", 1, None), [])
     imagenet = cachehome.Counts(dict(cachehome.IMAGENET), 256, "assumed")
     out, line = cachehome.place(job, 220, "Standard_NC24ads_A100_v4", 1, imagenet)  # 220 GiB of memory
     assert "--cache-decoded" not in out["command"] and out["resources"]["shm_size"] == "64g"
     assert "not cached, more than half of a Standard_NC24ads_A100_v4 node's 220 GiB" in line
     assert "every epoch decodes" in line
-    mine = jobspec.fill(template, stack.load_file(dev_outputs), "gpu-ib", 1, None, ["--cache-dir", "/dev/shm/x"])
+    mine = jobspec.fill(template, outs, target.resolve(outs, "gpu-ib", 1, None), ["--cache-dir", "/dev/shm/x"])
     with pytest.raises(JobError, match="--cache-dir /dev/shm/x: decoded cache: 326 GiB per node"):
         cachehome.place(mine, 220, "Standard_NC24ads_A100_v4", 1, imagenet)
     same, line = cachehome.place(mine, 900, "Standard_ND96asr_v4", 1, imagenet)
@@ -73,7 +75,7 @@ def test_the_counts_come_from_the_shard_sets_manifest_in_the_data_container(dev_
     its samples per split and --resize size the cache; without one, ImageNet's figures, said so."""
     fake = fake_arm.install(monkeypatch)
     outputs = stack.load_file(dev_outputs)
-    job = jobspec.fill(jobspec.read_template(SHARDS), outputs, "gpu-ib", 1, None, [])
+    job = jobspec.fill(jobspec.read_template(SHARDS), outputs, target.resolve(outputs, "gpu-ib", 1, None), [])
     data = outputs["datastores"]["data"]
     manifest = {
         "format": "webdataset",

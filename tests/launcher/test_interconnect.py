@@ -259,11 +259,12 @@ def test_every_job_has_a_timeout_that_azure_ml_sends(dev_outputs, job):
     import isodate
 
     from azureaccess import stack
-    from launcher import jobspec
+    from launcher import jobspec, target
 
     template = jobspec.read_template(job)
+    outs = stack.load_file(dev_outputs)
     filled = jobspec.fill(
-        template, stack.load_file(dev_outputs), "gpu-ib", template["resources"]["instance_count"], None, []
+        template, outs, target.resolve(outs, "gpu-ib", template["resources"]["instance_count"], None), []
     )
     sdk_job = jobspec.validate(filled, job)
     assert sdk_job.limits is not None, f"{job.name} has no limits.timeout: a hung job would hold its nodes"

@@ -11,7 +11,7 @@ import yaml
 
 from azureaccess import stack
 from launcher import __main__ as cli
-from launcher import jobspec
+from launcher import jobspec, target
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 JOBS = sorted((ROOT / "jobs").glob("*.yaml"))
@@ -25,7 +25,12 @@ SMALL_RUN += ["--batch-size", "8", "--epochs", "2", "--workers", "0", "--threads
 def render(outputs_file, job, cluster, nodes=None, ppn=None, extra=()):
     outs = stack.load_file(outputs_file)
     template = jobspec.read_template(job)
-    filled = jobspec.fill(template, outs, cluster, nodes or template["resources"]["instance_count"], ppn, list(extra))
+    filled = jobspec.fill(
+        template,
+        outs,
+        target.resolve(outs, cluster, nodes or template["resources"]["instance_count"], ppn),
+        list(extra),
+    )
     return filled, jobspec.validate(filled, job)
 
 
@@ -293,7 +298,8 @@ def test_backend_ddp_renders_a_pytorch_distribution_job(dev_outputs, job, cluste
     outs = json.loads(dev_outputs.read_text())
     source = ROOT / "jobs" / f"{job}.yaml"
     template = jobspec.with_backend(jobspec.read_template(source), "ddp", source)
-    filled = jobspec.fill(template, stack.load_file(dev_outputs), cluster, 1, None, ["--epochs", "2"])
+    outs = stack.load_file(dev_outputs)
+    filled = jobspec.fill(template, outs, target.resolve(outs, cluster, 1, None), ["--epochs", "2"])
     sdk_job = jobspec.validate(filled, source)
     assert isinstance(sdk_job.distribution, PyTorchDistribution)
     assert sdk_job.distribution.process_count_per_instance == (outs["clusters"][cluster]["gpus_per_node"] or 1)

@@ -10,7 +10,7 @@ import pathlib
 import pytest
 
 from azureaccess import stack
-from launcher import jobspec
+from launcher import jobspec, target
 from payloads.common import config, watchdog
 from payloads.pytorch import backends, runtime
 
@@ -20,7 +20,8 @@ SOURCE = ROOT / "jobs" / "pytorch-resnet50-synthetic.yaml"
 
 def _render(dev_outputs, backend: str, cluster: str = "gpu-ib", template=None) -> dict:
     template = jobspec.with_backend(template or jobspec.read_template(SOURCE), backend, SOURCE)
-    filled = jobspec.fill(template, stack.load_file(dev_outputs), cluster, 2, None, [])
+    outs = stack.load_file(dev_outputs)
+    filled = jobspec.fill(template, outs, target.resolve(outs, cluster, 2, None), [])
     return jobspec.validate(filled, SOURCE).environment_variables
 
 

@@ -14,7 +14,7 @@ import fake_arm
 import pytest
 
 from azureaccess import stack
-from launcher import interconnect, nodes
+from launcher import interconnect, nodes, target
 from payloads.healthcheck import expected as node_figures
 from payloads.healthcheck import options, verdicts
 from trainingplatform import vm_sizes
@@ -358,7 +358,7 @@ def test_health_check_first_runs_the_check_on_the_training_jobs_nodes_and_gates_
     real = azureml.client(azure.outputs)
     jobs = Jobs(nd96asr_report(slow_host=slow), fails=slow is not None)
     ml = SimpleNamespace(jobs=jobs, compute=real.compute)  # the node list goes through the SDK and HTTP
-    code = nodes.run_health_check(azure.outputs, "gpu-ib", 2, None, ml=ml)
+    code = nodes.run_health_check(azure.outputs, target.resolve(azure.outputs, "gpu-ib", 2, None), ml=ml)
     out = capsys.readouterr().out
     (job,) = jobs.created
     assert job.display_name == "healthcheck-allreduce" and job.resources.instance_count == 2
@@ -382,7 +382,7 @@ def test_the_launchers_health_check_option_submits_only_after_every_node_passed(
 
     calls = []
     monkeypatch.setattr(
-        nodes, "run_health_check", lambda outputs, cluster, n, ppn: calls.append(("check", cluster, n)) or verdict
+        nodes, "run_health_check", lambda outputs, on: calls.append(("check", on.name, on.nodes)) or verdict
     )
     monkeypatch.setattr(azureml, "submit", lambda *a, **kw: calls.append(("submit",)) or 0)
     job = str(pathlib.Path(__file__).resolve().parents[2] / "jobs/pytorch-resnet50-synthetic.yaml")

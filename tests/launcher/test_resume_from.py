@@ -14,7 +14,7 @@ from fake_azureml import SYNTHETIC, submit
 from azureaccess import stack
 from azureaccess.errors import JobError
 from launcher import __main__ as cli
-from launcher import azureml, jobspec
+from launcher import azureml, jobspec, target
 
 RUN = "runs/pytorch-resnet50-synthetic/witty_jackal_3d4kq79d3v/"
 
@@ -27,7 +27,9 @@ def resumed(dev_outputs, code_dir, earlier: str):
     """(stack outputs, the synthetic job resuming `earlier`, a job name or a run folder), as __main__ builds it."""
     outs = stack.load_file(dev_outputs)
     filled = jobspec.resume(
-        jobspec.fill(jobspec.read_template(SYNTHETIC), outs, "gpu-ib", 2, None, []), earlier, SYNTHETIC
+        jobspec.fill(jobspec.read_template(SYNTHETIC), outs, target.resolve(outs, "gpu-ib", 2, None), []),
+        earlier,
+        SYNTHETIC,
     )
     job = jobspec.validate(filled, SYNTHETIC)
     (code_dir / "train.py").write_text("print('hello')\n")

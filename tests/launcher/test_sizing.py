@@ -10,7 +10,7 @@ from test_interconnect import cluster
 from azureaccess import stack
 from azureaccess.errors import JobError
 from launcher import __main__ as cli
-from launcher import jobspec, local, sizing
+from launcher import jobspec, local, sizing, target
 from trainingplatform import vm_sizes
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -35,6 +35,11 @@ EXPECTED = {
 }
 
 
+def on(size: str, processes_per_node: int) -> target.Target:
+    """One node of a cluster of `size`, as target.resolve makes it."""
+    return target.Target("c", cluster(size), vm_sizes.lookup(size), 1, processes_per_node)
+
+
 def test_every_current_size_is_in_the_table():
     assert sorted(EXPECTED) == vm_sizes.available()
 
@@ -42,7 +47,7 @@ def test_every_current_size_is_in_the_table():
 @pytest.mark.parametrize("size", sorted(EXPECTED))
 def test_batch_and_workers_per_size(size):
     s = vm_sizes.CATALOG[size]
-    fit = sizing.for_cluster(cluster(size), max(1, s.gpus))
+    fit = sizing.for_cluster(on(size, max(1, s.gpus)))
     assert (fit.batch_size, fit.workers) == EXPECTED[size]
     assert size in fit.basis
 
@@ -59,16 +64,16 @@ def test_batches_follow_nvidias_reference_runs():
 
 
 def test_no_amp_takes_the_fp32_batch():
-    t4 = cluster("Standard_NC4as_T4_v3")
-    assert sizing.for_cluster(t4, 1, ["--no-amp"]).batch_size == 112
-    assert sizing.for_cluster(t4, 1, ["--amp"]).batch_size == 256
+    t4 = on("Standard_NC4as_T4_v3", 1)
+    assert sizing.for_cluster(t4, ["--no-amp"]).batch_size == 112
+    assert sizing.for_cluster(t4, ["--amp"]).batch_size == 256
 
 
 @pytest.mark.parametrize("size", sorted(EXPECTED))
 def test_every_process_leaves_a_vcpu_for_its_training_thread(size):
     s = vm_sizes.CATALOG[size]
     for ppn in range(1, max(1, s.gpus) + 1):
-        fit = sizing.for_cluster(cluster(size), ppn)
+        fit = sizing.for_cluster(on(size, ppn))
         assert fit.workers + 1 <= s.vcpus // ppn, (size, ppn)
         assert fit.workers <= sizing.MAX_WORKERS
 
@@ -86,13 +91,9 @@ def _payload_args(command: str) -> list[str]:
 
 def _render(outputs_file, job, cluster_name, extra=()):
     template = jobspec.read_template(job)
+    outs = stack.load_file(outputs_file)
     filled = jobspec.fill(
-        template,
-        stack.load_file(outputs_file),
-        cluster_name,
-        template["resources"]["instance_count"],
-        None,
-        list(extra),
+        template, outs, target.resolve(outs, cluster_name, template["resources"]["instance_count"], None), list(extra)
     )
     jobspec.validate(filled, job)
     return filled["command"]
@@ -212,7 +213,7 @@ def test_a_placeholder_away_from_its_flag_is_a_job_file_error(tmp_path):
 
 def test_an_unknown_vm_size_is_refused_with_the_fix():
     with pytest.raises(JobError, match="not in the VM-size catalog.*--batch-size and --workers"):
-        sizing.for_cluster({**cluster("Standard_D4s_v5"), "vm_size": "Standard_X1"}, 1)
+        sizing.for_cluster(target.Target("c", {**cluster("Standard_D4s_v5"), "vm_size": "Standard_X1"}, None, 1, 1))
 
 
 def test_the_docs_table_is_what_the_launcher_sets():
@@ -248,7 +249,8 @@ def test_synthetic_jobs_time_300_steady_steps_per_rank_at_any_node_count(dev_out
     from payloads.common import sharding
 
     template = jobspec.read_template(job)
-    filled = jobspec.fill(template, stack.load_file(dev_outputs), "gpu-ib", nodes, None, [])
+    outs = stack.load_file(dev_outputs)
+    filled = jobspec.fill(template, outs, target.resolve(outs, "gpu-ib", nodes, None), [])
     args = _payload_args(filled["command"])
     (samples,), (batch,) = _values(args, "--synthetic-samples"), _values(args, "--batch-size")
     processes = nodes * 8  # gpu-ib: ND96asr_v4, 8 GPUs a node
@@ -257,7 +259,7 @@ def test_synthetic_jobs_time_300_steady_steps_per_rank_at_any_node_count(dev_out
         assert steps - 10 >= 300, (nodes, rank, steps)  # 10: the payloads' --startup-steps default
     assert f"{samples} synthetic samples" in filled["tags"]["sizing"]
     # A user's own count after `--` wins, and a larger batch or more start-up steps raise the filled one.
-    mine = jobspec.fill(template, stack.load_file(dev_outputs), "gpu-ib", nodes, None, ["--synthetic-samples", "5"])
+    mine = jobspec.fill(template, outs, target.resolve(outs, "gpu-ib", nodes, None), ["--synthetic-samples", "5"])
     assert _values(_payload_args(mine["command"]), "--synthetic-samples") == ["5"]
-    more = jobspec.fill(template, stack.load_file(dev_outputs), "gpu-ib", nodes, None, ["--startup-steps", "50"])
+    more = jobspec.fill(template, outs, target.resolve(outs, "gpu-ib", nodes, None), ["--startup-steps", "50"])
     assert int(_values(_payload_args(more["command"]), "--synthetic-samples")[0]) == processes * 256 * 350

@@ -161,11 +161,11 @@ IMAGENET_JOBS = [IMAGENET, ROOT / "jobs/tensorflow-resnet50-imagenet.yaml"]
 
 
 def resolved(dev_outputs, job, *args):
-    from launcher import jobspec
+    from launcher import jobspec, target
 
     outs = stack.load_file(dev_outputs)
     mode = args[0] if args else None
-    filled = jobspec.fill(jobspec.read_template(job), outs, "gpu-ib", 1, None, [], mode, job)
+    filled = jobspec.fill(jobspec.read_template(job), outs, target.resolve(outs, "gpu-ib", 1, None), [], mode, job)
     return jobspec.validate(filled, job)
 
 
@@ -226,9 +226,10 @@ def test_bad_input_modes(dev_outputs, capsys, job, mode, message):
 
 def test_job_file_mount_settings_win(dev_outputs, tmp_path):
     """Whole-file caching stays available to a job that reads large files at random (the docs' case for it)."""
-    from launcher import jobspec
+    from launcher import jobspec, target
 
     template = yaml.safe_load(IMAGENET.read_text())
     template["environment_variables"] = {"DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED": "false"}
-    filled = jobspec.fill(template, stack.load_file(dev_outputs), "gpu-ib", 1, None, [], None, IMAGENET)
+    outs = stack.load_file(dev_outputs)
+    filled = jobspec.fill(template, outs, target.resolve(outs, "gpu-ib", 1, None), [], None, IMAGENET)
     assert filled["environment_variables"]["DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED"] == "false"

@@ -300,7 +300,9 @@ class Cluster:
 
     def enter(self, i: int, env: dict[str, str]) -> list[str]:
         """The command prefix that runs a command on node i with `env` as its whole environment."""
-        return ["nsenter", "-t", str(self.holders[i]), "-n", "-u", "-m", "--", "env", "-i", *_pairs(env)]
+        # entering a mount namespace moves the working directory to its root: the job's is the code's folder
+        argv = ["nsenter", "-t", str(self.holders[i]), "-n", "-u", "-m", f"--wd={ROOT}", "--"]
+        return [*argv, "env", "-i", *_pairs(env)]
 
     def popen(self, i: int, argv: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
         return subprocess.Popen([*self.enter(i, env), *argv], cwd=ROOT, preexec_fn=self._joiner(i), **kw)

@@ -162,12 +162,11 @@ class Run(Events):
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     def restore(self, resume: bool) -> checkpoints.Position:
-        """The newest checkpoint back into the run (resume: any; a rollback: the agreed one left), the concerns'
-        state included; its position, in self.start."""
-        self.start = checkpoints.restore(
+        """The newest checkpoint back into the run (a resume: any; a rollback: the agreed one left), the concerns'
+        state included; its position."""
+        return checkpoints.restore(
             self.cfg, self.backend, self.model, self.optimizer, self.scaler, self.steps, self.concerns, resume
         )
-        return self.start
 
 
 def start(task: Task, cfg: config.TrainConfig, started: float) -> Run:
@@ -202,7 +201,7 @@ def prepare(task: Task, cfg: config.TrainConfig, backend, device, prec, settings
     run.model, run.trained = model, torch.compile(trained) if cfg.compile else trained
     run.optimizer, run.scaler = optimizer, prec.grad_scaler(cfg.loss_scale_init)
     run.attach(attach(run) if attach else [])
-    run.restore(cfg.resume)
+    run.start = run.restore(cfg.resume)
     runtime.scaler_in_kernel(optimizer, run.scaler)
     return run
 

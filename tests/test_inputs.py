@@ -253,6 +253,27 @@ def test_gpu_decode_cpu_fallback_runs_and_matches_the_cpu_decoder(shard_set):
         assert d.mean() < 0.1 and d.max() < 1.01  # 1 level, plus float rounding of the normalisation
 
 
+def test_gpu_decode_runs_its_per_image_work_in_a_thread_of_its_own(shard_set, monkeypatch):
+    """--gpu-decode's per-image work (on a GPU: nvJPEG's call, which waits for its own stream, then a few kernels per
+    image) runs one batch ahead in a thread of its own, never on the training thread; a loop that leaves the epoch
+    early ends that thread, and an error there (a damaged sample, a dead worker) is raised in the training thread."""
+    import threading
+
+    from torchvision.transforms.v2 import functional as F
+
+    ran, real = set(), F.resized_crop
+    monkeypatch.setattr(F, "resized_crop", lambda *a, **k: ran.add(threading.get_ident()) or real(*a, **k))
+    train = inputs.build(_cfg(data="shards", data_dir=shard_set, gpu_decode=True, workers=2), 0, 1, 4, CPU).train
+    batches = iter(train)
+    next(batches)
+    batches.close()
+    assert ran and threading.get_ident() not in ran
+    assert not [t for t in threading.enumerate() if t.name == "gpu-decode"]
+    monkeypatch.setattr(F, "resized_crop", lambda *a, **k: (_ for _ in ()).throw(ConfigError("a damaged sample")))
+    with pytest.raises(ConfigError, match="a damaged sample"):
+        next(iter(train))
+
+
 def test_gpu_decode_flag_through_build_and_its_errors(shard_set, tmp_path):
     cfg = _cfg(data="shards", data_dir=shard_set, gpu_decode=True, image_size=16)
     built = inputs.build(cfg, 0, 1, 6, CPU)

@@ -122,7 +122,7 @@ class SyntheticBatches(data.EpochSteps):
     def __iter__(self) -> Iterator[Batch]:
         parts = sharding.batches(*self.args, epoch=self.epoch)[self.skip : self.steps]
         ends = np.cumsum([len(p) for p in parts]).tolist()
-        flat = torch.from_numpy(np.concatenate(parts)).to(self.images.images.device)
+        flat = torch.from_numpy(np.concatenate(parts)).to(self.images.images.device, non_blocking=True)
         start = 0
         for end in ends:
             images, labels = self.images.batch(flat[start:end])

@@ -11,7 +11,7 @@ from helpers import TINY, metrics, train
 
 from payloads.common.config import TrainConfig
 from payloads.common.errors import ConfigError
-from payloads.pytorch import dali, data, inputs
+from payloads.pytorch import dali, data, inputs, shards
 
 pytest.importorskip("nvidia.dali", reason="DALI is in .venv (requirements.txt): this runs wherever set-up ran")
 CPU = torch.device("cpu")
@@ -62,6 +62,30 @@ def test_batches_are_normalised_images_on_the_device_in_the_asked_layout(shard_d
     assert dali.labels_of(
         torch.tensor([[49, 50, 0, 0], [55, 10, 0, 0], [48, 0, 0, 0]], dtype=torch.uint8)
     ).tolist() == [12, 7, 0]
+
+
+def test_the_tars_are_indexed_once_and_read_in_a_new_order_each_epoch(shard_dir, monkeypatch):
+    """Without index files DALI's reader indexes every tar each time a pipeline is built (each epoch and pass): the
+    loader writes them once (DALI's wds2idx). Training reads the files in a new order each epoch, the same on every
+    rank (so the ranks' parts still cover the set), each file with its own index; validation in order."""
+    import wds2idx
+
+    indexed, pipelines = [], []
+    real_index, real_pipeline = wds2idx.IndexCreator.create_index, dali._pipeline
+    monkeypatch.setattr(wds2idx.IndexCreator, "create_index", lambda self: indexed.append(self.uri) or real_index(self))
+    monkeypatch.setattr(dali, "_pipeline", lambda f, i, *a: pipelines.append((f, i)) or real_pipeline(f, i, *a))
+    files = sorted(str(f) for f in shards.open_set(shard_dir)[0].files)
+    runs = [inputs.build(_cfg(shard_dir), rank, 2, 4, CPU).train for rank in (0, 1)]
+    for epoch in (0, 1):
+        for train in runs:
+            _epoch(train, epoch)
+    assert sorted(indexed) == sorted(files * 2)  # each rank's loader once, not once per epoch
+    (e0r0, i0), (e0r1, _), (e1r0, i1), _ = pipelines
+    assert sorted(e0r0) == sorted(e1r0) == files and e0r0 == e0r1 and e0r0 != e1r0
+    assert len(set(i0)) == len(files) and {f: i for f, i in zip(e0r0, i0)} == {f: i for f, i in zip(e1r0, i1)}
+    val = dali.Batches(shards.open_set(shard_dir)[0], data.Reading(0, 1, 4, shuffle=False), 16, CPU, False)
+    _epoch(val, 3)
+    assert pipelines[-1][0] == [str(f) for f in shards.open_set(shard_dir)[0].files]
 
 
 def test_what_dali_does_not_do_is_refused_before_training(shard_dir, monkeypatch):

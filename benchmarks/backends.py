@@ -43,7 +43,14 @@ QUICK = {"image_size": 32, "batch_size": 4, "warmup_batches": 1, "batches_per_it
 def horovodrun_command(np: int) -> tuple[list[str], dict]:
     flags, fast_env = horovodrun_options(controller("auto"))
     env = dict(os.environ, PYTHONPATH=str(ROOT), **fast_env)
-    return [str(pathlib.Path(sys.executable).parent / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", *flags], env
+    return [
+        str(pathlib.Path(sys.executable).parent / "horovodrun"),
+        "-np",
+        str(np),
+        "-H",
+        f"localhost:{np}",
+        *flags,
+    ], env
 
 
 def _args(config: dict) -> list[str]:

@@ -95,7 +95,11 @@ def main(argv=None) -> int:
     train, _, _ = shards.open_set(out / "webdataset")
 
     def make(cache: bool):
-        return shards.ShardLoader(train, shards.Reading(0, 1, args.batch, seed=0, workers=args.workers, cache=cache, cache_dir=work), shards.Transform(args.image_size, train=True))
+        return shards.ShardLoader(
+            train,
+            shards.Reading(0, 1, args.batch, workers=args.workers, cache=cache, cache_dir=work),
+            shards.Transform(args.image_size, train=True),
+        )
 
     rows = []
     plain = make(False)

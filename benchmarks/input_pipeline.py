@@ -111,7 +111,11 @@ def shard_loader(
     from payloads.pytorch import shards
 
     train, _, _ = shards.open_set(shard_dir)
-    return shards.ShardLoader(train, shards.Reading(0, 1, batch, seed=0, workers=workers, cache=cache, decoder=decoder), shards.Transform(image_size, train=True))
+    return shards.ShardLoader(
+        train,
+        shards.Reading(0, 1, batch, workers=workers, cache=cache, decoder=decoder),
+        shards.Transform(image_size, train=True),
+    )
 
 
 def shard_epochs(

@@ -215,7 +215,7 @@ def test_shard_decoding_runs_in_worker_processes_with_one_intra_op_thread_each(s
     processes, each with torch.set_num_threads(1) (as DataLoader workers do)."""
     torch.set_num_threads(2)
     train, _, _ = shards.open_set(shard_set)
-    loader = shards.ShardLoader(train, shards.Reading(0, 1, 2, seed=0, workers=2, shuffle_buffer=4), PidProbe())
+    loader = shards.ShardLoader(train, shards.Reading(0, 1, 2, workers=2, shuffle_buffer=4), PidProbe())
     pids, threads = set(), set()
     for images, _, _ in loader:
         px = images.numpy().astype(np.int64)
@@ -225,7 +225,7 @@ def test_shard_decoding_runs_in_worker_processes_with_one_intra_op_thread_each(s
     assert os.getpid() not in pids and pids <= workers and pids, (pids, workers, os.getpid())
     assert threads == {1}
     # With --workers 0 the same work runs in this process (the CPU-only test configuration).
-    inline = shards.ShardLoader(train, shards.Reading(0, 1, 2, seed=0, workers=0), PidProbe())
+    inline = shards.ShardLoader(train, shards.Reading(0, 1, 2, workers=0), PidProbe())
     px = next(iter(inline))[0].numpy().astype(np.int64)
     assert int(px[0, 0, 0, 0] << 16 | px[0, 0, 0, 1] << 8 | px[0, 0, 0, 2]) == os.getpid()
 
@@ -239,7 +239,9 @@ def test_gpu_decode_cpu_fallback_runs_and_matches_the_cpu_decoder(shard_set):
     for shuffle in (True, False):  # RandomResizedCrop + flip, and the evaluation crop
         cfg = _cfg(data="shards", image_size=24, workers=2, gpu_decode=True)
         crops = data.Transform(24, train=shuffle)
-        gpu = shards.ShardLoader(train, data.Reading.of(cfg, 0, 1, 6, shuffle, encoded=True), crops).on_device(CPU, False)
+        gpu = shards.ShardLoader(train, data.Reading.of(cfg, 0, 1, 6, shuffle, encoded=True), crops).on_device(
+            CPU, False
+        )
         plain = shards.ShardLoader(train, data.Reading.of(cfg, 0, 1, 6, shuffle, decoder="pillow"), crops)
         cpu = inputs.Prefetched(plain, CPU, False)
         levels = torch.tensor(data.STD).view(1, 3, 1, 1) * 255

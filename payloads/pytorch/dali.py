@@ -85,7 +85,9 @@ def index_files(files: list[str]) -> list[str]:
 def _pipeline(files, indexes, r: data.Reading, device_id, seed: int, side: int):
     from nvidia.dali import fn, pipeline_def, types
 
-    @pipeline_def(batch_size=r.batch, num_threads=max(1, r.workers), device_id=device_id, seed=seed, prefetch_queue_depth=2)
+    @pipeline_def(
+        batch_size=r.batch, num_threads=max(1, r.workers), device_id=device_id, seed=seed, prefetch_queue_depth=2
+    )
     def pipe():
         jpegs, cls = fn.readers.webdataset(
             paths=files,
@@ -131,7 +133,9 @@ class Batches(data.EpochSteps):
         self.device, self.channels_last, self.indexes = device, channels_last, None
         largest = math.ceil(len(split) / reading.size)  # DALI's parts differ by at most one sample
         if largest < 1:
-            raise ConfigError(f"{len(split)} samples cannot be split over {reading.size} processes: prepare more samples")
+            raise ConfigError(
+                f"{len(split)} samples cannot be split over {reading.size} processes: prepare more samples"
+            )
         self.limit(math.ceil(largest / reading.batch), reading.max_steps)
 
     def __iter__(self):

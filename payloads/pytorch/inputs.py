@@ -240,7 +240,7 @@ def build(
 
         dali.check(cfg)
         train_split, val_split, num_classes = shards.datasets(cfg.data_dir)
-        part = lambda split, shuffle: dali.Batches(  # noqa: E731
+        part = lambda split, shuffle: dali.Batches(
             split, data.Reading.of(cfg, rank, size, batch, shuffle), cfg.image_size, device, channels_last
         )
         return Inputs(part(train_split, True), part(val_split, False) if val_split else None, num_classes)

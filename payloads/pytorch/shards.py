@@ -99,7 +99,8 @@ class Decoder:
     """One loader's decoding of a step: picklable, sent once to each worker (or used inline)."""
 
     def __init__(self, loader: ShardLoader, cache: decodedcache.DecodedCache | None):
-        self.index, self.plan, self.transform, self.reading = loader.index, loader.plan, loader.transform, loader.reading
+        self.index, self.plan, self.reading = loader.index, loader.plan, loader.reading
+        self.transform = loader.transform
         self.starts = np.concatenate([[0], np.cumsum(loader.sizes)]).astype(np.int64)
         self.cache = (cache.path, cache.layout) if cache is not None else None
         # With --cache-decoded, epoch 0 (the straight run's filling epoch) reads the plan's files front to back through

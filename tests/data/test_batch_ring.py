@@ -26,7 +26,11 @@ def train(tmp_path_factory):
 
 
 def _loader(train, workers=2, shuffle=True, **kw):
-    return shards.ShardLoader(train, shards.Reading(0, 1, 4, seed=5, shuffle=shuffle, workers=workers, **kw), shards.Transform(8, train=shuffle))
+    return shards.ShardLoader(
+        train,
+        shards.Reading(0, 1, 4, seed=5, shuffle=shuffle, workers=workers, **kw),
+        shards.Transform(8, train=shuffle),
+    )
 
 
 def _epoch(loader, epoch, skip=0):
@@ -118,7 +122,9 @@ def test_the_order_is_the_shard_stream_through_the_shuffle_buffer(train):
                 if not rank_plan.stride or i % size == rank
             ]
             want = [s.key for s in shardset.shuffled(iter(mine), 3, np.random.default_rng([9, epoch, rank, 1]))]
-            loader = shards.ShardLoader(train, shards.Reading(rank, size, 2, shuffle_buffer=3, workers=0, seed=9), shards.Transform(8, True))
+            loader = shards.ShardLoader(
+                train, shards.Reading(rank, size, 2, shuffle_buffer=3, workers=0, seed=9), shards.Transform(8, True)
+            )
             index = loader._index()
             got = shardset.epoch_order(index, rank_plan, 9, epoch, rank, True, 3)
             assert [index.keys[p] for p in got] == want
@@ -241,7 +247,7 @@ def test_a_failed_registration_leaves_no_error_pending_for_the_next_kernel(train
 
     for fail in (True, False):
         rt = FakeRuntime(fail)
-        monkeypatch.setattr(ring, "cuda_runtime", lambda: rt)
+        monkeypatch.setattr(ring, "cuda_runtime", lambda rt=rt: rt)
         loader = _loader(train, pin_memory=True)
         next(iter(loader))
         rt.launch()

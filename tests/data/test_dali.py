@@ -77,8 +77,8 @@ def test_the_tars_are_indexed_once_and_read_in_a_new_order_each_epoch(shard_dir,
     files = sorted(str(f) for f in shards.open_set(shard_dir)[0].files)
     runs = [inputs.build(_cfg(shard_dir), rank, 2, 4, CPU).train for rank in (0, 1)]
     for epoch in (0, 1):
-        for train in runs:
-            _epoch(train, epoch)
+        for batches in runs:
+            _epoch(batches, epoch)
     assert sorted(indexed) == sorted(files * 2)  # each rank's loader once, not once per epoch
     (e0r0, i0), (e0r1, _), (e1r0, i1), _ = pipelines
     assert sorted(e0r0) == sorted(e1r0) == files and e0r0 == e0r1 and e0r0 != e1r0

@@ -36,7 +36,7 @@ def test_round_trip_gives_the_pixels_labels_and_counts_of_the_images(tree, tmp_p
     assert classes == m.classes and len(train) == m.splits["train"].samples == 18 and len(val) == 6
     inputs = prepare.scan(tree)
     want = sorted((label, np.asarray(Image.open(p).convert("RGB")).tobytes()) for p, label in inputs.splits["train"])
-    loader = shards.ShardLoader(train, shards.Reading(0, 1, 1, seed=0, shuffle=False, workers=0, decoder="pillow"), pixels)
+    loader = shards.ShardLoader(train, shards.Reading(0, 1, 1, shuffle=False, workers=0, decoder="pillow"), pixels)
     got = sorted((int(y), x[0].numpy().tobytes()) for x, y, skipped in loader)
     assert len(loader) == 18 and got == want
 
@@ -47,7 +47,9 @@ def test_ranks_read_disjoint_parts_that_cover_the_set_with_equal_steps(one_per_c
     for epoch in (0, 1):
         parts, steps = [], set()
         for rank in range(size):
-            loader = shards.ShardLoader(train, shards.Reading(rank, size, 4, seed=7, shuffle_buffer=3, workers=0), label_only)
+            loader = shards.ShardLoader(
+                train, shards.Reading(rank, size, 4, seed=7, shuffle_buffer=3, workers=0), label_only
+            )
             loader.set_epoch(epoch)
             batches = _labels(loader)
             steps.add(len(batches))
@@ -78,7 +80,9 @@ def test_augmentation_is_fixed_by_seed_epoch_and_sample_not_by_worker(one_per_cl
     train, _, _ = shards.open_set(one_per_class)
 
     def run(epoch, workers):
-        loader = shards.ShardLoader(train, shards.Reading(0, 1, 6, seed=1, workers=workers), shards.Transform(16, train=True))
+        loader = shards.ShardLoader(
+            train, shards.Reading(0, 1, 6, seed=1, workers=workers), shards.Transform(16, train=True)
+        )
         loader.set_epoch(epoch)
         return [(x.clone(), y.clone()) for x, y, _ in loader]  # a batch is its slot's view until the next one
 
@@ -94,11 +98,13 @@ def test_cache_keeps_decoded_images_so_later_epochs_read_no_files(tmp_path):
     prepare.run(root, tmp_path / "out", shards=2, formats=["webdataset"], progress=False)
     folder = tmp_path / "out" / "webdataset"
     train, _, _ = shards.open_set(folder)
-    cached = shards.ShardLoader(train, shards.Reading(0, 1, 4, seed=0, shuffle_buffer=2, cache=True, workers=0), label_only)
-    plain = shards.ShardLoader(train, shards.Reading(0, 1, 4, seed=0, shuffle_buffer=2, workers=0), label_only)
-    pix = shards.ShardLoader(train, shards.Reading(0, 1, 1, seed=0, cache=True, workers=0), pixels)
+    cached = shards.ShardLoader(train, shards.Reading(0, 1, 4, shuffle_buffer=2, cache=True, workers=0), label_only)
+    plain = shards.ShardLoader(train, shards.Reading(0, 1, 4, shuffle_buffer=2, workers=0), label_only)
+    pix = shards.ShardLoader(train, shards.Reading(0, 1, 1, cache=True, workers=0), pixels)
     # The same through worker processes, which map the cache file (eval crops: no randomness).
-    crops = shards.ShardLoader(train, shards.Reading(0, 1, 2, seed=0, cache=True, shuffle=False, workers=2), shards.Transform(8, train=False))
+    crops = shards.ShardLoader(
+        train, shards.Reading(0, 1, 2, cache=True, shuffle=False, workers=2), shards.Transform(8, train=False)
+    )
     crops0 = sorted((int(y), x.numpy().tobytes()) for xs, ys, _ in crops for x, y in zip(xs, ys))
     epoch0 = sorted((int(y), x[0].numpy().tobytes()) for x, y, _ in pix)
     assert len(_labels(cached)) == 2 and len(cached.cache) == 8 and len(pix.cache) == 8
@@ -128,7 +134,7 @@ def test_the_cache_is_a_file_in_cache_dir_removed_with_its_loader(tmp_path):
     train = _eight_images(tmp_path)
     folder = tmp_path / "cache"
     folder.mkdir()
-    loader = shards.ShardLoader(train, shards.Reading(0, 1, 1, cache=True, cache_dir=folder, workers=0, seed=0), pixels)
+    loader = shards.ShardLoader(train, shards.Reading(0, 1, 1, cache=True, cache_dir=folder, workers=0), pixels)
     first = sorted((int(y), x.numpy().tobytes()) for xs, ys, _ in loader for x, y in zip(xs, ys))
     (kept,) = folder.iterdir()
     assert kept.name.startswith(f"decoded-{socket.gethostname()}-{os.getpid()}-rank0-")
@@ -163,7 +169,7 @@ def test_a_cache_left_by_a_killed_run_is_removed_and_a_live_ones_kept(tmp_path):
         assert not stale.exists() and live.exists() and other.exists()
     # A cache of this process is locked from its making to its removal.
     train = _eight_images(tmp_path / "set")
-    loader = shards.ShardLoader(train, shards.Reading(0, 1, 1, cache=True, cache_dir=tmp_path, workers=0, seed=0), pixels)
+    loader = shards.ShardLoader(train, shards.Reading(0, 1, 1, cache=True, cache_dir=tmp_path, workers=0), pixels)
     next(iter(loader))
     decodedcache.remove_stale(tmp_path)
     assert pathlib.Path(loader.cache.path).exists()
@@ -173,7 +179,7 @@ def test_a_cache_that_cannot_fit_is_refused_before_epoch_1_with_the_figure_and_t
     """The node's processes' caches (each exact, from the images' headers) are checked against the folder's free
     space before anything is decoded."""
     train = _eight_images(tmp_path)
-    loader = shards.ShardLoader(train, shards.Reading(0, 1, 4, cache=True, cache_dir=tmp_path, workers=0, seed=0), pixels)
+    loader = shards.ShardLoader(train, shards.Reading(0, 1, 4, cache=True, cache_dir=tmp_path, workers=0), pixels)
     need = loader.cache_bytes()
     assert need == 4096 + sum(h * w * 3 for h, w in loader.index.dims.tolist()) and need > 4096
     real = os.statvfs
@@ -188,10 +194,12 @@ def test_a_cache_that_cannot_fit_is_refused_before_epoch_1_with_the_figure_and_t
     text = str(e.value)
     assert "--cache-decoded" in text and "x 8 process(es)" in text and str(tmp_path) in text
     assert "--cache-dir" in text and "drop --cache-decoded" in text
-    elsewhere = shards.ShardLoader(train, shards.Reading(0, 1, 4, cache=True, cache_dir=tmp_path / "missing", workers=0, seed=0), pixels)
+    elsewhere = shards.ShardLoader(
+        train, shards.Reading(0, 1, 4, cache=True, cache_dir=tmp_path / "missing", workers=0), pixels
+    )
     with pytest.raises(ConfigError, match="--cache-dir .*no such folder"):
         shards.check_cache_room([elsewhere], 1)
-    off = shards.ShardLoader(train, shards.Reading(0, 1, 4, workers=0, seed=0), pixels)
+    off = shards.ShardLoader(train, shards.Reading(0, 1, 4, workers=0), pixels)
     assert shards.check_cache_room([off], 8) == 0  # no --cache-decoded: nothing to check
 
 
@@ -202,7 +210,7 @@ def test_a_full_folder_at_epoch_1_drops_the_cache_and_training_goes_on(tmp_path,
     import errno
 
     train = _eight_images(tmp_path)
-    loader = shards.ShardLoader(train, shards.Reading(0, 1, 1, cache=True, cache_dir=tmp_path, workers=0, seed=0), pixels)
+    loader = shards.ShardLoader(train, shards.Reading(0, 1, 1, cache=True, cache_dir=tmp_path, workers=0), pixels)
 
     def full(fd, offset, length):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -224,7 +232,7 @@ def test_truncated_shard_and_unfinished_set_fail_with_the_fix(tree, tmp_path):
     train.files[1].write_bytes(data[: len(data) // 2])
     with pytest.raises(ConfigError, match="missing or not .* bytes"):
         shards.open_set(folder)
-    loader = shards.ShardLoader(train, shards.Reading(0, 1, 4, seed=0, workers=0), label_only)
+    loader = shards.ShardLoader(train, shards.Reading(0, 1, 4, workers=0), label_only)
     with pytest.raises(ConfigError, match=r"(damaged|fewer samples).*(again)"):
         _labels(loader)
     m = manifest.read(folder)
@@ -268,9 +276,9 @@ def test_the_training_process_reads_no_image_bytes(tmp_path, monkeypatch):
 
     monkeypatch.setattr(shardset, "read_at", refuse)
     monkeypatch.setattr(shards, "read_shard", refuse)
-    in_workers = shards.ShardLoader(train, shards.Reading(0, 1, 4, seed=0, workers=2), shards.Transform(8, train=True))
+    in_workers = shards.ShardLoader(train, shards.Reading(0, 1, 4, workers=2), shards.Transform(8, train=True))
     assert sorted(y for batch in _labels(in_workers) for y in batch) == list(range(8))
-    inline = shards.ShardLoader(train, shards.Reading(0, 1, 4, seed=0, workers=0), label_only)
+    inline = shards.ShardLoader(train, shards.Reading(0, 1, 4, workers=0), label_only)
     with pytest.raises(AssertionError, match="in the training process"):
         _labels(inline)
 
@@ -300,7 +308,7 @@ def test_short_reads_are_read_on_and_a_changed_shard_is_named(tmp_path, monkeypa
     """pread may return less than asked (a FUSE mount, a signal): the reader reads on. A shard rewritten after it
     was indexed would be read at stale offsets: the file's size and time, kept in the index, catch it."""
     train = _eight_images(tmp_path)
-    loader = shards.ShardLoader(train, shards.Reading(0, 1, 4, seed=0, workers=0, shuffle=False), label_only)
+    loader = shards.ShardLoader(train, shards.Reading(0, 1, 4, workers=0, shuffle=False), label_only)
     whole = sorted(int(y) for _, ys, _ in loader for y in ys)
     real = os.pread
     monkeypatch.setattr(shardset.os, "pread", lambda fd, n, offset: real(fd, min(n, 7), offset))

@@ -37,8 +37,7 @@ TOKENS = ("<<registry>>", "<<data>>", "<<logs>>")
 DISTRIBUTIONS = {"horovod": "mpi", "ddp": "pytorch"}
 BACKENDS = tuple(DISTRIBUTIONS)
 DDP_FLAG = re.compile(r"\s*--backend[ =]ddp(?=\s|$)")
-# The payloads that offer --backend ddp (TensorFlow, Keras and the health check are Horovod programs).
-DDP_PAYLOADS = re.compile(r"-m\s+payloads\.(pytorch|segmentation)\.train\b")
+PAYLOAD = re.compile(r"-m\s+(payloads(?:\.\w+)+)")
 
 
 def read_template(path: pathlib.Path) -> dict:
@@ -96,17 +95,42 @@ def with_backend(job: dict, backend: str | None, source: pathlib.Path, extra_arg
         return job
     if backend not in DISTRIBUTIONS:
         raise JobError(f"--backend {backend!r}: choose {' or '.join(BACKENDS)}")
-    if not DDP_PAYLOADS.search(job["command"]):
+    if not takes_backend(job["command"]):
         raise JobError(
-            f"--backend {backend}: {source.name} does not run a PyTorch training payload "
-            "(payloads.pytorch.train, payloads.segmentation.train); the TensorFlow, Keras and health "
-            "check jobs run on Horovod only"
+            f"--backend {backend}: {source.name} does not run a PyTorch training payload (its options have no "
+            "--backend: payloads/common/options.py); the TensorFlow, Keras and health check jobs run on Horovod only"
         )
     job = copy.deepcopy(job)
     command = DDP_FLAG.sub("", job["command"]).rstrip()
     job["command"] = command + " --backend ddp" if backend == "ddp" else command
     job["distribution"] = {**job["distribution"], "type": DISTRIBUTIONS[backend]}
     return job
+
+
+def takes_backend(command: str) -> bool:
+    """Whether the command's payload declares --backend: among the option groups its module names
+    (payloads/common/options.py), read from its source (importing it would import torch), is the one holding
+    --backend; a call of options.parse or build_parser without `groups` declares their default groups."""
+    import ast
+    import inspect
+
+    from payloads.common import options
+
+    m = PAYLOAD.search(command)
+    path = ROOT / (m[1].replace(".", "/") + ".py") if m else None
+    if path is None or not path.is_file():
+        return False
+    declared = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and getattr(node.value, "id", None) == "options":
+            found = getattr(options, node.attr, None)
+            declared.update(found if isinstance(found, tuple) else [found])
+        if isinstance(node, ast.Call) and getattr(getattr(node.func, "value", None), "id", None) == "options":
+            params = inspect.signature(getattr(options, node.func.attr)).parameters
+            if "groups" in params and len(node.args) <= list(params).index("groups"):
+                if not any(k.arg == "groups" for k in node.keywords):
+                    declared.update(params["groups"].default)
+    return options.owners_of_flags()["--backend"][1] in declared
 
 
 # NCCL's own watchdog for DDP jobs (distribution pytorch), behind the payloads' stall watchdog

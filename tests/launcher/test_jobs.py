@@ -389,6 +389,19 @@ def test_backend_misuse_is_refused_before_anything_runs(dev_outputs, capsys, arg
     assert message in capsys.readouterr().err
 
 
+def test_the_jobs_that_take_backend_ddp_are_those_whose_payload_declares_backend():
+    """jobspec.takes_backend reads the payload's option groups from its source (the launcher's install has no torch):
+    the PyTorch payloads declare options.PYTORCH, which holds --backend; TensorFlow, Keras and the health check do not."""
+    found = {f.name: jobspec.takes_backend(jobspec.read_template(f)["command"]) for f in (ROOT / "jobs").glob("*.yaml")}
+    assert sorted(name for name, takes in found.items() if takes) == [
+        "pytorch-landcover-unet.yaml",
+        "pytorch-resnet50-imagenet-shards.yaml",
+        "pytorch-resnet50-imagenet.yaml",
+        "pytorch-resnet50-synthetic.yaml",
+    ]
+    assert len(found) == 9
+
+
 @pytest.mark.launches
 def test_local_target_runs_the_ddp_job_with_torchrun(tmp_path):
     out = tmp_path / "out"

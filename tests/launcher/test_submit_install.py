@@ -47,6 +47,8 @@ ENTRY = ["launcher/__main__.py", "launcher/nodes.py", "datatools/transfer.py"] +
 ELSEWHERE = {
     ("launcher/local.py", "horovod"): "--target local: runs a job here with horovodrun (the full .venv)",
     ("launcher/__main__.py", "launcher.drill"): "--target local --drill: reads the payloads' checkpoints with torch",
+    # jobspec.takes_backend reads the payloads' option groups; the MLflow run they start is the payload's own
+    ("payloads/common/tracking.py", "mlflow"): "a training run's MLflow tracking, imported when the payload starts it",
 }
 # Standard-library modules Python 3.12 no longer has (What's New in Python 3.12, "Removed").
 REMOVED_IN_312 = {"distutils", "imp", "asynchat", "asyncore", "smtpd"}

@@ -149,6 +149,10 @@ class Decoder:
         positions = self.order(epoch)[self.starts[step] : self.starts[step + 1]]
         kept, skipped, files = 0, [], {}
         try:
+            # The step's reads in the files' order, each front to back (what a mount reads ahead for), then decoded
+            # in the step's order.
+            read = [p for p in positions.tolist() if mode != CACHED or self._cached.status[p] == decodedcache.ABSENT]
+            encoded = {p: self._read(files, p) for p in sorted(read)}
             for p in positions.tolist():
                 label, key = int(index.label[p]), index.keys[p]
                 rng = np.random.default_rng([self.reading.seed, epoch, index.seeds[p]])
@@ -161,7 +165,7 @@ class Decoder:
                     if status == decodedcache.KEPT:
                         image = self._cached.image(p)
                 if image is None:
-                    data = self._read(files, p)
+                    data = encoded[p]
                     if self.reading.encoded:
                         try:
                             h, w = _jpeg_size(data)

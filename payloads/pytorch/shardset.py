@@ -304,8 +304,8 @@ def key_order(index: Index) -> np.ndarray:
 
 
 def cached_order(by_key: np.ndarray, seed: int, epoch: int, rank: int, shuffle: bool) -> np.ndarray:
-    """The epoch's order with --cache-decoded, in every epoch (the one that fills the cache, and a resumed or
-    rolled-back one whose cache is not complete yet, too): a full shuffle of the samples in key order."""
+    """The epoch's order with --cache-decoded in every epoch after the first (also a resumed or rolled-back one whose
+    cache is new or incomplete, which then fills it): a full shuffle of the samples in key order."""
     if not shuffle:
         return by_key
     return by_key[np.random.default_rng([seed, epoch, rank, 1]).permutation(len(by_key))]

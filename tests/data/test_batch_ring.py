@@ -297,3 +297,28 @@ def test_on_a_gpu_the_ring_must_be_on_a_tmpfs_and_a_disk_folder_is_refused_in_on
     text = str(e.value)
     assert "\n" not in text and "/dev/shm" in text and "shm_size" in text and str(disk) in text
     next(iter(_loader(train)))  # not pinned (a CPU run): the folder is fine
+
+
+def test_with_the_cache_the_filling_epoch_reads_as_an_uncached_one_each_step_front_to_back(
+    train, tmp_path, monkeypatch
+):
+    """--cache-decoded's first epoch is the uncached epoch (the plan's files through the shuffle buffer), not a full
+    shuffle across the rank's shards: the cache is laid out by key, so the order it is filled in does not matter to
+    it. Each step reads its images in the files' order, each file front to back; the next epoch reads no file."""
+    reads, ends = [], []
+    real = shardset.read_at
+    monkeypatch.setattr(shardset, "read_at", lambda f, at, n, path: reads.append((path, at)) or real(f, at, n, path))
+    cached, plain = _loader(train, workers=0, cache=True, cache_dir=tmp_path), _loader(train, workers=0)
+    cached.set_epoch(0)
+    filled = []
+    for x, y, _ in cached:
+        filled.append((x.clone(), y.clone()))
+        ends.append(len(reads))
+    assert cached.cache.complete and _same(filled, _epoch(plain, 0))
+    paths = list(cached.index.paths)
+    for a, b in zip([0, *ends], ends):
+        step = reads[a:b]
+        assert step == sorted(step, key=lambda r: (paths.index(r[0]), r[1])), step
+    del reads[:]
+    _epoch(cached, 1)
+    assert reads == []

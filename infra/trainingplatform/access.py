@@ -35,7 +35,7 @@ import uuid
 from dataclasses import dataclass
 
 import pulumi
-import pulumi.dynamic
+import pulumiverse_time
 from pulumi_azure_native import authorization
 
 from .config import ConfigError, Principal
@@ -172,7 +172,9 @@ def deployer_users(users: tuple[Principal, ...] | None, project: str) -> tuple[P
     return (Principal(object_id=deployer, type="User"),)
 
 
-def platform_grants(cfg, users: tuple[Principal, ...], job_identity, ws, registry, data, way_in, data_links) -> list[Grant]:
+def platform_grants(
+    cfg, users: tuple[Principal, ...], job_identity, ws, registry, data, way_in, data_links
+) -> list[Grant]:
     """Every grant of the platform stack (program.py declares them in one AccessGrants): its identities', and its
     users' on its own resources only. Their access to the data and logs containers is the data stack's grant (its
     `users`): two platforms on one data stack would otherwise both claim the same (scope, principal, role), which
@@ -228,7 +230,13 @@ def platform_grants(cfg, users: tuple[Principal, ...], job_identity, ws, registr
             # logs). A private registry has no Tasks path (shared agents cannot reach it): docker push from the
             # jump host, AcrPush alone.
             grants.append(
-                Grant(f"builder-{b.object_id}-runs-builds", "Container Registry Tasks Contributor", b.object_id, acr, b.type)
+                Grant(
+                    f"builder-{b.object_id}-runs-builds",
+                    "Container Registry Tasks Contributor",
+                    b.object_id,
+                    acr,
+                    b.type,
+                )
             )
     # Studio data preview over storage behind private endpoints: "the workspace managed identity ... Reader role for
     # the storage private endpoint(s)" (learn.microsoft.com/azure/machine-learning/how-to-enable-studio-virtual-network,
@@ -260,7 +268,13 @@ def platform_grants(cfg, users: tuple[Principal, ...], job_identity, ws, registr
             # The auto-shutdown (wayin.py) deallocates the jump host every evening; the first user of the day starts
             # it again (`az vm start`, Microsoft.Compute/virtualMachines/start/action). The narrowest built-in role
             # holding that action, on the VM alone (ROLES explains the choice).
-            Grant(f"{label}-starts-jumphost", "Desktop Virtualization Power On Contributor", u.object_id, jump_host.id, u.type),
+            Grant(
+                f"{label}-starts-jumphost",
+                "Desktop Virtualization Power On Contributor",
+                u.object_id,
+                jump_host.id,
+                u.type,
+            ),
         ]
     return grants
 
@@ -328,37 +342,9 @@ def quota_reader_role_id(prefix: str, stack: str, subscription_id: str) -> str:
 # at once can fail with RoleDefinitionDoesNotExist, and a role deleted at once after its assignments can fail with
 # RoleDefinitionHasAssignments. The first `up` and the last `destroy` of every stack would meet it. A pause between
 # them, in both directions: assignments wait after the role is created, the role waits after they are deleted.
+# pulumiverse-time's Sleep (the `time` provider, a plugin Pulumi installs like azure-native's), not a dynamic
+# provider of ours: the state then holds no pickled code of this package, so a venv without it still destroys it.
 ROLE_SETTLE_SECONDS = {"create": 120, "delete": 60}
-
-
-class _PauseProvider(pulumi.dynamic.ResourceProvider):
-    """Waits on create and on delete (Pulumi's dynamic provider: no plugin to install, nothing on Azure)."""
-
-    def create(self, props):
-        _sleep(float(props["create_seconds"]))
-        return pulumi.dynamic.CreateResult(id_=str(uuid.uuid4()), outs=props)
-
-    def diff(self, _id, olds, news):
-        changed = olds.get("after") != news.get("after")  # what it waits for was replaced: wait again
-        return pulumi.dynamic.DiffResult(changes=changed, replaces=["after"] if changed else [])
-
-    def delete(self, _id, props):
-        _sleep(float(props["delete_seconds"]))
-
-
-def _sleep(seconds: float) -> None:
-    import time
-
-    time.sleep(seconds)
-
-
-class Pause(pulumi.dynamic.Resource):
-    """A wait of its own in the dependency graph: resources that depend on it start `create_seconds` after what it
-    depends on was created; on destroy, what it depends on is deleted `delete_seconds` after them."""
-
-    def __init__(self, name: str, after: pulumi.Input[str], seconds: dict, opts: pulumi.ResourceOptions | None = None):
-        props = {"after": after, "create_seconds": seconds["create"], "delete_seconds": seconds["delete"]}
-        super().__init__(_PauseProvider(), name, props, opts)
 
 
 class QuotaReaders(pulumi.ComponentResource):
@@ -396,10 +382,12 @@ class QuotaReaders(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         # Assignments wait until the new role has reached Azure's replicas (ROLE_SETTLE_SECONDS).
-        self.settled = Pause(
+        # Its triggers: a replaced role (another id) is waited for again.
+        self.settled = pulumiverse_time.Sleep(
             f"{name}-role-settled",
-            self.definition.id,
-            ROLE_SETTLE_SECONDS,
+            create_duration=f"{ROLE_SETTLE_SECONDS['create']}s",
+            destroy_duration=f"{ROLE_SETTLE_SECONDS['delete']}s",
+            triggers={"after": self.definition.id},
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.definition]),
         )
         self.assignments: dict[str, authorization.RoleAssignment] = {}

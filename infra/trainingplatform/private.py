@@ -90,4 +90,3 @@ def way_in(
         tags,
         jump_host_ssh_public_key,
     )
-

@@ -199,7 +199,12 @@ class TrainingStorage(pulumi.ComponentResource):
             f"{name}-data", self.data_account, resource_group, args.storage.data_container, args.storage
         )
         self.logs_container = self._container(
-            f"{name}-logs", self.logs_account, resource_group, args.storage.logs_container, args.storage, versioning=True
+            f"{name}-logs",
+            self.logs_account,
+            resource_group,
+            args.storage.logs_container,
+            args.storage,
+            versioning=True,
         )
         # An account has one management policy, named "default" (Microsoft.Storage managementPolicies).
         self.logs_lifecycle = storage.ManagementPolicy(

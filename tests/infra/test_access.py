@@ -343,8 +343,9 @@ def test_users_read_azure_mls_quota_through_a_narrow_role_of_the_stacks_own(dev,
     # for the pause after the role (create), and on destroy the role waits for the pause after the assignments.
     assert mocks.depends_on(grant.name) == {"quota-role-settled"}
     assert mocks.depends_on("quota-role-settled") == {"quota-role"}
-    pause = one(mocks, "dynamic:Resource", "quota-role-settled").inputs
-    assert pause["create_seconds"] >= 60 and pause["delete_seconds"] >= 30
+    pause = one(mocks, "time:index/sleep:Sleep", "quota-role-settled").inputs
+    assert pause["createDuration"] == "120s" and pause["destroyDuration"] == "60s"
+    assert pause["triggers"] == {"after": one(mocks, "RoleDefinition", "quota-role").id}, "a new role: waited for again"
     assert mocks.options[grant.name].delete_before_replace is True
     # The same on every `up`; another stack has a role of its own (destroying one never takes the other's away).
     again = _run(dev_raw, dev_data)
@@ -396,16 +397,12 @@ def test_each_user_reads_the_status_log_on_the_log_analytics_workspace_alone(dev
     assert access.ROLES["Log Analytics Reader"] == reader
 
 
-def test_the_pause_waits_on_create_and_on_delete_and_again_when_its_role_is_replaced(monkeypatch):
-    """The dynamic provider's own methods, as the Pulumi engine calls them during `up` and `destroy`."""
-    slept = []
-    monkeypatch.setattr(access, "_sleep", slept.append)
-    provider = access._PauseProvider()
-    props = {"after": "/subscriptions/s/roleDefinitions/a", "create_seconds": 120, "delete_seconds": 60}
-    created = provider.create(props)
-    assert slept == [120.0] and created.outs == props
-    assert provider.diff(created.id, props, dict(props)).changes is False
-    replaced = provider.diff(created.id, props, {**props, "after": "/subscriptions/s/roleDefinitions/b"})
-    assert replaced.changes is True and replaced.replaces == ["after"]
-    provider.delete(created.id, props)
-    assert slept == [120.0, 60.0]
+def test_no_resource_needs_this_package_to_be_created_or_destroyed(dev, prod):
+    """A dynamic provider is pickled into the state by reference (its module and class), so a Pulumi venv without
+    trainingplatform (one built from infra/requirements.txt alone) could not create or delete the resource. Every
+    resource is of a provider plugin Pulumi installs itself (the quota role's pause is pulumiverse-time's Sleep), or one
+    of our ComponentResources, which the engine deletes without any provider."""
+    plugins = {"azure-native", "random", "time", "pulumi", "trainingplatform"}
+    for mocks, _ in (dev, prod):
+        assert [r.name for r in mocks.resources if "dynamic" in r.type or "__provider" in r.inputs] == []
+        assert {r.type.split(":")[0] for r in mocks.resources} <= plugins

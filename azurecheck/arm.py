@@ -40,6 +40,7 @@ SUBSCRIPTIONS_API = "2022-12-01"  # Microsoft.Resources: subscriptions
 PERMISSIONS_API = "2022-04-01"  # Microsoft.Authorization: permissions, role assignments, role definitions
 NETWORK_API = "2024-05-01"  # Microsoft.Network: virtualNetworks (the hub VNet and its peerings)
 PRIVATE_DNS_API = "2020-06-01"  # Microsoft.Network: privateDnsZones (the hub's central zones)
+COMPUTE_API = "2024-07-01"  # Microsoft.Compute: virtualMachines/instanceView (the jump host's power state)
 _ERRORS = {401: ClientAuthenticationError, 404: ResourceNotFoundError, 409: ResourceExistsError}
 
 

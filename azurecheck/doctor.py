@@ -14,7 +14,7 @@ from azureaccess import credential as signing_in
 from azureaccess.stack import StackOutputs
 
 from . import images, quota, roles, upload, workspace
-from .arm import Arm, attempt, signed_out
+from .arm import COMPUTE_API, Arm, attempt, signed_out
 from .findings import FAIL, OK, WARN, Finding, report
 from .preflight import quota_findings
 
@@ -42,6 +42,38 @@ def sign_in(credential) -> Finding:
         + (f" ({signing_in.SWITCH}={switch})" if switch else ""),
         f"unset {signing_in.SWITCH} to use your own `az login`",
     )
+
+
+def jump_host(arm: Arm, way_in: dict) -> list[Finding]:
+    """The jump host's power state (Virtual Machines - Instance View: statuses[].code PowerState/...). Stopped (its
+    evening auto-shutdown deallocates it), `pulumi destroy` and tag changes still work (wayin.py: its extensions go
+    with it, tags stay off them), but Azure refuses to modify a stopped VM's extensions ("Cannot modify extensions
+    in the VM when the VM is not running"): a `pulumi up` that changes their settings or replaces the VM fails."""
+    vm_id = way_in.get("jump_host_id")
+    if not vm_id:
+        return []
+    what = "jump host"
+    view, failed = attempt(
+        lambda: arm.get(f"{vm_id}/instanceView", COMPUTE_API),
+        what,
+        f"reading {vm_id}",
+        "Bastion needs Reader on the VM too: the stack grants it to its `users`",
+    )
+    if failed:
+        return failed
+    power = next((s["code"] for s in view.get("statuses") or [] if s.get("code", "").startswith("PowerState/")), "")
+    if power == "PowerState/running":
+        return [Finding(OK, what, f"{way_in.get('jump_host', vm_id)} is running")]
+    return [
+        Finding(
+            WARN,
+            what,
+            f"{way_in.get('jump_host', vm_id)} is {power.split('/')[-1] or 'in an unknown state'}: `pulumi destroy` and "
+            "tag changes work, but a `pulumi up` that changes its extensions or replaces it fails until it runs "
+            "(Azure modifies no extension of a stopped VM)",
+            f"az vm start --ids {vm_id}, then pulumi up",
+        )
+    ]
 
 
 def findings(
@@ -90,6 +122,7 @@ def _platform(outputs: StackOutputs, credential, transport, resolver, job_images
             transport,
         )
         location = outputs.values.get("location") or ws.get("location")
+        found += jump_host(arm, outputs.values.get("way_in") or {})
         return found + quota_findings(arm, sub, location, needs(outputs), workspace_id=ws_id)
     except ClientAuthenticationError as e:
         return [signed_out(e)]

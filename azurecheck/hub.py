@@ -18,7 +18,8 @@ that comes at the end of `up`, after everything else exists, so preflight reads 
   `Microsoft.Network/privateDnsZones/join/action` on it, which a private endpoint's zone group needs.
 - The data accounts' records in the hub's blob zone (with the data stack file: Record Sets - Get, the A record of
   each account's name): with `access.dataEndpointRecords: this-platform` no other platform's endpoint may hold
-  one (this platform's endpoint would take it over); with `another-platform` one must, or the data is unreachable.
+  one (this platform's endpoint would take it over); with `another-platform` one must, or the data is unreachable,
+  and network.computeRouteTableId's routes must send its addresses to the hub's firewall (check_data_route).
 """
 
 from __future__ import annotations
@@ -273,4 +274,64 @@ def check_data_records(arm: Arm, cfg: config.PlatformConfig, accounts: list[str]
         else:
             where = f"resolves to {', '.join(ips)}" if ips else "has no record yet (this platform writes it)"
             found.append(Finding(OK, what, f"{account} {where} in the hub's {BLOB_ZONE}"))
+            if mine == "another-platform":
+                found += check_data_route(arm, cfg, account, ips)
     return found
+
+
+# Azure's default system routes that drop private ranges outside the VNet ("next hop type None") and send the rest to
+# the internet (learn.microsoft.com/azure/virtual-network/virtual-networks-udr-overview, "Default"): a user route
+# wins only where its prefix is at least as long (longest prefix first; on a tie, a user route first).
+SYSTEM_ROUTES = (
+    ("0.0.0.0/0", "Internet"),
+    *((n, "None") for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")),
+)
+
+
+def check_data_route(arm: Arm, cfg: config.PlatformConfig, account: str, ips: list[str]) -> list[Finding]:
+    """access.dataEndpointRecords another-platform: the data endpoints are in the other platform's VNet, which peering
+    does not reach from this one (it is not transitive: virtual-network-peering-overview), so the compute subnet's
+    route table (network.computeRouteTableId) must send each address to the hub's firewall (next hop
+    VirtualAppliance). Route Tables - Get (Microsoft.Network 2024-05-01): properties.routes[].properties
+    addressPrefix, nextHopType."""
+    what = f"data route {account}"
+    table_id = cfg.network.compute_route_table_id if cfg.network is not None else None
+    if not table_id:
+        return [
+            Finding(
+                FAIL,
+                what,
+                f"{account} resolves to {', '.join(ips)}, another platform's endpoint, and the stack declares no route "
+                "there: peering with the hub does not reach another spoke (network.computeRouteTableId is not set)",
+                "set network.computeRouteTableId to the hub's route table that sends those addresses to its firewall "
+                "(next hop VirtualAppliance); the stack attaches it to the compute subnet",
+            )
+        ]
+    try:
+        table = arm.get(table_id, NETWORK_API)
+    except ClientAuthenticationError:
+        raise
+    except AzureError as e:
+        return [Finding(FAIL, what, describe(e, f"reading {table_id} (network.computeRouteTableId)"), "Reader on it")]
+    routes = [(text, hop, False) for text, hop in SYSTEM_ROUTES]
+    for r in (table.get("properties") or {}).get("routes") or []:
+        props = r.get("properties") or {}
+        routes.append((props.get("addressPrefix"), props.get("nextHopType"), True))
+    gaps = []
+    for ip in ips:
+        address = ipaddress.ip_address(ip)
+        covering = [(net, hop, user) for text, hop, user in routes if (net := _network(text)) and address in net]
+        net, hop, _ = max(covering, key=lambda c: (c[0].prefixlen, c[2]))
+        if hop != "VirtualAppliance":
+            gaps.append(f"{ip} goes by {net} to {hop}")
+    if gaps:
+        return [
+            Finding(
+                FAIL,
+                what,
+                f"{table_id} does not send {account}'s endpoint to the hub's firewall: {'; '.join(gaps)}",
+                "add a route for those addresses with next hop VirtualAppliance (the hub's firewall), as long a "
+                "prefix as the one named",
+            )
+        ]
+    return [Finding(OK, what, f"{', '.join(ips)} routed to the hub's firewall by {table_id}")]

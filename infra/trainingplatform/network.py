@@ -193,6 +193,9 @@ class PlatformNetwork(pulumi.ComponentResource):
             private_link_service_network_policies="Disabled",
             service_endpoint_policies=[network.ServiceEndpointPolicyArgs(id=i) for i in service_endpoint_policies]
             or None,
+            # network.computeRouteTableId, an existing table (the hub's): a subnet PUT without routeTable detaches the
+            # one it has (Azure/azure-sdk-for-python#28350), so a landing zone's policy-attached table is named here.
+            route_table=network.RouteTableArgs(id=cfg.compute_route_table_id) if cfg.compute_route_table_id else None,
             opts=child,
         )
         self.private_endpoint_subnet = network.Subnet(

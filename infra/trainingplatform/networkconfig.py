@@ -22,6 +22,9 @@ class Network:
     # Subnets (full resource ids) admitted by the workspace storage and Key Vault firewalls: the way in for
     # machines in the same Azure region, which IP rules do not admit (see read_client_ips).
     allowed_subnet_ids: tuple[str, ...] = ()
+    # An existing route table attached to the compute subnet (full resource id), e.g. the hub's that sends another
+    # platform's data endpoints to its firewall (access.dataEndpointRecords another-platform, docs/private-access.md).
+    compute_route_table_id: str | None = None
 
 
 # A subnet's ARM id. Resource group: 1-90 letters, digits, _ - . ( ) not ending in a period; VNet 2-64 and
@@ -29,6 +32,11 @@ class Network:
 _SUBNET_ID = re.compile(
     r"^/subscriptions/[0-9a-fA-F-]{36}/resourceGroups/[-\w.()]{0,89}[-\w()]"
     r"/providers/Microsoft\.Network/virtualNetworks/[-\w.]{2,64}/subnets/[-\w.]{1,80}$",
+    re.IGNORECASE,
+)
+_ROUTE_TABLE_ID = re.compile(
+    r"^/subscriptions/[0-9a-fA-F-]{36}/resourceGroups/[-\w.()]{0,89}[-\w()]"
+    r"/providers/Microsoft\.Network/routeTables/[-\w.]{1,80}$",
     re.IGNORECASE,
 )
 # Docker's default bridge network on Azure ML compute nodes (the jobs run in containers there): a VNet that
@@ -83,6 +91,7 @@ NETWORK_KEYS = (
     "allowedClientIps",
     "allowedSubnetIds",
     "restrictOutbound",
+    "computeRouteTableId",
 )
 
 
@@ -125,6 +134,14 @@ def read_network(r: Reader, raw: dict, key: str) -> Network | None:
     ips = read_client_ips(r, n, p)
     subnets = read_subnet_ids(r, n, p)
     restrict = r.get(n, "restrictOutbound", p, bool, False)
+    route_table = r.get(n, "computeRouteTableId", p, str, None, "a route table's full resource id")
+    if route_table is not None and not _ROUTE_TABLE_ID.match(route_table):
+        r.bad(
+            p + "computeRouteTableId",
+            route_table,
+            "a route table's full resource id: /subscriptions/<id>/resourceGroups/<group>/providers/"
+            "Microsoft.Network/routeTables/<name> (`az network route-table show -g <group> -n <name> --query id -o tsv`)",
+        )
     if len(nets) < 3:
         return None
     return Network(
@@ -134,6 +151,7 @@ def read_network(r: Reader, raw: dict, key: str) -> Network | None:
         allowed_client_ips=ips,
         restrict_outbound=restrict,
         allowed_subnet_ids=subnets,
+        compute_route_table_id=route_table,
     )
 
 

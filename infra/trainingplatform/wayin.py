@@ -45,7 +45,9 @@ ADMIN_USER = "azureuser"
 # made by useradd (AADSSHLoginForLinux resolves them at sign-in), so this PAM session hook gives each one a range
 # of its own the first time they sign in over SSH. The ranges start at 2^31: an Entra user's own uid is a hash of
 # their identity, in the millions (not a small local id), and a subordinate range must never hold another user's uid
-# (a container's root would be that user). SUBID_DIR lets the tests run it on copies of the files.
+# (a container's root would be that user). SUBID_DIR lets the tests run it on copies of the files. The same first
+# sign-in makes the user's home 0700: pam_mkhomedir's default umask is 0022 ("The default value of mask is 0022",
+# pam_mkhomedir(8)), which on a shared jump host would let every user read the others' ~/.azure token caches.
 SUBID_START = 2**31
 SUBID_HOOK = r"""#!/bin/sh
 # Give the user signing in a range of 65536 subordinate uids and gids of their own (rootless Docker), once,
@@ -56,6 +58,16 @@ user="${PAM_USER:?}"
 dir="${SUBID_DIR:-/etc}"
 exec 9>>"$dir/.subid.lock"
 flock 9
+# The first sign-in (no range yet): the home is the user's alone, 0700 (~/.azure holds their token caches), whichever
+# PAM module makes it and with whatever umask, before this hook (chmod) or after it (made here first, umask 0077).
+if ! awk -F: -v u="$user" '$1 == u { found = 1 } END { exit !found }' "$dir/subuid" 2>/dev/null; then
+  home=$(getent passwd "$user" | cut -d: -f6)
+  if [ -d "$home" ]; then
+    chmod 0700 "$home"
+  elif [ -n "$home" ]; then
+    mkhomedir_helper "$user" 0077
+  fi
+fi
 for f in "$dir/subuid" "$dir/subgid"; do
   touch "$f"
   awk -F: -v u="$user" '$1 == u { found = 1 } END { exit !found }' "$f" && continue
@@ -79,6 +91,25 @@ DOCKER_KEY_FINGERPRINT = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"
 CLOUD_INIT_WAIT = (
     "WaitForCloudInit"  # the jump host's first extension: the login extension's apt waits for cloud-init's
 )
+# What that extension runs (Custom Script's `script`, base64): cloud-init's end, then apt's own daily jobs, which take
+# dpkg's lock on a timer of their own (azure-linux-extensions#1318 names them with cloud-init): apt-daily.service
+# (`apt-get update`) and apt-daily-upgrade.service, which runs unattended-upgrade (unattended-upgrades.service is only
+# its shutdown helper, active all the time). Then until nobody holds dpkg's frontend lock, an fcntl lock as apt and
+# dpkg take it (flock(1) would not see it). Its result is not the stack's: it exits 0 after 30 minutes whatever holds
+# the lock, and the login extension's own error then names it; only the ordering matters here.
+APT_WAIT = r"""#!/bin/sh
+cloud-init status --wait >/dev/null 2>&1
+lock="${DPKG_LOCK:-/var/lib/dpkg/lock-frontend}"
+deadline=$(($(date +%s) + 1800))
+while [ "$(date +%s)" -lt "$deadline" ]; do
+  if ! systemctl is-active --quiet apt-daily.service && ! systemctl is-active --quiet apt-daily-upgrade.service &&
+    python3 -c 'import fcntl, sys; fcntl.lockf(open(sys.argv[1], "a"), fcntl.LOCK_EX | fcntl.LOCK_NB)' "$lock" 2>/dev/null; then
+    exit 0
+  fi
+  sleep 5
+done
+exit 0
+"""
 DOCKER_PACKAGES = ("docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-ce-rootless-extras")
 DOCKER_INSTALL = (
     r"""#!/bin/sh
@@ -377,8 +408,17 @@ class WayIn(pulumi.ComponentResource):
         # The login extension installs its package with apt (aadsshlogin), while cloud-init is still installing the
         # jump host's packages, Docker's repository and the Azure CLI with apt: one of them meets dpkg's lock and the
         # extension fails, and `pulumi up` with it (Azure/azure-linux-extensions#1318). So a first extension waits
-        # for cloud-init to finish (`cloud-init status --wait`), and the login extension is provisioned after it,
+        # for cloud-init and apt's daily jobs to finish (APT_WAIT), and the login extension is provisioned after it,
         # in Azure's order (provisionAfterExtensions) and Pulumi's (depends_on).
+        # Both go with the VM: Azure refuses to delete or update the extensions of a stopped VM (409 "Cannot modify
+        # extensions in the VM when the VM is not running", terraform-provider-azurerm #477, #17251, #26705), which
+        # the evening auto-shutdown leaves it. `deleted_with`: a `pulumi destroy` deletes the VM, which takes its
+        # extensions with it, and never calls Delete on them. Tag changes stay off them ("Tags on virtual machine
+        # extensions can only be updated when the VM is running", MicrosoftDocs/azure-docs#124186): created with the
+        # stack's tags, never updated for them. Still refused on a stopped VM: a change to an extension's own
+        # settings, and a replacement of the VM (its extensions are deleted first: Pulumi applies `deleted_with` to a
+        # destroy, not to a delete-before-replace); docs/stack-lifecycle.md and the doctor say so.
+        extension = pulumi.ResourceOptions(parent=self, deleted_with=self.jump_host, ignore_changes=["tags"])
         waited = compute.VirtualMachineExtension(
             f"{self._name}-jumphost-cloud-init-done",
             resource_group_name=self._rg,
@@ -389,11 +429,9 @@ class WayIn(pulumi.ComponentResource):
             type="CustomScript",
             type_handler_version="2.1",
             auto_upgrade_minor_version=True,
-            # Its result is cloud-init's: an error there is reported by the image's own checks (install-docker,
-            # the CLI), not by failing the stack; only the ordering matters here.
-            settings={"commandToExecute": "sh -c 'cloud-init status --wait >/dev/null 2>&1; exit 0'"},
+            settings={"script": base64.b64encode(APT_WAIT.encode()).decode()},
             tags=self._tags,
-            opts=child,
+            opts=extension,
         )
         compute.VirtualMachineExtension(
             f"{self._name}-jumphost-entra-login",
@@ -407,7 +445,7 @@ class WayIn(pulumi.ComponentResource):
             type_handler_version="1.0",
             auto_upgrade_minor_version=True,
             tags=self._tags,
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[waited])),
+            opts=pulumi.ResourceOptions.merge(extension, pulumi.ResourceOptions(depends_on=[waited])),
         )
         self.shutdown: devtestlab.GlobalSchedule | None = None
         if cfg.jump_host_shutdown_time is not None:

@@ -348,3 +348,21 @@ def test_job_images_read_from_the_job_files():
     found = images.job_images()
     assert ("training/pytorch", "torch2.14.1-horovod0.28.1") in found
     assert "pytorch-resnet50-synthetic.yaml" in found[("training/pytorch", "torch2.14.1-horovod0.28.1")]
+
+
+def test_a_stopped_jump_host_is_named_with_what_it_still_blocks(world):
+    """Issue 54, item 1: the evening auto-shutdown deallocates the jump host. Its extensions go with it on destroy and
+    take no tag changes (wayin.py), but Azure modifies no extension of a stopped VM: the doctor reads its power state
+    (Virtual Machines - Instance View, statuses[].code) and names what a `pulumi up` cannot do until it runs."""
+    vm = f"/subscriptions/{world.outputs['subscription_id']}/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/jh"
+    world.outputs.values["way_in"] = {"mode": "bastion", "jump_host": "jh", "jump_host_id": vm}
+    state = {"code": "PowerState/deallocated"}
+    view = {"statuses": [{"code": "ProvisioningState/succeeded"}, state]}
+    world.fake.on("GET", re.escape(f"management.azure.com{vm}/instanceView"), lambda r, m: (200, view, {}))
+    code, out = world.run()
+    assert code == 0, "a stopped jump host is its normal evening state, not a failure"
+    block = lines(out, "jump host")
+    assert "[WARN] jump host: jh is deallocated" in block and "replaces it fails until it runs" in block
+    assert f"fix: az vm start --ids {vm}, then pulumi up" in block
+    state["code"] = "PowerState/running"
+    assert "[  ok] jump host: jh is running" in world.run()[1]

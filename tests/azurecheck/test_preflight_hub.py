@@ -448,3 +448,42 @@ def test_preflight_reads_the_hub_zones_record_of_each_data_account(hub_azure, tm
     code, out = run(root, stack="prod", data="prod")
     assert code == 1 and f"no platform has registered {logs} in the hub's {hub.BLOB_ZONE}" in out
     assert f"[  ok] data records {data}: {data} resolves to 10.41.3.7" in out
+
+
+def test_another_platform_needs_a_route_to_the_data_endpoints_through_the_hubs_firewall(hub_azure, tmp_path):
+    """Issue 54, item 5: set to another-platform, a platform reaches the data through the first platform's endpoints,
+    in that platform's VNet, which peering with the hub does not reach (it is not transitive). The compute subnet's
+    route table (network.computeRouteTableId, Route Tables - Get) must send those addresses to the hub's firewall,
+    and Azure's default route drops 10.0.0.0/8 outside the VNet: a 0.0.0.0/0 route to the firewall does not."""
+    root = hub_root(tmp_path)
+    accounts = hub.data_accounts(stackfile.read_data("prod", root))
+    zone = f"{ZONES_RG}/{hub.BLOB_ZONE}".replace(".", r"\.")
+    for account in accounts:  # the first platform's endpoints, in spoke-a
+        body = {"name": account, "properties": {"aRecords": [{"ipv4Address": "10.1.0.5"}]}}
+        hub_azure.on("GET", rf"{ARM}{zone}/A/{account}", (200, body, {}))
+    table = f"/subscriptions/{HUB_SUB}/resourceGroups/{HUB_RG}/providers/Microsoft.Network/routeTables/rt-spokes"
+    routes = [{"name": "default", "properties": {"addressPrefix": "0.0.0.0/0", "nextHopType": "VirtualAppliance"}}]
+    hub_azure.on("GET", rf"{ARM}{table}", lambda r, m: (200, {"id": table, "properties": {"routes": routes}}, {}))
+
+    def settings(**network):
+        c = yaml.safe_load((root / "Pulumi.prod.yaml").read_text())
+        c["config"]["azure-horovod-training:access"]["dataEndpointRecords"] = "another-platform"
+        c["config"]["azure-horovod-training:network"].update(network)
+        (root / "Pulumi.prod.yaml").write_text(yaml.safe_dump(c))
+
+    settings()
+    code, out = run(root, stack="prod", data="prod")
+    assert code == 1
+    block = lines(out, f"data route {accounts[0]}")
+    assert "resolves to 10.1.0.5, another platform's endpoint" in block and "network.computeRouteTableId" in block
+
+    settings(computeRouteTableId=table)
+    code, out = run(root, stack="prod", data="prod")
+    assert code == 1 and "10.1.0.5 goes by 10.0.0.0/8 to None" in lines(out, f"data route {accounts[0]}")
+
+    routes.append(
+        {"name": "spoke-a", "properties": {"addressPrefix": "10.1.0.0/16", "nextHopType": "VirtualAppliance"}}
+    )
+    code, out = run(root, stack="prod", data="prod")
+    assert code == 0, out
+    assert f"[  ok] data route {accounts[1]}: 10.1.0.5 routed to the hub's firewall by {table}" in out

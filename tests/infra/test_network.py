@@ -356,3 +356,23 @@ def test_restrict_outbound_must_be_a_boolean(dev_raw):
     raw["network"]["restrictOutbound"] = "sometimes"
     with pytest.raises(config.ConfigError, match="network.restrictOutbound = 'sometimes': expected bool"):
         config.load(raw, "dev", location)
+
+
+def test_the_compute_subnet_takes_an_existing_route_table_or_none(dev, dev_raw, dev_data):
+    """Issue 54, item 5: network.computeRouteTableId attaches an existing route table (the hub's, which a platform
+    reaching another platform's data endpoints needs; azurecheck/hub.py checks its routes). Unset, the subnet declares
+    none; a subnet PUT carries the whole subnet, so one a landing zone's policy attached is named here to be kept."""
+    from trainingplatform import mocked
+
+    assert "routeTable" not in one(dev[0], "Subnet", "net-compute").inputs
+    table = (
+        f"/subscriptions/{mocked.SUBSCRIPTION}/resourceGroups/rg-hub/providers/Microsoft.Network/routeTables/rt-spokes"
+    )
+    raw, location = copy.deepcopy(dev_raw)
+    raw["network"]["computeRouteTableId"] = table
+    mocks, _ = mocked.run(raw, "dev", location, data_outputs=dev_data[1])
+    assert one(mocks, "Subnet", "net-compute").inputs["routeTable"] == {"id": table}
+    assert "routeTable" not in one(mocks, "Subnet", "net-endpoints").inputs
+    raw["network"]["computeRouteTableId"] = "rt-spokes"
+    with pytest.raises(config.ConfigError, match="network.computeRouteTableId = 'rt-spokes': a route table's full"):
+        config.load(raw, "dev", location)

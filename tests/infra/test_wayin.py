@@ -3,6 +3,7 @@ DNS), in every life of the stack and read by `pulumi up`, and the jump host's ev
 Each test encodes a documented Azure constraint (cited) that the program must meet.
 """
 
+import base64
 import copy
 
 import pytest
@@ -142,7 +143,8 @@ def test_bastion_and_jump_host(prod):
     assert "packages:" in wayin.CLOUD_INIT and "apt" in wayin.CLOUD_INIT
     wait = one(mocks, "VirtualMachineExtension", "wayin-jumphost-cloud-init-done").inputs
     assert (wait["publisher"], wait["type"]) == ("Microsoft.Azure.Extensions", "CustomScript")
-    assert "cloud-init status --wait" in wait["settings"]["commandToExecute"]
+    assert base64.b64decode(wait["settings"]["script"]).decode() == wayin.APT_WAIT
+    assert "cloud-init status --wait" in wayin.APT_WAIT
     assert wait["vmName"] == ext["vmName"]
     assert ext["provisionAfterExtensions"] == [wait["vmExtensionName"]]
     assert "wayin-jumphost-cloud-init-done" in mocks.depends_on("wayin-jumphost-entra-login")

@@ -338,3 +338,102 @@ def test_no_role_is_ever_given_to_the_jump_hosts_own_identity(prod_raw, prod_dat
     assert assignments, "the platform assigns roles: the scan scanned something"
     assert [a.name for a in assignments if a.inputs.get("principalId") == own] == []
     assert all(a.inputs.get("principalId") for a in assignments), "every assignment names its principal"
+
+
+# ---- issue 54, item 1: the jump host's extensions while the VM is stopped ----
+
+
+def test_the_extensions_go_with_the_jump_host_and_tag_changes_stay_off_them(prod):
+    """Azure refuses to delete or update a stopped VM's extensions (409 "Cannot modify extensions in the VM when the
+    VM is not running": terraform-provider-azurerm #477, #17251, #26705), tags included (MicrosoftDocs/azure-docs
+    #124186), and the evening auto-shutdown leaves the jump host deallocated. `deleted_with` the VM: `pulumi destroy`
+    deletes the VM, whose extensions go with it, and calls no Delete on them; `ignore_changes` on tags: a tag change
+    of the stack never updates them."""
+    mocks, _ = prod
+    tags = one(mocks, "compute:VirtualMachine", "wayin-jumphost").inputs["tags"]
+    for name in ("wayin-jumphost-cloud-init-done", "wayin-jumphost-entra-login"):
+        opts = mocks.options[name]
+        assert opts.deleted_with is not None and opts.deleted_with.pulumi_resource_name == "wayin-jumphost", name
+        assert opts.ignore_changes == ["tags"], name
+        assert one(mocks, "VirtualMachineExtension", name).inputs["tags"] == tags, "tagged when created"
+
+
+# ---- issue 54, item 3: the login extension waits for apt's own daily jobs too ----
+
+
+def _fake_commands(bin_dir, log, active_calls: int):
+    """cloud-init, systemctl (apt-daily-upgrade.service active for the first `active_calls` checks) and sleep, each
+    logging its call."""
+    bin_dir.mkdir()
+    scripts = {
+        "cloud-init": 'echo "cloud-init $*" >> "$LOG"',
+        "systemctl": (
+            'echo "systemctl $*" >> "$LOG"\n'
+            '[ "$3" = apt-daily-upgrade.service ] || exit 3\n'
+            f'[ "$(grep -c apt-daily-upgrade "$LOG")" -le {active_calls} ]'
+        ),
+        "sleep": 'echo "sleep $*" >> "$LOG"; /bin/sleep 0.05',
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log)}
+
+
+def test_the_wait_before_the_login_extension_outlasts_cloud_init_apt_daily_and_dpkgs_lock(tmp_path):
+    """azure-linux-extensions#1318: the login extension's apt fails on dpkg's lock while cloud-init or apt's daily
+    jobs hold it. The first extension's script returns only after cloud-init, after apt-daily-upgrade.service (which
+    runs unattended-upgrade) stops, and after the frontend lock (an fcntl lock, as dpkg takes it) is free."""
+    import fcntl
+
+    log, lock = tmp_path / "log", tmp_path / "lock-frontend"
+    env = _fake_commands(tmp_path / "bin", log, active_calls=2)
+    script = tmp_path / "wait"
+    script.write_text(wayin.APT_WAIT)
+    with open(lock, "a") as held:
+        fcntl.lockf(held, fcntl.LOCK_EX)  # as apt would hold it
+        waiting = subprocess.Popen(["sh", str(script)], env={**env, "DPKG_LOCK": str(lock)})
+        for _ in range(200):
+            if log.exists() and log.read_text().count("sleep") >= 4:
+                break
+            subprocess.run(["sleep", "0.05"])
+        assert waiting.poll() is None, "still waiting while the lock is held"
+        fcntl.lockf(held, fcntl.LOCK_UN)
+    assert waiting.wait(timeout=30) == 0
+    calls = log.read_text().splitlines()
+    assert calls[0] == "cloud-init status --wait", "cloud-init first"
+    upgrade_checks = [i for i, c in enumerate(calls) if c.endswith("apt-daily-upgrade.service")]
+    assert len(upgrade_checks) >= 3 and calls.count("sleep 5") >= 4, calls
+    assert "unattended-upgrades.service" not in wayin.APT_WAIT, "its shutdown helper is active all the time"
+    assert subprocess.run(["sh", "-n", str(script)]).returncode == 0
+
+
+# ---- issue 54, item 4: Entra users' homes on the shared jump host are their own ----
+
+
+def test_a_users_home_is_made_theirs_alone_at_their_first_sign_in(tmp_path):
+    """~/.azure holds each user's token caches; pam_mkhomedir's default umask 0022 would leave every home readable by
+    the other users of the jump host. At the first sign-in the hook makes the home 0700 if a module made it already,
+    or makes it itself with umask 0077 (mkhomedir_helper) if not; later sign-ins leave the mode to its owner."""
+    homes, bin_dir = tmp_path / "home", tmp_path / "bin"
+    homes.mkdir()
+    bin_dir.mkdir()
+    (bin_dir / "getent").write_text(f'#!/bin/sh\necho "$2:x:1234567:1234567::{homes}/$2:/bin/bash"\n')
+    (bin_dir / "mkhomedir_helper").write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/made\n')
+    for f in ("getent", "mkhomedir_helper"):
+        (bin_dir / f).chmod(0o755)
+    hook = tmp_path / "hook"
+    hook.write_text(wayin.SUBID_HOOK)
+    (homes / "alice@contoso.com").mkdir(mode=0o755)  # made by a module before the hook, with umask 0022
+
+    def sign_in(user):
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PAM_USER": user, "SUBID_DIR": str(tmp_path)}
+        subprocess.run(["sh", str(hook)], env=env, check=True)
+
+    sign_in("alice@contoso.com")
+    assert (homes / "alice@contoso.com").stat().st_mode & 0o777 == 0o700
+    sign_in("bob@contoso.com")  # no home yet: the hook makes it, before any later module
+    assert (tmp_path / "made").read_text() == "bob@contoso.com 0077\n"
+    (homes / "alice@contoso.com").chmod(0o750)  # her own choice, later
+    sign_in("alice@contoso.com")
+    assert (homes / "alice@contoso.com").stat().st_mode & 0o777 == 0o750, "only the first sign-in"

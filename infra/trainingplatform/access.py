@@ -52,7 +52,7 @@ ROLES = {
     # `az acr build`'s quick runs: "Provides the ability to manage ACR tasks"; it grants no push or pull itself.
     "Container Registry Tasks Contributor": "fb382eab-e894-4461-af04-94435c366c3f",
     "Reader": "acdd72a7-3385-48ef-bd42-f606fba81ae7",
-    # Querying the stack's Log Analytics workspace (the cost ledger's status log, program.py assigns it there alone):
+    # Querying the stack's Log Analytics workspace (the cost ledger's status log, platform_grants assigns it there alone):
     # "Log Analytics Reader can view and search all monitoring data as well as and view monitoring settings"
     # ("Azure built-in roles for Monitor"): */read, workspaces/analytics/query/action, workspaces/search/action,
     # Microsoft.Support/*; notActions workspaces/sharedKeys/read (the agents' keys); no data actions.

@@ -50,7 +50,7 @@ class PlatformConfig:
     access: AccessConfig | None = None
     # Who may push images (AcrPush; config `imageBuilders`). None: with a private registry, the users (they build
     # the images from inside the VNet, and nobody else could); with a public one, nobody by this grant (the deployer
-    # pushes as Owner). Every other user gets AcrPull only (program.py).
+    # pushes as Owner). Every other user gets AcrPull only (access.py).
     image_builders: tuple[Principal, ...] | None = None
     # A custom role that reads Azure ML's quota at the subscription (usages, VM sizes, quotas), given to `users`, so
     # that the submission's quota check works for them (config `quotaReaderRole`; access.QuotaReaders). The deployer

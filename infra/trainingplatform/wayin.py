@@ -403,7 +403,7 @@ class WayIn(pulumi.ComponentResource):
         )
         # Entra ID sign-in over SSH (https://learn.microsoft.com/entra/identity/devices/howto-vm-sign-in-azure-ad-linux):
         # users need "Virtual Machine User Login" (or, for sudo, "Virtual Machine Administrator Login") on the VM,
-        # and Bastion's native client Reader on the VM, its NIC and the Bastion (private.py grants them). The VM's
+        # and Bastion's native client Reader on the VM, its NIC and the Bastion (access.py grants them). The VM's
         # system-assigned identity above is the extension's requirement ("System-assigned managed identity").
         # The login extension installs its package with apt (aadsshlogin), while cloud-init is still installing the
         # jump host's packages, Docker's repository and the Azure CLI with apt: one of them meets dpkg's lock and the
@@ -453,7 +453,7 @@ class WayIn(pulumi.ComponentResource):
             # "shutdown-computevm-<VM name>" in the VM's resource group, taskType ComputeVmShutdownTask, a daily
             # recurrence and a Windows time zone id, pointing at the VM (targetResourceId). Azure refuses another
             # name (400 Bad Request). It deallocates the VM at that time each day; any of the platform's users
-            # starts it again with `az vm start` (private.py grants them that on the VM alone;
+            # starts it again with `az vm start` (access.py grants them that on the VM alone;
             # docs/private-access.md, "What it costs").
             self.shutdown = devtestlab.GlobalSchedule(
                 f"{self._name}-jumphost-shutdown",

@@ -223,7 +223,7 @@ class Workspace(pulumi.ComponentResource):
         # Always: no-public-IP clusters need it (module docstring). Clusters depend on `self.endpoint.ready`.
         self.endpoint = link("workspace", self.workspace.id, "amlworkspace")
         # Every run status change, to this stack's Log Analytics workspace (kept for its retention_in_days): the cost
-        # ledger's status log, read with Log Analytics Reader (program.py grants it to `users`). Only that category:
+        # ledger's status log, read with Log Analytics Reader (access.py grants it to `users`). Only that category:
         # the others (compute, data, model events) would be ingested and billed for nothing here reads them.
         self.status_log = monitor.DiagnosticSetting(
             f"{name}-status-log",

@@ -79,6 +79,19 @@ def test_the_agreement_stops_every_rank_when_one_is_signalled_and_follows_rank_0
     assert agree() == [None, None]
 
 
+def test_the_stop_line_names_what_started_the_stop_not_the_signal_that_followed():
+    """Under mpirun the SIGTERM follows the SIGCONT by odls_base_sigkill_timeout, often during the stop's checkpoint
+    write (measured with the head node's sequence on one rank: issue 54, item 6); a notice keeps its name too."""
+    stop = preemption.Preemption(0, 0)
+    stop._mpirun_stopping(signal.SIGCONT, None)
+    stop._handler(signal.SIGTERM, None)
+    assert stop.stop_line("x.pt", 1.0).startswith(f"stopped by {preemption.MPIRUN_STOP}: wrote x.pt")
+    noticed = preemption.Preemption(0, 0)
+    noticed.notice("Scheduled Event Preempt")
+    noticed._handler(signal.SIGTERM, None)
+    assert noticed.signalled == "Scheduled Event Preempt"
+
+
 def test_auto_interval_costs_at_most_two_percent_with_a_floor():
     assert preemption.auto_interval(None) == 600
     assert preemption.auto_interval(6.0) == 600

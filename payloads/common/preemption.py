@@ -82,7 +82,11 @@ class Preemption:
 
     # ---- the signal
     def _handler(self, signum, frame) -> None:
-        self.signalled = signum  # a store only: signal-safe
+        # A store only: signal-safe. The first cause is kept: under mpirun its SIGTERM follows its SIGCONT by
+        # odls_base_sigkill_timeout, often while the stop's checkpoint is being written, and the line says what
+        # started the stop.
+        if self.signalled is None:
+            self.signalled = signum
 
     def _mpirun_stopping(self, signum, frame) -> None:
         if self.signalled is None:

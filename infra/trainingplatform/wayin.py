@@ -94,7 +94,8 @@ CLOUD_INIT_WAIT = (
 # What that extension runs (Custom Script's `script`, base64): cloud-init's end, then apt's own daily jobs, which take
 # dpkg's lock on a timer of their own (azure-linux-extensions#1318 names them with cloud-init): apt-daily.service
 # (`apt-get update`) and apt-daily-upgrade.service, which runs unattended-upgrade (unattended-upgrades.service is only
-# its shutdown helper, active all the time). Then until nobody holds dpkg's frontend lock, an fcntl lock as apt and
+# its shutdown helper, active all the time); both are oneshot units, "activating" while they run. Then until nobody
+# holds dpkg's frontend lock, an fcntl lock as apt and
 # dpkg take it (flock(1) would not see it). Its result is not the stack's: it exits 0 after 30 minutes whatever holds
 # the lock, and the login extension's own error then names it; only the ordering matters here.
 APT_WAIT = r"""#!/bin/sh
@@ -102,7 +103,7 @@ cloud-init status --wait >/dev/null 2>&1
 lock="${DPKG_LOCK:-/var/lib/dpkg/lock-frontend}"
 deadline=$(($(date +%s) + 1800))
 while [ "$(date +%s)" -lt "$deadline" ]; do
-  if ! systemctl is-active --quiet apt-daily.service && ! systemctl is-active --quiet apt-daily-upgrade.service &&
+  if ! systemctl is-active apt-daily.service apt-daily-upgrade.service | grep -qx -e active -e activating &&
     python3 -c 'import fcntl, sys; fcntl.lockf(open(sys.argv[1], "a"), fcntl.LOCK_EX | fcntl.LOCK_NB)' "$lock" 2>/dev/null; then
     exit 0
   fi

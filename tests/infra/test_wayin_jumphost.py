@@ -361,16 +361,17 @@ def test_the_extensions_go_with_the_jump_host_and_tag_changes_stay_off_them(prod
 # ---- issue 54, item 3: the login extension waits for apt's own daily jobs too ----
 
 
-def _fake_commands(bin_dir, log, active_calls: int):
-    """cloud-init, systemctl (apt-daily-upgrade.service active for the first `active_calls` checks) and sleep, each
-    logging its call."""
+def _fake_commands(bin_dir, log, running_calls: int):
+    """cloud-init, systemctl (apt-daily-upgrade.service running, so "activating" as a oneshot unit, for the first
+    `running_calls` checks) and sleep, each logging its call."""
     bin_dir.mkdir()
     scripts = {
         "cloud-init": 'echo "cloud-init $*" >> "$LOG"',
         "systemctl": (
             'echo "systemctl $*" >> "$LOG"\n'
-            '[ "$3" = apt-daily-upgrade.service ] || exit 3\n'
-            f'[ "$(grep -c apt-daily-upgrade "$LOG")" -le {active_calls} ]'
+            'echo inactive\n'
+            f'[ "$(grep -c systemctl "$LOG")" -le {running_calls} ] && echo activating || echo inactive\n'
+            "exit 3"
         ),
         "sleep": 'echo "sleep $*" >> "$LOG"; /bin/sleep 0.05',
     }
@@ -387,7 +388,7 @@ def test_the_wait_before_the_login_extension_outlasts_cloud_init_apt_daily_and_d
     import fcntl
 
     log, lock = tmp_path / "log", tmp_path / "lock-frontend"
-    env = _fake_commands(tmp_path / "bin", log, active_calls=2)
+    env = _fake_commands(tmp_path / "bin", log, running_calls=2)
     script = tmp_path / "wait"
     script.write_text(wayin.APT_WAIT)
     with open(lock, "a") as held:
@@ -402,9 +403,12 @@ def test_the_wait_before_the_login_extension_outlasts_cloud_init_apt_daily_and_d
     assert waiting.wait(timeout=30) == 0
     calls = log.read_text().splitlines()
     assert calls[0] == "cloud-init status --wait", "cloud-init first"
-    upgrade_checks = [i for i, c in enumerate(calls) if c.endswith("apt-daily-upgrade.service")]
-    assert len(upgrade_checks) >= 3 and calls.count("sleep 5") >= 4, calls
+    assert calls[1] == "systemctl is-active apt-daily.service apt-daily-upgrade.service", calls
+    assert calls.count(calls[1]) >= 4 and calls.count("sleep 5") >= 4, calls
     assert "unattended-upgrades.service" not in wayin.APT_WAIT, "its shutdown helper is active all the time"
+    log.unlink()  # the lock free: the wait lasts exactly as long as apt-daily-upgrade runs
+    assert subprocess.run(["sh", str(script)], env={**env, "DPKG_LOCK": str(lock)}).returncode == 0
+    assert log.read_text().count("sleep 5") == 2
     assert subprocess.run(["sh", "-n", str(script)]).returncode == 0
 
 

@@ -204,6 +204,7 @@ def run_health_check(outputs, on, ml=None) -> int:
     sdk_job = jobspec.validate(job, HEALTHCHECK_JOB)
     ml = ml or azureml.client(outputs)
     compute = on.compute
+    azureml.pin_image(sdk_job, outputs, ml)
     try:
         created = ml.jobs.create_or_update(sdk_job)
     except AzureError as e:

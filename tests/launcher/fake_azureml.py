@@ -110,10 +110,7 @@ class FakeAzure:
             if request.headers.get("Authorization") != "Bearer acr-access":
                 challenge = f'Bearer realm="https://{REGISTRY}/oauth2/token",service="{REGISTRY}",scope="x"'
                 return self.response(request, 401, {"errors": []}, {"WWW-Authenticate": challenge})
-            can = {"deleteEnabled": True, "writeEnabled": True, "readEnabled": True, "listEnabled": True}
-            tag = {"name": m[3], "digest": self.digest, "createdTime": "2026-11-20T10:00:00Z"}
-            tag |= {"lastUpdateTime": "2026-11-20T10:00:00Z", "changeableAttributes": can}
-            return self.response(request, 200, {"registry": REGISTRY, "imageName": m[2], "tag": tag})
+            return self.response(request, 200, tag_properties(m[2], m[3], self.digest))
         if path == WS:
             return self.response(
                 request,
@@ -137,6 +134,14 @@ class FakeAzure:
                 details["error"] = {"error": self.run_error}
             return self.response(request, 200, details)
         return self.response(request, 404, {"error": {"code": "NotFound", "message": f"fake Azure has no {path}"}})
+
+
+def tag_properties(repository: str, tag: str, digest: str = DIGEST) -> dict:
+    """The registry's answer for a tag (GET /acr/v1/<repository>/_tags/<tag>)."""
+    can = {"deleteEnabled": True, "writeEnabled": True, "readEnabled": True, "listEnabled": True}
+    when = "2026-11-20T10:00:00Z"
+    found = {"name": tag, "digest": digest, "createdTime": when, "lastUpdateTime": when, "changeableAttributes": can}
+    return {"registry": REGISTRY, "imageName": repository, "tag": found}
 
 
 def install(monkeypatch) -> FakeAzure:

@@ -11,6 +11,7 @@ import re
 from types import SimpleNamespace
 
 import fake_arm
+import fake_azureml
 import pytest
 
 from azureaccess import stack
@@ -188,6 +189,8 @@ def azure(monkeypatch, dev_outputs):
     fake = fake_arm.install(monkeypatch)
     fake.on("POST", re.escape(listing), (200, first, {}))
     fake.on("GET", re.escape(listing), (200, PAGE_2, {}))  # azure-core follows nextLink with a GET
+    tag = re.escape(outs["registry_login_server"]) + r"/acr/v1/(.+)/_tags/"  # the image's digest (azureml.pin_image)
+    fake.on("GET", tag + "([^/]+)", lambda request, m: (200, fake_azureml.tag_properties(m[1], m[2]), {}))
     monkeypatch.setattr("azureaccess.credential.azure_credential", lambda: fake_arm.Credential())
     fake.outputs, fake.compute, fake.listing = outs, compute, listing
     return fake
@@ -362,6 +365,7 @@ def test_health_check_first_runs_the_check_on_the_training_jobs_nodes_and_gates_
     out = capsys.readouterr().out
     (job,) = jobs.created
     assert job.display_name == "healthcheck-allreduce" and job.resources.instance_count == 2
+    assert job.environment.image.endswith(f"/training/pytorch@{fake_azureml.DIGEST}")  # what runs is what was built
     assert job.distribution.process_count_per_instance == 8  # one per GPU: Azure's in-node figure is for all 8
     assert job.environment_variables[node_figures.EXPECTED].startswith("allreduce_in_node=228@8589934592/8")
     if slow:

@@ -1,32 +1,14 @@
-"""The GPU benchmark: one command, one GPU, under 10 minutes; prints a table and writes JSON.
+"""The GPU benchmark: one command, one GPU, under 8 minutes on an H200; prints a table and writes JSON.
 
-    python -m benchmarks.gpu [--json gpu.json] [--workers 12] [--quick] [--compiled] [--plan]
+    python -m benchmarks.gpu [--json gpu.json] [--workers 12] [--quick] [--compiled] [--deadline 460] [--plan]
 
-Needs Python 3.11 or 3.12 with torch and torchvision, and benchmarks/requirements-gpu-box.txt (no Horovod, no
-.venv: docs/pytorch-gpu.md#on-a-gpu-machine-without-horovod).
-
-1. Synthetic ceiling: ResNet-50 training steps on one fixed batch made on the GPU (Horovod's synthetic benchmark
-   pattern), channels_last, at batch 64 and 256, fp16 and bf16, with the payload's own optimizer and step
-   (runtime.optimizer: fused SGD, its weight-decay groups; runtime.optimizer_step: fp16's loss scaler unscales,
-   steps unless inf/NaN, updates, exactly as in training). Steady state: the first steps (cuDNN autotuning,
-   compilation) are not timed. --compiled adds each case torch.compile'd (inductor compiles every batch and dtype
-   anew: minutes each, beyond the 10 minutes).
-2. The payload: `payloads.pytorch.train` on synthetic data, one process, its defaults for the GPU, batch 256;
-   its steady-state "Total images/sec" (start-up excluded, see --startup-steps); then the same with the other
-   mixed-precision dtype (bf16: the default follows these two rows, tests/test_precision.py), and where Horovod is
-   installed once more with HOROVOD_ENABLE_ASYNC_COMPLETION=1.
-3. The input pipeline alone: images/sec of the shard reader per decoder, from JPEG shards pre-resized to 256 px
-   (shorter side) as the shards job's are (datatools.prepare --resize 256), with `--workers` decode processes
-   (12 = the vCPUs per GPU of ND H100 v5), after each epoch's first batch, and the seconds to that first batch.
-4. Real data: the payload on those shards with `--workers`, its ratio to (2), each epoch's images/sec and its
-   step-only rate (images over the epoch's time outside input waits); then with --cache-decoded, as the shards
-   job runs (epoch 1 fills the cache, later epochs read it), with --gpu-decode (nvJPEG), and with --loader dali
-   where DALI is installed (requirements-gpu-box.txt carries it).
-The payload runs in one process: under `horovodrun -np 1 --gloo` where Horovod is installed, else as a plain
-`python -m payloads.pytorch.train`, which trains alone (backends.Single); the checkout goes first on its
-PYTHONPATH (extended, never replaced).
-`--quick` (any device) runs small sizes for a smoke check, one case compiled; `--device cpu` runs on the CPU (CI
-does, with --quick). `--plan` prints the rows and the payload commands as JSON and runs nothing.
+Its rows, what each measures and what it needs (Python 3.11 or 3.12 with torch and torchvision and
+benchmarks/requirements-gpu-box.txt; no Horovod, no .venv) are in docs/pytorch-gpu.md#the-gpu-benchmark. In order,
+diagnostic rows first: the check of /dev/shm and pinned memory, the ceilings (the payload's step on one batch made
+on the GPU), the payload on synthetic data (sentinel on and off, both dtypes), the decoders, the payload on shards
+(plain, cached, 24 px, trainer on its own cores), then the risky rows (--gpu-decode, DALI). Every row is guarded: one
+that fails is a row with its error, and rows not started by the deadline are rows saying so. `--quick --device cpu`
+runs the same code at toy sizes (CI); `--plan` prints the rows and the payload commands as JSON and runs nothing.
 Reference: NVIDIA's published ResNet-50 (PyTorch, AMP, A100 80 GB, batch 256): 2,470 img/s per GPU.
 """
 
@@ -43,6 +25,8 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+
+from benchmarks import input_pipeline
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
@@ -163,14 +147,58 @@ def payload_args(sizes: Sizes, device: str, data: list[str], epochs: int = 1) ->
 
 
 def real_cases(quick: bool, work: str) -> list[tuple[str, list[str]]]:
-    """The real-data rows: decoding every epoch; as the shards job runs (--cache-decoded: epoch 1 decodes and keeps,
-    later epochs crop the kept images from a file in `work`); JPEGs decoded on the GPU (--gpu-decode)."""
+    """The real-data rows, the risky ones last: decoding every epoch; as the shards job runs (--cache-decoded: epoch
+    1 decodes and keeps, later epochs crop the kept images from a file in `work`); JPEGs decoded on the GPU
+    (--gpu-decode: nvJPEG's hardware backend, which a VM may not expose); DALI (a row that says so where DALI is
+    not installed: its wheel is too large to carry to a bare box)."""
     cases = [("", [])]
     if not quick:
         cases += [(", --cache-decoded", ["--cache-decoded", "--cache-dir", work]), (", --gpu-decode", ["--gpu-decode"])]
-        if importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali"):
-            cases.append((", --loader dali", ["--loader", "dali"]))  # decoding on the GPU (mixed), in C++ threads
+        cases.append((", --loader dali", ["--loader", "dali"]))
     return cases
+
+
+def dali_installed() -> bool:
+    return bool(importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali"))
+
+
+NO_DALI = "skipped: DALI is not installed here (its wheels are too large to carry to a bare box: docs/pytorch-gpu.md)"
+DEADLINE = 460  # seconds: rows not started by then are recorded as skipped; the command ends within 8 minutes
+
+
+def check_pinning(device: str) -> dict:
+    """Before any row: the ring's folder (payloads/pytorch/ring.py) is a tmpfs with room; on a GPU a slot registers
+    as pinned memory, and a registration that fails (the same mapping again: cudaErrorHostMemoryAlreadyRegistered)
+    leaves no error behind for the next kernel. Raises (the run stops) when the slot is not pinned or the kernel
+    fails."""
+    import torch
+
+    from payloads.pytorch import ring
+
+    folder = ring.shm_folder()
+    st = os.statvfs(folder)
+    facts = {"folder": folder, "tmpfs": ring.on_tmpfs(folder), "free_mib": st.f_bavail * st.f_frsize // 2**20}
+    if device != "cuda":
+        return facts
+    slots = ring.make_slots(ring.Layout((("x", "uint8", (1 << 20,)),)), 1, "check", pin=True)  # refuses non-tmpfs
+    slots.unlink()
+    facts["pinned"] = slots.pinned and torch.from_numpy(slots.view(0)["x"]).is_pinned()
+    slots.pin()  # fails: registered already
+    facts["kernel_after_a_failed_registration"] = torch.ones(4, device="cuda").sum().item() == 4
+    if not facts["pinned"]:
+        raise RuntimeError(f"a slot of the ring did not register as pinned memory: {facts}")
+    return facts
+
+
+def guarded(measure, remaining: float) -> dict:
+    """One row's result: what `measure` returns; its error, as a row, when it fails (the next row runs); skipped
+    when the deadline has passed."""
+    if remaining <= 0:
+        return {"skipped": f"past the benchmark's {DEADLINE} s deadline"}
+    try:
+        return measure()
+    except Exception as e:  # noqa: BLE001 - recorded as the row; the benchmark goes on
+        return {"error": f"{type(e).__name__}: {e}"[-3000:]}
 
 
 TINY_SIDE = 24  # shards of 24 px images: decoding nearly free, the crop upscales; what is left is the rest
@@ -194,13 +222,22 @@ def plan(sizes: Sizes, device: str, workers: int, compiled: bool | None, quick: 
     other = synthetic + ["--amp-dtype", other_dtype(device)]
     shard_args = ["--data", "shards", "--data-dir", "SHARDS", "--workers", str(workers)]
     real = payload_args(sizes, device, shard_args, sizes.real_epochs)
+    full = (
+        {}
+        if quick
+        else {
+            "synthetic, sentinel off": payload_command(synthetic + ["--replica-check-every", "0"], "OUT"),
+            f"synthetic {other_dtype(device)}": payload_command(other, "OUT"),
+        }
+    )
     return {
         "sizes": asdict(sizes),
         "ceiling": [{"batch": b, "dtype": d, "compiled": c} for b, d, c in ceiling_cases(quick, compiled)],
         "horovod_installed": horovod_installed(),
+        "dali": dali_installed() or NO_DALI,
         "payload": {
             "synthetic": payload_command(synthetic, "OUT"),
-            **({} if quick else {f"synthetic {other_dtype(device)}": payload_command(other, "OUT")}),
+            **full,
             **{f"real{label}": payload_command(real + extra, "OUT") for label, extra in real_cases(quick, "WORK")},
         },
         "shards": f"datatools.prepare --resize {sizes.shard_side}, {sizes.images} generated photos",
@@ -266,14 +303,16 @@ def ceiling(
     return batch * steps / (time.perf_counter() - start)
 
 
-def payload(args: list[str], env_extra: dict | None = None) -> dict:
+def payload(args: list[str], env_extra: dict | None = None, timeout: float = 1800) -> dict:
     """One process of the PyTorch payload (payload_command); returns its metrics.json summary, world, each
     epoch's images/sec and seconds, and the seconds of each epoch its step waited for the next batch (the
     watchdog's `input` phase: the epoch's first batch and every later wait for the loader)."""
     with tempfile.TemporaryDirectory() as out:
         cmd = payload_command(args, out)
         env = payload_env(extra=env_extra)
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=min(max(timeout, 1), 1800)
+        )
         if proc.returncode:
             raise RuntimeError(
                 f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -289,80 +328,26 @@ def payload(args: list[str], env_extra: dict | None = None) -> dict:
         }
 
 
-def _photos_part(root: str, images: int, classes: int, seed: int) -> str:
-    from benchmarks.input_pipeline import generate
-
-    return str(generate(pathlib.Path(root), images, classes, seed))
-
-
-def photos(work: pathlib.Path, images: int, classes: int, workers: int) -> pathlib.Path:
-    """Photo-like JPEGs (input_pipeline.generate) in class folders, made by `workers` processes: 12,800 take
-    minutes in one. Each part is generated apart, then its files are moved into one tree."""
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import get_context
-
-    parts = max(1, min(workers, images // 100 or 1))
-    counts = [images // parts + (i < images % parts) for i in range(parts)]
-    tree = work / "tree" / "train"
-    roots = [str(work / f"part{i}") for i in range(parts)]
-    if parts == 1:
-        made = [_photos_part(roots[0], images, classes, 0)]
-    else:  # spawn: the parent may hold CUDA, which a forked child must not touch
-        with ProcessPoolExecutor(parts, mp_context=get_context("spawn")) as pool:
-            made = list(pool.map(_photos_part, roots, counts, [classes] * parts, range(parts)))
-    for i, part in enumerate(made):
-        for folder in sorted(pathlib.Path(part).iterdir()):
-            (tree / folder.name).mkdir(parents=True, exist_ok=True)
-            for f in folder.iterdir():
-                f.rename(tree / folder.name / f"p{i}-{f.name}")
-        shutil.rmtree(work / f"part{i}")
-    return tree
-
-
-def shards(work: pathlib.Path, images: int, size: int) -> pathlib.Path:
-    """JPEG shards pre-resized to `size` px (datatools.prepare --resize, as the shards job's; prepare uses every
-    core) from generated photo-like images."""
-    from datatools import prepare
-
-    tree = photos(work, images, classes=100, workers=os.cpu_count() or 1)
-    out = work / f"shards-{size}"
-    prepare.main(
-        [
-            "--image-dir",
-            str(tree),
-            "--output-dir",
-            str(out),
-            "--shards",
-            "16",
-            "--resize",
-            str(size),
-            "--formats",
-            "webdataset",
-            "--no-progress",
-        ]
-    )
-    return out / "webdataset"
-
-
 def pipeline(
     shard_dir: pathlib.Path, image_size: int, batch: int, workers: int, decoder: str, epochs: int
 ) -> tuple[float, float]:
     """The shard reader alone (decode, augment, batch as uint8) over `epochs` epochs, the first left out: the best
     images/sec after an epoch's first batch, and the longest wait for an epoch's first batch (the refill a
     training epoch pays at its start)."""
-    from benchmarks.input_pipeline import shard_epochs
-
-    later = shard_epochs(shard_dir, image_size, batch, workers, decoder, epochs)[1:]
+    later = input_pipeline.shard_epochs(shard_dir, image_size, batch, workers, decoder, epochs)[1:]
     return max(rate for rate, _ in later), max(first for _, first in later)
 
 
 def table(rows: list[dict]) -> str:
     width = max(len(r["what"]) for r in rows)
     lines = [f"{'what':<{width}}  images/sec", f"{'-' * width}  ----------"]
-    lines += [
-        f"{r['what']:<{width}}  {r['images_per_sec']:>10.1f}" + (f"  ({r['note']})" if r.get("note") else "")
-        for r in rows
-    ]
+    for r in rows:
+        rate = r.get("images_per_sec")
+        note = r.get("note") or r.get("skipped") or (r.get("error") or "").strip().splitlines()[-1:]
+        note = note[0][:300] if isinstance(note, list) and note else note
+        lines.append(
+            f"{r['what']:<{width}}  " + (f"{rate:>10.1f}" if rate else f"{'-':>10}") + (f"  ({note})" * bool(note))
+        )
     return "\n".join(lines)
 
 
@@ -377,6 +362,12 @@ def main(argv=None) -> int:
         default=None,
         help="add every ceiling case torch.compile'd (minutes each: beyond the 10 minutes); default: none, "
         "with --quick one",
+    )
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help=f"seconds after which rows are skipped (default {DEADLINE}; 0: none; --quick: none)",
     )
     ap.add_argument("--plan", action="store_true", help="print the rows and payload commands as JSON; run nothing")
     ap.add_argument("--json", type=pathlib.Path, default=None)
@@ -406,161 +397,182 @@ def main(argv=None) -> int:
         "workers": args.workers,
         "quick": args.quick,
         "shard_side": sizes.shard_side,
+        "payload_backend": None,
     }
     started = time.perf_counter()
+    deadline = args.deadline if args.deadline is not None else (0 if args.quick else DEADLINE)
+    left = lambda: deadline - (time.perf_counter() - started) if deadline else 1e9
 
     def save() -> None:
         if args.json:  # after every row: a run stopped at a time limit keeps what it measured
             facts["seconds"] = round(time.perf_counter() - started, 1)
             args.json.write_text(json.dumps({"machine": facts, "rows": rows}, indent=2) + "\n")
 
-    def add(row: dict, since: float) -> None:
-        row["seconds"] = round(time.perf_counter() - since, 1)  # what the row cost, set-up included
-        rows.append(row)
-        print(table(rows[-1:]).splitlines()[-1], flush=True)
+    def row(what: str, kind: str, measure, **fields) -> dict | None:
+        """Measures one row, guarded: its result, or None when it failed or was skipped (its row says which)."""
+        since = time.perf_counter()
+        result = guarded(measure, left())
+        rows.append({"what": what, "kind": kind, **fields, **result, "seconds": round(time.perf_counter() - since, 1)})
+        print(table(rows[-1:]).splitlines()[-1], flush=True)  # the seconds: what the row cost, set-up included
         save()
+        return None if "error" in result or "skipped" in result else result
 
-    for batch, dtype, compiled in ceiling_cases(args.quick, args.compiled):
-        since = time.perf_counter()
-        rate = ceiling(device, model, batch, size, dtype, compiled, warmup, steps)
-        add(
-            {
-                "what": f"ceiling {model} batch {batch} {dtype}{' compiled' if compiled else ''}",
-                "images_per_sec": rate,
-                "kind": "ceiling",
-                "batch": batch,
-                "dtype": dtype,
-                "loss_scaler": dtype == "fp16",
-                "compiled": compiled,
-            },
-            since,
-        )
+    # Diagnostic rows first: whether pinning works at all (a failure is its row: the ring's rows then say theirs),
+    # then the GPU alone, then the payload; the risky rows last.
+    def check() -> dict:
+        found = check_pinning(device)
+        return {"check": found, "note": ", ".join(f"{k} {v}" for k, v in found.items())}
 
-    if not args.quick:  # fp16 with the flag read on the host: what the scaler in the kernel saves per step
-        since = time.perf_counter()
-        batch = sizes.batches[-1]
-        rate = ceiling(device, model, batch, size, "fp16", False, warmup, steps, host_flag=True)
-        add(
-            {
-                "what": f"ceiling {model} batch {batch} fp16, found-inf read on the host",
-                "images_per_sec": rate,
-                "kind": "ceiling",
-                "batch": batch,
-                "dtype": "fp16",
-                "loss_scaler": True,
-                "compiled": False,
-                "host_flag": True,
+    row("check: /dev/shm and pinned memory", "check", check)
+    cases = ceiling_cases(args.quick, args.compiled)
+    # fp16 with the flag read on the host: what the scaler in the kernel saves per step
+    plain = [(b, d, False) for b, d, c in cases if not c] + ([] if args.quick else [(sizes.batches[-1], "fp16", True)])
+    for batch, dtype, host_flag in plain:
+        label = ", found-inf read on the host" if host_flag else ""
+        row(
+            f"ceiling {model} batch {batch} {dtype}{label}",
+            "ceiling",
+            lambda b=batch, d=dtype, h=host_flag: {
+                "images_per_sec": ceiling(device, model, b, size, d, False, warmup, steps, h)
             },
-            since,
+            batch=batch,
+            dtype=dtype,
+            loss_scaler=dtype == "fp16",
+            compiled=False,
+            **({"host_flag": True} if host_flag else {}),
         )
 
     big = sizes.batches[-1]
 
-    def synthetic_row(extra: list[str], env_extra: dict | None = None, label: str = "", **fields) -> dict:
-        """One payload row on synthetic data: the payload's arguments for the sizes, plus `extra`."""
-        since = time.perf_counter()
+    def synthetic_run(extra: list[str], env_extra: dict | None = None) -> dict:
         samples = str(big * (warmup + steps))
         run = payload(
-            payload_args(sizes, device, ["--data", "synthetic", "--synthetic-samples", samples]) + extra, env_extra
+            payload_args(sizes, device, ["--data", "synthetic", "--synthetic-samples", samples]) + extra,
+            env_extra,
+            left(),
         )
-        add(
-            {
-                "what": f"payload synthetic batch {big} {run['world']['precision']}{label}",
-                "images_per_sec": run["total_images_per_sec"],
-                "kind": "payload",
-                "startup_seconds": run.get("startup_seconds"),
-                "precision": run["world"]["precision"],
-                "backend": run["world"]["backend"],
-                **fields,
-            },
-            since,
-        )
-        return run
+        facts["payload_backend"] = facts["payload_backend"] or run["world"]["backend"]
+        return {
+            "images_per_sec": run["total_images_per_sec"],
+            "startup_seconds": run.get("startup_seconds"),
+            "precision": run["world"]["precision"],
+            "backend": run["world"]["backend"],
+        }
 
-    synthetic = synthetic_row([])
-    facts["payload_backend"] = synthetic["world"]["backend"]
-    if not args.quick:  # the same code with one flag more: the smoke check runs it once
-        synthetic_row(["--amp-dtype", other_dtype(device)])
+    synthetic = row(f"payload synthetic batch {big}", "payload", lambda: synthetic_run([]))
+    base = synthetic["images_per_sec"] if synthetic else None
+    of_synthetic = lambda rate: f"{rate / base:.0%} of synthetic" if base else "synthetic failed"
+    if not args.quick:  # the replica sentinel's cost (--replica-check-every 0), then the other dtype
+        off = row(
+            f"payload synthetic batch {big}, sentinel off",
+            "payload",
+            lambda: synthetic_run(["--replica-check-every", "0"]),
+            replica_check_every=0,
+        )
+        if off and base:
+            rows[-1]["note"] = f"sentinel on/off {base / off['images_per_sec']:.3f}"
+        row(
+            f"payload synthetic batch {big} {other_dtype(device)}",
+            "payload",
+            lambda: synthetic_run(["--amp-dtype", other_dtype(device)]),
+        )
     if not args.quick and horovod_installed():
         # Horovod's completion of GPU work by a callback instead of a blocking event synchronize (issue 29 item 7);
         # with one process it shows the cost of the path, the gain needs several GPUs.
         flag = {"HOROVOD_ENABLE_ASYNC_COMPLETION": "1"}
-        synthetic_row([], flag, ", HOROVOD_ENABLE_ASYNC_COMPLETION=1", async_completion=True)
+        row(
+            f"payload synthetic batch {big}, HOROVOD_ENABLE_ASYNC_COMPLETION=1",
+            "payload",
+            lambda: synthetic_run([], flag),
+            async_completion=True,
+        )
+
+    def real_run(data_args: list[str], env_extra: dict | None = None) -> dict:
+        real = payload(payload_args(sizes, device, data_args, sizes.real_epochs), env_extra, left())
+        epochs = ", ".join(f"{r:.0f}" for r in real["epoch_images_per_sec"])
+        waits = ", ".join(f"{w:.2f}" for w in real["epoch_input_seconds"])
+        return {
+            "images_per_sec": real["total_images_per_sec"],
+            "note": f"{of_synthetic(real['total_images_per_sec'])}; epochs {epochs}; waits for input {waits} s",
+            "ratio_to_synthetic": real["total_images_per_sec"] / base if base else None,
+            "epoch_images_per_sec": real["epoch_images_per_sec"],
+            # Where an epoch's time went beyond the steps: input waits against the epoch's seconds.
+            "epoch_seconds": real["epoch_seconds"],
+            "epoch_input_seconds": real["epoch_input_seconds"],
+            "step_only_images_per_sec": step_only(real),
+        }
 
     with tempfile.TemporaryDirectory() as work:
         since = time.perf_counter()
-        shard_dir = shards(pathlib.Path(work), sizes.images, sizes.shard_side)
+        shard_dir = input_pipeline.shards(pathlib.Path(work), sizes.images, sizes.shard_side)
         facts["shards_seconds"] = round(time.perf_counter() - since, 1)
         from payloads.pytorch.decoders import available
 
         for decoder in available():
-            since = time.perf_counter()
-            rate, first = pipeline(shard_dir, size, big, args.workers, decoder, epochs=3)
-            add(
-                {
-                    "what": f"input pipeline {decoder}, {args.workers} workers, {sizes.shard_side} px shards",
-                    "images_per_sec": rate,
-                    "kind": "pipeline",
-                    "decoder": decoder,
-                    "first_batch_seconds": round(first, 3),
-                    "note": f"first batch of an epoch after {first:.2f} s",
-                },
-                since,
+
+            def decode(d=decoder):
+                rate, first = pipeline(shard_dir, size, big, args.workers, d, epochs=3)
+                note = f"first batch of an epoch after {first:.2f} s"
+                return {"images_per_sec": rate, "first_batch_seconds": round(first, 3), "note": note}
+
+            row(
+                f"input pipeline {decoder}, {args.workers} workers, {sizes.shard_side} px shards",
+                "pipeline",
+                decode,
+                decoder=decoder,
             )
         shard_args = ["--data", "shards", "--data-dir", str(shard_dir), "--workers", str(args.workers)]
-        for label, extra in real_cases(args.quick, work):
-            since = time.perf_counter()
-            real = payload(payload_args(sizes, device, shard_args + extra, sizes.real_epochs))
-            ratio = real["total_images_per_sec"] / synthetic["total_images_per_sec"]
-            epochs = ", ".join(f"{r:.0f}" for r in real["epoch_images_per_sec"])
-            waits = ", ".join(f"{w:.2f}" for w in real["epoch_input_seconds"])
-            add(
-                {
-                    "what": f"payload real data ({sizes.shard_side} px shards, {args.workers} workers{label})",
-                    "images_per_sec": real["total_images_per_sec"],
-                    "kind": "real",
-                    "cache_decoded": "--cache-decoded" in extra,
-                    "gpu_decode": "--gpu-decode" in extra,
-                    "note": f"{ratio:.0%} of synthetic; epochs {epochs}; waits for input {waits} s",
-                    "ratio_to_synthetic": ratio,
-                    "epoch_images_per_sec": real["epoch_images_per_sec"],
-                    # Where an epoch's time went beyond the steps: input waits against the epoch's seconds.
-                    "epoch_seconds": real["epoch_seconds"],
-                    "epoch_input_seconds": real["epoch_input_seconds"],
-                    "step_only_images_per_sec": step_only(real),
-                },
-                since,
+        real = [(label, extra) for label, extra in real_cases(args.quick, work)]
+        risky = [case for case in real if case[1][:1] in (["--gpu-decode"], ["--loader"])]
+        for label, extra in [case for case in real if case not in risky]:
+            what = f"payload real data ({sizes.shard_side} px shards, {args.workers} workers{label})"
+            row(
+                what,
+                "real",
+                lambda e=extra: real_run(shard_args + e),
+                cache_decoded="--cache-decoded" in extra,
+                gpu_decode=False,
             )
 
         if not args.quick:
             # Where a real-data step's time goes beyond decoding: the same loader on images that cost nearly nothing
             # to decode (the training process's own part), then the trainer on cores of its own, the workers on the
             # rest (TRAINING_TRAINER_CPUS: 2, its thread and the collectives').
-            since = time.perf_counter()
-            tiny_dir = shards(pathlib.Path(work), sizes.images, TINY_SIDE)
-            facts["tiny_shards_seconds"] = round(time.perf_counter() - since, 1)
-            tiny_args = ["--data", "shards", "--data-dir", str(tiny_dir), "--workers", str(args.workers)]
-            for label, data_args, env_extra in (
-                (f"{TINY_SIDE} px shards: decoding nearly free", tiny_args, None),
-                ("trainer on 2 cores of its own, workers on the rest", shard_args, {TRAINER_CPUS: "2"}),
-            ):
-                since = time.perf_counter()
-                real = payload(payload_args(sizes, device, data_args, sizes.real_epochs), env_extra)
-                add(
-                    {
-                        "what": f"payload real data, {label}",
-                        "images_per_sec": real["total_images_per_sec"],
-                        "kind": "real",
-                        "note": f"{real['total_images_per_sec'] / synthetic['total_images_per_sec']:.0%} of synthetic",
-                        "ratio_to_synthetic": real["total_images_per_sec"] / synthetic["total_images_per_sec"],
-                        "epoch_images_per_sec": real["epoch_images_per_sec"],
-                        "epoch_seconds": real["epoch_seconds"],
-                        "epoch_input_seconds": real["epoch_input_seconds"],
-                        "step_only_images_per_sec": step_only(real),
-                        **({"env": env_extra} if env_extra else {}),
-                    },
-                    since,
-                )
+            def tiny() -> dict:
+                tiny_dir = input_pipeline.shards(pathlib.Path(work), sizes.images, TINY_SIDE)
+                return real_run(["--data", "shards", "--data-dir", str(tiny_dir), "--workers", str(args.workers)])
+
+            row(f"payload real data, {TINY_SIDE} px shards: decoding nearly free", "real", tiny)
+            env = {TRAINER_CPUS: "2"}
+            row(
+                "payload real data, trainer on 2 cores of its own, workers on the rest",
+                "real",
+                lambda: real_run(shard_args, env),
+                env=env,
+            )
+        # The risky rows last: nvJPEG on the GPU (its hardware backend in a VM), DALI where it is installed.
+        for label, extra in risky:
+            what = f"payload real data ({sizes.shard_side} px shards, {args.workers} workers{label})"
+            if extra[0] == "--loader" and not dali_installed():
+                row(what, "real", lambda: {"skipped": NO_DALI.removeprefix("skipped: ")})
+                continue
+            row(
+                what,
+                "real",
+                lambda e=extra: real_run(shard_args + e),
+                cache_decoded=False,
+                gpu_decode="--gpu-decode" in extra,
+            )
+    for batch, dtype, _ in [c for c in cases if c[2]]:  # compiled: minutes each, so after everything else
+        row(
+            f"ceiling {model} batch {batch} {dtype} compiled",
+            "ceiling",
+            lambda b=batch, d=dtype: {"images_per_sec": ceiling(device, model, b, size, d, True, warmup, steps)},
+            batch=batch,
+            dtype=dtype,
+            loss_scaler=dtype == "fp16",
+            compiled=True,
+        )
 
     save()
     facts["seconds"] = time.perf_counter() - started

@@ -70,6 +70,59 @@ def generate(root: pathlib.Path, images: int, classes: int, seed: int = 0) -> pa
     return root / "train"
 
 
+def _photos_part(root: str, images: int, classes: int, seed: int) -> str:
+    return str(generate(pathlib.Path(root), images, classes, seed))
+
+
+def photos(work: pathlib.Path, images: int, classes: int, workers: int) -> pathlib.Path:
+    """Photo-like JPEGs (input_pipeline.generate) in class folders, made by `workers` processes: 12,800 take
+    minutes in one. Each part is generated apart, then its files are moved into one tree."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    parts = max(1, min(workers, images // 100 or 1))
+    counts = [images // parts + (i < images % parts) for i in range(parts)]
+    tree = work / "tree" / "train"
+    roots = [str(work / f"part{i}") for i in range(parts)]
+    if parts == 1:
+        made = [_photos_part(roots[0], images, classes, 0)]
+    else:  # spawn: the parent may hold CUDA, which a forked child must not touch
+        with ProcessPoolExecutor(parts, mp_context=get_context("spawn")) as pool:
+            made = list(pool.map(_photos_part, roots, counts, [classes] * parts, range(parts)))
+    for i, part in enumerate(made):
+        for folder in sorted(pathlib.Path(part).iterdir()):
+            (tree / folder.name).mkdir(parents=True, exist_ok=True)
+            for f in folder.iterdir():
+                f.rename(tree / folder.name / f"p{i}-{f.name}")
+        shutil.rmtree(work / f"part{i}")
+    return tree
+
+
+def shards(work: pathlib.Path, images: int, size: int) -> pathlib.Path:
+    """JPEG shards pre-resized to `size` px (datatools.prepare --resize, as the shards job's; prepare uses every
+    core) from generated photo-like images."""
+    from datatools import prepare
+
+    tree = photos(work, images, classes=100, workers=os.cpu_count() or 1)
+    out = work / f"shards-{size}"
+    prepare.main(
+        [
+            "--image-dir",
+            str(tree),
+            "--output-dir",
+            str(out),
+            "--shards",
+            "16",
+            "--resize",
+            str(size),
+            "--formats",
+            "webdataset",
+            "--no-progress",
+        ]
+    )
+    return out / "webdataset"
+
+
 def drop_page_cache() -> bool:
     """Linux: write back and drop the page cache, so that epoch 1 reads from disk (root only)."""
     try:

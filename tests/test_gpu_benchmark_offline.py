@@ -14,7 +14,7 @@ import pytest
 from helpers import ROOT, env
 from test_without_horovod import HIDE_HOROVOD
 
-from benchmarks import gpu
+from benchmarks import gpu, input_pipeline
 from payloads.pytorch import backends
 
 
@@ -62,6 +62,10 @@ def test_without_horovod_the_payload_rows_are_plain_processes_on_an_extended_pyt
     assert p["pythonpath"] == str(ROOT) + os.pathsep + given
     # The real-data rows read shards of the shards job's size; no compiled row unless asked for.
     assert p["sizes"]["shard_side"] == 256 and "--resize 256" in p["shards"]
+    # The sentinel's row: the same run with --replica-check-every 0; DALI's row where it is installed (.venv has it).
+    off = p["payload"]["synthetic, sentinel off"]
+    assert off[: off.index("--output-dir")] == p["payload"]["synthetic"][:-2] + ["--replica-check-every", "0"]
+    assert p["dali"] is True and p["payload"]["real, --loader dali"][-4:-2] == ["--loader", "dali"]
     assert [(c["batch"], c["dtype"], c["compiled"]) for c in p["ceiling"]] == [
         (64, "fp16", False),
         (64, "bf16", False),
@@ -144,7 +148,9 @@ def test_the_whole_benchmark_runs_without_horovod_at_toy_sizes(hidden, tmp_path)
         "real",
     } <= set(kinds), kinds
     assert ceiling["fp16", False]["loss_scaler"] is True
-    assert all(r["images_per_sec"] > 0 and r["seconds"] >= 0 for r in rows)
+    # The check comes first: this machine's /dev/shm is the ring's tmpfs (no GPU: nothing to register).
+    assert rows[0]["kind"] == "check" and rows[0]["check"]["tmpfs"] is True and rows[0]["check"]["free_mib"] > 0
+    assert all(r["images_per_sec"] > 0 and r["seconds"] >= 0 for r in rows[1:])
     assert "payload backend single" in proc.stdout
     real = next(r for r in rows if r["kind"] == "real")
     assert real["ratio_to_synthetic"] > 0 and "of synthetic" in proc.stdout
@@ -158,9 +164,25 @@ def test_the_whole_benchmark_runs_without_horovod_at_toy_sizes(hidden, tmp_path)
 def test_the_photos_are_made_by_several_processes_into_one_tree(tmp_path):
     """The full benchmark's 12,800 photos take minutes in one process: parts are generated in parallel (spawned, as
     the parent holds CUDA by then) and moved into one class-folder tree, every file kept."""
-    tree = gpu.photos(tmp_path, 250, classes=5, workers=2)
+    tree = input_pipeline.photos(tmp_path, 250, classes=5, workers=2)
     files = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*.JPEG"))
     assert len(files) == 250 and len(set(files)) == 250
     assert sorted(p.name for p in tree.iterdir()) == [f"n{c:08d}" for c in range(5)]
     assert {f.split("/")[1].split("-")[0] for f in files} == {"p0", "p1"}
     assert not list(tmp_path.glob("part*"))
+
+
+def test_a_failing_row_is_a_row_with_its_error_and_the_deadline_skips_the_rest(monkeypatch):
+    """One failing row (nvJPEG's hardware backend in a VM, a missing package) is a row with its error, printed with
+    its last line, and the run goes on; a row not started by the deadline says so; without DALI its row says why."""
+
+    def fails():
+        raise RuntimeError("a payload row exited 1:\nTraceback ...\nRuntimeError: nvjpegCreateEx failed")
+
+    failed, late = gpu.guarded(fails, remaining=100), gpu.guarded(lambda: {"images_per_sec": 1.0}, remaining=0)
+    assert failed["error"].startswith("RuntimeError: a payload row exited 1") and "skipped" in late
+    assert gpu.guarded(lambda: {"images_per_sec": 5.0}, remaining=100) == {"images_per_sec": 5.0}
+    lines = gpu.table([{"what": "real", **failed}, {"what": "late", **late}, {"what": "ok", "images_per_sec": 5.0}])
+    assert "-  (RuntimeError: nvjpegCreateEx failed)" in lines and "deadline" in lines and "5.0" in lines
+    monkeypatch.setattr(gpu, "dali_installed", lambda: False)
+    assert gpu.plan(gpu.FULL, "cuda", 12, None, False)["dali"].startswith("skipped: DALI is not installed")

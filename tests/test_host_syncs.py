@@ -25,7 +25,6 @@ from payloads.pytorch import backends, data, inputs, models, ring, runtime, shar
 from payloads.pytorch.precision import Precision
 
 CPU = torch.device("cpu")
-STEPS = 3
 INPUT_PATH = os.path.dirname(inputs.__file__)
 
 

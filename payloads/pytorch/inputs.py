@@ -201,15 +201,14 @@ def _end_workers_at_exit() -> None:
 def decoder_of(cfg) -> str:
     """The CPU decoder for cfg (`decoder`, default auto = fastest installed), as a clear error if unusable."""
     try:
-        return decoders.resolve(getattr(cfg, "decoder", "auto") or "auto")
+        return decoders.resolve(cfg.decoder)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
 
 def _scan(directory, what: str, rank: int, broadcast_object):
-    scan_shared = getattr(imagefolder, "scan_shared", None)
-    if scan_shared is not None and broadcast_object is not None:
-        return scan_shared(directory, what, rank, broadcast_object)
+    if broadcast_object is not None:
+        return imagefolder.scan_shared(directory, what, rank, broadcast_object)
     return imagefolder.scan(directory, what)
 
 
@@ -229,13 +228,13 @@ def build(
     the processes on this node, which share its --cache-dir; `channels_last` and `decoder` as start-up resolved
     them (runtime.Settings; when not given, the configuration's, with a device's default off)."""
     channels_last = bool(cfg.channels_last if channels_last is None else channels_last)
-    gpu_decode = bool(getattr(cfg, "gpu_decode", False))
+    gpu_decode = cfg.gpu_decode
     if gpu_decode and cfg.data != "shards":
         raise ConfigError(
             f"--gpu-decode applies to --data shards (JPEGs decoded by nvJPEG on the GPU); with "
             f"--data {cfg.data} drop --gpu-decode"
         )
-    if getattr(cfg, "loader", "workers") == "dali":
+    if cfg.loader == "dali":
         from . import dali
 
         dali.check(cfg)

@@ -360,7 +360,7 @@ def main(argv=None) -> int:
         "--compiled",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="add every ceiling case torch.compile'd (minutes each: beyond the 10 minutes); default: none, "
+        help="add every ceiling case torch.compile'd (minutes each: beyond the deadline); default: none, "
         "with --quick one",
     )
     ap.add_argument(

@@ -265,7 +265,7 @@ def test_gpu_decode_runs_its_per_image_work_in_a_thread_of_its_own(shard_set, mo
 
     ran, real = set(), F.resized_crop
     monkeypatch.setattr(F, "resized_crop", lambda *a, **k: ran.add(threading.get_ident()) or real(*a, **k))
-    train = inputs.build(_cfg(data="shards", data_dir=shard_set, gpu_decode=True, workers=2), 0, 1, 4, CPU).train
+    train = inputs.build(_cfg(data="shards", data_dir=shard_set, gpu_decode=True), 0, 1, 4, CPU).train
     batches = iter(train)
     next(batches)
     batches.close()

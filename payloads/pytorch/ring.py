@@ -161,8 +161,9 @@ def make_slots(layout: Layout, count: int, tag: str, pin: bool = False) -> Slots
     folder = shm_folder()
     if pin and not on_tmpfs(folder):
         raise ConfigError(
-            f"the loader's shared batch slots would be a file in {folder}, not on a tmpfs, which CUDA cannot pin: "
-            "give the container a /dev/shm (the job's resources.shm_size, docker --shm-size)"
+            f"the loader's shared batch slots would be a file in {folder}, which is not a tmpfs: CUDA pins them, and "
+            "a disk file system's pages are tracked for writeback; give the container a /dev/shm (the job's "
+            "resources.shm_size, docker --shm-size)"
         )
     fd, path = tempfile.mkstemp(prefix=f"batches-{os.getpid()}-{tag}-", dir=folder)
     os.close(fd)

@@ -121,16 +121,20 @@ def _say(line: str) -> None:
 # ---- a local run: the same folder again, the payload resumes from its checkpoints
 
 
-def run_local(run_once: Callable[[], int], run_folder: pathlib.Path, size: int, budget: int) -> int:
+def run_local(
+    run_once: Callable[[], int], run_folder: pathlib.Path, size: int, budget: int, heard: Callable[[], str] = str
+) -> int:
     """Run the job (`run_once`: local.run) until the policy stops; the chain's state in <run>/autoresume.json, so
-    a launcher started again on the same folder continues its chain. The exit status is the last attempt's."""
+    a launcher started again on the same folder continues its chain. The exit status is the last attempt's.
+    `heard`: what the launcher heard of the attempt's end (on simulated nodes, mpirun's word of a lost node)."""
     state = run_folder / LOCAL_STATE
     chain = _load_local(state) or Chain(run_folder.parent.name, budget)
     while True:
         started = time.time()
         code = run_once()
         read = endings.local_reader(run_folder)
-        ending = endings.classify("Completed" if code == 0 else "Failed", code, read, size, since=started)
+        status = "Completed" if code == 0 else "Failed"
+        ending = endings.classify(status, code, read, size, message=heard(), since=started)
         decision = decide(ending, chain, 0.0)
         _say(f"attempt {chain.attempt + 1} ended: {ending.line()}; {decision.line}")
         if decision.action == STOP:

@@ -36,6 +36,13 @@ EXIT_CLASSES = {0: COMPLETED, 75: STOPPED, 124: HANG, 70: NODE_FAULT, 2: PERMANE
 EXIT_IN_MESSAGE = re.compile(r"exit(?:ed)? with (?:status|exit) code:? *(-?\d+)", re.IGNORECASE)
 # Azure ML's message when a node has fewer GPUs than the job asks for (a GPU fell off the bus)
 NODE_MESSAGES = re.compile(r"(?:number of GPUs|GPU count|gpus? (?:are|is) (?:not )?available|nvidia-smi)", re.I)
+# Open MPI 4.1's mpirun when a node's daemon is gone (the node lost, its link down: seen on simulated nodes,
+# docs/rehearse.md), and the host it names: the daemon's, or the peer a rank lost.
+LOST_NODE = re.compile(
+    r"ORTE (?:has lost communication with a remote daemon|was unable to reliably start one or more daemons)"
+    r"|An ORTE daemon has unexpectedly failed"
+)
+LOST_HOST = re.compile(r"(?:Remote daemon: *\S+ on node|Peer host:) *(\S+)")
 # Azure ML's error for a preempted job ("PreemptionError", "Received pre-emption warning signal"): "You have to
 # restart a preempted job" (how-to-create-attach-compute-cluster), so the chain resumes it
 PREEMPTION_MESSAGES = re.compile(r"pre-?emption|preempted", re.I)
@@ -116,6 +123,9 @@ def classify(
         return Ending(CANCELED, exit_code, at, why="canceled on Azure ML (a person or a policy): not resumed")
     if every_rank_stopped(beats):
         return Ending(STOPPED, 75, at, why="every rank stopped with a checkpoint")
+    if LOST_NODE.search(message or ""):  # before the stall: the other ranks waited on the lost node's
+        named = tuple(sorted(set(LOST_HOST.findall(message))))
+        return Ending(NODE_FAULT, exit_code, at, named, "mpirun lost a node's daemon: " + LOST_NODE.search(message)[0])
     if stall and run and stall.get("run") == run:
         ranks = [r for r in stall.get("ranks", []) if r.get("host") not in (None, "?")]
         stuck = [r for r in ranks if r.get("why") != "waiting"] or ranks  # all waiting: a collective, every host

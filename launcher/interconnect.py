@@ -36,11 +36,17 @@ MPI_CPU_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 # on eth0 only (Azure ML nodes also carry docker0, whose identical subnet on every node makes Open MPI's
 # TCP btl try unreachable peers). The daemons' own wire-up (the oob framework, before any MPI message) meets
 # the same docker0, so it is held to eth0 too.
+# The daemons' keepalive, so that a node whose link went down is declared lost after about 25 s: with Open MPI
+# 4.1's defaults (300 s idle, then 9 probes 20 s apart) mpirun waited 358 s on a simulated node whose eth0 was cut
+# before it ended the job (docs/rehearse.md).
 MPI_TCP_ENV = {
     "OMPI_MCA_pml": "ob1",
     "OMPI_MCA_btl": "self,vader,tcp",
     "OMPI_MCA_btl_tcp_if_include": "eth0",
     "OMPI_MCA_oob_tcp_if_include": "eth0",
+    "OMPI_MCA_oob_tcp_keepalive_time": "10",
+    "OMPI_MCA_oob_tcp_keepalive_intvl": "5",
+    "OMPI_MCA_oob_tcp_keepalive_probes": "3",
 }
 
 # MPI on InfiniBand sizes: TCP on eth0 too, with InfiniBand left to NCCL. Horovod moves every GPU tensor

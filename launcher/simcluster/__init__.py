@@ -1,6 +1,6 @@
 """`python -m launcher JOB --target local --nodes N`: the job on N simulated nodes of this machine, started as Azure
 ML starts it, with the settings the launcher gives a cluster job (docs/rehearse.md). cluster.py makes the nodes,
-node.py is each node's holder, agent.py the `ssh` between them, run.py starts and stops the job."""
+node.py is each node's holder, agent.py the `ssh` between them, launch.py starts and stops the job."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pathlib
 from azureaccess.errors import JobError
 
 from .. import interconnect, jobspec, local
-from . import run as runner
+from . import launch as runner
 
 # Without --cluster the simulated nodes are CPU nodes sharing this machine's cores.
 SIMULATED = {"vm_size": "simulated", "gpus_per_node": 0, "infiniband": False, "max_nodes": 8}
@@ -62,10 +62,10 @@ def plan(
     return runner.Plan(command, distribution, nodes, ppn, env, spec), outputs, notes
 
 
-def run(job_plan: runner.Plan, outputs: dict[str, pathlib.Path], faults=None) -> int:
+def run(job_plan: runner.Plan, outputs: dict[str, pathlib.Path], heard: list[str] | None = None) -> int:
     """local.run's ending (the stop's exit 75, the summary) around the job on the simulated cluster."""
     argv = runner.start_line(job_plan)
-    return local.run(argv, outputs, {}, execute=lambda env: runner.run(job_plan, faults))
+    return local.run(argv, outputs, {}, execute=lambda env: runner.run(job_plan, heard=heard))
 
 
 def main(args, template: dict, inputs: dict[str, str], out_root: pathlib.Path, extra, outputs, overrides) -> int:
@@ -94,5 +94,8 @@ def main(args, template: dict, inputs: dict[str, str], out_root: pathlib.Path, e
 
         if "run" not in out:
             raise JobError(f"--auto-resume: {args.job.name} declares no `run` output, where runs leave checkpoints")
-        return autoresume.run_local(lambda: run(job_plan, out), out["run"], job_plan.world, args.auto_resume)
+        heard: list[str] = []
+        return autoresume.run_local(
+            lambda: run(job_plan, out, heard), out["run"], job_plan.world, args.auto_resume, lambda: "\n".join(heard)
+        )
     return run(job_plan, out)

@@ -309,26 +309,7 @@ class Cluster:
 
     # ---- faults, for the tests and the rehearsal
     def post_event(self, i: int, event_type: str, resources: list[str] | None = None) -> None:
-        """A Scheduled Event on node i's metadata endpoint, as Azure posts one (a Preempt 30 s ahead, say)."""
-        document = {
-            "DocumentIncarnation": 1,
-            "Events": [
-                {
-                    "EventId": f"sim-{event_type.lower()}-{i}",
-                    "EventType": event_type,
-                    "ResourceType": "VirtualMachine",
-                    "Resources": resources if resources is not None else [f"{host(i)}-vm"],
-                    "EventStatus": "Scheduled",
-                    "NotBefore": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 30)),
-                    "Description": "simulated",
-                    "EventSource": "Platform",
-                    "DurationInSeconds": -1,
-                }
-            ],
-        }
-        target = self.state / f"node-{i}" / "scheduledevents.json"
-        target.with_suffix(".tmp").write_text(json.dumps(document))
-        target.with_suffix(".tmp").replace(target)
+        post_event(self.state, i, event_type, resources)
 
     def metadata_requests(self, i: int) -> list[str]:
         try:
@@ -349,13 +330,39 @@ class Cluster:
 
     def lose(self, i: int) -> int:
         """Node i lost: every process in it killed, its metadata service with them; how many were killed."""
-        pids = _ip("netns", "pids", self.namespaces[i], check=False).stdout.split()
-        _kill_namespace(self.namespaces[i])
-        return len(pids)
+        return _kill_namespace(self.namespaces[i])
 
     def processes(self) -> int:
         """Processes still in the nodes, their holders included."""
         return sum(len(_ip("netns", "pids", ns, check=False).stdout.split()) for ns in self.namespaces)
+
+
+def state_of(launcher_pid: int) -> pathlib.Path:
+    """The state folder of the simulated cluster a running launcher made."""
+    return STATE_ROOT / str(launcher_pid)
+
+
+def post_event(state: pathlib.Path, i: int, event_type: str, resources: list[str] | None = None) -> None:
+    """A Scheduled Event on node i's metadata endpoint, as Azure posts one (a Preempt 30 s ahead, say)."""
+    document = {
+        "DocumentIncarnation": 1,
+        "Events": [
+            {
+                "EventId": f"sim-{event_type.lower()}-{i}",
+                "EventType": event_type,
+                "ResourceType": "VirtualMachine",
+                "Resources": resources if resources is not None else [f"{host(i)}-vm"],
+                "EventStatus": "Scheduled",
+                "NotBefore": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 30)),
+                "Description": "simulated",
+                "EventSource": "Platform",
+                "DurationInSeconds": -1,
+            }
+        ],
+    }
+    target = state / f"node-{i}" / "scheduledevents.json"
+    target.with_suffix(".tmp").write_text(json.dumps(document))
+    target.with_suffix(".tmp").replace(target)
 
 
 def _pairs(env: dict[str, str]) -> list[str]:

@@ -41,6 +41,7 @@ def set_up(spec: dict) -> None:
     hidden = [pathlib.Path(p) for p in spec["shared"] if p.startswith(("/tmp", "/dev/shm"))]
     for i, path in enumerate(hidden):  # keep a way to the shared folders that the private /tmp will cover
         (stage / str(i)).mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True)  # an output folder the job has not made yet
         _bind(path, stage / str(i))
     _mount("-t", "tmpfs", "-o", f"size={spec['tmp_bytes']},mode=1777", "tmpfs", "/tmp")
     _mount("-t", "tmpfs", "-o", f"size={spec['shm_bytes']},mode=1777", "tmpfs", "/dev/shm")

@@ -22,8 +22,8 @@ import time
 from azureaccess.errors import JobError
 
 from .. import autoresume, drill, endings, jobspec
+from . import launch
 from . import plan as plan_job
-from . import run as run_plan
 from .cluster import Cluster, host
 
 AT_STEP = 4
@@ -118,7 +118,7 @@ def rehearse(args, extra: list[str]) -> int:
 
     straight_plan, straight = planned(root / "straight")
     print(f"rehearsal: the job straight on {args.nodes} simulated nodes ({root / 'straight'})", flush=True)
-    code = run_plan.run(straight_plan)
+    code = launch.run(straight_plan)
     reference = drill.newest_checkpoint(straight["run"])
     if code != 0 or reference is None:
         raise JobError(f"the straight run ended {code} without a final checkpoint: fix it before rehearsing faults")
@@ -162,11 +162,12 @@ def _one(fault: str, planned, root: pathlib.Path, reference: pathlib.Path) -> Ro
 
     print(f"rehearsal: {fault} on {host(job_plan.nodes - 1)} at step {AT_STEP} ({folder})", flush=True)
     started = time.time()
-    row.exit_code = run_plan.run(job_plan, faults=inject)
+    heard: list[str] = []
+    row.exit_code = launch.run(job_plan, faults=inject, heard=heard)
     ended = time.time()
     row.detected_s = round(ended - injected[0], 1) if injected else None
     ending = endings.classify("Completed" if row.exit_code == 0 else "Failed", row.exit_code,
-                              endings.local_reader(run), world, since=started)  # fmt: skip
+                              endings.local_reader(run), world, message="\n".join(heard), since=started)  # fmt: skip
     row.ending = ending.line()
     row.named = _named(run, ending)
     reached = drill.run_steps(run, world)
@@ -178,7 +179,7 @@ def _one(fault: str, planned, root: pathlib.Path, reference: pathlib.Path) -> Ro
     row.auto_resume = decision.line
     if decision.action != autoresume.STOP:
         resumed_plan, _ = planned(folder)  # the same job again, without the fault: the payload resumes
-        row.equal = run_plan.run(resumed_plan) == 0 and drill.compare(reference, drill.newest_checkpoint(run)) == []
+        row.equal = launch.run(resumed_plan) == 0 and drill.compare(reference, drill.newest_checkpoint(run)) == []
     elif ending.kind == endings.COMPLETED:
         row.equal = drill.compare(reference, drill.newest_checkpoint(run)) == []
     return row

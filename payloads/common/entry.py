@@ -19,6 +19,10 @@ from .errors import ConfigError, InputFault, ReplicaFault, say
 CONFIG_ERROR = 2
 REPLICA_FAULT = 70  # sysexits.h EX_SOFTWARE: a node's numbers went wrong; the health check before a resume
 INPUT_FAULT = 74  # sysexits.h EX_IOERR: a decode worker died (killed for memory, a crash in a decoder)
+# Set in every process mpirun starts. After a stop's checkpoint there, Horovod is not shut down: mpirun is ending the
+# job (its daemons' SIGCONT is the stop) or will at this rank's exit, and MPI_Finalize's fence waits on daemons it no
+# longer serves. On simulated nodes every rank hung there until mpirun's SIGKILL (docs/rehearse.md#a-stop-across-nodes).
+UNDER_MPIRUN = "OMPI_COMM_WORLD_RANK"
 
 
 def run_main(body: Callable[[], object]) -> int:
@@ -58,6 +62,8 @@ def finish(code: int | None) -> NoReturn:
     # its pools' workers to stop there: inductor's compile pool would otherwise be joined for ever), then every
     # non-daemon thread joined.
     threading._shutdown()
+    if code == preemption.EXIT_CODE and UNDER_MPIRUN in os.environ:
+        _without_mpi_finalize()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -65,3 +71,12 @@ def finish(code: int | None) -> NoReturn:
         except (OSError, ValueError):
             pass
     os._exit(0 if code is None else int(code))
+
+
+def _without_mpi_finalize() -> None:
+    """Take Horovod's own shutdown (and with it MPI_Finalize) out of the exit functions of every framework loaded."""
+    for name in ("horovod.torch.mpi_ops", "horovod.tensorflow.mpi_ops"):
+        module = sys.modules.get(name)
+        basics = getattr(module, "_basics", None)
+        if basics is not None:
+            atexit.unregister(basics.shutdown)

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from ..common.config import BACKENDS
+from ..common.entry import UNDER_MPIRUN
 from ..common.errors import ConfigError
 
 log = logging.getLogger("payloads.pytorch")
@@ -176,7 +177,7 @@ class Single:
     def describe(self) -> dict:
         return {"backend": self.name, "alone": True, "collectives": "none", "why_alone": self.reason}
 
-    def shutdown(self) -> None:
+    def shutdown(self, stopped: bool = False) -> None:
         pass
 
 
@@ -278,7 +279,9 @@ class Horovod:
     def describe(self) -> dict:
         return {"backend": self.name, "horovod_controller": "mpi" if self.hvd.mpi_enabled() else "gloo"}
 
-    def shutdown(self) -> None:
+    def shutdown(self, stopped: bool = False) -> None:
+        if stopped and UNDER_MPIRUN in os.environ:
+            return  # entry.finish: after a stop under mpirun, no MPI_Finalize
         self.hvd.shutdown()
 
 
@@ -448,7 +451,7 @@ class DDP:
     def describe(self) -> dict:
         return {"backend": self.name, "process_group": self.process_group, "collective_timeout_seconds": self.timeout}
 
-    def shutdown(self) -> None:
+    def shutdown(self, stopped: bool = False) -> None:
         """Every rank past its last collective and rank 0's writes before any rank tears Gloo down: a rank that
         destroys its group while a peer still holds the pair can die in Gloo's teardown ("terminate called
         without an active exception", SIGABRT at exit, seen once in CI), failing a job that trained."""

@@ -228,7 +228,7 @@ def train(task: Task, cfg: config.TrainConfig) -> dict:
 
 def ending(run: Run):
     """Around the epochs (payloads/common/concerns.ending): on a stop, every rank shuts its backend down."""
-    return common_concerns.ending(run, run.backend.shutdown)
+    return common_concerns.ending(run, lambda: run.backend.shutdown(stopped=True))
 
 
 def train_epoch(run: Run, epoch: int, skip: int = 0) -> None:

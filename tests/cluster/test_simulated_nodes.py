@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import signal
 import subprocess
@@ -89,4 +88,84 @@ def test_n_simulated_nodes_train_bitwise_as_one_node_with_the_same_world(tmp_pat
     assert b["run"]["world"]["local_processes"] == world
     reported = {p["rank"]: p["host"] for p in a["epochs"][-1]["phase_seconds"]}
     assert reported == hosts
+    assert not left_behind(), left_behind()
+
+
+# Long enough to be stopped mid-epoch: 2 epochs of 300 steps per rank.
+STOP_ARGS = TINY + [
+    "--synthetic-samples",
+    "16384",
+    "--max-steps-per-epoch",
+    "300",
+    "--epochs",
+    "2",
+    "--batch-size",
+    "8",
+]
+STOP_ARGS += ["--checkpoint-every-minutes", "0"]
+SAVE_SECONDS = 40  # the stop's checkpoint takes most of mpirun's window before the head node's SIGKILL (2 x 30 s)
+WINDOW = 2 * 30  # the job's own OMPI_MCA_odls_base_sigkill_timeout (launcher/interconnect.py MPI_STOP_ENV), twice
+
+
+def _stopped(tmp_path, job, out: pathlib.Path, stop) -> tuple[int, str, float]:
+    """The job on 2 simulated nodes, stopped by `stop(launcher)` once both ranks trained 5 steps: (exit code, its
+    output, when the stop was made)."""
+    log = tmp_path / f"{out.name}.log"
+    cmd = [sys.executable, "-m", "launcher", str(job), "--target", "local", "--nodes", "2", "--output-dir", str(out)]
+    with open(log, "w") as sink:  # a file: nobody reads a pipe while the test waits
+        proc = subprocess.Popen([*cmd, "--", *STOP_ARGS], cwd=ROOT, env=env(), stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        wait_until(proc, lambda: len(b := beats(out / "run")) == 2 and all(x["steps"] >= 5 for x in b), "5 steps")
+        at = time.time()
+        stop(proc)
+        proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    record_launch(2, STOP_ARGS, "pytorch", proc.returncode)
+    return proc.returncode, log.read_text(), at
+
+
+@pytest.mark.launches
+@pytest.mark.one_core  # mostly waiting: mpirun's own stop schedule
+def test_a_stop_and_a_preempt_on_one_node_reach_every_rank_on_both_and_the_resumes_are_exact(tmp_path):
+    """SIGTERM to the job as Azure ML stops it (mpirun alone is told; it stops the head node first and the others
+    only after the head node's SIGKILL), with the job's own 30 s timeout and a checkpoint that takes 40 s of the
+    60 s; and a Scheduled Event Preempt posted to node 1 only. Each time every rank on both nodes stops at the same
+    mid-epoch step with the checkpoint written before the head node's SIGKILL, the job exits 75, and the resumed
+    run ends bitwise equal to the straight one."""
+    job = job_with_env(tmp_path, PYTHONPATH=str(ROOT / "tests" / "stop_at"), STOP_AT="1000000",
+                       STOP_SAVE_SECONDS=str(SAVE_SECONDS))  # fmt: skip
+    straight = launcher("--nodes", "2", "--output-dir", str(tmp_path / "straight"), "--", *STOP_ARGS, job=job)
+    record_launch(2, STOP_ARGS, "pytorch", straight.returncode)
+    assert straight.returncode == 0, (straight.stdout + straight.stderr)[-5000:]
+
+    def posted(proc):
+        cluster.post_event(cluster.state_of(proc.pid), 1, "Preempt")
+
+    for name, stop, starter in (
+        ("sigterm", lambda proc: proc.send_signal(signal.SIGTERM), "stopped by mpirun's stop (SIGCONT"),
+        ("preempt", posted, "stopped by Scheduled Event Preempt"),
+    ):
+        out = tmp_path / name
+        code, text, at = _stopped(tmp_path, job, out, stop)
+        assert code == 75, text[-5000:]
+        lines = [line for line in text.splitlines() if line.startswith("stopped by ")]
+        assert len(lines) == 2 and sum(line.startswith(starter) for line in lines) == 1, lines
+        assert sum(line.startswith("stopped by a signal on another rank") for line in lines) == 1, lines
+        saved = {line.split("wrote ")[1].split(" in ")[0] for line in lines}
+        assert len(saved) == 1, lines  # both ranks name the same checkpoint
+        path = pathlib.Path(saved.pop())
+        assert "-step-" in path.name and path.exists()  # mid-epoch
+        assert path.stat().st_mtime - at < WINDOW, (path.stat().st_mtime - at, text[-3000:])
+        stopped = beats(out / "run")
+        assert {b["host"] for b in stopped} == {"node-0", "node-1"}
+        assert all(b["doing"] == "stopped" for b in stopped) and len({tuple(b["at"]) for b in stopped}) == 1
+        if name == "sigterm":
+            assert "SIGTERM received, sent to mpirun on node-0" in text
+        resumed = launcher("--nodes", "2", "--output-dir", str(out), "--", *STOP_ARGS, job=job)
+        record_launch(2, STOP_ARGS, "pytorch", resumed.returncode)
+        assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-5000:]
+        assert "resuming from" in resumed.stdout + resumed.stderr
+        assert_same_final_weights(tmp_path / "straight" / "run", out / "run")
     assert not left_behind(), left_behind()

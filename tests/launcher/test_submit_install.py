@@ -47,6 +47,7 @@ ENTRY = ["launcher/__main__.py", "launcher/nodes.py", "datatools/transfer.py"] +
 ELSEWHERE = {
     ("launcher/local.py", "horovod"): "--target local: runs a job here with horovodrun (the full .venv)",
     ("launcher/__main__.py", "launcher.drill"): "--target local --drill: reads the payloads' checkpoints with torch",
+    ("launcher/__main__.py", "launcher.simcluster"): "--target local --nodes N and rehearse: jobs on simulated nodes",
     # jobspec.takes_backend reads the payloads' option groups; the MLflow run they start is the payload's own
     ("payloads/common/tracking.py", "mlflow"): "a training run's MLflow tracking, imported when the payload starts it",
 }

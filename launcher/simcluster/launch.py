@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from azureaccess.errors import JobError
 
+from .. import endings
 from .cluster import Cluster, Spec, host
 
 MASTER_PORT = "29500"  # torch.distributed's default: Azure ML picks a free port on node 0 as torchrun does
@@ -97,9 +98,11 @@ def _ddp_env(plan: Plan, node: int, local: int) -> dict[str, str]:
     }
 
 
-def start(cluster: Cluster, plan: Plan) -> list[subprocess.Popen]:
+def start(cluster: Cluster, plan: Plan, heard: list[str]) -> list[subprocess.Popen]:
     if plan.distribution == "mpi":
-        return [cluster.popen(0, _mpirun(plan), cluster.environment(), start_new_session=True)]
+        mpirun = cluster.popen(0, _mpirun(plan), cluster.environment(), start_new_session=True, stderr=subprocess.PIPE)
+        threading.Thread(target=_listen, args=(mpirun.stderr, heard), daemon=True).start()
+        return [mpirun]
     return [
         cluster.popen(
             i, ["bash", "-c", plan.command], cluster.environment(_ddp_env(plan, i, lr)), start_new_session=True
@@ -107,6 +110,17 @@ def start(cluster: Cluster, plan: Plan) -> list[subprocess.Popen]:
         for i in range(plan.nodes)
         for lr in range(plan.processes_per_node)
     ]
+
+
+def _listen(stream, heard: list[str]) -> None:
+    """mpirun's stderr passed on as it comes; Open MPI's word of a lost node kept for the job's ending
+    (endings.LOST_NODE)."""
+    for raw in iter(stream.readline, b""):
+        sys.stderr.buffer.write(raw)
+        sys.stderr.flush()
+        line = raw.decode(errors="replace")
+        if endings.LOST_NODE.search(line) or endings.LOST_HOST.search(line):
+            heard.append(line.strip())
 
 
 def sigkill_timeout(env: dict[str, str]) -> float:
@@ -117,9 +131,12 @@ class _Stop(Exception):
     pass
 
 
-def run(plan: Plan, faults: Callable[[Cluster], None] | None = None, say=print) -> int:
+def run(plan: Plan, faults: Callable[[Cluster], None] | None = None, say=print, heard: list[str] | None = None) -> int:
     """Run the plan on a cluster made for it and removed after it; the job's exit code (mpirun's, or for
-    pytorch the first non-zero rank's, 75 when every rank stopped with a checkpoint)."""
+    pytorch the first non-zero rank's, 75 when every rank stopped with a checkpoint). `heard` gets Open MPI's
+    lines about a lost node."""
+    heard = [] if heard is None else heard
+    heard.clear()
     with Cluster(plan.spec, say) as cluster:
         kind = "InfiniBand " if plan.spec.infiniband else ""
         say(
@@ -128,7 +145,7 @@ def run(plan: Plan, faults: Callable[[Cluster], None] | None = None, say=print) 
             f"{plan.processes_per_node} processes per node, distribution {plan.distribution}",
             flush=True,
         )
-        procs = start(cluster, plan)
+        procs = start(cluster, plan, heard)
         if faults is not None:
             threading.Thread(target=faults, args=(cluster,), daemon=True).start()
         return _wait(cluster, plan, procs, say)
@@ -195,7 +212,10 @@ def _stop(cluster: Cluster, plan: Plan, procs, signum: int, say) -> int:
     grace = 2 * sigkill_timeout(plan.env) + STOP_SLACK if plan.distribution == "mpi" else 30.0
     say(f"simulated cluster: {name} received, sent to {'mpirun on node-0' if plan.distribution == 'mpi' else 'every rank'}; "
         f"waiting up to {grace:.0f}s", file=sys.stderr, flush=True)  # fmt: skip
-    _signal(procs, signal.SIGTERM)
+    if plan.distribution == "mpi":  # mpirun alone: its children share its process group, Azure ML's are not told
+        procs[0].send_signal(signal.SIGTERM)
+    else:
+        _signal(procs, signal.SIGTERM)
     _reap(procs, grace)
     left = cluster.processes() - plan.nodes  # the holders stay until the cluster is closed
     codes = [p.poll() for p in procs]

@@ -20,7 +20,6 @@ import contextlib
 from . import preemption as preempt
 from . import stragglers, watchdog
 
-
 EVENTS = (
     "doing",
     "run_start",

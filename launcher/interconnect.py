@@ -101,7 +101,8 @@ MPI_BIND_ENV = {"OMPI_MCA_hwloc_base_binding_policy": "none"}
 # Every cluster job polls Azure's Scheduled Events (payloads/common/preemption.ScheduledEvents): a Preempt event
 # comes at least 30 s before the eviction, so the stop starts before the signal. The instance metadata service's
 # address from inside an Azure ML job: reachable or not there is for the first low-priority job to show
-# (docs/status.md); the payloads leave an endpoint that does not answer alone.
+# (docs/status.md). One poller per node (local rank 0), never through a proxy: an endpoint that does not answer is
+# asked again, backing off up to every 300 s, and the stop waits for the signal meanwhile.
 SCHEDULED_EVENTS_ENV = {
     "TRAINING_SCHEDULED_EVENTS": "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01"
 }

@@ -172,6 +172,23 @@ def deployer_users(users: tuple[Principal, ...] | None, project: str) -> tuple[P
     return (Principal(object_id=deployer, type="User"),)
 
 
+def image_builder_problems(cfg, users: tuple[Principal, ...]) -> list[str]:
+    """Refuses a private registry without `imageBuilders` once `users` names anyone but the deployer: every user
+    would get AcrPush (platform_grants), so any of them could replace the image every job and every resume runs.
+    With the deployer alone (the default `users`) nobody else gets it. Call before declaring anything."""
+    if cfg.image_builders is not None or cfg.registry_public_access:
+        return []
+    deployer = authorization.get_client_config().object_id.lower()  # as reader.read_principals writes listed ids
+    if all(u.object_id == deployer for u in users):
+        return []
+    return [
+        "imageBuilders is not set and the registry is private, so every principal in users would get AcrPush and "
+        "could replace the images every job runs: list who builds them, "
+        f"imageBuilders: [{{objectId: <group id>, type: Group}}] in Pulumi.{cfg.stack}.yaml (docs/private-access.md, "
+        '"Images")'
+    ]
+
+
 def platform_grants(
     cfg, users: tuple[Principal, ...], job_identity, ws, registry, data, way_in, data_links
 ) -> list[Grant]:
@@ -218,7 +235,8 @@ def platform_grants(
             Grant(f"{label}-pulls-images", "AcrPull", u.object_id, acr, u.type),
         ]
     # Who builds and pushes the images (config imageBuilders). Absent with a private registry: the users, since
-    # images are pushed from inside the VNet and every job pulls one; absent with a public one: nobody by this grant.
+    # images are pushed from inside the VNet and every job pulls one (program.build has refused this unless the users
+    # are the deployer alone: image_builder_problems); absent with a public one: nobody by this grant.
     builders = cfg.image_builders
     if builders is None and not cfg.registry_public_access:
         builders = users

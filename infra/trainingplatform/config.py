@@ -49,8 +49,9 @@ class PlatformConfig:
     # How people reach a private platform from outside its VNet (config `access`; wayin.py).
     access: AccessConfig | None = None
     # Who may push images (AcrPush; config `imageBuilders`). None: with a private registry, the users (they build
-    # the images from inside the VNet, and nobody else could); with a public one, nobody by this grant (the deployer
-    # pushes as Owner). Every other user gets AcrPull only (access.py).
+    # the images from inside the VNet, and nobody else could), which the program refuses unless they are the deployer
+    # alone; with a public one, nobody by this grant (the deployer pushes as Owner). Every other user gets AcrPull only
+    # (access.py).
     image_builders: tuple[Principal, ...] | None = None
     # A custom role that reads Azure ML's quota at the subscription (usages, VM sizes, quotas), given to `users`, so
     # that the submission's quota check works for them (config `quotaReaderRole`; access.QuotaReaders). The deployer
@@ -206,14 +207,9 @@ def load(
     if access is not None and access.private_dns_zones:
         central_zones_cover(r, access, ws_public, acr_public, kv_public, mount_nfs)
     quota_reader_role = r.get(raw, "quotaReaderRole", "", bool, True)
+    # Unset with a private registry: refused once users names anyone but the deployer, whose object id only the
+    # program reads (access.image_builder_problems).
     builders = read_principals(r, raw, "imageBuilders", "")
-    if builders is None and acr_public is False:
-        r.warnings.append(
-            "imageBuilders is not set: every principal in users gets AcrPush on the private registry (someone "
-            "must push the training images from inside the VNet, and every job pulls them), so any of them can "
-            "overwrite an image the jobs run; list who builds them to narrow it (a group: "
-            "imageBuilders: [{objectId: <group id>, type: Group}]; docs/private-access.md, \"Images\")"
-        )
     if r.problems:
         raise ConfigError(r.problems)
     return PlatformConfig(

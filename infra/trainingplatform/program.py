@@ -12,7 +12,7 @@ import pulumi_random as random
 from pulumi_azure_native import authorization, resources
 
 from . import naming, private
-from .access import AccessGrants, QuotaReaders, deployer_users, platform_grants
+from .access import AccessGrants, QuotaReaders, deployer_users, image_builder_problems, platform_grants
 from .compute import ComputeClusters, compute_identity, describe
 from .config import PROJECT, ConfigError, PlatformConfig
 from .datastack import DataStackReference, default_reference
@@ -30,7 +30,8 @@ def build(
     """ssh_public_key: the `sshPublicKey` secret, for clusters with sshEnabled; jump_host_ssh_public_key: the
     `jumpHostSshPublicKey` secret, for the jump host alone (each key's change touches only its own resources)."""
     users = deployer_users(cfg.users, PROJECT)  # before anything is declared: it may refuse
-    problems = private.jump_host_problems(cfg, jump_host_ssh_public_key, users)
+    problems = image_builder_problems(cfg, users)
+    problems += private.jump_host_problems(cfg, jump_host_ssh_public_key, users)
     if problems:
         raise ConfigError(problems)  # before anything is declared, like every other setting
     for warning in cfg.warnings:

@@ -313,7 +313,8 @@ def test_every_user_may_start_the_jump_host_and_nothing_else_gets_that_role(prod
         {"objectId": BOB, "type": "User"},
     ]
     way_in = dict(prod_raw[0]["access"], jumpHostAdmins=[{"objectId": BOB, "type": "User"}])
-    mocks, _ = run_stack(prod_raw, prod_data_out, users=users, access=way_in)
+    builders = [{"objectId": TEAM, "type": "Group"}]  # users besides the deployer on a private registry need them
+    mocks, _ = run_stack(prod_raw, prod_data_out, users=users, access=way_in, imageBuilders=builders)
     vm = one(mocks, "compute:VirtualMachine", "wayin-jumphost").id
     assert access.ROLES["Desktop Virtualization Power On Contributor"] == POWER_ON
     starters = _starters(mocks)
@@ -366,7 +367,9 @@ def test_the_hubs_provider_signs_in_as_the_default_provider_does(prod_raw, prod_
     try:
         # a service principal's sign-in: the users are listed (program.py refuses the deployer as a User then)
         people = [{"objectId": "55555555-5555-5555-5555-555555555555", "type": "User"}]
-        mocks, _ = run_stack(prod_raw, prod_data_out, access={"mode": "hub", "hubVnetId": HUB}, users=people)
+        mocks, _ = run_stack(
+            prod_raw, prod_data_out, access={"mode": "hub", "hubVnetId": HUB}, users=people, imageBuilders=people
+        )
     finally:
         runtime_config.set_all_config(before, list(secrets))
     (provider,) = [r for r in mocks.resources if r.type == "pulumi:providers:azure-native"]

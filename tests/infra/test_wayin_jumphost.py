@@ -109,7 +109,8 @@ def test_jump_host_admins_get_administrator_login_and_everyone_the_readers(prod_
         {"objectId": BOB, "type": "User"},
     ]
     way_in = dict(prod_raw[0]["access"], jumpHostAdmins=[{"objectId": BOB.upper(), "type": "User"}])
-    mocks, _ = run_stack(prod_raw, prod_data_out, users=users, access=way_in)
+    builders = [{"objectId": TEAM, "type": "Group"}]  # users besides the deployer on a private registry need them
+    mocks, _ = run_stack(prod_raw, prod_data_out, users=users, access=way_in, imageBuilders=builders)
     vm, nic, bastion = _way_in_ids(mocks)
     reader = access.ROLES["Reader"]
     user_login = access.ROLES["Virtual Machine User Login"]

@@ -8,7 +8,7 @@ import pytest
 from infra_helpers import one
 from wayin_helpers import ALICE, BOB, BUILT_IN_ROLES, TEAM, load_config, problems_of, roles_of, run_stack
 
-from trainingplatform import access, egress, mocked
+from trainingplatform import access, config, egress, mocked
 
 # ---- item 3: images are pushed from inside the VNet ----
 
@@ -63,11 +63,52 @@ def test_only_image_builders_can_push_and_every_user_pulls(prod, prod_raw, prod_
     assert not mocks.of_type("containerregistry:Task") and not mocks.of_type("containerregistry:AgentPool")
 
 
-def test_a_private_registry_without_builders_is_warned_about(prod_raw):
-    cfg = load_config(copy.deepcopy(prod_raw[0]))
-    assert any(w.startswith("imageBuilders is not set: every principal in users gets AcrPush") for w in cfg.warnings)
-    raw = dict(copy.deepcopy(prod_raw[0]), imageBuilders=[{"objectId": TEAM, "type": "Group"}])
-    assert not any("imageBuilders" in w for w in load_config(raw).warnings)
+FIX = "imageBuilders: [{objectId: <group id>, type: Group}] in Pulumi.prod.yaml"
+
+
+def _pushers(mocks):
+    push = access.ROLES["AcrPush"]
+    return {
+        r.inputs["principalId"] for r in mocks.of_type("RoleAssignment") if r.inputs["roleDefinitionId"].endswith(push)
+    }
+
+
+def test_a_private_registry_refuses_other_users_without_builders(prod_raw, prod_data_out):
+    # Issue 54, item 14: without imageBuilders every user gets AcrPush on the private registry (platform_grants), so
+    # any of them could replace the image every job and every resume runs. Refused, with the fix, before anything is
+    # declared, once users names anyone but the deployer (getClientConfig's objectId, which the mocks answer).
+    deployer = {"objectId": mocked.DEPLOYER.upper(), "type": "User"}  # listed ids are compared lower-cased
+    for users in ([deployer, {"objectId": ALICE, "type": "User"}], [{"objectId": TEAM, "type": "Group"}]):
+        raw, location = copy.deepcopy(prod_raw)
+        raw.update(users=users)
+        mocks = mocked.RecordingMocks()
+        with pytest.raises(config.ConfigError) as e:
+            mocked.run(raw, "prod", location, mocks, data_outputs=prod_data_out)
+        (line,) = [p for p in e.value.problems if "imageBuilders" in p]
+        assert FIX in line and "AcrPush" in line and "\n" not in line, line
+        assert mocks.resources == [], "refused before anything is declared"
+
+
+def test_a_private_registry_without_builders_takes_the_deployer_alone_or_the_builders(prod, prod_raw, prod_data_out):
+    # The deployer alone, by default (the shipped Pulumi.prod.yaml lists no users) or listed: the deployer pushes.
+    assert _pushers(prod[0]) == {mocked.DEPLOYER}
+    alone = run_stack(prod_raw, prod_data_out, users=[{"objectId": mocked.DEPLOYER.upper(), "type": "User"}])[0]
+    assert _pushers(alone) == {mocked.DEPLOYER}
+    # imageBuilders set: accepted with any users, and the builders alone push.
+    users = [{"objectId": mocked.DEPLOYER, "type": "User"}, {"objectId": ALICE, "type": "User"}]
+    built = run_stack(prod_raw, prod_data_out, users=users, imageBuilders=[{"objectId": TEAM, "type": "Group"}])[0]
+    assert _pushers(built) == {TEAM}
+    # A public registry grants nobody AcrPush without imageBuilders: nothing to refuse.
+    public = run_stack(
+        prod_raw,
+        prod_data_out,
+        users=users,
+        registryPublicAccess=True,
+        network=dict(prod_raw[0]["network"], restrictOutbound=False),
+    )[0]
+    assert _pushers(public) == set()
+    # The settings alone carry no warning any more: config cannot tell the deployer from the others.
+    assert not any("imageBuilders" in w for w in load_config(copy.deepcopy(prod_raw[0])).warnings)
 
 
 # ---- item 12: the studio's data preview ----

@@ -55,7 +55,7 @@ def step_seconds(rounds: int, steps: int = 10) -> None:
     model = torchvision.models.resnet18(num_classes=100)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     images, labels = torch.randn(16, 3, 64, 64), torch.randint(0, 100, (16,))
-    finite, groups = torch.ones((), dtype=torch.bool), backends._buckets(model)
+    finite, groups = torch.ones((), dtype=torch.bool), backends.buckets(model)
 
     def hook(grad):
         finite.logical_and_(torch.isfinite(grad).all())

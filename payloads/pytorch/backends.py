@@ -218,7 +218,7 @@ class Horovod:
         optimizer = hvd.DistributedOptimizer(
             optimizer,
             named_parameters=model.named_parameters(),
-            groups=_buckets(model),
+            groups=buckets(model),
             compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
             # One allreduce after the N-th backward pass of a step: Horovod's hook counts the passes and
             # asserts when there are more than this (horovod/torch/optimizer.py, _make_hook). The passes'
@@ -229,17 +229,21 @@ class Horovod:
         return model, optimizer
 
     def before_exchange(self, optimizer, see) -> None:
-        """`see(grads)` on each group of this rank's gradients (wrap's _buckets) once backward has made them all,
-        just before Horovod exchanges it (horovod/torch/optimizer.py, _make_hook); one process exchanges nothing."""
+        """`see(grads)` on each group of this rank's gradients (wrap's buckets) once backward has made them all,
+        just before Horovod exchanges it (horovod/torch/optimizer.py, _make_hook); one process exchanges nothing.
+        Adasum's optimizer (_DistributedAdasumOptimizer) takes no groups: it steps and exchanges each parameter on
+        its own, so there each gradient is seen alone."""
         if self.size() == 1:
             return
-        exchange = optimizer._grouped_allreduce_grad_async
+        grouped = hasattr(optimizer, "_grouped_allreduce_grad_async")
+        name = "_grouped_allreduce_grad_async" if grouped else "_allreduce_grad_async"
+        exchange = getattr(optimizer, name)
 
-        def seen(group):
-            see([p.grad for p in group])
-            return exchange(group)
+        def seen(params):  # a group, or Adasum's one parameter
+            see([p.grad for p in params] if grouped else [params.grad])
+            return exchange(params)
 
-        optimizer._grouped_allreduce_grad_async = seen
+        setattr(optimizer, name, seen)
 
     def accumulate(self, model: torch.nn.Module, last: bool):
         """Context for one backward pass of a step; Horovod's hooks count the passes themselves."""
@@ -501,7 +505,7 @@ def _to_cpu(value):
     return value
 
 
-def _buckets(model: torch.nn.Module, limit: int = 25 << 20) -> list[list[torch.Tensor]]:
+def buckets(model: torch.nn.Module, limit: int = 25 << 20) -> list[list[torch.Tensor]]:
     """Horovod's groups: the trained parameters in runs of about `limit` bytes, last first (as backward makes their
     gradients; DDP's buckets' rule). A group is exchanged once all its gradients are in: one fused check each."""
     groups, size = [[]], 0

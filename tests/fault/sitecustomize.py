@@ -1,6 +1,6 @@
 """A fault in one rank's numbers, for every Python process started with this folder on PYTHONPATH and FAULT set: the
-rank whose HOROVOD_RANK (horovodrun) or RANK (torchrun) equals FAULT_RANK. In each training forward pass whose
-number (counted from 1 in this process) is in FAULT_AT (comma-separated), before the pass:
+rank whose HOROVOD_RANK (horovodrun), RANK (torchrun) or OMPI_COMM_WORLD_RANK (mpirun) equals FAULT_RANK. In each
+training forward pass whose number (counted from 1 in this process) is in FAULT_AT (comma-separated), before the pass:
 - FAULT=flip: one bit of the first element of the model's first parameter flips (a faulty GPU's memory);
 - FAULT=nan: the pass's output gets a NaN gradient while its value stays as it is, so this rank's own gradients are
   not finite before the average and its loss is (a kernel that computes NaN in backward).
@@ -12,7 +12,8 @@ import sys
 
 KIND = os.environ.get("FAULT", "")
 AT = {int(n) for n in os.environ.get("FAULT_AT", "").split(",") if n}
-_rank = os.environ.get("HOROVOD_RANK", os.environ.get("RANK"))
+# mpirun's ranks know theirs from Open MPI alone (Horovod reads it through MPI)
+_rank = os.environ.get("HOROVOD_RANK", os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK")))
 CALLS = [0]
 
 

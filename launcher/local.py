@@ -169,9 +169,9 @@ def run(argv: list[str], outputs: dict[str, pathlib.Path], env_overrides: dict[s
     start = time.time()
     code = _supervise(argv, env) if execute is None else execute(env)
     wall = time.time() - start
-    if code not in (0, STOPPED) and "run" in outputs and stopped_for_resume(outputs["run"], start):
+    if 0 < code < 128 and code != STOPPED and "run" in outputs and stopped_for_resume(outputs["run"], start):
         # horovodrun, torchrun and mpirun end non-zero (1, or mpirun's own code) when a rank ends non-zero; every
-        # rank stopped with a checkpoint (75).
+        # rank stopped with a checkpoint (75). A signal to this launcher keeps its 128 + signal (_stop).
         print(f"local job: every rank stopped with a checkpoint: exit {STOPPED}; run the same command again to resume")
         code = STOPPED
     print(f"local job exited {code} after {wall:.0f}s; outputs:", flush=True)

@@ -102,7 +102,20 @@ def machine() -> dict:
 
     import torch
 
-    return {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "arch": platform.machine()}
+    # The instruction-set flags too: two CPUs of one capability (AVX512) pick other oneDNN kernels where one has
+    # AMX, VNNI or FP16 and the other not (records of one such machine differed here in the 8th digit).
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    isa = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c")))
+    return {
+        "torch": torch.__version__,
+        "cpu": torch.backends.cpu.get_cpu_capability(),
+        "arch": platform.machine(),
+        "isa": " ".join(isa),
+    }
 
 
 def check(key: str, out: pathlib.Path) -> None:

@@ -129,8 +129,9 @@ def _remove(owner: str, namespaces: list[str]) -> None:
     shutil.rmtree(STATE_ROOT / owner, ignore_errors=True)
 
 
-def sweep(say=print) -> list[str]:
-    """Remove what simulated clusters whose launcher is gone left behind; the namespaces removed."""
+def leftovers() -> dict[str, list[str]]:
+    """What simulated clusters whose launcher is gone left behind: {launcher pid: its network namespaces}; a
+    cluster whose launcher still runs (another job's, beside this one) is not in it."""
     owners: dict[str, list[str]] = {}
     names = [p.name for p in NETNS_ROOT.iterdir()] if NETNS_ROOT.is_dir() else []
     for name in names:
@@ -138,14 +139,23 @@ def sweep(say=print) -> list[str]:
             owners.setdefault(name[len(PREFIX) :].split("-")[0], []).append(name)
     for folder in STATE_ROOT.iterdir() if STATE_ROOT.is_dir() else ():
         owners.setdefault(folder.name, [])
-    removed = []
+    gone = {}
     for owner, namespaces in owners.items():
         try:
             recorded = json.loads((STATE_ROOT / owner / "cluster.json").read_text())["started"]
         except (OSError, ValueError, KeyError):
             recorded = None
-        if owner.isdigit() and recorded is not None and _started(int(owner)) == recorded:
-            continue  # its launcher still runs
+        started = _started(int(owner)) if owner.isdigit() else None
+        # no record yet: a launcher making its cluster now (the record is its first write)
+        if started is None or (recorded is not None and started != recorded):
+            gone[owner] = namespaces
+    return gone
+
+
+def sweep(say=print) -> list[str]:
+    """Remove what simulated clusters whose launcher is gone left behind; the namespaces removed."""
+    removed = []
+    for owner, namespaces in leftovers().items():
         _remove(owner, namespaces)
         say(
             f"simulated cluster: removed what a launcher (pid {owner}) left behind when it was killed: "
@@ -190,7 +200,7 @@ class Cluster:
     def _make(self) -> None:
         self.state.mkdir(parents=True, exist_ok=True)
         record = {"started": _started(os.getpid()), "hosts": self.hosts}
-        (self.state / "cluster.json").write_text(json.dumps(record))
+        self._record(record)
         _ip("netns", "add", self.switch)
         _ip("-n", self.switch, "link", "add", "switch", "type", "bridge")
         _ip("-n", self.switch, "link", "set", "switch", "up")
@@ -213,7 +223,13 @@ class Cluster:
         # the nodes' mount namespaces have a sysfs of their own, without cgroupfs: the agent reaches the cpusets
         # through the launcher's root
         record["cgroups"] = [f"/proc/{self.owner}/root{c}" if c else None for c in self.cgroups]
-        (self.state / "cluster.json").write_text(json.dumps(record))
+        self._record(record)
+
+    def _record(self, record: dict) -> None:
+        """cluster.json, whole or not at all (another launcher's sweep may read it meanwhile)."""
+        tmp = self.state / "cluster.json.tmp"
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, self.state / "cluster.json")
 
     def _cpuset(self, i: int) -> pathlib.Path | None:
         """Node i's share of this machine's cores (cgroup v1 cpuset), or None where there is no cpuset."""

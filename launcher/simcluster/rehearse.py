@@ -28,6 +28,11 @@ from .cluster import Cluster, host
 
 AT_STEP = 4
 REHEARSAL_ARGS = ["--stall-timeout", "20", "--checkpoint-every-minutes", "0"]  # a hang named within 20 s
+# A PyTorch job rehearsed without payload arguments: a model this machine's CPUs train in about half a minute per
+# run, with epochs long enough (256 steps) for a fault at step 4 to land mid-epoch (ResNet-50 at 224 px would take
+# an hour a run here). Arguments after `--` replace these.
+CPU_SCALE = ["--model", "tiny_cnn", "--image-size", "32", "--num-classes", "10", "--synthetic-samples", "4096",
+             "--batch-size", "8", "--epochs", "2", "--workers", "0", "--threads", "1", "--no-progress"]  # fmt: skip
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FAULT_HOOK = ROOT / "tests" / "fault"  # the replica faults' injector (tests/fault/sitecustomize.py)
 
@@ -106,6 +111,9 @@ def rehearse(args, extra: list[str]) -> int:
         raise JobError(f"--nodes {args.nodes}: a rehearsal of faults across nodes needs at least 2")
     template = jobspec.read_template(args.job)
     root = (args.output_dir or ROOT / "runs" / f"rehearsal-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    if not extra and "payloads.pytorch" in template["command"]:
+        extra = CPU_SCALE
+        print(f"rehearsal: no payload arguments after `--`: scaled for this machine's CPUs: {' '.join(extra)}")
     payload_args = [*REHEARSAL_ARGS, *extra]
     started = time.time()
 

@@ -30,11 +30,10 @@ def launcher(*args: str, job: str | pathlib.Path = JOB, timeout: float = 300) ->
     return proc
 
 
-def left_behind() -> list[str]:
-    """What simulated clusters left on this machine: their namespaces and state folders."""
-    names = [p.name for p in cluster.NETNS_ROOT.iterdir()] if cluster.NETNS_ROOT.is_dir() else []
-    state = [str(p) for p in cluster.STATE_ROOT.iterdir()] if cluster.STATE_ROOT.is_dir() else []
-    return [n for n in names if n.startswith(cluster.PREFIX)] + state
+def left_behind() -> dict[str, list[str]]:
+    """What simulated clusters of launchers that have ended left on this machine (another test's cluster may run
+    beside this one's): {launcher pid: network namespaces}, a state folder alone listed with none."""
+    return cluster.leftovers()
 
 
 def job_with_env(tmp_path: pathlib.Path, **variables: str) -> pathlib.Path:

@@ -40,6 +40,7 @@ def job_with_env(tmp_path: pathlib.Path, **variables: str) -> pathlib.Path:
     """The job file with environment_variables added, which Azure ML (and the simulated nodes) give every node."""
     job = yaml.safe_load((ROOT / JOB).read_text())
     job["environment_variables"] = {**(job.get("environment_variables") or {}), **variables}
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job, sort_keys=False))
     return path
@@ -107,14 +108,14 @@ WINDOW = 2 * 30  # the job's own OMPI_MCA_odls_base_sigkill_timeout (launcher/in
 
 
 def _stopped(tmp_path, job, out: pathlib.Path, stop) -> tuple[int, str, float]:
-    """The job on 2 simulated nodes, stopped by `stop(launcher)` once both ranks trained 5 steps: (exit code, its
-    output, when the stop was made)."""
+    """The job on 2 simulated nodes, stopped by `stop(launcher)` once both ranks trained 4 steps (the rank the stop
+    reaches first holds at step 5 until it does: tests/stop_at): (exit code, its output, when the stop was made)."""
     log = tmp_path / f"{out.name}.log"
     cmd = [sys.executable, "-m", "launcher", str(job), "--target", "local", "--nodes", "2", "--output-dir", str(out)]
     with open(log, "w") as sink:  # a file: nobody reads a pipe while the test waits
         proc = subprocess.Popen([*cmd, "--", *STOP_ARGS], cwd=ROOT, env=env(), stdout=sink, stderr=subprocess.STDOUT)
     try:
-        wait_until(proc, lambda: len(b := beats(out / "run")) == 2 and all(x["steps"] >= 5 for x in b), "5 steps")
+        wait_until(proc, lambda: len(b := beats(out / "run")) == 2 and all(x["steps"] >= 4 for x in b), "4 steps")
         at = time.time()
         stop(proc)
         proc.wait(timeout=240)
@@ -131,27 +132,37 @@ def test_a_stop_and_a_preempt_on_one_node_reach_every_rank_on_both_and_the_resum
     """SIGTERM to the job as Azure ML stops it (mpirun alone is told; it stops the head node first and the others
     only after the head node's SIGKILL), with the job's own 30 s timeout and a checkpoint that takes 40 s of the
     60 s; and a Scheduled Event Preempt posted to node 1 only. Each time every rank on both nodes stops at the same
-    mid-epoch step with the checkpoint written before the head node's SIGKILL, the job exits 75, and the resumed
+    mid-epoch step with the checkpoint written before the head node's SIGKILL, every rank exits 75, and the resumed
     run ends bitwise equal to the straight one."""
-    job = job_with_env(tmp_path, PYTHONPATH=str(ROOT / "tests" / "stop_at"), STOP_AT="1000000",
-                       STOP_SAVE_SECONDS=str(SAVE_SECONDS))  # fmt: skip
-    straight = launcher("--nodes", "2", "--output-dir", str(tmp_path / "straight"), "--", *STOP_ARGS, job=job)
+
+    def job(holds: int) -> pathlib.Path:
+        # `holds`: the rank the stop reaches first (the head node's under mpirun's SIGTERM, node 1's under its
+        # Preempt) waits at step 5 until it has it, so that the stop lands mid-epoch however fast this machine is;
+        # only in the stopped runs' folders (stop-*), never in a resume
+        return job_with_env(tmp_path / f"holds-{holds}", PYTHONPATH=str(ROOT / "tests" / "stop_at"), STOP_AT="5",
+                            STOP_RANKS=str(holds), STOP_HOLD="1", STOP_WAIT="120", STOP_IN="stop-",
+                            STOP_SAVE_SECONDS=str(SAVE_SECONDS))  # fmt: skip
+
+    straight = launcher("--nodes", "2", "--output-dir", str(tmp_path / "straight"), "--", *STOP_ARGS, job=job(0))
     record_launch(2, STOP_ARGS, "pytorch", straight.returncode)
     assert straight.returncode == 0, (straight.stdout + straight.stderr)[-5000:]
 
     def posted(proc):
         cluster.post_event(cluster.state_of(proc.pid), 1, "Preempt")
 
-    for name, stop, starter in (
-        ("sigterm", lambda proc: proc.send_signal(signal.SIGTERM), "stopped by mpirun's stop (SIGCONT"),
-        ("preempt", posted, "stopped by Scheduled Event Preempt"),
+    # The launcher's exit: a launcher stopped by a signal ends 128 + the signal, as a shell reports it (the ranks'
+    # 75 is in their lines), so that --auto-resume never resumes a chain someone stopped; Preempt ends 75.
+    for name, stop, starter, first, exit_code in (
+        ("sigterm", lambda proc: proc.send_signal(signal.SIGTERM), "stopped by mpirun's stop (SIGCONT", 0, 143),
+        ("preempt", posted, "stopped by Scheduled Event Preempt", 1, 75),
     ):
-        out = tmp_path / name
-        code, text, at = _stopped(tmp_path, job, out, stop)
-        assert code == 75, text[-5000:]
+        out = tmp_path / f"stop-{name}"
+        code, text, at = _stopped(tmp_path, job(first), out, stop)
+        assert code == exit_code, text[-5000:]
         lines = [line for line in text.splitlines() if line.startswith("stopped by ")]
         assert len(lines) == 2 and sum(line.startswith(starter) for line in lines) == 1, lines
         assert sum(line.startswith("stopped by a signal on another rank") for line in lines) == 1, lines
+        assert all(line.endswith("(exit 75)") for line in lines), lines
         saved = {line.split("wrote ")[1].split(" in ")[0] for line in lines}
         assert len(saved) == 1, lines  # both ranks name the same checkpoint
         path = pathlib.Path(saved.pop())
@@ -162,7 +173,7 @@ def test_a_stop_and_a_preempt_on_one_node_reach_every_rank_on_both_and_the_resum
         assert all(b["doing"] == "stopped" for b in stopped) and len({tuple(b["at"]) for b in stopped}) == 1
         if name == "sigterm":
             assert "SIGTERM received, sent to mpirun on node-0" in text
-        resumed = launcher("--nodes", "2", "--output-dir", str(out), "--", *STOP_ARGS, job=job)
+        resumed = launcher("--nodes", "2", "--output-dir", str(out), "--", *STOP_ARGS, job=job(first))
         record_launch(2, STOP_ARGS, "pytorch", resumed.returncode)
         assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-5000:]
         assert "resuming from" in resumed.stdout + resumed.stderr

@@ -28,8 +28,6 @@ from .findings import FAIL, OK, WARN, Finding
 
 REQUEST_URL = "https://ml.azure.com/quota"  # the studio's quota page (how-to-manage-quotas: "filing a support ticket")
 HOW_TO = "https://learn.microsoft.com/azure/machine-learning/how-to-manage-quotas#request-quota-and-limit-increases"
-LOW_PRIORITY_LABEL = "Total Cluster LowPriority Regional vCPUs"
-DEDICATED_LABEL = "Total Cluster Dedicated Regional vCPUs"
 
 
 @dataclass(frozen=True)

@@ -142,11 +142,6 @@ RULES = [
 ]
 
 
-def check_resource(resource_type: str, props: dict) -> list[tuple[str, str]]:
-    """(rule name, message) for every rule the resource breaks."""
-    return [(r.name, msg) for r in RULES if r.resource_type == resource_type and (msg := r.check(props))]
-
-
 def total_gpus(resources: Iterable[tuple[str, dict]]) -> int:
     total = 0
     for resource_type, props in resources:

@@ -46,11 +46,6 @@ def central(prod_raw, prod_data_out):
     return _run(prod_raw, prod_data_out, _hub())
 
 
-def _zone_name(mocks, zone_id):
-    zones = {r.id: r.inputs["privateZoneName"] for r in mocks.of_type("PrivateZone")}
-    return zones.get(zone_id) or zone_id.rsplit("/privateDnsZones/", 1)[1]
-
-
 def _links_by_vnet(mocks):
     """{VNet id: [zone name of each link]}: what Azure checks for overlapping namespaces."""
     out = {}

@@ -35,8 +35,6 @@ class PlatformConfig:
     workspace_public_access: bool
     registry_public_access: bool
     image_build_cluster: str | None
-    max_total_gpus: int
-    max_total_nodes: int
     tags: dict[str, str]
     key_vault_public_access: bool = True
     # The data stack (storage, NFS) this platform attaches to, "<org>/<project>/<stack>"; None: the data
@@ -222,8 +220,6 @@ def load(
         workspace_public_access=ws_public,
         registry_public_access=acr_public,
         image_build_cluster=build,
-        max_total_gpus=max_gpus,
-        max_total_nodes=max_nodes,
         tags={"project": PROJECT, "stack": stack, **{str(k): str(v) for k, v in tags.items()}},
         key_vault_public_access=kv_public,
         data_stack=data_stack,

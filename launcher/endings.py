@@ -43,6 +43,8 @@ LOST_NODE = re.compile(
     r"|An ORTE daemon has unexpectedly failed"
 )
 LOST_HOST = re.compile(r"(?:Remote daemon: *\S+ on node|Peer host:) *(\S+)")
+# mpirun's word of a rank ended by a signal (killed, a segfault), and its host: the others then wait on it
+RANK_SIGNALLED = re.compile(r"mpirun noticed that process rank (\d+) with PID \d+ on node (\S+) exited on signal .*")
 # Azure ML's error for a preempted job ("PreemptionError", "Received pre-emption warning signal"): "You have to
 # restart a preempted job" (how-to-create-attach-compute-cluster), so the chain resumes it
 PREEMPTION_MESSAGES = re.compile(r"pre-?emption|preempted", re.I)
@@ -126,6 +128,9 @@ def classify(
     if LOST_NODE.search(message or ""):  # before the stall: the other ranks waited on the lost node's
         named = tuple(sorted(set(LOST_HOST.findall(message))))
         return Ending(NODE_FAULT, exit_code, at, named, "mpirun lost a node's daemon: " + LOST_NODE.search(message)[0])
+    signalled = RANK_SIGNALLED.search(message or "")
+    if signalled:  # before the stall: the watchdog names the ranks that waited on it
+        return Ending(UNKNOWN, exit_code, at, (signalled[2],), signalled[0])
     if stall and run and stall.get("run") == run:
         ranks = [r for r in stall.get("ranks", []) if r.get("host") not in (None, "?")]
         stuck = [r for r in ranks if r.get("why") != "waiting"] or ranks  # all waiting: a collective, every host

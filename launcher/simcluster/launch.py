@@ -113,13 +113,13 @@ def start(cluster: Cluster, plan: Plan, heard: list[str]) -> list[subprocess.Pop
 
 
 def _listen(stream, heard: list[str]) -> None:
-    """mpirun's stderr passed on as it comes; Open MPI's word of a lost node kept for the job's ending
-    (endings.LOST_NODE)."""
+    """mpirun's stderr passed on as it comes; Open MPI's word of a lost node or a signalled rank kept for the job's
+    ending (endings.LOST_NODE, RANK_SIGNALLED)."""
     for raw in iter(stream.readline, b""):
         sys.stderr.buffer.write(raw)
         sys.stderr.flush()
         line = raw.decode(errors="replace")
-        if endings.LOST_NODE.search(line) or endings.LOST_HOST.search(line):
+        if any(r.search(line) for r in (endings.LOST_NODE, endings.LOST_HOST, endings.RANK_SIGNALLED)):
             heard.append(line.strip())
 
 

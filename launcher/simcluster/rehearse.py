@@ -29,9 +29,9 @@ from .cluster import Cluster, host
 AT_STEP = 4
 REHEARSAL_ARGS = ["--stall-timeout", "20", "--checkpoint-every-minutes", "0"]  # a hang named within 20 s
 # A PyTorch job rehearsed without payload arguments: a model this machine's CPUs train in about half a minute per
-# run, with epochs long enough (256 steps) for a fault at step 4 to land mid-epoch (ResNet-50 at 224 px would take
-# an hour a run here). Arguments after `--` replace these.
-CPU_SCALE = ["--model", "tiny_cnn", "--image-size", "32", "--num-classes", "10", "--synthetic-samples", "4096",
+# run, with epochs long enough (2048 steps, about 10 s here) for a fault at step 4 to land mid-epoch, however late
+# it is seen (ResNet-50 at 224 px would take an hour a run here). Arguments after `--` replace these.
+CPU_SCALE = ["--model", "tiny_cnn", "--image-size", "32", "--num-classes", "10", "--synthetic-samples", "32768",
              "--batch-size", "8", "--epochs", "2", "--workers", "0", "--threads", "1", "--no-progress"]  # fmt: skip
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FAULT_HOOK = ROOT / "tests" / "fault"  # the replica faults' injector (tests/fault/sitecustomize.py)
@@ -130,7 +130,10 @@ def rehearse(args, extra: list[str]) -> int:
     reference = drill.newest_checkpoint(straight["run"])
     if code != 0 or reference is None:
         raise JobError(f"the straight run ended {code} without a final checkpoint: fix it before rehearsing faults")
-    rows = [_one(fault, planned, root, reference) for fault in faults]
+    world = args.nodes * args.processes_per_node
+    epochs = len(json.loads((straight["run"] / "metrics.json").read_text()).get("epochs", [])) or 1
+    base = Straight(reference, world, drill.run_steps(straight["run"], world) // epochs)
+    rows = [_one(fault, planned, root, base) for fault in faults]
     report = {
         "job": str(args.job),
         "nodes": args.nodes,
@@ -145,16 +148,23 @@ def rehearse(args, extra: list[str]) -> int:
     return 0
 
 
-def _one(fault: str, planned, root: pathlib.Path, reference: pathlib.Path) -> Row:
+@dataclasses.dataclass(frozen=True)
+class Straight:
+    """What every fault's run is held to: the straight run's last checkpoint, its world and steps per epoch."""
+
+    reference: pathlib.Path
+    world: int
+    steps_per_epoch: int
+
+
+def _one(fault: str, planned, root: pathlib.Path, base: Straight) -> Row:
     folder = root / fault.lower().replace(" ", "-")
     world_env = {}
-    if fault in NUMERIC:
-        world_env = {"PYTHONPATH": str(FAULT_HOOK), "FAULT": NUMERIC[fault], "FAULT_AT": str(AT_STEP + 1)}
+    if fault in NUMERIC:  # the last rank's, in the environment every node is given
+        world_env = {"PYTHONPATH": str(FAULT_HOOK), "FAULT": NUMERIC[fault], "FAULT_AT": str(AT_STEP + 1),
+                     "FAULT_RANK": str(base.world - 1)}  # fmt: skip
     job_plan, out = planned(folder, world_env)
-    run = out["run"]
-    world = job_plan.world
-    if fault in NUMERIC:
-        job_plan = dataclasses.replace(job_plan, env={**job_plan.env, "FAULT_RANK": str(world - 1)})
+    run, world = out["run"], base.world
     row = Row(fault)
     injected: list[float] = []
 
@@ -180,36 +190,32 @@ def _one(fault: str, planned, root: pathlib.Path, reference: pathlib.Path) -> Ro
     row.named = _named(run, ending)
     reached = drill.run_steps(run, world)
     saved = drill.newest_checkpoint(run)
-    steps_per_epoch = _steps_per_epoch(run)
-    if saved is not None and steps_per_epoch:
-        row.steps_lost = max(0, reached - drill.position(saved.name, steps_per_epoch))
+    if saved is not None:
+        row.steps_lost = max(0, reached - drill.position(saved.name, base.steps_per_epoch))
     decision = autoresume.decide(ending, autoresume.Chain(folder.name, 1), 0.0)
     row.auto_resume = decision.line
     if decision.action != autoresume.STOP:
         resumed_plan, _ = planned(folder)  # the same job again, without the fault: the payload resumes
-        row.equal = launch.run(resumed_plan) == 0 and drill.compare(reference, drill.newest_checkpoint(run)) == []
+        row.equal = launch.run(resumed_plan) == 0 and drill.compare(base.reference, drill.newest_checkpoint(run)) == []
     elif ending.kind == endings.COMPLETED:
-        row.equal = drill.compare(reference, drill.newest_checkpoint(run)) == []
+        row.equal = drill.compare(base.reference, drill.newest_checkpoint(run)) == []
     return row
 
 
-def _steps_per_epoch(run: pathlib.Path) -> int | None:
-    beat = drill.heartbeat(run, 0)
-    return (beat or {}).get("steps_per_epoch")
-
-
 def _named(run: pathlib.Path, ending: endings.Ending) -> str:
-    """Who the job's own reports named: the ending's hosts, the replica sentinel's rank, the stragglers' host."""
+    """Who the job's own reports named: the ending's hosts, the replica sentinel's ranks (replicas.json), the
+    stragglers of the epochs' records (metrics.json)."""
     names = list(ending.hosts)
-    for name in ("replicas.json", "stragglers.json"):
-        try:
-            data = json.loads((run / name).read_text())
-        except (OSError, ValueError):
-            continue
-        for key in ("ranks", "slow", "named"):
-            for item in data.get(key) or []:
-                if isinstance(item, dict):
-                    names.append(f"rank {item.get('rank')} on {item.get('host')}")
+    try:
+        findings = json.loads((run / "replicas.json").read_text())["findings"]
+    except (OSError, ValueError, KeyError):
+        findings = []
+    names += [f"rank {r} on {h}" for f in findings for r, h in zip(f["ranks"], f["hosts"])]
+    try:
+        epochs = json.loads((run / "metrics.json").read_text())["epochs"]
+    except (OSError, ValueError, KeyError):
+        epochs = []
+    names += [line.split(":")[1].strip() for e in epochs for line in e.get("stragglers") or []]
     return "; ".join(dict.fromkeys(names))
 
 

@@ -179,3 +179,68 @@ def test_a_stop_and_a_preempt_on_one_node_reach_every_rank_on_both_and_the_resum
         assert "resuming from" in resumed.stdout + resumed.stderr
         assert_same_final_weights(tmp_path / "straight" / "run", out / "run")
     assert not left_behind(), left_behind()
+
+
+@pytest.mark.launches
+def test_the_health_check_judges_each_simulated_node_by_its_hostname_and_pins_nccl_to_its_infiniband_cards(tmp_path):
+    """The health check on 2 simulated nodes of an InfiniBand size (the dev stack's gpu-ib, ND96asr v4) and on 2 CPU
+    nodes: one verdict per node, named by its hostname; on the InfiniBand nodes NCCL_IB_HCA names each node's eight
+    InfiniBand cards from its sysfs (devices.pin_nccl_to_infiniband) and never the Ethernet mlx5_an0; on CPU nodes
+    it is left unset. The sizes are a CPU's (the ND figures' 8-16 GiB messages overflow MPI's int count on a CPU)."""
+    args = ["--", "--sizes-mb", "1", "--iterations", "2", "--train-steps", "1", "--model", "tiny_cnn"]
+    reports = {}
+    for kind, extra in (
+        ("ib", ["--stack-outputs", "infra/review/dev-outputs.json", "--cluster", "gpu-ib"]),
+        ("cpu", []),
+    ):
+        out = tmp_path / kind
+        proc = launcher("--nodes", "2", *extra, "--output-dir", str(out), *args, job="jobs/healthcheck-allreduce.yaml")
+        record_launch(2, args, "healthcheck", proc.returncode)
+        report = out / "report" / "allreduce.json"
+        assert report.is_file(), (proc.stdout + proc.stderr)[-5000:]
+        reports[kind] = json.loads(report.read_text())
+        text = proc.stdout + proc.stderr
+        assert all(f"node node-{i}: driver" in text for i in range(2)), text[-5000:]
+    for kind, report in reports.items():
+        assert report["nodes"] == 2 and report["processes"] == 2, report
+        assert [v["host"] for v in report["node_verdicts"]] == ["node-0", "node-1"], report["node_verdicts"]
+        facts = {f["host"]: f for f in report["node_facts"]}
+        assert set(facts) == {"node-0", "node-1"}
+        for f in facts.values():
+            if kind == "ib":
+                cards = [f"mlx5_ib{i}" for i in range(8)]
+                assert f["infiniband_cards"] == cards and "mlx5_an0" in f["infiniband_devices"], f
+                assert f["nccl_ib_hca"] == "=" + ",".join(cards), f
+            else:
+                assert f["infiniband_devices"] == [] and f["nccl_ib_hca"] is None, f
+    assert not left_behind(), left_behind()
+
+
+@pytest.mark.launches
+def test_the_rehearsal_names_a_killed_rank_and_a_lost_node_and_their_resumes_are_exact(tmp_path):
+    """`python -m launcher rehearse` as users run it, two faults of its matrix on node 1: a rank killed (mpirun's
+    word of its signal names its host before the watchdog's stall, which is its consequence) and a node lost
+    (mpirun loses node 1's daemon: a node fault naming it). Each row says who was named, that auto-resume would
+    resume (after the health check of that node, for the node fault), and that the resumed run ends bitwise as the
+    straight one; rehearsal.json holds the same rows."""
+    out = tmp_path / "rehearsal"
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher", "rehearse", JOB, "--nodes", "2", "--faults", "rank killed,node lost",
+         "--output-dir", str(out)],
+        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    record_launch(2, ["rehearse"], "pytorch", proc.returncode)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-5000:]
+    assert "scaled for this machine's CPUs" in text
+    rows = {r["fault"]: r for r in json.loads((out / "rehearsal.json").read_text())["rows"]}
+    killed, lost = rows["rank killed"], rows["node lost"]
+    assert killed["named"] == "node-1" and "exited on signal 9" in killed["ending"], killed
+    assert lost["named"] == "node-1" and lost["ending"].startswith("node fault"), lost
+    assert "after the health check of the job's nodes (named: node-1)" in lost["auto_resume"], lost
+    for row in (killed, lost):
+        assert row["auto_resume"].startswith("resume 1 of 1") and row["equal"] is True, row
+        assert row["exit_code"] != 0 and row["detected_s"] is not None and row["steps_lost"] is not None, row
+    table = text[text.index("| fault |") :]
+    assert "| rank killed |" in table and "| node lost |" in table, table
+    assert not left_behind(), left_behind()

@@ -57,14 +57,13 @@ AZURE_NHC_COMMIT = "0e0a1ac26a64b32ac4dd7632a529638505d3314a"
 #   InfiniBand card (link layer InfiniBand), server and client on the same card (loopback), 8388608-byte
 #   messages from GPU memory (--use_cuda), "BW average" with --report_gbits, Gb/s, every card at once.
 ALLREDUCE_IN_NODE, ALLREDUCE_OVER_IB, IB_WRITE_BW = "allreduce_in_node", "allreduce_over_ib", "ib_write_bw"
-CHECKS = (ALLREDUCE_IN_NODE, ALLREDUCE_OVER_IB, IB_WRITE_BW)
 GIB = 2**30
 IB_WRITE_BW_MESSAGE = 8388608  # azure_ib_write_bw_gdr.nhc: MESSAGE_SIZE=8388608
 
 
 @dataclass(frozen=True)
 class Expected:
-    check: str  # one of CHECKS
+    check: str  # ALLREDUCE_IN_NODE, ALLREDUCE_OVER_IB or IB_WRITE_BW
     value: float  # the least a healthy node shows, in `unit`
     unit: str  # GB/s (bus bandwidth, nccl-tests' definition) or Gb/s (ib_write_bw --report_gbits)
     message_bytes: int  # the message size Azure measures at

@@ -93,11 +93,6 @@ CONTRIBUTOR = {
 }
 
 
-@pytest.fixture
-def azure(monkeypatch):
-    return working_azure(monkeypatch)
-
-
 def working_azure(monkeypatch) -> fake_arm.FakeAzure:
     """A subscription where preflight passes for the dev stack (test_preflight_hub.py builds on it too)."""
     fake = fake_arm.install(monkeypatch)

@@ -24,7 +24,7 @@ import fake_arm
 import pytest
 import yaml
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
-from test_preflight import ARM, CONTRIBUTOR, ML, ROOT, SUB, lines, usages, working_azure
+from test_preflight import ARM, CONTRIBUTOR, ML, ROOT, SUB, lines, usages
 
 from azurecheck import hub, preflight, roles, stackfile
 from azurecheck.arm import NETWORK_API, Arm
@@ -85,11 +85,6 @@ def hub_root(tmp_path: pathlib.Path, central: bool = True, vnet_cidr: str = "10.
         d["config"]["azure-native:subscriptionId"] = SUB
         (tmp_path / "infra" / "data-stack" / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump(d))
     return tmp_path
-
-
-@pytest.fixture
-def azure(monkeypatch):
-    return working_azure(monkeypatch)
 
 
 def own_vnet() -> str:

@@ -16,7 +16,7 @@ import urllib.parse
 import fake_arm
 import pytest
 from azure.core.exceptions import ClientAuthenticationError
-from test_preflight import ARM, CONTRIBUTOR, ML, SUB, dev_stack, lines, run, usage, working_azure
+from test_preflight import ARM, CONTRIBUTOR, ML, SUB, dev_stack, lines, run, usage
 
 from azureaccess import stack
 from azureaccess.errors import JobError
@@ -33,11 +33,6 @@ RBAC_ADMINISTRATOR = [
     "*/read",
     "Microsoft.Support/*",
 ]
-
-
-@pytest.fixture
-def azure(monkeypatch):
-    return working_azure(monkeypatch)
 
 
 def _outputs(dev_outputs, **changes) -> stack.StackOutputs:

@@ -58,10 +58,6 @@ class PlatformConfig:
     # Settings that are valid but probably not what the user wants; the program logs them (pulumi.log.warn).
     warnings: tuple[str, ...] = ()
 
-    @property
-    def total_max_gpus(self) -> int:
-        return sum(c.max_nodes * c.size.gpus for c in self.clusters)
-
 
 _LOCATION = re.compile(r"^[a-z]+[a-z0-9]*$")
 PREFIX_NAME = re.compile(r"^[a-z][a-z0-9]{1,7}$")

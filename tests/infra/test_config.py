@@ -23,7 +23,7 @@ def test_dev_stack_file_is_valid(dev_raw):
     raw, loc = dev_raw
     cfg = config.load(raw, "dev", loc, mocked.SUBSCRIPTION)
     assert [c.name for c in cfg.clusters] == ["cpu-smoke", "gpu-ib"]
-    assert cfg.total_max_gpus == 16
+    assert sum(c.max_nodes * c.size.gpus for c in cfg.clusters) == 16
 
 
 def test_retired_nc24rs_v3_names_the_successors(dev_raw):

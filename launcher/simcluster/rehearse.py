@@ -190,8 +190,8 @@ def _one(fault: str, planned, root: pathlib.Path, base: Straight) -> Row:
     row.named = _named(run, ending)
     reached = drill.run_steps(run, world)
     saved = drill.newest_checkpoint(run)
-    if saved is not None:
-        row.steps_lost = max(0, reached - drill.position(saved.name, base.steps_per_epoch))
+    held = drill.position(saved.name, base.steps_per_epoch) if saved is not None else 0  # none: from the start
+    row.steps_lost = max(0, reached - held)
     decision = autoresume.decide(ending, autoresume.Chain(folder.name, 1), 0.0)
     row.auto_resume = decision.line
     if decision.action != autoresume.STOP:

@@ -224,8 +224,11 @@ def test_the_rehearsal_names_a_killed_rank_and_a_lost_node_and_their_resumes_are
     resume (after the health check of that node, for the node fault), and that the resumed run ends bitwise as the
     straight one; rehearsal.json holds the same rows."""
     out = tmp_path / "rehearsal"
+    # mpirun's stop grace cut from the job's 30 s to 5 s: after the kill it stops the waiting rank in its own time
+    # (120 s with 30 s), which this test is not about
+    job = job_with_env(tmp_path, OMPI_MCA_odls_base_sigkill_timeout="5")
     proc = subprocess.run(
-        [sys.executable, "-m", "launcher", "rehearse", JOB, "--nodes", "2", "--faults", "rank killed,node lost",
+        [sys.executable, "-m", "launcher", "rehearse", str(job), "--nodes", "2", "--faults", "rank killed,node lost",
          "--output-dir", str(out)],
         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900,
     )  # fmt: skip

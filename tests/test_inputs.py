@@ -12,7 +12,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-from helpers import ROOT
 from PIL import Image
 
 from datatools import prepare
@@ -331,42 +330,3 @@ def test_a_process_that_ran_both_loaders_exits():
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "1 passed" in proc.stdout and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-
-
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # a zombie has ended
-    except FileNotFoundError:
-        return True
-
-
-@pytest.mark.launches
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's prctl")
-def test_decode_workers_end_with_a_training_process_killed_outright_a_stopped_worker_too():
-    """torchrun's stop signals the rank alone and a rank killed outright never reaches its atexit: its workers
-    end all the same, the one waiting on its pipe and one stopped (SIGSTOP: it would never read the pipe's EOF)."""
-    import signal
-    import time
-
-    code = (
-        "import sys, time\nfrom payloads.pytorch import ring\n"
-        "print(*ring.workers(2).pids, flush=True)\ntime.sleep(600)\n"
-    )
-    rank = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    pids: list[int] = []
-    try:
-        pids += [int(p) for p in rank.stdout.readline().split()]
-        assert len(pids) == 2 and not any(_gone(p) for p in pids), pids
-        os.kill(pids[0], signal.SIGSTOP)
-        rank.kill()
-        rank.wait()
-        deadline = time.monotonic() + 20
-        while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert all(_gone(p) for p in pids), f"decode workers {pids} outlived their training process"
-    finally:
-        rank.kill()
-        for p in pids:
-            if not _gone(p):
-                os.kill(p, signal.SIGKILL)

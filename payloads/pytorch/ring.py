@@ -10,7 +10,7 @@ unsafe), one pipe each. The training process sends each worker a loader's `Decod
 (loader, epoch, step, slot, mode); the worker derives the step's samples itself, writes the batch into the slot
 and answers with the count. No pixels, task objects or descriptors cross a pipe, and no pool thread runs in the
 training process. A worker's death is noticed at the next wait on it (its process sentinel) and ends the run with
-one line naming it. A worker dies with the training process whatever its state, a stopped one too (`_tie_to_parent`).
+one line naming it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-import sys
 import tempfile
 import traceback
 import weakref
@@ -178,43 +177,9 @@ def make_slots(layout: Layout, count: int, tag: str, pin: bool = False) -> Slots
 # ------------------------------------------------------------------------------------------------ workers
 
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _tie_to_parent() -> None:
-    """Makes the kernel SIGKILL this worker when the training process is gone, whatever state the worker is in (a
-    read stuck on a blob mount, SIGSTOP: a stopped process still takes SIGKILL). torchrun signals the rank alone, and
-    a rank killed outright never reaches its atexit; a worker waiting in recv ends on the pipe's EOF, a stopped one
-    never did. Linux only (prctl), a no-op elsewhere.
-
-    The parent-death signal watches the worker's parent, the forkserver, which exits when its "alive" pipe reaches
-    EOF; every process it forks holds that pipe's write end, so the worker closes its copy (it starts no process),
-    after the prctl: until then the forkserver cannot exit of itself. If the rank or the forkserver died before the
-    prctl (a rank killed as its workers start), the worker ends here: its parent sentinel (the rank) reads EOF, or
-    it was reparented (os.getppid() is 1; a subreaper's pid is not seen). multiprocessing's resource tracker needs
-    nothing: it ends when the last write end of its pipe closes, held by the rank and its workers."""
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-        log.warning("prctl(PR_SET_PDEATHSIG) failed: %s", os.strerror(ctypes.get_errno()))
-        return
-    parent = multiprocessing.parent_process()
-    if os.getppid() == 1 or (parent is not None and not parent.is_alive()):
-        os._exit(1)
-    from multiprocessing import forkserver
-
-    server = forkserver._forkserver  # the "alive" fd this process inherited (forkserver._serve_one)
-    if server._forkserver_alive_fd is not None:
-        os.close(server._forkserver_alive_fd)
-        server._forkserver_alive_fd = None
-
-
 def _worker_main(conn, number: int) -> None:
     # One intra-op thread: the worker count is the parallelism (DataLoader workers do the same). SIGTERM is the
-    # job's stop, which the training process agrees on and ends; the workers end with it (killed at its exit, or
-    # by the kernel when it is gone: _tie_to_parent).
-    _tie_to_parent()
+    # job's stop, which the training process agrees on and ends; the workers end with it (killed at its exit).
     import torch
 
     torch.set_num_threads(1)

@@ -99,6 +99,11 @@ def run_steps(run: pathlib.Path, size: int) -> int:
     return max((b["steps"] for b in beats if b), default=0)
 
 
+def epochs_and_steps(run: pathlib.Path, size: int) -> tuple[int, int]:
+    """A finished run's (epochs, steps in all): its metrics.json's epochs and its ranks' heartbeats."""
+    return len(json.loads((run / "metrics.json").read_text()).get("epochs", [])), run_steps(run, size)
+
+
 def position(name: str, steps_per_epoch: int) -> int:
     """Steps of the run a checkpoint holds, from its name (payloads/common/checkpoint.py)."""
     from payloads.common import checkpoint
@@ -177,8 +182,7 @@ def drill(
     code = run_job(straight_argv, straight_out)
     if code != 0:
         raise JobError(f"drill: the uninterrupted run failed (exit {code}): fix the job first")
-    total = run_steps(straight_out["run"], size)
-    epochs = len(json.loads((straight_out["run"] / "metrics.json").read_text()).get("epochs", []))
+    epochs, total = epochs_and_steps(straight_out["run"], size)
     if total < 10 or epochs < 1:
         raise JobError(f"drill: the run has {total} steps: too short to stop in the middle (10 at least)")
     rank, step = choose(seed, total, size)

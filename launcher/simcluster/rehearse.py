@@ -131,8 +131,8 @@ def rehearse(args, extra: list[str]) -> int:
     if code != 0 or reference is None:
         raise JobError(f"the straight run ended {code} without a final checkpoint: fix it before rehearsing faults")
     world = args.nodes * args.processes_per_node
-    epochs = len(json.loads((straight["run"] / "metrics.json").read_text()).get("epochs", [])) or 1
-    base = Straight(reference, world, drill.run_steps(straight["run"], world) // epochs)
+    epochs, total = drill.epochs_and_steps(straight["run"], world)
+    base = Straight(reference, world, total // max(epochs, 1))
     rows = [_one(fault, planned, root, base) for fault in faults]
     report = {
         "job": str(args.job),

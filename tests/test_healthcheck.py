@@ -111,7 +111,9 @@ def test_passes_above_the_floor_and_reports_what_it_saw(tmp_path):
     descheduled run on a loaded machine does not move; a median of 2 is their mean, which it does)."""
     expect = ["--iterations", "3", "--expect", f"allreduce_in_node={EXPECT}"]
     grace = {mpistop.VARIABLE: "30"}  # the job's (launcher/interconnect.py MPI_STOP_ENV)
-    proc = healthcheck_run(tmp_path, *expect, env={node_figures.MIN_BUSBW: "0.0001", **grace})
+    # as on an InfiniBand size (launcher/interconnect.py), on a node without cards: NCCL_IB_HCA is left unset
+    ib = {"NCCL_IB_DISABLE": "0"}
+    proc = healthcheck_run(tmp_path, *expect, env={node_figures.MIN_BUSBW: "0.0001", **grace, **ib})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "allreduce.json").read_text())
     assert report["passed"] is True and report["processes"] == 2 and report["failures"] == []
@@ -121,7 +123,7 @@ def test_passes_above_the_floor_and_reports_what_it_saw(tmp_path):
     # no GPU, no driver, no InfiniBand here: said so, in the report and in the log
     (node,) = report["node_facts"]
     assert (node["driver"], node["cuda"], node["nccl"], node["gpus_visible"]) == ("none", "none", "none", 0)
-    assert node["infiniband_devices"] == []
+    assert node["infiniband_devices"] == [] and node["nccl_ib_hca"] is None
     assert "driver none, CUDA none, NCCL none, 0 GPUs, InfiniBand devices: none" in proc.stdout
     # each node's disks (root, temporary folder, shared memory: one entry per file system) and each rank's CPUs
     import tempfile

@@ -30,12 +30,6 @@ def launcher(*args: str, job: str | pathlib.Path = JOB, timeout: float = 300) ->
     return proc
 
 
-def left_behind() -> dict[str, list[str]]:
-    """What simulated clusters of launchers that have ended left on this machine (another test's cluster may run
-    beside this one's): {launcher pid: network namespaces}, a state folder alone listed with none."""
-    return cluster.leftovers()
-
-
 def job_with_env(tmp_path: pathlib.Path, **variables: str) -> pathlib.Path:
     """The job file with environment_variables added, which Azure ML (and the simulated nodes) give every node."""
     job = yaml.safe_load((ROOT / JOB).read_text())
@@ -88,7 +82,7 @@ def test_n_simulated_nodes_train_bitwise_as_one_node_with_the_same_world(tmp_pat
     assert b["run"]["world"]["local_processes"] == world
     reported = {p["rank"]: p["host"] for p in a["epochs"][-1]["phase_seconds"]}
     assert reported == hosts
-    assert not left_behind(), left_behind()
+    assert not cluster.leftovers(), cluster.leftovers()  # of launchers that have ended
 
 
 # Long enough to be stopped mid-epoch: 2 epochs of 300 steps per rank.
@@ -178,42 +172,35 @@ def test_a_stop_and_a_preempt_on_one_node_reach_every_rank_on_both_and_the_resum
         assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-5000:]
         assert "resuming from" in resumed.stdout + resumed.stderr
         assert_same_final_weights(tmp_path / "straight" / "run", out / "run")
-    assert not left_behind(), left_behind()
+    assert not cluster.leftovers(), cluster.leftovers()  # of launchers that have ended
 
 
 @pytest.mark.launches
 def test_the_health_check_judges_each_simulated_node_by_its_hostname_and_pins_nccl_to_its_infiniband_cards(tmp_path):
-    """The health check on 2 simulated nodes of an InfiniBand size (the dev stack's gpu-ib, ND96asr v4) and on 2 CPU
-    nodes: one verdict per node, named by its hostname; on the InfiniBand nodes NCCL_IB_HCA names each node's eight
-    InfiniBand cards from its sysfs (devices.pin_nccl_to_infiniband) and never the Ethernet mlx5_an0; on CPU nodes
-    it is left unset. The sizes are a CPU's (the ND figures' 8-16 GiB messages overflow MPI's int count on a CPU)."""
+    """The health check on 2 simulated nodes of an InfiniBand size (the dev stack's gpu-ib, ND96asr v4): one verdict
+    per node, named by its hostname; NCCL_IB_HCA names each node's eight InfiniBand cards from its sysfs
+    (devices.pin_nccl_to_infiniband) and never the Ethernet mlx5_an0. Where a node has no cards it is left unset
+    (test_healthcheck.py's run, with the same NCCL_IB_DISABLE=0). The sizes are a CPU's (the ND figures' 8-16 GiB
+    messages overflow MPI's int count on a CPU)."""
     args = ["--", "--sizes-mb", "1", "--iterations", "2", "--train-steps", "1", "--model", "tiny_cnn"]
-    reports = {}
-    for kind, extra in (
-        ("ib", ["--stack-outputs", "infra/review/dev-outputs.json", "--cluster", "gpu-ib"]),
-        ("cpu", []),
-    ):
-        out = tmp_path / kind
-        proc = launcher("--nodes", "2", *extra, "--output-dir", str(out), *args, job="jobs/healthcheck-allreduce.yaml")
-        record_launch(2, args, "healthcheck", proc.returncode)
-        report = out / "report" / "allreduce.json"
-        assert report.is_file(), (proc.stdout + proc.stderr)[-5000:]
-        reports[kind] = json.loads(report.read_text())
-        text = proc.stdout + proc.stderr
-        assert all(f"node node-{i}: driver" in text for i in range(2)), text[-5000:]
-    for kind, report in reports.items():
-        assert report["nodes"] == 2 and report["processes"] == 2, report
-        assert [v["host"] for v in report["node_verdicts"]] == ["node-0", "node-1"], report["node_verdicts"]
-        facts = {f["host"]: f for f in report["node_facts"]}
-        assert set(facts) == {"node-0", "node-1"}
-        for f in facts.values():
-            if kind == "ib":
-                cards = [f"mlx5_ib{i}" for i in range(8)]
-                assert f["infiniband_cards"] == cards and "mlx5_an0" in f["infiniband_devices"], f
-                assert f["nccl_ib_hca"] == "=" + ",".join(cards), f
-            else:
-                assert f["infiniband_devices"] == [] and f["nccl_ib_hca"] is None, f
-    assert not left_behind(), left_behind()
+    ib = ["--stack-outputs", "infra/review/dev-outputs.json", "--cluster", "gpu-ib"]
+    out = tmp_path / "ib"
+    proc = launcher("--nodes", "2", *ib, "--output-dir", str(out), *args, job="jobs/healthcheck-allreduce.yaml")
+    record_launch(2, args, "healthcheck", proc.returncode)
+    report = out / "report" / "allreduce.json"
+    assert report.is_file(), (proc.stdout + proc.stderr)[-5000:]
+    report = json.loads(report.read_text())
+    text = proc.stdout + proc.stderr
+    assert all(f"node node-{i}: driver" in text for i in range(2)), text[-5000:]
+    assert report["nodes"] == 2 and report["processes"] == 2, report
+    assert [v["host"] for v in report["node_verdicts"]] == ["node-0", "node-1"], report["node_verdicts"]
+    facts = {f["host"]: f for f in report["node_facts"]}
+    assert set(facts) == {"node-0", "node-1"}
+    cards = [f"mlx5_ib{i}" for i in range(8)]
+    for f in facts.values():
+        assert f["infiniband_cards"] == cards and "mlx5_an0" in f["infiniband_devices"], f
+        assert f["nccl_ib_hca"] == "=" + ",".join(cards), f
+    assert not cluster.leftovers(), cluster.leftovers()  # of launchers that have ended
 
 
 @pytest.mark.launches
@@ -246,4 +233,4 @@ def test_the_rehearsal_names_a_killed_rank_and_a_lost_node_and_their_resumes_are
         assert row["exit_code"] != 0 and row["detected_s"] is not None and row["steps_lost"] is not None, row
     table = text[text.index("| fault |") :]
     assert "| rank killed |" in table and "| node lost |" in table, table
-    assert not left_behind(), left_behind()
+    assert not cluster.leftovers(), cluster.leftovers()  # of launchers that have ended

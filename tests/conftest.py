@@ -124,16 +124,20 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """The number of training launches the tests made, by program: with --durations, where the suite's time goes."""
+    """The number of training launches the tests made, by program and by file (the 12 with most): with --durations,
+    where the suite's time goes."""
     import collections
 
     path = os.environ.get(LAUNCH_COUNT)
     if _worker(config) or not path or not os.path.exists(path):
         return
     with open(path) as f:
-        counts = collections.Counter(line.strip() for line in f if line.strip())
+        launches = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+    counts = collections.Counter(program for program, *_ in launches)
     detail = ", ".join(f"{n} {program}" for program, n in counts.most_common())
     terminalreporter.write_line(f"training launches: {sum(counts.values())}" + (f" ({detail})" if detail else ""))
+    files = collections.Counter(where[0] if where else "?" for _, *where in launches)
+    terminalreporter.write_line("by file: " + ", ".join(f"{n} {name}" for name, n in files.most_common(12)))
 
 
 def pytest_unconfigure(config):
@@ -166,8 +170,10 @@ def _count_launch(args) -> None:
     if path:
         argv = [str(a) for a in (args if isinstance(args, (list, tuple)) else [args])]
         program = next((os.path.basename(a) for a in argv if os.path.basename(a) in _TRAINING_PROGRAMS), "python")
+        item = _running["item"]
+        where = item.nodeid.split("::")[0] if item is not None else "?"
         with open(path, "a") as f:
-            f.write(program + "\n")
+            f.write(f"{program}\t{where}\n")
 
 
 _running: dict = {"item": None}  # the test being set up, run or torn down (fixtures of any scope included)

@@ -330,6 +330,13 @@ def test_a_bad_floor_is_refused_before_anything_runs(value, tmp_path):
     assert not (tmp_path / "r.json").exists()
 
 
+def test_min_busbw_none_reports_without_judging_over_the_launchers_floor(monkeypatch):
+    monkeypatch.setenv(node_figures.MIN_BUSBW, "20")
+    assert options.parse([]).floor == 20.0
+    assert options.parse(["--min-busbw", "none"]).floor is None
+    assert options.parse(["--min-busbw", "0.5"]).floor == 0.5
+
+
 # ---- a GPU cluster's process that sees no GPU --------------------------------------------------------------
 
 

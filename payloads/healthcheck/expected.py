@@ -58,12 +58,14 @@ def parse(text: str, source: str) -> dict[str, dict]:
 
 
 def floor(text: str | None, source: str) -> float | None:
-    if text in (None, ""):
+    """The all-reduce floor in GB/s; None (reported, not judged) when unset or `none`, which a user gives to keep a
+    CPU or simulated node from being judged against its VM size's floor."""
+    if text is None or text.strip().lower() in ("", "none"):
         return None
     try:
         value = float(text)
     except ValueError:
         value = -1.0
     if value <= 0:
-        raise ConfigError(f"{source} {text!r}: a bus bandwidth floor in GB/s, a positive number like 20")
+        raise ConfigError(f"{source} {text!r}: a bus bandwidth floor in GB/s, a positive number like 20 (none: not judged)")
     return value

@@ -44,7 +44,7 @@ def parse(argv=None) -> argparse.Namespace:
         default=None,
         metavar="GB_PER_SEC",
         help=f"fail below this bus bandwidth at the largest size (default: ${MIN_BUSBW}, set by "
-        "the launcher from the VM-size catalog; none: reported, not judged)",
+        "the launcher from the VM-size catalog; `none`, or no floor at all: reported, not judged)",
     )
     ap.add_argument(
         "--expect",

@@ -160,7 +160,7 @@ class _Events:
 
                 outer.calls += 1
                 outer.headers.append(self.headers.get("Metadata"))
-                outer.callers.append(_pid_of(self.client_address[1]))
+                outer.callers.append(_pid_of(self.client_address[1], outer.server.server_port))
                 if outer.calls == 1 and outer.first_delay:
                     time.sleep(outer.first_delay)
                 if outer.calls <= outer.fail:
@@ -181,12 +181,14 @@ class _Events:
         self.url = f"http://127.0.0.1:{self.server.server_port}/metadata/scheduledevents?api-version=2020-07-01"
 
 
-def _pid_of(port: int) -> int | None:
-    """The process whose TCP connection to the fake endpoint comes from `port` on 127.0.0.1."""
+def _pid_of(port: int, server: int) -> int | None:
+    """The process whose open TCP connection to the fake endpoint (port `server`) comes from `port`. Matched by both
+    ends and its state: a local port names a connection only with its destination (another test's, or one in
+    TIME_WAIT, owned by no process, had matched first in the suite: a caller None)."""
     import psutil
 
     for c in psutil.net_connections("tcp"):
-        if c.laddr and c.laddr.port == port and c.raddr:
+        if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port and c.raddr and c.raddr.port == server:
             return c.pid
     return None
 

@@ -67,5 +67,7 @@ def floor(text: str | None, source: str) -> float | None:
     except ValueError:
         value = -1.0
     if value <= 0:
-        raise ConfigError(f"{source} {text!r}: a bus bandwidth floor in GB/s, a positive number like 20 (none: not judged)")
+        raise ConfigError(
+            f"{source} {text!r}: a bus bandwidth floor in GB/s, a positive number like 20 (none: not judged)"
+        )
     return value

@@ -191,6 +191,9 @@ def _worker_main(conn, number: int) -> None:
             msg = conn.recv()
         except EOFError:
             return
+        except Exception:  # noqa: BLE001 - a message it cannot read: said, not a bare closed pipe
+            conn.send(("crash", None, traceback.format_exc()))
+            return
         kind, tag = msg[0], msg[1]
         try:
             if kind == "step":
@@ -291,12 +294,13 @@ class Workers:
             ready = multiprocessing.connection.wait([conn, proc.sentinel])
             if conn in ready:
                 try:
-                    return conn.recv()
+                    answer = conn.recv()
                 except (EOFError, ConnectionResetError):
-                    proc.join(timeout=1)
                     raise self._died(w) from None
+                if answer[0] == "crash" and answer[1] is None:  # it could not read a message: it has ended
+                    raise InputFault(f"decode worker {w} (pid {proc.pid}) could not read a message:\n{answer[2]}")
+                return answer
             if proc.sentinel in ready:
-                proc.join(timeout=1)
                 raise self._died(w)
 
     def close(self, tag) -> None:
@@ -339,7 +343,7 @@ class Workers:
 
     def _died(self, w: int) -> InputFault:
         p = self.procs[w]
-        p.join(timeout=1)  # reaped, so that its exit code is known
+        p.join(timeout=10)  # reaped, so that its exit code is known (its forkserver reports it: slow when loaded)
         code = p.exitcode
         how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited ({code})"
         hint = " (the node's memory ran out?)" if code == -signal.SIGKILL else ""

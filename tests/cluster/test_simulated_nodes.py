@@ -47,8 +47,8 @@ def beats(run: pathlib.Path) -> list[dict]:
 @pytest.mark.launches
 @pytest.mark.parametrize(
     "backend, nodes, per_node",
-    [("horovod", 2, 1), ("ddp", 2, 2)],
-    ids=["horovod-2x1", "ddp-2x2"],
+    [("horovod", 2, 1), ("horovod", 2, 2), ("ddp", 2, 1), ("ddp", 2, 2)],
+    ids=["horovod-2x1", "horovod-2x2", "ddp-2x1", "ddp-2x2"],
 )
 def test_n_simulated_nodes_train_bitwise_as_one_node_with_the_same_world(tmp_path, backend, nodes, per_node):
     """mpirun on node 0 reaching node 1's daemons (Horovod), or each node's processes with Azure ML's variables
@@ -101,23 +101,37 @@ SAVE_SECONDS = 40  # the stop's checkpoint takes most of mpirun's window before 
 WINDOW = 2 * 30  # the job's own OMPI_MCA_odls_base_sigkill_timeout (launcher/interconnect.py MPI_STOP_ENV), twice
 
 
-def _stopped(tmp_path, job, out: pathlib.Path, stop) -> tuple[int, str, float]:
-    """The job on 2 simulated nodes, stopped by `stop(launcher)` once both ranks trained 4 steps (the rank the stop
-    reaches first holds at step 5 until it does: tests/stop_at): (exit code, its output, when the stop was made)."""
-    log = tmp_path / f"{out.name}.log"
-    cmd = [sys.executable, "-m", "launcher", str(job), "--target", "local", "--nodes", "2", "--output-dir", str(out)]
-    with open(log, "w") as sink:  # a file: nobody reads a pipe while the test waits
-        proc = subprocess.Popen([*cmd, "--", *STOP_ARGS], cwd=ROOT, env=env(), stdout=sink, stderr=subprocess.STDOUT)
+def _stopped(runs: dict) -> dict:
+    """Each job on 2 simulated nodes of its own, stopped by `stop(launcher)` once both its ranks trained 4 steps (the
+    rank the stop reaches first holds at step 5 until it does: tests/stop_at); all of them at once, since a stop is
+    mostly waiting (the checkpoint's held write, mpirun's schedule). `runs`: name -> (job file, output folder, stop);
+    returns name -> (exit code, its output, when the stop was made)."""
+    started = {}
     try:
-        wait_until(proc, lambda: len(b := beats(out / "run")) == 2 and all(x["steps"] >= 4 for x in b), "4 steps")
-        at = time.time()
-        stop(proc)
-        proc.wait(timeout=240)
+        for name, (job, out, _) in runs.items():
+            log = out.parent / f"{out.name}.log"
+            cmd = [sys.executable, "-m", "launcher", str(job), "--target", "local", "--nodes", "2", "--output-dir",
+                   str(out), "--", *STOP_ARGS]  # fmt: skip
+            with open(log, "w") as sink:  # a file: nobody reads a pipe while the test waits
+                started[name] = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=sink, stderr=subprocess.STDOUT)
+        at = {}
+        for name, (_, out, stop) in runs.items():
+            proc = started[name]
+            wait_until(proc, lambda run=out / "run": len(b := beats(run)) == 2 and all(x["steps"] >= 4 for x in b),
+                       "4 steps")  # fmt: skip
+            at[name] = time.time()
+            stop(proc)
+        for proc in started.values():
+            proc.wait(timeout=240)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    record_launch(2, STOP_ARGS, "pytorch", proc.returncode)
-    return proc.returncode, log.read_text(), at
+        for proc in started.values():
+            if proc.poll() is None:
+                proc.kill()
+    ended = {}
+    for name, (_, out, _) in runs.items():
+        record_launch(2, STOP_ARGS, "pytorch", started[name].returncode)
+        ended[name] = (started[name].returncode, (out.parent / f"{out.name}.log").read_text(), at[name])
+    return ended
 
 
 @pytest.mark.launches
@@ -127,7 +141,7 @@ def test_a_stop_and_a_preempt_on_one_node_reach_every_rank_on_both_and_the_resum
     only after the head node's SIGKILL), with the job's own 30 s timeout and a checkpoint that takes 40 s of the
     60 s; and a Scheduled Event Preempt posted to node 1 only. Each time every rank on both nodes stops at the same
     mid-epoch step with the checkpoint written before the head node's SIGKILL, every rank exits 75, and the resumed
-    run ends bitwise equal to the straight one."""
+    run ends bitwise equal to the straight one. The two stopped runs share their waiting, on clusters of their own."""
 
     def job(holds: int) -> pathlib.Path:
         # `holds`: the rank the stop reaches first (the head node's under mpirun's SIGTERM, node 1's under its
@@ -146,12 +160,14 @@ def test_a_stop_and_a_preempt_on_one_node_reach_every_rank_on_both_and_the_resum
 
     # The launcher's exit: a launcher stopped by a signal ends 128 + the signal, as a shell reports it (the ranks'
     # 75 is in their lines), so that --auto-resume never resumes a chain someone stopped; Preempt ends 75.
-    for name, stop, starter, first, exit_code in (
+    stops = (
         ("sigterm", lambda proc: proc.send_signal(signal.SIGTERM), "stopped by mpirun's stop (SIGCONT", 0, 143),
         ("preempt", posted, "stopped by Scheduled Event Preempt", 1, 75),
-    ):
+    )
+    ended = _stopped({name: (job(first), tmp_path / f"stop-{name}", stop) for name, stop, _, first, _ in stops})
+    for name, _, starter, first, exit_code in stops:
         out = tmp_path / f"stop-{name}"
-        code, text, at = _stopped(tmp_path, job(first), out, stop)
+        code, text, at = ended[name]
         assert code == exit_code, text[-5000:]
         lines = [line for line in text.splitlines() if line.startswith("stopped by ")]
         assert len(lines) == 2 and sum(line.startswith(starter) for line in lines) == 1, lines

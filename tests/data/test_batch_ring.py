@@ -92,6 +92,27 @@ def test_a_worker_that_dies_ends_the_run_with_one_line_naming_it(train):
     assert ring.workers(3).pids[1] != victim  # the next loader of this process gets a new set
 
 
+class _Unreadable:
+    """Pickles here; unpickling it raises (int("unreadable")), as a message a worker cannot read would."""
+
+    def __reduce__(self):
+        return int, ("unreadable",)
+
+
+def test_a_message_a_worker_cannot_read_is_named_with_its_traceback_not_as_a_closed_pipe():
+    """Unpickling happens in the worker's recv, outside its per-message handling: it used to end the worker
+    with a bare closed pipe ("exited (None)" while its exit was still being reported)."""
+    group = ring.workers(2)
+    victim = group.procs[0]
+    group.send(0, ("call", "call", _Unreadable()))
+    with pytest.raises(InputFault) as e:
+        group.recv(0, "call")
+    text = str(e.value)
+    assert f"decode worker 0 (pid {victim.pid}) could not read a message" in text and "ValueError" in text, text
+    victim.join(timeout=30)
+    assert victim.exitcode == 0 and ring.workers(2).pids[0] != victim.pid  # it ended; the next loader gets a new set
+
+
 def test_a_full_dev_shm_is_refused_at_start_with_the_figure_and_the_fix(train, monkeypatch):
     def full(fd, offset, length):
         raise OSError(errno.ENOSPC, "No space left on device")

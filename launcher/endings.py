@@ -29,9 +29,10 @@ NODE_FAULT = "node fault"  # replicas went wrong and stayed wrong (exit 70), a G
 PERMANENT = "permanent"  # a refused configuration, bad data or a full disk (exit 2): a rerun fails the same way
 CANCELED = "canceled"  # a person (or a policy) canceled the job: not resumed
 PREEMPTED = "preempted"  # Azure ML took the low-priority nodes and does not restart the job: resume
-UNKNOWN = "unknown"  # anything else (a rank killed, a node lost, a decode worker that died): resume from a checkpoint
+INPUT_FAULT = "input fault"  # a rank's decode worker died (exit 74: killed for memory, a decoder's crash): resume
+UNKNOWN = "unknown"  # anything else (a rank killed, a node lost): resume from a checkpoint
 
-EXIT_CLASSES = {0: COMPLETED, 75: STOPPED, 124: HANG, 70: NODE_FAULT, 2: PERMANENT}
+EXIT_CLASSES = {0: COMPLETED, 75: STOPPED, 124: HANG, 70: NODE_FAULT, 2: PERMANENT, 74: INPUT_FAULT}
 # Azure ML's error for a failed user process ("Execution failed. User process 'python' exited with status code 2.")
 EXIT_IN_MESSAGE = re.compile(r"exit(?:ed)? with (?:status|exit) code:? *(-?\d+)", re.IGNORECASE)
 # Azure ML's message when a node has fewer GPUs than the job asks for (a GPU fell off the bus)
@@ -139,13 +140,19 @@ def classify(
     if replicas and replicas.get("stopped") and 70 in {*codes, exit_code}:  # an earlier attempt's report stays
         named = tuple(sorted({h for f in replicas.get("findings", []) for h in f.get("hosts", [])}))
         return Ending(NODE_FAULT, 70, at, named, replicas["stopped"])
-    own = sorted(codes - {0})  # horovodrun's and torchrun's 1 hides the ranks' own codes: their heartbeats keep them
+    # horovodrun's and torchrun's 1 hides the ranks' own codes: their heartbeats keep them, and a rank's 1 (a survivor's
+    # traceback after another rank failed) says less than the other's code
+    own = sorted(codes - {0, 1}) or sorted(codes - {0})
     code = exit_code if exit_code not in (None, 1) or not own else own[0]
     kind = EXIT_CLASSES.get(code, UNKNOWN) if code else UNKNOWN
     if kind == UNKNOWN and NODE_MESSAGES.search(message or ""):
         kind = NODE_FAULT
     if kind in (HANG, STOPPED):  # the code without the files that make it so (an older payload): take it as said
         return Ending(kind, code, at, why=first_line(message or "", 200))
+    if kind == INPUT_FAULT:  # the ranks that said it ended so in their last heartbeat, with their hosts
+        named = tuple(sorted({b["host"] for b in beats if b.get("exit_code") == code and b.get("host")}))
+        why = "a decode worker died (killed for memory, or a decoder's crash: the rank's line above)"
+        return Ending(kind, code, at, named, why)
     why = {
         PERMANENT: "the job refused its configuration, its data or a full disk: a rerun fails the same way",
         NODE_FAULT: first_line(message or "", 200) or "a node's hardware",

@@ -344,6 +344,17 @@ class Cluster:
             raise JobError(f"tc on {host(i)}: {proc.stderr.decode().strip()}")
         return f"tbf rate {rate}"
 
+    def fill_output(self, folder: pathlib.Path, size: str = "64k") -> None:
+        """The job's output folder full as every node sees it (a shared disk out of room): a tmpfs of `size` over
+        `folder` in each node's mount namespace. What the job wrote there stays beneath it, in this machine's
+        folder, and the tmpfs goes with the nodes (their mounts are private: nothing reaches this machine's)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        for i, holder in enumerate(self.holders):
+            mount = ["nsenter", "-t", str(holder), "-m", "mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs"]
+            proc = subprocess.run([*mount, str(folder)], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise JobError(f"simulated {host(i)}: a full {folder}: mount: {proc.stderr.strip()}")
+
     def lose(self, i: int) -> int:
         """Node i lost: every process in it killed, its metadata service with them; how many were killed."""
         return _kill_namespace(self.namespaces[i])

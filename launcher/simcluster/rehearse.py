@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import shlex
 import signal
 import sys
 import time
@@ -64,6 +65,34 @@ def _sigterm(cluster: Cluster, run: pathlib.Path, world: int) -> None:
     os.kill(os.getpid(), signal.SIGTERM)  # as Azure ML stops a job: the launcher forwards it to mpirun
 
 
+def input_workers(pid: int) -> list[int]:
+    """The input workers of a training process: the shard loader's decode workers and DataLoader's workers are
+    the children of its multiprocessing forkserver (itself a child of the process, as its resource tracker is)."""
+    import psutil
+
+    found = []
+    for child in psutil.Process(pid).children():
+        try:
+            if "multiprocessing.forkserver" in " ".join(child.cmdline()):
+                found += [w.pid for w in child.children()]
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def _kill_input_worker(cluster: Cluster, run: pathlib.Path, world: int) -> None:
+    import psutil
+
+    pid = _last_rank_pid(run, world)
+    try:
+        workers = input_workers(pid)
+    except psutil.NoSuchProcess:
+        raise JobError(f"the last rank (pid {pid}) ended before its input worker could be killed") from None
+    if not workers:
+        raise JobError("the last rank has no input worker to kill (synthetic data, or --workers 0)")
+    os.kill(workers[0], signal.SIGKILL)  # as the kernel's OOM killer takes one
+
+
 FAULTS = {
     "rank killed": _kill_rank(signal.SIGKILL),
     "rank hung": _kill_rank(signal.SIGSTOP),
@@ -72,6 +101,8 @@ FAULTS = {
     "slow link": lambda c, run, world: c.slow_link(c.spec.nodes - 1),
     "Preempt notice": lambda c, run, world: c.post_event(c.spec.nodes - 1, "Preempt"),
     "SIGTERM": _sigterm,
+    "full output disk": lambda c, run, world: c.fill_output(run / "checkpoints"),  # every node's view of it
+    "decode worker died": _kill_input_worker,
     # numbers gone wrong on the last rank (tests/fault): the replica sentinel's to find
     "NaN": None,
     "flipped replica": None,
@@ -166,7 +197,11 @@ def _one(fault: str, planned, root: pathlib.Path, base: Straight) -> Row:
     job_plan, out = planned(folder, world_env)
     run, world = out["run"], base.world
     row = Row(fault)
+    if FAULTS[fault] is _kill_input_worker and not decodes_in_workers(job_plan.command):
+        row.ending = "not run: the job decodes no images in worker processes (synthetic data, or --workers 0)"
+        return row
     injected: list[float] = []
+    refused: list[str] = []
 
     def inject(cluster: Cluster) -> None:
         deadline = time.monotonic() + 300
@@ -176,7 +211,10 @@ def _one(fault: str, planned, root: pathlib.Path, base: Straight) -> Row:
             time.sleep(0.1)
         injected.append(time.time())
         if FAULTS[fault] is not None:
-            FAULTS[fault](cluster, run, world)
+            try:
+                FAULTS[fault](cluster, run, world)
+            except (JobError, OSError) as e:  # said in the row, not as a thread's traceback
+                refused.append(str(e))
 
     print(f"rehearsal: {fault} on {host(job_plan.nodes - 1)} at step {AT_STEP} ({folder})", flush=True)
     started = time.time()
@@ -186,7 +224,7 @@ def _one(fault: str, planned, root: pathlib.Path, base: Straight) -> Row:
     row.detected_s = round(ended - injected[0], 1) if injected else None
     ending = endings.classify("Completed" if row.exit_code == 0 else "Failed", row.exit_code,
                               endings.local_reader(run), world, message="\n".join(heard), since=started)  # fmt: skip
-    row.ending = ending.line()
+    row.ending = ending.line() if not refused else f"the fault was not injected: {refused[0]}; {ending.line()}"
     row.named = _named(run, ending)
     reached = drill.run_steps(run, world)
     saved = drill.newest_checkpoint(run)
@@ -200,6 +238,22 @@ def _one(fault: str, planned, root: pathlib.Path, base: Straight) -> Row:
     elif ending.kind == endings.COMPLETED:
         row.equal = drill.compare(base.reference, drill.newest_checkpoint(run)) == []
     return row
+
+
+def decodes_in_workers(command: str) -> bool:
+    """Whether the payload's command line (its last --data and --workers win, as argparse reads them) decodes
+    images in worker processes: real data with at least one worker."""
+    tokens = shlex.split(command)
+
+    def last(flag: str, value: str) -> str:
+        for i, token in enumerate(tokens):
+            if token == flag and i + 1 < len(tokens):
+                value = tokens[i + 1]
+            elif token.startswith(flag + "="):
+                value = token.split("=", 1)[1]
+        return value
+
+    return last("--data", "synthetic") != "synthetic" and last("--workers", "2") != "0"
 
 
 def _named(run: pathlib.Path, ending: endings.Ending) -> str:

@@ -1,7 +1,8 @@
 """Every payload's entry point ends the same way: its log lines on stdout, a configuration or data error as one
 line and exit code 2, a SIGTERM's stop (preemption.py) as its line and exit code 75, replicas that went wrong and
 stayed wrong (payloads/pytorch/sentinel.py) as its line and exit code 70, a broken input pipeline (a decode
-worker that died) as its line and exit code 74, otherwise 0."""
+worker that died) as its line and exit code 74, a rank under which another rank's failure shut Horovod down as one
+line and exit code 1 (the other rank's line says why), otherwise 0."""
 
 from __future__ import annotations
 
@@ -50,7 +51,17 @@ def _ending(body: Callable[[], object]) -> int:
     except ReplicaFault as e:
         say(f"error: {e} (exit {REPLICA_FAULT})")  # every rank says it: all decided at the same check
         return REPLICA_FAULT
+    except Exception as e:
+        if type(e).__name__ != "HorovodInternalError" or PEER_FAILED not in str(e):
+            raise
+        # Another rank's error shut Horovod down under this one, in the middle of a collective: that rank's own
+        # line says what happened; this one's traceback said nothing more (and buried it).
+        say(f"error: {PEER_FAILED} by another rank's failure: its line above (or its node's log) says why; exit 1")
+        return 1
     return 0
+
+
+PEER_FAILED = "Horovod has been shut down"  # horovod/common/operations.cc: what a collective raises after it
 
 
 def finish(code: int | None) -> NoReturn:

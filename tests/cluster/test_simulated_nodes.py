@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import signal
 import subprocess
@@ -224,17 +225,19 @@ def test_the_health_check_judges_each_simulated_node_by_its_hostname_and_pins_nc
 
 @pytest.mark.launches
 def test_the_rehearsal_names_a_killed_rank_and_a_lost_node_and_their_resumes_are_exact(tmp_path):
-    """`python -m launcher rehearse` as users run it, two faults of its matrix on node 1: a rank killed (mpirun's
-    word of its signal names its host before the watchdog's stall, which is its consequence) and a node lost
+    """`python -m launcher rehearse` as users run it, three faults of its matrix: a rank killed on node 1 (mpirun's
+    word of its signal names its host before the watchdog's stall, which is its consequence) and node 1 lost
     (mpirun loses node 1's daemon: a node fault naming it). Each row says who was named, that auto-resume would
     resume (after the health check of that node, for the node fault), and that the resumed run ends bitwise as the
-    straight one; rehearsal.json holds the same rows."""
+    straight one; rehearsal.json holds the same rows. And the output folder full on every node (a tmpfs over it in
+    each node's mounts): every rank's one line, exit 2, not resumed, nothing written to the folder beneath, and the
+    nodes' mount never in this machine's."""
     out = tmp_path / "rehearsal"
     # mpirun's stop grace cut from the job's 30 s to 5 s: after the kill it stops the waiting rank in its own time
     # (120 s with 30 s), which this test is not about
     job = job_with_env(tmp_path, OMPI_MCA_odls_base_sigkill_timeout="5")
     proc = subprocess.run(
-        [sys.executable, "-m", "launcher", "rehearse", str(job), "--nodes", "2", "--faults", "rank killed,node lost",
+        [sys.executable, "-m", "launcher", "rehearse", str(job), "--nodes", "2", "--faults", "rank killed,node lost,full output disk",
          "--output-dir", str(out)],
         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900,
     )  # fmt: skip
@@ -250,6 +253,11 @@ def test_the_rehearsal_names_a_killed_rank_and_a_lost_node_and_their_resumes_are
     for row in (killed, lost):
         assert row["auto_resume"].startswith("resume 1 of 1") and row["equal"] is True, row
         assert row["exit_code"] != 0 and row["detected_s"] is not None and row["steps_lost"] is not None, row
+    full, folder = rows["full output disk"], out / "full-output-disk" / "run" / "checkpoints"
+    assert full["exit_code"] == 2 and full["ending"].startswith("permanent"), full
+    assert full["auto_resume"].startswith("not resumed") and full["equal"] is None, full
+    assert text.count(f"error: the output folder {folder} is full") == 2, text[-3000:]  # one line from each rank
+    assert not os.path.ismount(folder) and list(folder.iterdir()) == []
     table = text[text.index("| fault |") :]
     assert "| rank killed |" in table and "| node lost |" in table, table
     assert not cluster.leftovers(), cluster.leftovers()  # of launchers that have ended

@@ -113,6 +113,29 @@ def test_a_message_a_worker_cannot_read_is_named_with_its_traceback_not_as_a_clo
     assert victim.exitcode == 0 and ring.workers(2).pids[0] != victim.pid  # it ended; the next loader gets a new set
 
 
+def test_the_rehearsal_finds_a_training_processs_decode_workers_and_only_them():
+    """`rehearse --faults "decode worker died"` kills one of the last rank's input workers, found from outside the
+    rank: the children of its forkserver, not the forkserver itself nor its resource tracker; a job that decodes
+    nothing in workers is not rehearsed for it (its command line, as argparse reads it)."""
+    import multiprocessing.forkserver
+    import multiprocessing.resource_tracker
+
+    from launcher.simcluster import rehearse
+
+    group = ring.workers(2)
+    found = rehearse.input_workers(os.getpid())
+    assert set(group.pids) <= set(found), (group.pids, found)
+    others = {
+        multiprocessing.forkserver._forkserver._forkserver_pid,
+        multiprocessing.resource_tracker._resource_tracker._pid,
+    }
+    assert not others & set(found) and os.getpid() not in found
+    decodes = rehearse.decodes_in_workers
+    assert decodes("python -m payloads.pytorch.train --data synthetic --workers 2 --data shards")
+    assert not decodes("python -m payloads.pytorch.train --data shards --workers 2 --workers 0")
+    assert not decodes("python -m payloads.pytorch.train --data shards --data=synthetic") and not decodes("train")
+
+
 def test_a_full_dev_shm_is_refused_at_start_with_the_figure_and_the_fix(train, monkeypatch):
     def full(fd, offset, length):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -346,6 +346,13 @@ def test_the_decision_table(tmp_path):
     read = endings.local_reader(tmp_path / "nowhere")
     found = endings.classify("Failed", None, read, 8, "Expected 8 GPUs but the number of GPUs found is 7")
     assert found.kind == endings.NODE_FAULT and found.at is None
+    # A rank whose decode worker died ends 74 and says so in its last heartbeat: an input fault on its host, resumed
+    beats = {f"progress/rank{r}.json": {"run": "t", "size": 2, "at": [0, 46], "host": f"node-{r}", "written_at": 1,
+                                        "exit_code": 74 if r else 1} for r in (0, 1)}  # fmt: skip
+    for launcher_saw in (74, 1):  # mpirun's first non-zero code, or horovodrun's 1 hiding it
+        fault = endings.classify("Failed", launcher_saw, beats.get, 2)
+        assert (fault.kind, fault.exit_code, fault.hosts) == (endings.INPUT_FAULT, 74, ("node-1",)), fault
+        assert "decode worker died" in fault.line() and autoresume.decide(fault, fresh, 0.0).action == autoresume.RESUME
 
 
 @pytest.mark.parametrize(

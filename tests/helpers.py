@@ -281,3 +281,19 @@ def ending_of(out: pathlib.Path, returncode: int, size: int = 2):
     status = "Completed" if returncode == 0 else "Failed"
     ending = endings.classify(status, returncode, endings.local_reader(out), size)
     return ending, autoresume.decide(ending, autoresume.Chain("test", budget=3), 0.0)
+
+
+def learnable_tree(root, classes=4, per_class=12, seed=0, sizes=(18, 30)):
+    """Each class a colour, each image that colour plus noise, of varied sizes: the loss can fall."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    colours = rng.integers(0, 256, (classes, 3))
+    for c in range(classes):
+        (root / f"class{c}").mkdir(parents=True)
+        for i in range(per_class):
+            h, w = rng.integers(*sizes, 2)
+            noise = rng.normal(0, 20, (h, w, 3))
+            Image.fromarray(np.clip(colours[c] + noise, 0, 255).astype(np.uint8)).save(root / f"class{c}" / f"{i}.jpg")
+    return root

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -13,14 +14,29 @@ import time
 
 import pytest
 import yaml
-from helpers import ROOT, TINY, assert_same_final_weights, env, final_weights, metrics, record_launch, wait_until
+from helpers import (
+    ROOT,
+    TINY,
+    assert_same_final_weights,
+    env,
+    final_weights,
+    learnable_tree,
+    metrics,
+    record_launch,
+    wait_until,
+)
 
+from datatools import prepare
 from launcher.simcluster import cluster
 
 pytestmark = pytest.mark.skipif(cluster.missing() is not None, reason=f"no simulated nodes here: {cluster.missing()}")
 
 JOB = "jobs/pytorch-resnet50-synthetic.yaml"
 ARGS = TINY + ["--epochs", "2", "--batch-size", "8"]
+# The shard job with its --cache-decoded, its cache in /dev/shm as the launcher places it on Azure ML (cachehome.py)
+SHARDS_JOB = "jobs/pytorch-resnet50-imagenet-shards.yaml"
+SHARDS_ARGS = [a for a in TINY if a not in ("--synthetic-samples", "128")]
+SHARDS_ARGS += ["--epochs", "2", "--batch-size", "4", "--shuffle-buffer", "5", "--cache-dir", "/dev/shm"]
 
 
 def launcher(*args: str, job: str | pathlib.Path = JOB, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -47,24 +63,38 @@ def beats(run: pathlib.Path) -> list[dict]:
 
 @pytest.mark.launches
 @pytest.mark.parametrize(
-    "backend, nodes, per_node",
-    [("horovod", 2, 1), ("horovod", 2, 2), ("ddp", 2, 1), ("ddp", 2, 2)],
-    ids=["horovod-2x1", "horovod-2x2", "ddp-2x1", "ddp-2x2"],
+    "backend, nodes, per_node, data",
+    [
+        ("horovod", 2, 1, "synthetic"),
+        ("horovod", 2, 2, "shards"),
+        ("ddp", 2, 1, "synthetic"),
+        ("ddp", 2, 2, "synthetic"),
+    ],
+    ids=["horovod-2x1", "horovod-2x2-shards", "ddp-2x1", "ddp-2x2"],
 )
-def test_n_simulated_nodes_train_bitwise_as_one_node_with_the_same_world(tmp_path, backend, nodes, per_node):
+def test_n_simulated_nodes_train_bitwise_as_one_node_with_the_same_world(tmp_path, backend, nodes, per_node, data):
     """mpirun on node 0 reaching node 1's daemons (Horovod), or each node's processes with Azure ML's variables
     (DDP): the same numbers as the same world on one host, every rank on its node by Azure ML's order, each node's
-    hostname in its heartbeats and in the epoch's report, and nothing left on this machine."""
+    hostname in its heartbeats and in the epoch's report, and nothing left on this machine. On shards, the decoded
+    cache: each rank fills its file once, in its own node's /dev/shm, which this machine's never sees."""
     world = nodes * per_node
     sim, one = tmp_path / "sim", tmp_path / "one"
     common = ["--backend", backend]
+    job, args = JOB, ARGS
+    if data == "shards":  # the job's input, shared with every node as Azure ML mounts it
+        learnable_tree(tmp_path / "img")
+        prepare.run(tmp_path / "img", tmp_path / "shards", shards=4, formats=["webdataset"], progress=False)
+        job, args = SHARDS_JOB, SHARDS_ARGS
+        common += ["--input", f"imagenet={tmp_path / 'shards' / 'webdataset'}"]
+    shm_before = set(os.listdir("/dev/shm"))
     proc = launcher(*common, "--nodes", str(nodes), "--processes-per-node", str(per_node), "--output-dir", str(sim),
-                    "--", *ARGS)  # fmt: skip
-    record_launch(world, ARGS, "pytorch", proc.returncode)
+                    "--", *args, job=job)  # fmt: skip
+    record_launch(world, args, "pytorch", proc.returncode)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-5000:]
-    ref = launcher(*common, "--np", str(world), "--output-dir", str(one), "--", *ARGS)
-    record_launch(world, ARGS, "pytorch", ref.returncode)
+    assert not {n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith("decoded-")}
+    ref = launcher(*common, "--np", str(world), "--output-dir", str(one), "--", *args, job=job)
+    record_launch(world, args, "pytorch", ref.returncode)
     assert ref.returncode == 0, (ref.stdout + ref.stderr)[-5000:]
 
     assert f"simulated cluster: {nodes} nodes (node-0, node-1; each its own network" in text
@@ -83,6 +113,12 @@ def test_n_simulated_nodes_train_bitwise_as_one_node_with_the_same_world(tmp_pat
     assert b["run"]["world"]["local_processes"] == world
     reported = {p["rank"]: p["host"] for p in a["epochs"][-1]["phase_seconds"]}
     assert reported == hosts
+    if data == "shards":  # filled once per rank in epoch 1, in /dev/shm, by its node's host name; 48 images in all
+        kept = re.findall(r"kept (\d+) decoded images of rank (\d+) in (\S+)", text)
+        assert sorted(int(r) for _, r, _ in kept) == list(range(world)), kept
+        for _, r, path in kept:
+            assert re.fullmatch(rf"/dev/shm/decoded-node-{int(r) // per_node}-\d+-rank{r}-\w+\.u8", path), path
+        assert sum(int(n) for n, _, _ in kept) == 48 and [e["images"] for e in a["epochs"]] == [48, 48]
     assert not cluster.leftovers(), cluster.leftovers()  # of launchers that have ended
 
 

@@ -3,27 +3,12 @@ averaged (ranks end identical), every image is trained on once per epoch."""
 
 import re
 
-import numpy as np
 import pytest
-from helpers import TINY, max_diff, metrics, train
-from PIL import Image
+from helpers import TINY, learnable_tree, max_diff, metrics, train
 
 from datatools import prepare
 
 pytestmark = pytest.mark.launches  # starts training processes: serial under xdist (tests/conftest.py)
-
-
-def _learnable_tree(root, classes=4, per_class=12, seed=0, sizes=(18, 30)):
-    """Each class a colour, each image that colour plus noise, of varied sizes: the loss can fall."""
-    rng = np.random.default_rng(seed)
-    colours = rng.integers(0, 256, (classes, 3))
-    for c in range(classes):
-        (root / f"class{c}").mkdir(parents=True)
-        for i in range(per_class):
-            h, w = rng.integers(*sizes, 2)
-            noise = rng.normal(0, 20, (h, w, 3))
-            Image.fromarray(np.clip(colours[c] + noise, 0, 255).astype(np.uint8)).save(root / f"class{c}" / f"{i}.jpg")
-    return root
 
 
 def _small_mounts(tmp_path, shm_kib: int, cache_kib: int) -> list[str]:
@@ -52,7 +37,7 @@ def test_two_processes_train_on_shards_with_identical_weights(tmp_path):
     """Under a /dev/shm of 256 KiB (Horovod's launcher needs some), smaller than one rank's decoded images (24
     images of 60-90 px, about 400 KB): the cache lives in --cache-dir (TMPDIR here), not in shared memory, where
     writing past the tmpfs's size was a SIGBUS at the end of epoch 1."""
-    _learnable_tree(tmp_path / "img", sizes=(60, 90))
+    learnable_tree(tmp_path / "img", sizes=(60, 90))
     prepare.run(tmp_path / "img", tmp_path / "shards", shards=4, formats=["webdataset"], progress=False)
     out = tmp_path / "run"
     args = [a for a in TINY if a != "--synthetic-samples" and a != "128"]
@@ -110,7 +95,7 @@ def test_a_resumed_run_on_shards_equals_a_straight_one(tmp_path):
     import torch
     from helpers import final_weights
 
-    _learnable_tree(tmp_path / "img", per_class=6)
+    learnable_tree(tmp_path / "img", per_class=6)
     prepare.run(tmp_path / "img", tmp_path / "shards", shards=4, formats=["webdataset"], progress=False)
     args = [a for a in TINY if a not in ("--synthetic-samples", "128")] + [
         "--data",
@@ -166,7 +151,7 @@ def test_gpu_decode_runs_its_cpu_fallback_in_two_processes(tmp_path):
     import torch
     from helpers import final_weights
 
-    _learnable_tree(tmp_path / "img")
+    learnable_tree(tmp_path / "img")
     prepare.run(tmp_path / "img", tmp_path / "shards", shards=4, formats=["webdataset"], progress=False)
     args = [a for a in TINY if a != "--synthetic-samples" and a != "128"]
     common = args + [

@@ -6,7 +6,7 @@ Its rows, what each measures and what it needs (Python 3.11 or 3.12 with torch a
 benchmarks/requirements-gpu-box.txt; no Horovod, no .venv) are in docs/pytorch-gpu.md#the-gpu-benchmark. In order,
 diagnostic rows first: the check of /dev/shm and pinned memory, the ceilings (the payload's step on one batch made
 on the GPU), the payload on synthetic data (sentinel on and off, both dtypes), the decoders, the payload on shards
-(plain, cached, 24 px, trainer on its own cores), then the risky rows (--gpu-decode, DALI). Every row is guarded: one
+(plain, cached, 24 px, trainer on its own cores), then the risky row (--gpu-decode). Every row is guarded: one
 that fails is a row with its error, and rows not started by the deadline are rows saying so. `--quick --device cpu`
 runs the same code at toy sizes (CI); `--plan` prints the rows and the payload commands as JSON and runs nothing.
 Reference: NVIDIA's published ResNet-50 (PyTorch, AMP, A100 80 GB, batch 256): 2,470 img/s per GPU.
@@ -147,22 +147,15 @@ def payload_args(sizes: Sizes, device: str, data: list[str], epochs: int = 1) ->
 
 
 def real_cases(quick: bool, work: str) -> list[tuple[str, list[str]]]:
-    """The real-data rows, the risky ones last: decoding every epoch; as the shards job runs (--cache-decoded: epoch
+    """The real-data rows, the risky one last: decoding every epoch; as the shards job runs (--cache-decoded: epoch
     1 decodes and keeps, later epochs crop the kept images from a file in `work`); JPEGs decoded on the GPU
-    (--gpu-decode: nvJPEG's hardware backend, which a VM may not expose); DALI (a row that says so where DALI is
-    not installed: its wheel is too large to carry to a bare box)."""
+    (--gpu-decode: nvJPEG's hardware backend, which a VM may not expose)."""
     cases = [("", [])]
     if not quick:
         cases += [(", --cache-decoded", ["--cache-decoded", "--cache-dir", work]), (", --gpu-decode", ["--gpu-decode"])]
-        cases.append((", --loader dali", ["--loader", "dali"]))
     return cases
 
 
-def dali_installed() -> bool:
-    return bool(importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali"))
-
-
-NO_DALI = "skipped: DALI is not installed here (its wheels are too large to carry to a bare box: docs/pytorch-gpu.md)"
 DEADLINE = 460  # seconds: rows not started by then are recorded as skipped; the command ends within 8 minutes
 
 
@@ -234,7 +227,6 @@ def plan(sizes: Sizes, device: str, workers: int, compiled: bool | None, quick: 
         "sizes": asdict(sizes),
         "ceiling": [{"batch": b, "dtype": d, "compiled": c} for b, d, c in ceiling_cases(quick, compiled)],
         "horovod_installed": horovod_installed(),
-        "dali": dali_installed() or NO_DALI,
         "payload": {
             "synthetic": payload_command(synthetic, "OUT"),
             **full,
@@ -418,7 +410,7 @@ def main(argv=None) -> int:
         return None if "error" in result or "skipped" in result else result
 
     # Diagnostic rows first: whether pinning works at all (a failure is its row: the ring's rows then say theirs),
-    # then the GPU alone, then the payload; the risky rows last.
+    # then the GPU alone, then the payload; the risky row last.
     def check() -> dict:
         found = check_pinning(device)
         return {"check": found, "note": ", ".join(f"{k} {v}" for k, v in found.items())}
@@ -523,7 +515,7 @@ def main(argv=None) -> int:
             )
         shard_args = ["--data", "shards", "--data-dir", str(shard_dir), "--workers", str(args.workers)]
         real = [(label, extra) for label, extra in real_cases(args.quick, work)]
-        risky = [case for case in real if case[1][:1] in (["--gpu-decode"], ["--loader"])]
+        risky = [case for case in real if case[1][:1] == ["--gpu-decode"]]
         for label, extra in [case for case in real if case not in risky]:
             what = f"payload real data ({sizes.shard_side} px shards, {args.workers} workers{label})"
             row(
@@ -550,12 +542,9 @@ def main(argv=None) -> int:
                 lambda: real_run(shard_args, env),
                 env=env,
             )
-        # The risky rows last: nvJPEG on the GPU (its hardware backend in a VM), DALI where it is installed.
+        # The risky row last: nvJPEG on the GPU (its hardware backend in a VM).
         for label, extra in risky:
             what = f"payload real data ({sizes.shard_side} px shards, {args.workers} workers{label})"
-            if extra[0] == "--loader" and not dali_installed():
-                row(what, "real", lambda: {"skipped": NO_DALI.removeprefix("skipped: ")})
-                continue
             row(
                 what,
                 "real",

@@ -62,10 +62,9 @@ def test_without_horovod_the_payload_rows_are_plain_processes_on_an_extended_pyt
     assert p["pythonpath"] == str(ROOT) + os.pathsep + given
     # The real-data rows read shards of the shards job's size; no compiled row unless asked for.
     assert p["sizes"]["shard_side"] == 256 and "--resize 256" in p["shards"]
-    # The sentinel's row: the same run with --replica-check-every 0; DALI's row where it is installed (.venv has it).
+    # The sentinel's row: the same run with --replica-check-every 0.
     off = p["payload"]["synthetic, sentinel off"]
     assert off[: off.index("--output-dir")] == p["payload"]["synthetic"][:-2] + ["--replica-check-every", "0"]
-    assert p["dali"] is True and p["payload"]["real, --loader dali"][-4:-2] == ["--loader", "dali"]
     assert [(c["batch"], c["dtype"], c["compiled"]) for c in p["ceiling"]] == [
         (64, "fp16", False),
         (64, "bf16", False),
@@ -172,9 +171,9 @@ def test_the_photos_are_made_by_several_processes_into_one_tree(tmp_path):
     assert not list(tmp_path.glob("part*"))
 
 
-def test_a_failing_row_is_a_row_with_its_error_and_the_deadline_skips_the_rest(monkeypatch):
+def test_a_failing_row_is_a_row_with_its_error_and_the_deadline_skips_the_rest():
     """One failing row (nvJPEG's hardware backend in a VM, a missing package) is a row with its error, printed with
-    its last line, and the run goes on; a row not started by the deadline says so; without DALI its row says why."""
+    its last line, and the run goes on; a row not started by the deadline says so."""
 
     def fails():
         raise RuntimeError("a payload row exited 1:\nTraceback ...\nRuntimeError: nvjpegCreateEx failed")
@@ -184,5 +183,3 @@ def test_a_failing_row_is_a_row_with_its_error_and_the_deadline_skips_the_rest(m
     assert gpu.guarded(lambda: {"images_per_sec": 5.0}, remaining=100) == {"images_per_sec": 5.0}
     lines = gpu.table([{"what": "real", **failed}, {"what": "late", **late}, {"what": "ok", "images_per_sec": 5.0}])
     assert "-  (RuntimeError: nvjpegCreateEx failed)" in lines and "deadline" in lines and "5.0" in lines
-    monkeypatch.setattr(gpu, "dali_installed", lambda: False)
-    assert gpu.plan(gpu.FULL, "cuda", 12, None, False)["dali"].startswith("skipped: DALI is not installed")

@@ -29,7 +29,7 @@ fi
 # Two parts, each with a stamp of what went into it:
 #   local: what the local job needs (scripts/train-local, train-landcover): the payloads' and the launcher's pins,
 #          Horovod's PyTorch part. A bare machine trains first; nothing else is downloaded or compiled for it.
-#   all:   everything .venv holds (requirements.txt: TensorFlow, DALI, Pulumi, the tests' tools) and Horovod's
+#   all:   everything .venv holds (requirements.txt: TensorFlow, Pulumi, the tests' tools) and Horovod's
 #          TensorFlow part beside the PyTorch one (scripts/test, review-infra). A complete install covers local.
 PART=${1:-all}
 case $PART in local|all) ;; *) log "usage: toolchain/bootstrap.sh [local|all]"; exit 2 ;; esac
@@ -37,7 +37,7 @@ LOCAL_REQS=("$ROOT/payloads/requirements.txt" "$ROOT/launcher/requirements.txt")
 digest() { cat "$@" "$ROOT/constraints.txt" "$ROOT/toolchain/build_horovod.sh" "$ROOT/toolchain/patch_horovod.py" \
                "$ROOT/toolchain/bootstrap.sh" "$ROOT/infra/pyproject.toml" | sha256sum | cut -d' ' -f1; }
 STAMP="$VENV/.bootstrap-stamp"
-WANT=$(digest "$ROOT/requirements.txt" "$ROOT/payloads/requirements.txt" "$ROOT/payloads/gpu-requirements.txt" \
+WANT=$(digest "$ROOT/requirements.txt" "$ROOT/payloads/requirements.txt" \
               "$ROOT/payloads/requirements-tensorflow.txt" "$ROOT/infra/requirements.txt" "$ROOT/policy/requirements.txt" \
               "$ROOT/launcher/requirements.txt" "$ROOT/benchmarks/requirements.txt")
 STAMP_LOCAL="$VENV/.bootstrap-stamp-local"
@@ -92,7 +92,7 @@ DOWNLOAD_LOCAL_S=90 DOWNLOAD_REST_S=60
 COMPILE_TORCH_S=160 COMPILE_TF_S=130
 plan=() seconds=0
 if ! has_module torch; then plan+=("download and install the local job's packages"); seconds=$(( seconds + DOWNLOAD_LOCAL_S )); fi
-if [ "$PART" = all ] && ! has_module tensorflow; then plan+=("download and install the rest (TensorFlow, Pulumi, DALI, the test tools)"); seconds=$(( seconds + DOWNLOAD_REST_S )); fi
+if [ "$PART" = all ] && ! has_module tensorflow; then plan+=("download and install the rest (TensorFlow, Pulumi, the test tools)"); seconds=$(( seconds + DOWNLOAD_REST_S )); fi
 if ! part_cached torch "$torch_pin"; then plan+=("compile Horovod's PyTorch part"); seconds=$(( seconds + COMPILE_TORCH_S * 2 / jobs )); fi
 if [ "$PART" = all ] && ! part_cached tf "$tf_pin"; then plan+=("compile Horovod's TensorFlow part"); seconds=$(( seconds + COMPILE_TF_S * 2 / jobs )); fi
 if [ ${#plan[@]} -eq 0 ]; then plan=("install the pinned packages and the cached Horovod wheel"); seconds=60; fi
@@ -146,7 +146,7 @@ build=$!
 log "installing the local job's packages (payloads/, launcher/)"
 quiet_pip "${LOCAL_REQS[@]/#/-r}" -c "$ROOT/constraints.txt"
 if [ "$PART" = all ]; then
-    log "installing the rest of requirements.txt (TensorFlow, Pulumi, DALI, the test tools)"
+    log "installing the rest of requirements.txt (TensorFlow, Pulumi, the test tools)"
     quiet_pip -r "$ROOT/requirements.txt" -c "$ROOT/constraints.txt"
 fi
 # The platform's library (infra/pyproject.toml): `import trainingplatform` for the launcher, policy and tests.

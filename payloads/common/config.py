@@ -27,9 +27,6 @@ DEVICE_DEPENDENT: dict[str, tuple[tuple[str, ...], ...]] = {
     "gpu_decode": (("--gpu-decode",), ()),  # off by default; without a GPU it runs its CPU fallback
 }
 
-# The PyTorch shard loaders (payloads/pytorch/shards.py, dali.py).
-LOADERS = ("workers", "dali")
-
 # PyTorch's collective layers (payloads/pytorch/backends.py); Horovod is the default.
 BACKENDS = ("horovod", "ddp")
 
@@ -79,7 +76,6 @@ class TrainConfig:
     shuffle_buffer: int = 5000  # shards: samples held for shuffling per process
     decoder: str = "auto"  # PyTorch: the CPU JPEG decoder (payloads/pytorch/decoders.py)
     gpu_decode: bool = False  # PyTorch shards: decode JPEGs on the GPU (nvJPEG through torchvision)
-    loader: str = "workers"  # PyTorch shards: the decode worker processes, or NVIDIA DALI's pipeline
     cache_decoded: bool = False  # shards: keep the decoded images after epoch 1 (a memory-mapped file)
     cache_dir: pathlib.Path | None = None  # where that file lives; None = the temporary folder (TMPDIR, /tmp)
     progress: bool = True

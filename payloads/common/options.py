@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
 from . import preemption, stragglers, tracking, watchdog
-from .config import BACKENDS, LOADERS, LR_PER_256, TrainConfig, check_output_dir
+from .config import BACKENDS, LR_PER_256, TrainConfig, check_output_dir
 from .errors import ConfigError
 
 
@@ -311,13 +311,6 @@ def _pytorch_classification(g, c: Declared) -> None:
         default=d.gpu_decode,
         help="--data shards: decode JPEGs on the GPU (nvJPEG through torchvision); without a GPU, "
         "torchvision's CPU decoder runs the same path",
-    )
-    g.add_argument(
-        "--loader",
-        choices=LOADERS,
-        default=d.loader,
-        help="--data shards: decode in worker processes into shared batch slots (workers), or with NVIDIA DALI's "
-        "pipeline (dali: C++ threads, JPEGs decoded on the GPU where there is one; pip install nvidia-dali-cuda130)",
     )
     g.add_argument(
         "--shuffle-buffer",

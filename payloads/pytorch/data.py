@@ -97,8 +97,8 @@ class EpochSteps:
 
 @dataclass(frozen=True)
 class Reading:
-    """How one rank reads one split, the one argument of the shard loaders' constructors (shards.ShardLoader,
-    dali.Batches): its part (`rank` of `size`, `batch` per step), the order (seed, shuffle or not) and the options."""
+    """How one rank reads one split, the one argument of shards.ShardLoader's constructor: its part (`rank` of
+    `size`, `batch` per step), the order (seed, shuffle or not) and the options."""
 
     rank: int
     size: int

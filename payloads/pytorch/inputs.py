@@ -10,8 +10,7 @@ undecodable images dropped from the step (--skip-corrupt-images).
 - synthetic: a pool of uint8 images made once on the device (data.SyntheticImages), indexed per step
   there: no host work and no host-to-device copy per step, the GPU's ceiling (as Horovod's benchmark).
 - imagefolder: a DataLoader with worker processes (forkserver) yielding uint8 batches;
-- shards: shards.ShardLoader, decoding in worker processes (one intra-op thread each) into shared slots; or with
-  --loader dali, NVIDIA DALI's pipeline (dali.py), which hands over device batches itself.
+- shards: shards.ShardLoader, decoding in worker processes (one intra-op thread each) into shared slots.
 Real data goes through `Prefetched`: pinned uint8 host batches copied on a side CUDA stream while the
 previous step runs, normalised there, handed over with record_stream (NVIDIA DeepLearningExamples'
 PrefetchedWrapper); on a CPU the same steps run without streams.
@@ -234,15 +233,6 @@ def build(
             f"--gpu-decode applies to --data shards (JPEGs decoded by nvJPEG on the GPU); with "
             f"--data {cfg.data} drop --gpu-decode"
         )
-    if cfg.loader == "dali":
-        from . import dali
-
-        dali.check(cfg)
-        train_split, val_split, num_classes = shards.datasets(cfg.data_dir)
-        part = lambda split, shuffle: dali.Batches(
-            split, data.Reading.of(cfg, rank, size, batch, shuffle), cfg.image_size, device, channels_last
-        )
-        return Inputs(part(train_split, True), part(val_split, False) if val_split else None, num_classes)
     if cfg.data == "synthetic":
         images = data.SyntheticImages(cfg.synthetic_samples, cfg.num_classes, cfg.image_size, cfg.seed, device=device)
         return Inputs(

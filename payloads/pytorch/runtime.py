@@ -82,8 +82,6 @@ def resolve(cfg: config.TrainConfig, backend) -> tuple[torch.device, precision.P
 def _decoder(cfg: config.TrainConfig, device: torch.device) -> str:
     """The JPEG decoder the training images go through: nvJPEG with --gpu-decode on a GPU (torchvision's CPU
     decoder in the training process without one), else the decode workers' CPU decoder."""
-    if cfg.loader == "dali":
-        return "dali (mixed: nvJPEG)" if device.type == "cuda" else "dali (cpu)"
     if cfg.gpu_decode:
         return "nvjpeg" if device.type == "cuda" else "torchvision (cpu, --gpu-decode without a GPU)"
     return inputs.decoder_of(cfg)

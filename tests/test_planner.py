@@ -56,3 +56,51 @@ def test_overhead_command_prints_the_check_against_the_unfitted_rows():
         assert abs(shown - r8 / r1) < 0.01, name  # the measured column is the README's (test_scaling.py)
         if name != scaling.OVERHEAD_FIT_ON:
             assert abs(predicted - r8 / r1) / (r8 / r1) < 0.06, name
+
+
+# ---- the planner's parameter-server model ------------------------------------------------------------------
+S, B = 100e6, 3.125  # 100 MB of gradients, 25 Gbit/s
+
+
+def test_ps_bandwidth_term_by_hand():
+    # PS side 2 * 128 * 1e8 / (16 * 3.125e9) = 0.512 s beats the worker side 2 * 4 * 1e8 / 3.125e9 = 0.256 s
+    assert planner.ps_bandwidth_seconds(128, 4, S, 16, B) == pytest.approx(0.512)
+    # at 8 GPUs the PS side is 0.032 s: the node's 4 workers sharing its NIC are the bottleneck
+    assert planner.ps_bandwidth_seconds(8, 4, S, 16, B) == pytest.approx(0.256)
+
+
+def test_ps_step_time_by_hand():
+    t = planner.Transport("test", B, 10.0, 50e-6, 0.75, 0.005)
+    # compute 64 / 200 = 0.32 s; comm 0.512 + 2 * 50e-6 = 0.5121 s; hidden 0.75 * 0.32 * 2/3 = 0.16 s;
+    # overhead 0.005 * log2(128) = 0.035 s
+    step = 0.32 + (0.5121 - 0.16) + 0.035
+    assert planner.ps_step_time(128, 4, 64, 200.0, S, t, 16) == pytest.approx(step)
+    assert planner.ps_efficiency(128, 4, 64, 200.0, S, t, 16) == pytest.approx(0.32 / step)
+    with pytest.raises(ValueError, match="at least 1 PS shard"):
+        planner.ps_step_time(8, 4, 64, 200.0, S, t, 0)
+
+
+def test_ps_efficiency_falls_with_gpus_for_a_fixed_shard_count():
+    table = planner.compare_ps()
+    for p in planner.PS_SHARDS:
+        row = [table[f"ps{p}"][n] for n in planner.PS_COUNTS]
+        assert all(a > b for a, b in zip(row, row[1:])), (p, row)
+
+
+def test_allreduce_bandwidth_term_is_flat_where_the_ps_term_grows_linearly():
+    ring = [planner.ring_bandwidth_seconds(n, S, B) for n in planner.PS_COUNTS]
+    assert max(ring) / min(ring) <= (2 * S / (B * 1e9)) / ring[0] <= 8 / 7 + 1e-12  # 2(n-1)/n in [7/4, 2)
+    ps = [planner.ps_bandwidth_seconds(n, 4, S, 1, B) for n in planner.PS_COUNTS]
+    assert ps[-1] / ps[0] == pytest.approx(512 / 8)
+
+
+def test_seed_point_lies_between_one_shard_and_the_allreduce():
+    """The seed's 50% at 128 GPUs: below the allreduce's prediction, above one shard's; shards_for finds the
+    count where the model crosses it, and None where the workers' NICs cap the model below the target."""
+    table = planner.compare_ps()
+    assert table["ps1"][128] < 0.5 < table["hierarchical"][128]
+    p = planner.shards_for(128, 0.5)
+    c, t = planner.SOURCE_SETUP, planner.SOURCE_TRANSPORT
+    eff = lambda shards: planner.ps_efficiency(128, c["per_node"], c["batch"], c["rate1"], c["grad_bytes"], t, shards)
+    assert eff(p - 1) < 0.5 <= eff(p)
+    assert planner.shards_for(128, 0.99) is None

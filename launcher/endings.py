@@ -18,6 +18,7 @@ import dataclasses
 import json
 import pathlib
 import re
+from math import inf
 from collections.abc import Callable
 
 from azureaccess.errors import first_line
@@ -106,6 +107,21 @@ def every_rank_stopped(beats: list[dict]) -> bool:
     return bool(beats) and len(beats) == beats[0].get("size") and all(b.get("doing") == "stopped" for b in beats)
 
 
+def silent_hosts(beats: list[dict]) -> tuple[str, ...]:
+    """The hosts whose ranks all fell silent a heartbeat period or more before every other host's last beat, none
+    with an exit code: a lost node, where mpirun's word names no host ("ORTE was unable to reliably start one or more
+    daemons", when it hears of the daemon's end through its launch agent first). The period is a quarter of the
+    heartbeat's limit, at most 10 s (payloads/common/watchdog.py: heartbeat_every)."""
+    newest: dict[str, float] = {}
+    for b in beats:
+        if b.get("host") and "written_at" in b:
+            newest[b["host"]] = max(newest.get(b["host"], 0.0), b["written_at"] if b.get("exit_code") is None else inf)
+    if len(newest) < 2:
+        return ()
+    every = min(10.0, max(0.2, min(b.get("limit_seconds", 40.0) for b in beats) / 4))
+    return tuple(sorted(h for h, t in newest.items() if all(t + every <= u for g, u in newest.items() if g != h)))
+
+
 def classify(
     status: str, exit_code: int | None, read: Read, size: int, message: str = "", since: float = 0.0
 ) -> Ending:
@@ -127,7 +143,7 @@ def classify(
     if every_rank_stopped(beats):
         return Ending(STOPPED, 75, at, why="every rank stopped with a checkpoint")
     if LOST_NODE.search(message or ""):  # before the stall: the other ranks waited on the lost node's
-        named = tuple(sorted(set(LOST_HOST.findall(message))))
+        named = tuple(sorted(set(LOST_HOST.findall(message)))) or silent_hosts(beats)
         return Ending(NODE_FAULT, exit_code, at, named, "mpirun lost a node's daemon: " + LOST_NODE.search(message)[0])
     signalled = RANK_SIGNALLED.search(message or "")
     if signalled:  # before the stall: the watchdog names the ranks that waited on it

@@ -75,11 +75,15 @@ def beats(run: pathlib.Path) -> list[dict]:
 def test_n_simulated_nodes_train_bitwise_as_one_node_with_the_same_world(tmp_path, backend, nodes, per_node, data):
     """mpirun on node 0 reaching node 1's daemons (Horovod), or each node's processes with Azure ML's variables
     (DDP): the same numbers as the same world on one host, every rank on its node by Azure ML's order, each node's
-    hostname in its heartbeats and in the epoch's report, and nothing left on this machine. On shards, the decoded
-    cache: each rank fills its file once, in its own node's /dev/shm, which this machine's never sees."""
+    hostname in its heartbeats and in the epoch's report, and nothing left on this machine. Horovod's 2 x 1 runs
+    with the whole environment the launcher gives the dev stack's cpu-smoke cluster (D4s_v5: Open MPI's settings
+    over the old image's pml). On shards, the decoded cache: each rank fills its file once, in its own node's
+    /dev/shm, which this machine's never sees."""
     world = nodes * per_node
     sim, one = tmp_path / "sim", tmp_path / "one"
     common = ["--backend", backend]
+    on = ["--stack-outputs", "infra/review/dev-outputs.json", "--cluster", "cpu-smoke"] if per_node == 1 else []
+    on = on if backend == "horovod" else []
     job, args = JOB, ARGS
     if data == "shards":  # the job's input, shared with every node as Azure ML mounts it
         learnable_tree(tmp_path / "img")
@@ -87,8 +91,8 @@ def test_n_simulated_nodes_train_bitwise_as_one_node_with_the_same_world(tmp_pat
         job, args = SHARDS_JOB, SHARDS_ARGS
         common += ["--input", f"imagenet={tmp_path / 'shards' / 'webdataset'}"]
     shm_before = set(os.listdir("/dev/shm"))
-    proc = launcher(*common, "--nodes", str(nodes), "--processes-per-node", str(per_node), "--output-dir", str(sim),
-                    "--", *args, job=job)  # fmt: skip
+    proc = launcher(*common, *on, "--nodes", str(nodes), "--processes-per-node", str(per_node), "--output-dir",
+                    str(sim), "--", *args, job=job)  # fmt: skip
     record_launch(world, args, "pytorch", proc.returncode)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-5000:]
@@ -100,6 +104,8 @@ def test_n_simulated_nodes_train_bitwise_as_one_node_with_the_same_world(tmp_pat
     assert f"simulated cluster: {nodes} nodes (node-0, node-1; each its own network" in text
     if backend == "horovod":  # one mpirun, on node 0, with the nodes as its hosts
         assert f"mpirun -np {world} -H node-0:{per_node},node-1:{per_node} bash -c" in text
+    if on:  # the nodes' environment is cpu-smoke's
+        assert "TRAINING_VM_SIZE=Standard_D4s_v5" in text and "OMPI_MCA_pml=ob1 " in text, text[-5000:]
     a, b = metrics(sim / "run"), metrics(one / "run")
     keys = ("train_loss", "train_accuracy", "images")
     assert [[e[k] for k in keys] for e in a["epochs"]] == [[e[k] for k in keys] for e in b["epochs"]]

@@ -7,7 +7,6 @@ same way, on a machine without InfiniBand, like a CPU or NC node.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -219,33 +218,6 @@ def test_gpu_settings_select_a_working_pml(size):
     assert "rank 0 of 2 sum 3.0" in proc.stdout and "rank 1 of 2 sum 3.0" in proc.stdout, proc.stdout
 
 
-@pytest.mark.launches
-@needs_mpi
-def test_cpu_cluster_environment_runs_the_health_check_under_mpirun(tmp_path):
-    """The whole environment the launcher gives a cpu-smoke job (D4s_v5, 2 processes), over the old image's
-    pml, runs the health check's allreduce to a correct sum across 2 ranks."""
-    env = interconnect.environment(cluster("Standard_D4s_v5"), 2)
-    report = tmp_path / "allreduce.json"
-    proc = mpirun(
-        env,
-        [
-            sys.executable,
-            "-m",
-            "payloads.healthcheck",
-            "--sizes-mb",
-            "1",
-            "--iterations",
-            "2",
-            "--output",
-            str(report),
-        ],
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    data = json.loads(report.read_text())
-    assert data["processes"] == 2 and data["passed"] is True
-    assert all(r["correct"] for r in data["results"])
-
-
 # ---- hung jobs: Azure ML's timeout and Horovod's stall shutdown -----------------------------------------
 
 JOBS = sorted((helpers.ROOT / "jobs").glob("*.yaml"))
@@ -446,25 +418,20 @@ def test_mpirun_stops_ranks_with_sigcont_then_sigterm_after_the_grace():
 @pytest.mark.launches
 @needs_mpi
 @pytest.mark.one_core  # mostly waiting (a held rank, a grace, a stall): about one core
-def test_a_stop_through_mpirun_leaves_the_mid_epoch_checkpoint_with_the_jobs_settings(tmp_path):
-    """The payload's 2 ranks under mpirun with every MPI job's settings (MPI_STOP_ENV; its grace cut to 8 s here to
-    keep the test short): mpirun's SIGCONT starts the stop, the ranks agree, rank 0 writes the mid-epoch checkpoint
-    (held 3 s, a slow output mount) and every rank says so, before SIGTERM. With Open MPI's defaults (the control:
-    no SIGCONT stop, 1 s from SIGTERM to SIGKILL) the write is cut short and nothing is left to resume from."""
+def test_without_the_jobs_stop_settings_a_stop_through_mpirun_leaves_nothing_to_resume_from(tmp_path):
+    """Why every MPI job carries MPI_STOP_ENV: the payload's 2 ranks under mpirun with Open MPI's defaults (no SIGCONT
+    stop, 1 s from SIGTERM to SIGKILL) are stopped while rank 0's mid-epoch checkpoint is held 3 s (a slow output
+    mount): the write is cut short and nothing is left to resume from. With the job's settings, the same stop writes
+    the checkpoint on every rank of 2 simulated nodes, within the job's own 2 x 30 s with a 40 s write
+    (tests/cluster/test_simulated_nodes.py)."""
     env = interconnect.environment(cluster("Standard_D4s_v5"), 2)
     assert {k: env[k] for k in interconnect.MPI_STOP_ENV} == {
         "OMPI_MCA_odls_base_sigkill_timeout": "30",
         "TRAINING_STOP_ON_SIGCONT": "1",
     }
-    proc, kept = _stopped_under_mpirun(tmp_path / "job", {**env, "OMPI_MCA_odls_base_sigkill_timeout": "8"})
-    text = proc.stdout + proc.stderr
-    lines = [ln for ln in text.splitlines() if "stopped by mpirun's stop (SIGCONT, SIGTERM to follow): wrote" in ln]
-    assert len(lines) == 2 and all("checkpoint-epoch-0000-step-000001.pt" in ln for ln in lines), text[-3000:]
-    assert [p.name for _, p in kept] == ["checkpoint-epoch-0000-step-000001.pt"]  # complete, marker and all
-
     default = {k: v for k, v in env.items() if k not in interconnect.MPI_STOP_ENV}
     proc, kept = _stopped_under_mpirun(tmp_path / "default", default)
-    assert "stopped by" not in proc.stdout + proc.stderr and kept == [], proc.stdout[-2000:]
+    assert proc.returncode != 0 and "stopped by" not in proc.stdout + proc.stderr and kept == [], proc.stdout[-2000:]
 
 
 # Each rank writes its count to a file: Open MPI 4.1's output forwarding can drop the last line of a process that

@@ -261,29 +261,6 @@ def test_gloo_operations_under_mpi_are_refused_before_launch(monkeypatch, tmp_pa
     assert "--gloo" in argv
 
 
-@pytest.mark.launches
-def test_healthcheck_job_runs_locally(tmp_path):
-    proc = _launch(
-        [
-            "jobs/healthcheck-allreduce.yaml",
-            "--target",
-            "local",
-            "--np",
-            "2",
-            "--output-dir",
-            str(tmp_path),
-            "--",
-            "--sizes-mb",
-            "1,4",
-            "--iterations",
-            "2",
-        ]
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads((tmp_path / "report" / "allreduce.json").read_text())
-    assert report["passed"] is True and report["processes"] == 2 and len(report["results"]) == 2
-
-
 # ---- --backend ddp: Azure ML's pytorch distribution, torchrun locally --------------------------------------
 
 DDP_JOBS = ["pytorch-resnet50-synthetic", "pytorch-landcover-unet"]

@@ -244,10 +244,10 @@ def test_a_rank_whose_weights_drift_fails_the_agreement(tmp_path):
     )
 
 
-@pytest.mark.parametrize("model,part", [("tiny_cnn", "step"), ("resnet18", "import")])
-def test_a_broken_torch_dynamo_fails_the_check_where_bandwidth_alone_passes(tmp_path, model, part):
-    """tiny_cnn meets it in the optimizer; resnet18 already in torchvision's import, as the payload would."""
-    proc = healthcheck_run(tmp_path, "--min-busbw", "0.0001", "--model", model, env=fault(tmp_path, BROKEN_DYNAMO))
+def test_a_broken_torch_dynamo_fails_the_check_where_bandwidth_alone_passes(tmp_path):
+    """resnet18 meets it in torchvision's import, as the payload would (tiny_cnn in the optimizer: the next test)."""
+    part = "import"
+    proc = healthcheck_run(tmp_path, "--min-busbw", "0.0001", "--model", "resnet18", env=fault(tmp_path, BROKEN_DYNAMO))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "allreduce.json").read_text())
     assert report["bandwidth"]["ok"] is True and all(r["correct"] for r in report["results"]), "bandwidth passed"
@@ -264,15 +264,23 @@ def test_a_broken_torch_dynamo_fails_the_check_where_bandwidth_alone_passes(tmp_
 
 
 def test_one_failing_rank_is_named_and_the_others_do_not_hang(tmp_path):
-    """Only rank 1 fails (before its first step): rank 0's gradient allreduces still complete (Horovod's join)."""
+    """Only rank 1 fails, in its optimizer's import of torch._dynamo (tiny_cnn's first step), where bandwidth alone
+    passes: rank 0's gradient allreduces still complete (Horovod's join), and rank 1 alone is named."""
     code = "if os.environ['HOROVOD_RANK'] == '1':\n" + textwrap.indent(BROKEN_DYNAMO, "    ")
-    proc = healthcheck_run(tmp_path, "--model", "tiny_cnn", env=fault(tmp_path, code))
+    proc = healthcheck_run(tmp_path, "--min-busbw", "0.0001", "--model", "tiny_cnn", env=fault(tmp_path, code))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    t = json.loads((tmp_path / "allreduce.json").read_text())["training"]
+    report = json.loads((tmp_path / "allreduce.json").read_text())
+    assert report["bandwidth"]["ok"] is True and all(r["correct"] for r in report["results"]), "bandwidth passed"
+    t = report["training"]
+    assert t["failed_part"] == "step" and t["ranks_agree"] is None and len(report["failures"]) == 1
     assert t["errors"] == [
         {"rank": 1, "part": "step", "error": "AttributeError: module 'sys' has no attribute 'get_int_max_str_digits'"}
     ]
-    assert "healthcheck FAILED: training step failed on rank(s) 1: AttributeError" in proc.stdout
+    assert "STEP FAILED" in proc.stdout and "torch/_dynamo" in proc.stderr, "the traceback shows where"
+    assert (
+        "healthcheck FAILED: training step failed on rank(s) 1: AttributeError: module 'sys' has no attribute "
+        "'get_int_max_str_digits'"
+    ) in proc.stdout
 
 
 def test_a_non_finite_loss_fails_the_step():

@@ -178,14 +178,6 @@ def test_fails_below_the_floor_naming_the_measurement_and_the_floor(tmp_path):
     assert "NET/IB" in proc.stdout, "the message says where to look"
 
 
-def test_without_a_floor_bandwidth_is_reported_not_judged(tmp_path):
-    proc = healthcheck_run(tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads((tmp_path / "allreduce.json").read_text())
-    assert report["bandwidth"]["judged"] is False and report["bandwidth"]["ok"] is None
-    assert "bus bandwidth not judged: no floor for this VM size" in proc.stdout
-
-
 # ---- the training part: what a training job does, failed the ways real clusters fail it ----------------------
 
 
@@ -218,7 +210,8 @@ def test_training_passes_with_channels_last_and_mixed_precision_on_the_cpu(tmp_p
 
 
 def test_a_rank_whose_weights_drift_fails_the_agreement(tmp_path):
-    """Rank 1 nudges its weights after every optimizer step (what a faulty GPU or an unaveraged rank does)."""
+    """Rank 1 nudges its weights after every optimizer step (what a faulty GPU or an unaveraged rank does). No floor
+    for this size: bandwidth is reported, not judged, and the failure is the agreement's alone."""
     drift = textwrap.dedent("""\
         if os.environ['HOROVOD_RANK'] == '1':
             import torch
@@ -232,12 +225,14 @@ def test_a_rank_whose_weights_drift_fails_the_agreement(tmp_path):
 
             register_optimizer_step_post_hook(drift)
         """)
-    proc = healthcheck_run(tmp_path, "--min-busbw", "0.0001", "--train-steps", "2", env=fault(tmp_path, drift))
+    proc = healthcheck_run(tmp_path, "--train-steps", "2", env=fault(tmp_path, drift))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "allreduce.json").read_text())
     t = report["training"]
     assert t["ranks_agree"] is False and t["failed_part"] == "agreement" and math.isfinite(t["loss"])
-    assert report["bandwidth"]["ok"] is True and all(r["correct"] for r in report["results"])
+    assert report["bandwidth"]["judged"] is False and report["bandwidth"]["ok"] is None
+    assert "bus bandwidth not judged: no floor for this VM size" in proc.stdout
+    assert all(r["correct"] for r in report["results"]) and len(report["failures"]) == 1, report["failures"]
     assert "RANKS DIFFER" in proc.stdout
     assert (
         "healthcheck FAILED: training agreement failed: after 2 steps the parameters of rank(s) 1 differ" in proc.stdout

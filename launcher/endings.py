@@ -18,8 +18,8 @@ import dataclasses
 import json
 import pathlib
 import re
-from math import inf
 from collections.abc import Callable
+from math import inf
 
 from azureaccess.errors import first_line
 

@@ -59,8 +59,8 @@ def test_the_agreement_stops_every_rank_when_one_is_signalled_and_follows_rank_0
     now = [0.0]
     ranks = [preemption.Preemption(r, 1.0, clock=lambda: now[0]) for r in (0, 1)]
 
-    def agree():
-        proposals = [p.proposal() for p in ranks]
+    def agree(write_failed=False):
+        proposals = [p.proposal(write_failed) for p in ranks]
         sums = [sum(col) for col in zip(*proposals)]
         return [p.settle(sums) for p in ranks]
 
@@ -77,6 +77,11 @@ def test_the_agreement_stops_every_rank_when_one_is_signalled_and_follows_rank_0
     assert agree() == ["clock", "clock"]
     ranks[0].saved(3.0)
     assert agree() == [None, None]
+    # Rank 0's background checkpoint write failed (a full folder): every rank ends with its line, a signal or not;
+    # the other ranks' own writers never fail (rank 0 alone writes), so only rank 0's word counts
+    ranks[1]._handler(signal.SIGTERM, None)
+    assert agree(write_failed=True) == [preemption.WRITE_FAILED] * 2
+    assert sum(ranks[1].proposal(write_failed=True)[3:]) == 0
 
 
 def test_the_stop_line_names_what_started_the_stop_not_the_signal_that_followed():

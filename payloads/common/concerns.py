@@ -10,7 +10,7 @@ that names no event (a misspelt `step_ended` would otherwise never be called); i
 What a concern reads from the run: `cfg`, `log` (the framework's logger), `backend` (rank, size,
 broadcast_object(obj, name), allgather_object(obj, name)), `root`, `epoch`, `step` (the step just trained,
 0-based in its epoch), `steps` (the epoch's), `sum_floats(values, name)` (one sum over ranks of host numbers) and
-`saver` (the framework's checkpoints: save, path, finish, settle). A framework's own concerns (PyTorch's sentinel,
+`saver` (the framework's checkpoints: save, path, finish, settle, failed). A framework's own concerns (PyTorch's sentinel,
 clock, progress and outputs: payloads/pytorch/concerns.py) sit in the same list."""
 
 from __future__ import annotations
@@ -166,8 +166,8 @@ class Checkpoints:
         self.events: preempt.ScheduledEvents | None = None
 
     def _agree(self, run) -> str | None:
-        """One sum of three host numbers over ranks: no device sync."""
-        return self.stop.agree(lambda values: run.sum_floats(values, "preemption"))
+        """One sum of four host numbers over ranks: no device sync."""
+        return self.stop.agree(lambda values: run.sum_floats(values, "preemption"), run.saver.failed())
 
     def run_start(self, run) -> None:
         self.stop.install()
@@ -183,6 +183,9 @@ class Checkpoints:
         if verdict is None:
             return
         run.doing("checkpoint")
+        if verdict == preempt.WRITE_FAILED:  # rank 0's failure raised on every rank (a full folder: its one line)
+            run.saver.finish(run)
+            return
         done = run.step + 1
         # A stop's checkpoint is complete before the process exits; the clock's is written while training goes on.
         seconds = run.saver.save(run, run.epoch, done, wait=verdict == "signal")

@@ -6,10 +6,12 @@ True `agree(exchange)` with one small sum over ranks (the payload's collective, 
 - SIGTERM: the handler only stores the signal number (signal-safe; nothing else runs inside it). A cancel and a
   low-priority preemption deliver it on Azure ML; the local launcher forwards it to every rank (launcher/local.py).
 - The ranks agree every `every` steps, not every step: each rank contributes its flag, and rank 0 alone its clock's
-  verdict (a checkpoint is due) and the next `every`, chosen so that agreements come about AGREE_SECONDS apart
-  (from rank 0's measured step time; 1 until measured, at most MAX_EVERY). One sum of three numbers answers all:
-  stop if any rank was signalled, checkpoint if rank 0's clock says so, and every rank takes the same next `every`.
-  A rank that was signalled alone (one node's SIGTERM) thus stops every rank at the same step.
+  verdict (a checkpoint is due), the next `every`, chosen so that agreements come about AGREE_SECONDS apart
+  (from rank 0's measured step time; 1 until measured, at most MAX_EVERY), and whether its last checkpoint write,
+  in the background, failed. One sum of four numbers answers all: end every rank with rank 0's line if its write
+  failed (a full output folder is known within AGREE_SECONDS, not at the next save an epoch later), stop if any rank
+  was signalled, checkpoint if rank 0's clock says so, and every rank takes the same next `every`. A rank that was
+  signalled alone (one node's SIGTERM) thus stops every rank at the same step.
 - After the agreed step the payload writes a mid-epoch checkpoint (checkpoint.path_for(..., step=)) with the
   position and the random states, and, on a stop, exits with EXIT_CODE and one line saying so.
 
@@ -42,6 +44,7 @@ EXIT_CODE = 75  # sysexits.h EX_TEMPFAIL: stopped with a checkpoint, run again t
 STOP_ON_SIGCONT = "TRAINING_STOP_ON_SIGCONT"
 MPIRUN_STOP = "mpirun's stop (SIGCONT, SIGTERM to follow)"
 AUTO = "auto"
+WRITE_FAILED = "write failed"  # the agreement's verdict when rank 0's background checkpoint write failed
 log = logging.getLogger("payloads")
 AGREE_SECONDS = 2.0  # target time between agreements: the stop comes this long (at most) after the signal
 MAX_EVERY = 500
@@ -127,30 +130,33 @@ class Preemption:
         self.since += 1
         return self.since >= self.every
 
-    def proposal(self) -> list[float]:
-        """This rank's part of the sum: its signal flag; rank 0 adds its clock's verdict and the next window."""
+    def proposal(self, write_failed: bool = False) -> list[float]:
+        """This rank's part of the sum: its signal flag; rank 0 adds its clock's verdict, the next window and whether
+        its last background checkpoint write failed (`write_failed`)."""
         flag = 1.0 if self.signalled is not None else 0.0
         if self.rank != 0:
-            return [flag, 0.0, 0.0]
+            return [flag, 0.0, 0.0, 0.0]
         now = self.clock()
         step = (now - self._agreed_at) / max(self.since, 1)
         self._agreed_at = now
         every = max(1, min(MAX_EVERY, int(AGREE_SECONDS / step))) if step > 0 else 1
         interval = self.interval()
         clock_due = 1.0 if interval is not None and now - self.last_save >= interval else 0.0
-        return [flag, clock_due, float(every)]
+        return [flag, clock_due, float(every), 1.0 if write_failed else 0.0]
 
     def settle(self, sums: Sequence[float]) -> str | None:
-        """The sums over ranks of proposal(): "signal" (some rank was signalled: stop), "clock" (checkpoint and go
-        on), or None."""
+        """The sums over ranks of proposal(): WRITE_FAILED (rank 0's last checkpoint write failed: every rank ends
+        with its line), "signal" (some rank was signalled: stop), "clock" (checkpoint and go on), or None."""
         self.since, self.every = 0, max(1, int(round(sums[2])))
+        if sums[3] > 0:
+            return WRITE_FAILED
         if sums[0] > 0:
             return "signal"
         return "clock" if sums[1] > 0 else None
 
-    def agree(self, exchange: Callable[[list[float]], Sequence[float]]) -> str | None:
+    def agree(self, exchange: Callable[[list[float]], Sequence[float]], write_failed: bool = False) -> str | None:
         """One agreement: `exchange` sums a list of floats over ranks (one small collective)."""
-        return self.settle(exchange(self.proposal()))
+        return self.settle(exchange(self.proposal(write_failed)))
 
     def notice(self, reason: str) -> None:
         """An announced end of this VM (ScheduledEvents): the same stop as a SIGTERM, named by `reason`."""

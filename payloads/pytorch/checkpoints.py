@@ -187,6 +187,10 @@ class _Writer:
         error, self._error = self._error, None
         return error
 
+    def failed(self) -> bool:
+        """Whether the last write has ended in an exception; never waits (asked at every agreement)."""
+        return self._thread is not None and not self._thread.is_alive() and self._error is not None
+
     def finish(self) -> None:
         """Wait, and raise the write's exception (an OutputFull is shared with every rank by on_root)."""
         error = self.wait()
@@ -342,3 +346,6 @@ class Saver:
 
     def settle(self) -> None:
         settle()
+
+    def failed(self) -> bool:
+        return _writer.failed()

@@ -307,6 +307,9 @@ class Saver:
     def settle(self) -> None:
         pass
 
+    def failed(self) -> bool:
+        return False  # written in save(), where a failure is raised
+
 
 @dataclasses.dataclass
 class Run(concerns.Events):

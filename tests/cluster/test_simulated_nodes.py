@@ -300,6 +300,9 @@ def test_the_rehearsal_names_a_killed_rank_and_a_lost_node_and_their_resumes_are
     assert full["auto_resume"].startswith("not resumed") and full["equal"] is None, full
     assert text.count(f"error: the output folder {folder} is full") == 2, text[-3000:]  # one line from each rank
     assert not os.path.ismount(folder) and list(folder.iterdir()) == []
+    # known at the first agreement after epoch 1's failed write (about 2 s), not at the end of epoch 2
+    ended = max(tuple(b["at"]) for b in beats(folder.parent))
+    assert ended < max(tuple(b["at"]) for b in beats(out / "straight" / "run")), ended
     table = text[text.index("| fault |") :]
     assert "| rank killed |" in table and "| node lost |" in table, table
     assert not cluster.leftovers(), cluster.leftovers()  # of launchers that have ended

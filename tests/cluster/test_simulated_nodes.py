@@ -47,9 +47,9 @@ def launcher(*args: str, job: str | pathlib.Path = JOB, timeout: float = 300) ->
     return proc
 
 
-def job_with_env(tmp_path: pathlib.Path, **variables: str) -> pathlib.Path:
+def job_with_env(tmp_path: pathlib.Path, source: str = JOB, **variables: str) -> pathlib.Path:
     """The job file with environment_variables added, which Azure ML (and the simulated nodes) give every node."""
-    job = yaml.safe_load((ROOT / JOB).read_text())
+    job = yaml.safe_load((ROOT / source).read_text())
     job["environment_variables"] = {**(job.get("environment_variables") or {}), **variables}
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "job.yaml"
@@ -262,6 +262,42 @@ def test_the_health_check_judges_each_simulated_node_by_its_hostname_and_pins_nc
     for f in facts.values():
         assert f["infiniband_cards"] == cards and "mlx5_an0" in f["infiniband_devices"], f
         assert f["nccl_ib_hca"] == "=" + ",".join(cards), f
+    assert not cluster.leftovers(), cluster.leftovers()  # of launchers that have ended
+
+
+@pytest.mark.launches
+def test_a_slowed_link_is_named_by_the_health_checks_node_pairs(tmp_path):
+    """Node 2's eth0 limited to 20 Mbit/s (tc's token bucket, as the rehearsal's slow link) from before the ranks
+    start, on 3 simulated nodes: the health check pairs the nodes in a ring, each node is judged by its best pair,
+    and node 2 alone fails, both its pairs slow, named by its hostname with the figure. With 2 nodes the one pair is
+    both nodes' (the report says a third node tells which). mpirun's stop grace is cut to 1 s: a failed verdict
+    would otherwise add its 2 x 30 s."""
+    job = job_with_env(tmp_path, "jobs/healthcheck-allreduce.yaml", OMPI_MCA_odls_base_sigkill_timeout="1")
+    args = ["--sizes-mb", "1", "--iterations", "2", "--train-steps", "1", "--model", "tiny_cnn",
+            "--expect", "allreduce_over_ib=0.05"]  # fmt: skip
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "launcher", str(job), "--target", "local", "--nodes", "3", "--output-dir", str(out),
+           "--", *args]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        node2 = f"{cluster.PREFIX}{proc.pid}-n2"
+        wait_until(proc, lambda: node2 in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout,
+                   "node 2's namespace", every=0.02)  # fmt: skip
+        subprocess.run(["ip", "netns", "exec", node2, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate",
+                        "20mbit", "burst", "32kbit", "latency", "400ms"], check=True)  # fmt: skip
+        text, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    record_launch(3, args, "healthcheck", proc.returncode)
+    assert proc.returncode == 1, text[-5000:]
+    report = json.loads((out / "report" / "allreduce.json").read_text())
+    verdicts = {v["host"]: v for v in report["node_verdicts"]}
+    assert {h: v["verdict"] for h, v in verdicts.items()} == {"node-0": "PASS", "node-1": "PASS", "node-2": "FAIL"}
+    slow = verdicts["node-2"]["checks"]["allreduce_over_ib"]
+    assert slow["status"] == "FAIL" and slow["figure"] < 0.05 <= verdicts["node-0"]["checks"]["allreduce_over_ib"][
+        "figure"], verdicts  # fmt: skip
+    assert f"healthcheck FAILED: node node-2 ({cluster.address(2)}): all-reduce across nodes" in text, text[-3000:]
     assert not cluster.leftovers(), cluster.leftovers()  # of launchers that have ended
 
 

@@ -269,23 +269,27 @@ def test_the_docker_repository_key_is_taken_only_with_dockers_fingerprint(tmp_pa
     home.mkdir(mode=0o700)
     env = {"PATH": os.environ["PATH"], "GNUPGHOME": str(home)}
     keys = {}
-    for who in ("docker", "other"):
-        subprocess.run(
-            ["gpg", "--batch", "--pinentry-mode", "loopback", "--passphrase", "", "--quick-gen-key", f"{who} <{who}@test>",
-             "ed25519", "default", "never"],
-            env=env, check=True, capture_output=True,
-        )  # fmt: skip
-        armored = subprocess.run(
-            ["gpg", "--armor", "--export", f"{who}@test"], env=env, check=True, capture_output=True
-        )
-        (tmp_path / f"{who}.asc").write_bytes(armored.stdout)
-        listing = subprocess.run(
-            ["gpg", "--show-keys", "--with-colons", str(tmp_path / f"{who}.asc")],
-            env=env,
-            capture_output=True,
-            text=True,
-        ).stdout
-        keys[who] = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
+    try:
+        for who in ("docker", "other"):
+            subprocess.run(
+                ["gpg", "--batch", "--pinentry-mode", "loopback", "--passphrase", "", "--quick-gen-key",
+                 f"{who} <{who}@test>", "ed25519", "default", "never"],
+                env=env, check=True, capture_output=True,
+            )  # fmt: skip
+            armored = subprocess.run(
+                ["gpg", "--armor", "--export", f"{who}@test"], env=env, check=True, capture_output=True
+            )
+            (tmp_path / f"{who}.asc").write_bytes(armored.stdout)
+            listing = subprocess.run(
+                ["gpg", "--show-keys", "--with-colons", str(tmp_path / f"{who}.asc")],
+                env=env,
+                capture_output=True,
+                text=True,
+            ).stdout
+            keys[who] = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
+    finally:  # the key generation started a gpg-agent for this home, a daemon that would outlive the test
+        if shutil.which("gpgconf"):
+            subprocess.run(["gpgconf", "--kill", "gpg-agent"], env=env, capture_output=True)
     (tmp_path / "both.asc").write_bytes((tmp_path / "docker.asc").read_bytes() + (tmp_path / "other.asc").read_bytes())
     (tmp_path / "junk.asc").write_text("<html>not a key</html>")
 

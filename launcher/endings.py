@@ -110,15 +110,15 @@ def every_rank_stopped(beats: list[dict]) -> bool:
 def silent_hosts(beats: list[dict]) -> tuple[str, ...]:
     """The hosts whose ranks all fell silent a heartbeat period or more before every other host's last beat, none
     with an exit code: a lost node, where mpirun's word names no host ("ORTE was unable to reliably start one or more
-    daemons", when it hears of the daemon's end through its launch agent first). The period is a quarter of the
-    heartbeat's limit, at most 10 s (payloads/common/watchdog.py: heartbeat_every)."""
+    daemons", when it hears of the daemon's end through its launch agent first). The period is the heartbeats' own
+    (`every`); an older payload's, without it, counts as the longest, 10 s (watchdog.HEARTBEAT_MAX_SECONDS)."""
     newest: dict[str, float] = {}
     for b in beats:
         if b.get("host") and "written_at" in b:
             newest[b["host"]] = max(newest.get(b["host"], 0.0), b["written_at"] if b.get("exit_code") is None else inf)
     if len(newest) < 2:
         return ()
-    every = min(10.0, max(0.2, min(b.get("limit_seconds", 40.0) for b in beats) / 4))
+    every = max(b.get("every", 10.0) for b in beats)
     return tuple(sorted(h for h, t in newest.items() if all(t + every <= u for g, u in newest.items() if g != h)))
 
 

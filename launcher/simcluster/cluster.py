@@ -173,7 +173,7 @@ class Cluster:
         self.owner = str(os.getpid())
         self.state = STATE_ROOT / self.owner
         self.switch = f"{PREFIX}{self.owner}-sw"
-        self.namespaces = [f"{PREFIX}{self.owner}-n{i}" for i in range(spec.nodes)]
+        self.namespaces = [namespace(self.owner, i) for i in range(spec.nodes)]
         self.hosts = [host(i) for i in range(spec.nodes)]
         self.holders: list[int] = []
         self.cgroups: list[pathlib.Path | None] = []
@@ -337,12 +337,7 @@ class Cluster:
         _ip("-n", self.namespaces[i], "link", "set", "eth0", "down")
 
     def slow_link(self, i: int, rate: str = "20mbit") -> str:
-        """Limit node i's eth0 (tc's token bucket: netem's delay is absent from some kernels, this one's too)."""
-        cmd = ["ip", "netns", "exec", self.namespaces[i], "tc", "qdisc", "replace", "dev", "eth0", "root"]
-        proc = subprocess.run([*cmd, "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"], capture_output=True)
-        if proc.returncode != 0:
-            raise JobError(f"tc on {host(i)}: {proc.stderr.decode().strip()}")
-        return f"tbf rate {rate}"
+        return slow_link(self.owner, i, rate)
 
     def fill_output(self, folder: pathlib.Path, size: str = "64k") -> None:
         """The job's output folder full as every node sees it (a shared disk out of room): a tmpfs of `size` over
@@ -362,6 +357,21 @@ class Cluster:
     def processes(self) -> int:
         """Processes still in the nodes, their holders included."""
         return sum(len(_ip("netns", "pids", ns, check=False).stdout.split()) for ns in self.namespaces)
+
+
+def namespace(owner: int | str, i: int) -> str:
+    """Node i's network namespace in the simulated cluster of the launcher whose pid is `owner`."""
+    return f"{PREFIX}{owner}-n{i}"
+
+
+def slow_link(owner: int | str, i: int, rate: str = "20mbit") -> str:
+    """Limit node i's eth0 in the cluster of launcher `owner` (tc's token bucket: netem's delay is absent from some
+    kernels, this one's too)."""
+    cmd = ["ip", "netns", "exec", namespace(owner, i), "tc", "qdisc", "replace", "dev", "eth0", "root"]
+    proc = subprocess.run([*cmd, "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"], capture_output=True)
+    if proc.returncode != 0:
+        raise JobError(f"tc on {host(i)}: {proc.stderr.decode().strip()}")
+    return f"tbf rate {rate}"
 
 
 def state_of(launcher_pid: int) -> pathlib.Path:

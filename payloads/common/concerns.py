@@ -166,8 +166,14 @@ class Checkpoints:
         self.events: preempt.ScheduledEvents | None = None
 
     def _agree(self, run) -> str | None:
-        """One sum of four host numbers over ranks: no device sync."""
-        return self.stop.agree(lambda values: run.sum_floats(values, "preemption"), run.saver.failed())
+        """One sum of four host numbers over ranks: no device sync. Rank 0's failed background write ends every rank
+        here, with its one line (an OutputFull raised on every rank by the saver's finish)."""
+        verdict = self.stop.agree(lambda values: run.sum_floats(values, "preemption"), run.saver.failed())
+        if verdict == preempt.WRITE_FAILED:
+            run.doing("checkpoint")
+            run.saver.finish(run)
+            return None
+        return verdict
 
     def run_start(self, run) -> None:
         self.stop.install()
@@ -183,9 +189,6 @@ class Checkpoints:
         if verdict is None:
             return
         run.doing("checkpoint")
-        if verdict == preempt.WRITE_FAILED:  # rank 0's failure raised on every rank (a full folder: its one line)
-            run.saver.finish(run)
-            return
         done = run.step + 1
         # A stop's checkpoint is complete before the process exits; the clock's is written while training goes on.
         seconds = run.saver.save(run, run.epoch, done, wait=verdict == "signal")

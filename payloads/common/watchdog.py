@@ -444,6 +444,7 @@ class Watchdog:
             "last_progress_at": to_wall(self.last),
             "written_at": now_w,
             "limit_seconds": self.limit(),
+            "every": self.every,
             "step_seconds": self.step_seconds(),
             "stalled": False,
             **extra,

@@ -82,8 +82,8 @@ def test_n_simulated_nodes_train_bitwise_as_one_node_with_the_same_world(tmp_pat
     world = nodes * per_node
     sim, one = tmp_path / "sim", tmp_path / "one"
     common = ["--backend", backend]
-    on = ["--stack-outputs", "infra/review/dev-outputs.json", "--cluster", "cpu-smoke"] if per_node == 1 else []
-    on = on if backend == "horovod" else []
+    cpu_smoke = (backend, per_node) == ("horovod", 1)
+    on = ["--stack-outputs", "infra/review/dev-outputs.json", "--cluster", "cpu-smoke"] if cpu_smoke else []
     job, args = JOB, ARGS
     if data == "shards":  # the job's input, shared with every node as Azure ML mounts it
         learnable_tree(tmp_path / "img")
@@ -280,11 +280,10 @@ def test_a_slowed_link_is_named_by_the_health_checks_node_pairs(tmp_path):
            "--", *args]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        node2 = f"{cluster.PREFIX}{proc.pid}-n2"
+        node2 = cluster.namespace(proc.pid, 2)
         wait_until(proc, lambda: node2 in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout,
                    "node 2's namespace", every=0.02)  # fmt: skip
-        subprocess.run(["ip", "netns", "exec", node2, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate",
-                        "20mbit", "burst", "32kbit", "latency", "400ms"], check=True)  # fmt: skip
+        cluster.slow_link(proc.pid, 2)
         text, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

@@ -354,11 +354,11 @@ def test_the_decision_table(tmp_path):
         assert (fault.kind, fault.exit_code, fault.hosts) == (endings.INPUT_FAULT, 74, ("node-1",)), fault
         assert "decode worker died" in fault.line() and autoresume.decide(fault, fresh, 0.0).action == autoresume.RESUME
     # A node lost where mpirun names no host (it heard of the daemon's end from its launch agent first): the host whose
-    # ranks fell silent a heartbeat period (a quarter of a 20 s limit) before the others' last beat is named
+    # ranks fell silent a heartbeat period (5 s, as the heartbeats say) before the others' last beat is named
     lost = "ORTE was unable to reliably start one or more daemons.\nThis usually is caused by:"
     for (t0, t1), named in (((106.0, 100.0), ("node-1",)), ((104.0, 100.0), ()), ((100.0, 106.0), ("node-0",))):
         beats = {f"progress/rank{r}.json": {"run": "t", "size": 2, "at": [0, 30], "host": f"node-{r}", "written_at": t,
-                                            "limit_seconds": 20.0} for r, t in ((0, t0), (1, t1))}  # fmt: skip
+                                            "every": 5.0} for r, t in ((0, t0), (1, t1))}  # fmt: skip
         fault = endings.classify("Failed", 9, beats.get, 2, lost)
         assert (fault.kind, fault.hosts) == (endings.NODE_FAULT, named), fault
 

@@ -136,7 +136,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     counts = collections.Counter(program for program, *_ in launches)
     detail = ", ".join(f"{n} {program}" for program, n in counts.most_common())
     terminalreporter.write_line(f"training launches: {sum(counts.values())}" + (f" ({detail})" if detail else ""))
-    files = collections.Counter(where[0] if where else "?" for _, *where in launches)
+    files = collections.Counter(where[0].split("::")[0] if where else "?" for _, *where in launches)
     terminalreporter.write_line("by file: " + ", ".join(f"{n} {name}" for name, n in files.most_common(12)))
 
 
@@ -171,7 +171,7 @@ def _count_launch(args) -> None:
         argv = [str(a) for a in (args if isinstance(args, (list, tuple)) else [args])]
         program = next((os.path.basename(a) for a in argv if os.path.basename(a) in _TRAINING_PROGRAMS), "python")
         item = _running["item"]
-        where = item.nodeid.split("::")[0] if item is not None else "?"
+        where = item.nodeid if item is not None else "?"
         with open(path, "a") as f:
             f.write(f"{program}\t{where}\n")
 

@@ -164,6 +164,13 @@ def _alive(pids) -> list[int]:
     return left
 
 
+def _described(pid: int) -> str:
+    with contextlib.suppress(psutil.Error):
+        p = psutil.Process(pid)
+        return f"pid {pid} ({p.status()}, parent {p.ppid()}): {' '.join(p.cmdline())[:300]}"
+    return f"pid {pid} (gone)"
+
+
 @pytest.mark.one_core
 @pytest.mark.parametrize("backend", ["horovod", "ddp"])
 def test_a_rank_whose_decode_worker_stopped_is_named_and_the_job_ends_with_nothing_left(backend, tmp_path):
@@ -199,13 +206,14 @@ def test_a_rank_whose_decode_worker_stopped_is_named_and_the_job_ends_with_nothi
         settle = time.monotonic() + 10
         while (left := _alive(seen)) and time.monotonic() < settle:
             time.sleep(0.2)
+        said = [_described(p) for p in left]  # before the kill below, which leaves them zombies
     finally:
         _kill_tree(proc, _alive(seen))
     text = log.read_text()
     assert worker is not None, f"no decode worker stopped:\n{text[-3000:]}"
     print(f"{backend}: the job ended {took:.1f} s after rank 1's decode worker stopped, exit {rc}")
     assert rc != 0 and took < STALL + MARGIN[backend], f"ended {took:.0f} s after the stop\n{text[-3000:]}"
-    assert worker not in left and left == [], [psutil.Process(p).cmdline() for p in left]
+    assert worker not in left and left == [], said
     report = _report(out)
     ranks = {r["rank"]: r for r in report["ranks"]}
     assert ranks[1]["why"] == "behind" and ranks[1]["doing"] == "input" and ranks[1]["host"] == HOST, report

@@ -6,6 +6,7 @@ import errno
 import os
 import pathlib
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -90,6 +91,34 @@ def test_a_worker_that_dies_ends_the_run_with_one_line_naming_it(train):
     text = str(e.value)
     assert f"decode worker 1 (pid {victim}) was killed by SIGKILL" in text and "\n" not in text
     assert ring.workers(3).pids[1] != victim  # the next loader of this process gets a new set
+
+
+def _stat(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()  # state, parent, ...
+
+
+def test_a_stopped_worker_ends_with_its_forkserver():
+    """A worker stopped (or blocked in a read) answers nothing, and once its forkserver is gone its rank no longer
+    sees it as alive: torchrun's SIGTERM to a rank's process group ended the forkserver first, and the stopped worker
+    was left for ever, holding the job's pipes. It dies with its parent (ring._die_with_parent). The next set of
+    workers starts a new forkserver (multiprocessing restarts one that ended)."""
+    group = ring.Workers(2)
+    assert group.call(len, [("ab",), ("c",)]) == [2, 1]  # both running their loop
+    for pid in group.pids:
+        os.kill(pid, signal.SIGSTOP)
+    server = int(_stat(group.pids[0])[1])
+    assert server != os.getpid()
+    os.kill(server, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while (left := [p for p in group.pids if os.path.exists(f"/proc/{p}") and _stat(p)[0] != "Z"]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert left == [], f"forkserver {server} ended; its stopped workers {left} were left"
+    assert ring.workers(2).call(len, [("ab",)]) == [2]  # a new set, from a new forkserver
 
 
 class _Unreadable:

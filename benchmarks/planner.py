@@ -275,11 +275,6 @@ SOURCE_POINTS = {
 }
 
 
-def ring_bandwidth_seconds(n: int, grad_bytes: float, gbps: float) -> float:
-    """The ring allreduce's bandwidth term: every process sends and receives 2(n-1)/n of the gradients."""
-    return 2 * (n - 1) / n * grad_bytes / (gbps * 1e9)
-
-
 def ps_bandwidth_seconds(n: int, g: int, grad_bytes: float, shards: int, gbps: float) -> float:
     """The parameter servers' bandwidth term: max(PS side 2nS/(PB), worker side 2gS/B), see the model above."""
     return max(2 * n * grad_bytes / (shards * gbps * 1e9), 2 * min(g, n) * grad_bytes / (gbps * 1e9))

@@ -115,7 +115,6 @@ GLOO_ENV = {"GLOO_SOCKET_IFNAME": "eth0"}
 # The payloads' start-up check (payloads/common/devices.py) reads these.
 GPUS_PER_NODE = "TRAINING_GPUS_PER_NODE"
 VM_SIZE = "TRAINING_VM_SIZE"
-KINDS = ("cpu", "gpu-tcp", "infiniband")
 
 
 def kind(cluster: dict) -> str:

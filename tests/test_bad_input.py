@@ -294,27 +294,3 @@ def test_unwritable_output_dir_is_named_before_training(tmp_path, payload):
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert f"--output-dir {out}" in proc.stderr and expected in proc.stderr, proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr
-
-
-@pytest.mark.launches
-@pytest.mark.parametrize(
-    "flag",
-    [
-        ["--compile"],
-        ["--amp-dtype", "fp16"],
-        ["--gpu-decode"],
-        ["--decoder", "pillow"],
-        ["--startup-steps", "3"],
-        ["--loss-scale-init", "1024"],
-        ["--shuffle-buffer", "9"],
-        ["--cache-decoded"],
-    ],
-)
-def test_pytorch_only_options_are_refused_by_the_tensorflow_payloads(flag, tmp_path):
-    from payloads.tensorflow import launch
-    from payloads.tensorflow.train import GROUPS
-
-    out = ["--output-dir", str(tmp_path)]
-    with pytest.raises(ConfigError, match=f"{flag[0]} is an option of the PyTorch payloads"):
-        launch.parse(flag + out, "train", "", GROUPS)
-    options.parse(flag + out, "train", "", MODELS)  # and accepted by the PyTorch payload

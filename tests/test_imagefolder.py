@@ -101,14 +101,3 @@ def test_two_horovod_processes_list_the_tree_once(tmp_path):
     assert one["listings"] == 0, one  # ...and rank 1 never lists the tree
     assert one["samples"] == zero["samples"] == 20
     assert (one["digest"], one["classes"], one["first"]) == (zero["digest"], zero["classes"], zero["first"])
-
-
-@pytest.mark.launches
-def test_two_horovod_processes_both_raise_rank0s_error(tmp_path):
-    tree = _tree(tmp_path / "train", classes=["a", "b"], per_class=1)
-    (tree / "c").mkdir()  # a class folder with no images
-    proc, zero, one = _two_ranks(tree, tmp_path / "out")
-    assert proc.returncode != 0
-    assert zero["config_error"] == one["config_error"], (zero, one)
-    assert f"class folder {tree / 'c'} has no images" in one["config_error"]
-    assert one["listings"] == 0

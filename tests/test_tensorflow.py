@@ -166,8 +166,6 @@ def test_sigterm_mid_epoch_stops_both_ranks_at_one_step_and_the_run_resumes_ther
     [
         (["--data", "imagefolder", "--data-dir", "x"], "convert class folders to TFRecord shards"),
         (["--backward-passes-per-step", "2"], "PyTorch payload option"),
-        (["--no-channels-last"], "TensorFlow always trains NHWC"),
-        (["--shuffle-buffer", "100"], "is an option of the PyTorch payloads"),
         (["--model", "resnet18"], "unknown model 'resnet18'"),
     ],
 )

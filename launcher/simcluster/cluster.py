@@ -327,12 +327,6 @@ class Cluster:
     def post_event(self, i: int, event_type: str, resources: list[str] | None = None) -> None:
         post_event(self.state, i, event_type, resources)
 
-    def metadata_requests(self, i: int) -> list[str]:
-        try:
-            return (self.state / f"node-{i}" / "requests.log").read_text().splitlines()
-        except FileNotFoundError:
-            return []
-
     def cut_link(self, i: int) -> None:
         _ip("-n", self.namespaces[i], "link", "set", "eth0", "down")
 

@@ -45,10 +45,3 @@ def apply_map(raw: np.ndarray, mapping: dict[int, int] | None, num_classes: int)
     for v in values:
         out[raw == v] = mapping[int(v)]
     return out, {}
-
-
-def targets(labels: np.ndarray) -> np.ndarray:
-    """Training targets (int64): class k -> k - 1, no data -> IGNORE."""
-    t = labels.astype(np.int64) - 1
-    t[labels == NODATA] = IGNORE
-    return t

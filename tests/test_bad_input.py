@@ -203,19 +203,9 @@ def test_corrupt_validation_image_is_skipped_and_counted(tmp_path):
 @pytest.mark.parametrize(
     "payload,extra,message,fix",
     [
-        # Horovod's Adasum optimizer steps inside backward, before GradScaler could unscale (fp16; bf16 needs no
-        # scaler and runs, and the default turns fp16 mixed precision off with --adasum).
-        (
-            "pytorch",
-            ["--amp", "--amp-dtype", "fp16"],
-            "--adasum cannot be combined with fp16 mixed precision",
-            "--no-amp",
-        ),
         # Adasum exists only over MPI: under Gloo the first step would fail with "No Adasum operation enabled".
         ("pytorch", [], "--adasum needs Horovod's MPI controller", "horovodrun --mpi"),
         ("tensorflow", [], "--adasum needs Horovod's MPI controller", "horovodrun --mpi"),
-        # Horovod's Keras DistributedOptimizer has no Adasum ("op currently only supports Average and Sum").
-        ("keras", [], "--adasum is not available in the Keras payload", "python -m payloads.tensorflow.train --adasum"),
     ],
 )
 def test_adasum_combinations_horovod_cannot_run_fail_before_training(tmp_path, payload, extra, message, fix):
@@ -232,25 +222,20 @@ def test_adasum_combinations_horovod_cannot_run_fail_before_training(tmp_path, p
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.json").exists()
 
 
-@pytest.mark.launches
-@pytest.mark.one_core
-def test_adasum_with_a_process_count_that_is_not_a_power_of_two_fails_before_training(tmp_path):
-    import subprocess
-
-    from helpers import ROOT, env, horovodrun
-
-    cmd = horovodrun(3, TINY + ["--adasum", "--epochs", "1", "--batch-size", "4", "--output-dir", str(tmp_path)])
-    i = cmd.index("--gloo")
-    cmd[i : i + 1] = ["--mpi", "--mpi-args=--bind-to none --oversubscribe"]
-    e = env()
-    e["OMPI_MCA_mpi_yield_when_idle"] = "1"
-    proc = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
-    text = proc.stderr + proc.stdout
-    assert proc.returncode != 0
-    assert "--adasum needs a power-of-two number of processes, this job has 3: use 2 or 4 processes" in text, text[
-        -3000:
-    ]
-    assert not (tmp_path / "checkpoints").exists()
+def test_adasum_needs_mpi_and_a_power_of_two_world_and_no_fp16():
+    """What each payload checks once Horovod has started (hvd.size(), hvd.mpi_enabled()); the refusal ending a
+    two-process job before training is the Gloo runs above. The fp16 refusal: test_precision.py; Keras's: its
+    REFUSED table (test_options.py)."""
+    cfg = parse("--adasum")
+    for world, mpi in ((1, False), (2, True), (4, True), (8, True)):
+        cfg.check_adasum_world(world, mpi)
+    with pytest.raises(ConfigError, match="--adasum needs Horovod's MPI controller.*horovodrun --mpi.*drop --adasum"):
+        cfg.check_adasum_world(2, False)
+    with pytest.raises(ConfigError, match="power-of-two number of processes, this job has 3: use 2 or 4 processes, or"):
+        cfg.check_adasum_world(3, True)
+    with pytest.raises(ConfigError, match="this job has 6: use 4 or 8 processes"):
+        cfg.check_adasum_world(6, True)
+    parse().check_adasum_world(3, False)  # without --adasum, any world
 
 
 def test_default_lr_follows_the_linear_scaling_rule_for_the_batch_used():

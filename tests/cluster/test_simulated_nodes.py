@@ -67,10 +67,9 @@ def beats(run: pathlib.Path) -> list[dict]:
     [
         ("horovod", 2, 1, "synthetic"),
         ("horovod", 2, 2, "shards"),
-        ("ddp", 2, 1, "synthetic"),
         ("ddp", 2, 2, "synthetic"),
     ],
-    ids=["horovod-2x1", "horovod-2x2-shards", "ddp-2x1", "ddp-2x2"],
+    ids=["horovod-2x1", "horovod-2x2-shards", "ddp-2x2"],
 )
 def test_n_simulated_nodes_train_bitwise_as_one_node_with_the_same_world(tmp_path, backend, nodes, per_node, data):
     """mpirun on node 0 reaching node 1's daemons (Horovod), or each node's processes with Azure ML's variables

@@ -13,13 +13,13 @@ import sys
 import pytest
 import same_numbers
 import torch
-from helpers import ROOT, TINY, env, final_weights, max_diff, metrics, python_m, train
+from helpers import FP32_REFERENCE_ARGS, ROOT, TINY, env, final_weights, max_diff, metrics, python_m, train
 
 from payloads.common import options
 from payloads.common.config import TrainConfig
 from payloads.common.errors import ConfigError
 
-FP32 = TINY + ["--epochs", "2", "--no-amp", "--no-channels-last"]
+FP32 = TINY + FP32_REFERENCE_ARGS  # the session's 1-process references (conftest.fp32_references) are its
 
 
 def ddp(np_: int, args: list[str], **kw):
@@ -46,12 +46,11 @@ def _references(tmp_path, flags: list[str]) -> tuple[dict, dict]:
 
 
 @pytest.fixture(scope="module")
-def fp32(tmp_path_factory):
-    """The fp32 runs the tests below compare against: DDP 2 x 16, and the 1-process reference and control."""
-    root = tmp_path_factory.mktemp("fp32")
-    two = final_weights(_averaging_run(root, FP32))
-    one, control = _references(root, FP32)
-    return two, one, control
+def fp32(tmp_path_factory, fp32_references):
+    """The fp32 runs the tests below compare against: DDP 2 x 16, and the 1-process reference and control (one
+    process trains alone under either backend: the Horovod tests' references)."""
+    two = final_weights(_averaging_run(tmp_path_factory.mktemp("fp32"), FP32))
+    return two, *(final_weights(out) for out in fp32_references)
 
 
 @pytest.mark.launches

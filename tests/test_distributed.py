@@ -17,12 +17,16 @@ from payloads.pytorch.models import parameters_digest
 pytestmark = pytest.mark.launches  # starts training processes: serial under xdist (tests/conftest.py)
 
 
-def test_two_processes_average_gradients_exactly(tmp_path, fp32_references):
+def test_two_processes_average_gradients_exactly(tmp_path, fp32_references, monkeypatch):
     two = tmp_path / "two"
     one, unaveraged = fp32_references  # 1 process x 32 and x 16 on the same data (conftest.py)
     # The CPU's defaults, spelled out: the GPU's values of these flags run in test_device_defaults.py.
-    common = TINY + FP32_REFERENCE_ARGS
-    proc = train(2, common + ["--batch-size", "16", "--base-lr", "0.05", "--output-dir", str(two)])
+    args = TINY + FP32_REFERENCE_ARGS + ["--batch-size", "16", "--base-lr", "0.05"]
+    timeline = tmp_path / "timeline.json"  # Horovod's timeline, where HOROVOD_TIMELINE asks for it
+    monkeypatch.setenv("HOROVOD_TIMELINE", str(timeline))
+    proc = train(2, args + ["--output-dir", str(two)])
+    monkeypatch.delenv("HOROVOD_TIMELINE")
+    assert "ALLREDUCE" in timeline.read_text().upper() and "Horovod timeline" in proc.stdout
     m = metrics(two)
 
     # Learns: the loss falls.
@@ -36,6 +40,7 @@ def test_two_processes_average_gradients_exactly(tmp_path, fp32_references):
     # Ranks end bitwise identical (digests gathered from both processes), and rank 0's digest is
     # that of the checkpoint on disk.
     assert m["summary"]["ranks_identical"] is True
+    assert m["summary"]["parameters_sha256"] == parameters_digest(_as_module(final_weights(two)))
     assert "Total images/sec:" in proc.stdout
 
     # Same global batch (32) in one process, same effective LR (2 x 0.05): equal within float error.
@@ -49,23 +54,12 @@ def test_two_processes_average_gradients_exactly(tmp_path, fp32_references):
     same_numbers.check("classification/alone/fp32", one)
     same_numbers.check("classification/horovod/fp32", two)
 
-
-def test_ranks_report_identical_parameters_and_the_timeline_is_written(tmp_path, monkeypatch):
-    # One run for two checks: the digest, and Horovod's timeline where HOROVOD_TIMELINE asks for it.
-    timeline = tmp_path / "timeline.json"
-    monkeypatch.setenv("HOROVOD_TIMELINE", str(timeline))
-    proc = train(2, TINY + ["--epochs", "1", "--batch-size", "8", "--output-dir", str(tmp_path)])
-    monkeypatch.delenv("HOROVOD_TIMELINE")
-    assert "ALLREDUCE" in timeline.read_text().upper() and "Horovod timeline" in proc.stdout
-    m = metrics(tmp_path)
-    assert m["summary"]["ranks_identical"] is True
-    assert m["summary"]["parameters_sha256"] == parameters_digest(_as_module(final_weights(tmp_path)))
     # The same run with rank 1's weights one ulp off in one element (tests/nudge): the check sees a single bit,
     # so every `ranks_identical is True` in the suite can fail.
     monkeypatch.setenv("PYTHONPATH", str(ROOT / "tests" / "nudge") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     monkeypatch.setenv("NUDGE_RANK", "1")
     nudged = tmp_path / "nudged"
-    train(2, TINY + ["--epochs", "1", "--batch-size", "8", "--output-dir", str(nudged)])
+    train(2, args + ["--output-dir", str(nudged)])
     assert metrics(nudged)["summary"]["ranks_identical"] is False
     assert metrics(nudged)["summary"]["parameters_sha256"] == m["summary"]["parameters_sha256"]  # rank 0 untouched
 

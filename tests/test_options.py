@@ -248,6 +248,8 @@ REFUSALS = [
     ("keras", ["--amp-dtype", "bf16"], "--amp-dtype is an option of the PyTorch payloads"),
     ("keras", ["--adasum"], "--adasum is not available in the Keras payload"),
     ("tensorflow", ["--no-channels-last"], "TensorFlow always trains NHWC"),
+    ("keras", ["--backward-passes-per-step", "2"], "--backward-passes-per-step is a PyTorch payload option"),
+    ("keras", ["--model", "resnet18"], "unknown model 'resnet18'"),
     ("pytorch", ["--xla"], "--xla is an option of the TensorFlow and Keras payloads"),
     (
         "segmentation",

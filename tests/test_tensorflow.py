@@ -161,18 +161,12 @@ def test_sigterm_mid_epoch_stops_both_ranks_at_one_step_and_the_run_resumes_ther
 
 
 @pytest.mark.launches
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--data", "imagefolder", "--data-dir", "x"], "convert class folders to TFRecord shards"),
-        (["--backward-passes-per-step", "2"], "PyTorch payload option"),
-        (["--model", "resnet18"], "unknown model 'resnet18'"),
-    ],
-)
-def test_bad_input_names_the_problem_and_the_fix(tmp_path, args, message):
-    proc = train(1, TINY + ["--epochs", "1", "--output-dir", str(tmp_path), *args], check=False, payload="keras")
+def test_bad_input_names_the_problem_and_the_fix(tmp_path):
+    """A refusal ends a real Keras process before training; the other refusals: test_options.py, in-process."""
+    args = TINY + ["--epochs", "1", "--output-dir", str(tmp_path), "--data", "imagefolder", "--data-dir", "x"]
+    proc = train(1, args, check=False, payload="keras")
     assert proc.returncode != 0
-    assert message in proc.stderr + proc.stdout
+    assert "convert class folders to TFRecord shards" in proc.stderr + proc.stdout
     assert not (tmp_path / "checkpoints").exists()
 
 

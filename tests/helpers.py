@@ -185,6 +185,20 @@ def stop_at_env(after: int, ranks: list[int], within: pathlib.Path | None = None
     )  # fmt: skip
 
 
+def alive(pids) -> list[int]:
+    """Those of `pids` still running or stopped: a zombie has ended (and a test never reaps its grandchildren)."""
+    import contextlib
+
+    import psutil
+
+    left = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.append(pid)
+    return left
+
+
 def wait_until(proc: subprocess.Popen, ready, what: str, timeout: float = 120, every: float = 0.1):
     """Polls `ready()` until it returns something true, which is returned; fails naming `what` if the process ends
     or `timeout` seconds pass first."""

@@ -19,7 +19,7 @@ from payloads.common import options
 from payloads.common.config import TrainConfig
 from payloads.common.errors import ConfigError
 
-FP32 = TINY + FP32_REFERENCE_ARGS  # the session's 1-process references (conftest.fp32_references) are its
+FP32 = TINY + FP32_REFERENCE_ARGS  # the arguments of the session's 1-process references (conftest.fp32_references)
 
 
 def ddp(np_: int, args: list[str], **kw):

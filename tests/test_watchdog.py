@@ -21,7 +21,7 @@ import time
 
 import psutil
 import pytest
-from helpers import ROOT, TINY, ending_of, hook_env, horovodrun, python_m, torchrun, train
+from helpers import ROOT, TINY, alive, ending_of, hook_env, horovodrun, python_m, torchrun, train
 
 from launcher import autoresume, endings
 from payloads.common import config, options, stragglers, watchdog
@@ -155,15 +155,6 @@ def _shards(root: pathlib.Path) -> pathlib.Path:
     return root / "shards" / "webdataset"
 
 
-def _alive(pids) -> list[int]:
-    left = []
-    for pid in pids:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                left.append(pid)
-    return left
-
-
 def _described(pid: int) -> str:
     with contextlib.suppress(psutil.Error):
         p = psutil.Process(pid)
@@ -204,11 +195,11 @@ def test_a_rank_whose_decode_worker_stopped_is_named_and_the_job_ends_with_nothi
         # on a loaded 2-core CI machine that outlasted a fixed second. Gone within 10 s is gone; a stopped orphan
         # never goes.
         settle = time.monotonic() + 10
-        while (left := _alive(seen)) and time.monotonic() < settle:
+        while (left := alive(seen)) and time.monotonic() < settle:
             time.sleep(0.2)
         said = [_described(p) for p in left]  # before the kill below, which leaves them zombies
     finally:
-        _kill_tree(proc, _alive(seen))
+        _kill_tree(proc, alive(seen))
     text = log.read_text()
     assert worker is not None, f"no decode worker stopped:\n{text[-3000:]}"
     print(f"{backend}: the job ended {took:.1f} s after rank 1's decode worker stopped, exit {rc}")
@@ -456,9 +447,9 @@ def test_the_watchdogs_end_kills_every_process_under_the_rank_a_stopped_one_too(
         assert f"pid {frozen} (python" in said and said.count("stopped") == 1 and "sleeping" in said, said
         assert set(watchdog.kill_descendants(keeper.pid)) == {sleeper, frozen}
         deadline = time.monotonic() + 10
-        while _alive([sleeper, frozen]) and time.monotonic() < deadline:
+        while alive([sleeper, frozen]) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _alive([sleeper, frozen]) == [] and keeper.poll() is None  # the children only
+        assert alive([sleeper, frozen]) == [] and keeper.poll() is None  # the children only
     finally:
         keeper.kill()
         keeper.wait()

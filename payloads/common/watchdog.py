@@ -157,6 +157,26 @@ def kill_descendants(pid: int | None = None) -> list[int]:
     return found
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent() -> None:
+    """Called first in a rank's input worker (forkserver's child): SIGKILL for it when its parent, the forkserver,
+    ends, however it ends (prctl(2)). A worker stopped or blocked in a read answers nothing, and its rank's exit
+    cannot always reach it: torchrun's SIGTERM to the rank's process group ends the forkserver first, and the worker,
+    orphaned, no longer reads as alive to the rank (ring.Workers, multiprocessing.active_children). Left behind, it
+    holds the job's pipes and its resource tracker open for ever."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0):
+        raise OSError(ctypes.get_errno(), f"prctl(PR_SET_PDEATHSIG): {os.strerror(ctypes.get_errno())}")
+    if os.getppid() != parent:  # it ended before the call
+        os._exit(1)
+
+
 def end_process(code: int) -> None:
     """The watchdog's end of this process: its children at any depth killed, then os._exit(code)."""
     kill_descendants()

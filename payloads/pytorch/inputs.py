@@ -176,8 +176,12 @@ class FolderLoader:
 
 
 def _ignore_sigterm(_worker: int) -> None:
+    """A DataLoader worker's start: SIGTERM ignored, and ended with its forkserver (watchdog.die_with_parent)."""
     import signal
 
+    from ..common import watchdog
+
+    watchdog.die_with_parent()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 

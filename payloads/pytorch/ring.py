@@ -25,7 +25,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-import sys
 import tempfile
 import traceback
 import weakref
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..common import watchdog
 from ..common.errors import ConfigError, InputFault
 
 log = logging.getLogger(__name__)
@@ -178,27 +178,10 @@ def make_slots(layout: Layout, count: int, tag: str, pin: bool = False) -> Slots
 # ------------------------------------------------------------------------------------------------ workers
 
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def _die_with_parent() -> None:
-    """SIGKILL for this worker when its parent, the forkserver, ends, however it ends (prctl(2)): a worker stopped
-    or blocked in a read answers nothing, and its rank's exit cannot always reach it (torchrun's SIGTERM to the
-    rank's process group ends the forkserver first, and the worker, orphaned, no longer reads as alive to the
-    rank). Left behind, it holds the job's pipes and its resource tracker open for ever."""
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0):
-        raise OSError(ctypes.get_errno(), f"prctl(PR_SET_PDEATHSIG): {os.strerror(ctypes.get_errno())}")
-    if os.getppid() != parent:  # it ended before the call
-        os._exit(1)
-
-
 def _worker_main(conn, number: int) -> None:
     # One intra-op thread: the worker count is the parallelism (DataLoader workers do the same). SIGTERM is the
     # job's stop, which the training process agrees on and ends; the workers end with it (killed at its exit).
-    _die_with_parent()
+    watchdog.die_with_parent()
     import torch
 
     torch.set_num_threads(1)

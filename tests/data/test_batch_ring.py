@@ -9,13 +9,15 @@ import signal
 import time
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from conftest import write_tree
+from helpers import alive
 
 from datatools import prepare
 from payloads.common.errors import ConfigError, InputFault
-from payloads.pytorch import ring, shards, shardset
+from payloads.pytorch import inputs, ring, shards, shardset
 
 
 @pytest.fixture(scope="module")
@@ -93,31 +95,32 @@ def test_a_worker_that_dies_ends_the_run_with_one_line_naming_it(train):
     assert ring.workers(3).pids[1] != victim  # the next loader of this process gets a new set
 
 
-def _stat(pid: int) -> list[str]:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()  # state, parent, ...
-
-
 def test_a_stopped_worker_ends_with_its_forkserver():
     """A worker stopped (or blocked in a read) answers nothing, and once its forkserver is gone its rank no longer
     sees it as alive: torchrun's SIGTERM to a rank's process group ended the forkserver first, and the stopped worker
-    was left for ever, holding the job's pipes. It dies with its parent (ring._die_with_parent). The next set of
-    workers starts a new forkserver (multiprocessing restarts one that ended)."""
+    was left for ever, holding the job's pipes. Each input worker dies with its parent (watchdog.die_with_parent):
+    the shard loader's and the DataLoader's (--data imagefolder --workers N), children of the same forkserver. The
+    next set of workers starts a new forkserver (multiprocessing restarts one that ended)."""
     group = ring.Workers(2)
     assert group.call(len, [("ab",), ("c",)]) == [2, 1]  # both running their loop
-    for pid in group.pids:
+    loader = torch.utils.data.DataLoader(
+        range(8), batch_size=2, num_workers=2, multiprocessing_context="forkserver",
+        worker_init_fn=inputs._ignore_sigterm, persistent_workers=True,
+    )  # fmt: skip
+    batches = iter(loader)
+    assert [next(batches).tolist() for _ in range(2)] == [[0, 1], [2, 3]]  # one from each worker: both started
+    workers = group.pids + [w.pid for w in batches._workers]
+    servers = {psutil.Process(pid).ppid() for pid in workers}
+    assert len(servers) == 1 and os.getpid() not in servers, servers
+    for pid in workers:
         os.kill(pid, signal.SIGSTOP)
-    server = int(_stat(group.pids[0])[1])
-    assert server != os.getpid()
-    os.kill(server, signal.SIGTERM)
+    os.kill(servers.pop(), signal.SIGTERM)
     deadline = time.monotonic() + 30
-    while (left := [p for p in group.pids if os.path.exists(f"/proc/{p}") and _stat(p)[0] != "Z"]) and (
-        time.monotonic() < deadline
-    ):
+    while (left := alive(workers)) and time.monotonic() < deadline:
         time.sleep(0.1)
     for pid in left:
         os.kill(pid, signal.SIGKILL)
-    assert left == [], f"forkserver {server} ended; its stopped workers {left} were left"
+    assert left == [], f"their forkserver ended; the stopped workers {left} of {workers} were left"
     assert ring.workers(2).call(len, [("ab",)]) == [2]  # a new set, from a new forkserver
 
 
